@@ -1,0 +1,91 @@
+"""The interface every model backend implements (numpy reference, ONNX Runtime).
+
+A backend owns the weights and the KV cache. The KV cache is divided into ``num_slots`` slots,
+one per running sequence, each holding up to ``max_seq_len`` positions. The engine decides which
+sequence uses which slot; the backend only computes.
+
+One :meth:`Backend.forward` call runs one step of continuous batching: every row is a chunk of
+one sequence -- a whole prompt or a piece of it (prefill), or a single token (decode).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class SeqChunk:
+    """One row of a forward batch.
+
+    Attributes:
+        slot: KV-cache slot of the sequence, ``0 <= slot < num_slots``.
+        start: position of ``token_ids[0]``. Positions ``[0, start)`` of this slot are already in
+            the KV cache; the chunk writes positions ``[start, start + n)`` and overwrites
+            whatever was there (so ``start=0`` starts a new sequence in a reused slot).
+        token_ids: int64 ``[n]``, ``n >= 1``; ``start + n <= max_seq_len``.
+    """
+
+    slot: int
+    start: int
+    token_ids: np.ndarray
+
+
+class Backend(ABC):
+    """A decoder with a slot-based KV cache.
+
+    Attributes:
+        name: short backend name shown to users (``"numpy"``, ``"onnxruntime"``).
+        device: where it runs, e.g. ``"CPU"`` or ``"CANNExecutionProvider:0"``.
+        config: the model's architecture parameters.
+        num_slots: number of sequences the KV cache holds at once.
+        max_seq_len: positions per slot (prompt + generated tokens).
+    """
+
+    name: str
+    device: str
+    config: ModelConfig
+    num_slots: int
+    max_seq_len: int
+
+    @abstractmethod
+    def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:
+        """Run prefill and/or decode for a batch of chunks and update their KV cache slots.
+
+        Args:
+            chunks: rows of the batch; each slot appears at most once.
+
+        Returns:
+            float32 ``[len(chunks), vocab_size]``: logits of the last token of each chunk.
+
+        Raises:
+            ValueError: a chunk is empty, its slot is out of range, or it would pass ``max_seq_len``.
+        """
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes held by the KV cache (all slots)."""
+        return 0
+
+    def close(self) -> None:
+        """Release sessions and buffers; the backend is unusable afterwards."""
+
+
+def check_chunks(chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -> None:
+    """Validate a forward batch (see :meth:`Backend.forward`); raises ``ValueError``."""
+    seen = set()
+    for c in chunks:
+        n = len(c.token_ids)
+        if n < 1:
+            raise ValueError("empty chunk")
+        if not 0 <= c.slot < num_slots:
+            raise ValueError(f"slot {c.slot} out of range 0..{num_slots - 1}")
+        if c.slot in seen:
+            raise ValueError(f"slot {c.slot} appears twice in one batch")
+        seen.add(c.slot)
+        if c.start < 0 or c.start + n > max_seq_len:
+            raise ValueError(f"chunk positions {c.start}..{c.start + n} pass max_seq_len {max_seq_len}")
