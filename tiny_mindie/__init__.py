@@ -1,3 +1,12 @@
 """tiny_mindie: a small LLM inference server speaking Huawei MindIE Service's HTTP API."""
 
 __version__ = "0.1.0"
+
+__all__ = ["LLM", "__version__"]
+
+
+def __getattr__(name):  # lazy: ``import tiny_mindie`` stays cheap for the CLI's --help
+    if name == "LLM":
+        from .llm import LLM
+        return LLM
+    raise AttributeError(name)

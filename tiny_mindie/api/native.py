@@ -1,0 +1,138 @@
+"""MindIE's native text inference: ``POST /infer`` (plain and streaming), spec §2.
+
+JSON -> validated :class:`GenerationRequest` -> engine -> MindIE's JSON / SSE events.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..engine.request import GenerationError, GenerationRequest, TokenEvent
+from ..llm import LLM, MAX_SEED
+from ..server.conn import Response, ResponseStream, json_response
+from ..server.http import Request
+from .errors import APIError, from_generation_error, invalid
+from .validate import get_bool, get_float, get_int, parse_json_object
+
+INT32_MAX = 2**31 - 1
+INF = float("inf")
+
+
+def parse_infer(body: bytes, llm: LLM) -> tuple[GenerationRequest, bool, bool]:
+    """Validate an ``/infer`` body.
+
+    Returns:
+        ``(request, stream, details)``.
+
+    Raises:
+        APIError: 422 with MindIE's message for every malformed or out-of-range field,
+            424 when the prompt is longer than the server allows.
+    """
+    obj = parse_json_object(body)
+    has_ids = "input_id" in obj and obj["input_id"] is not None
+    if "inputs" in obj and obj["inputs"] is not None and has_ids:
+        raise invalid("Input conflict.")
+    if has_ids:
+        ids = obj["input_id"]
+        if (not isinstance(ids, list) or not ids
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+            raise invalid("The type of input_id is abnormal")
+        if not all(0 <= i < llm.tokenizer.vocab_size for i in ids):
+            raise invalid(f"input_id must be token ids in [0,{llm.tokenizer.vocab_size - 1}]")
+        prompt: str | list[int] = list(ids)
+    else:
+        if "inputs" not in obj:
+            raise invalid("Not found inputs.")
+        prompt = obj["inputs"]
+        if prompt is None:
+            raise invalid("Inputs must not be null")
+        if not isinstance(prompt, str):
+            raise invalid("The type of inputs is abnormal")
+        if not prompt:
+            raise invalid("Inputs must not be empty")
+    stream = get_bool(obj, "stream", False, "Field")
+    p = obj.get("parameters")
+    if p is None:
+        p = {}
+    if not isinstance(p, dict):
+        raise invalid("The type of parameters is abnormal")
+    details = get_bool(p, "details", False)
+    params = dict(
+        temperature=get_float(p, "temperature", 1.0, 0.0, INF, True, True),
+        top_k=get_int(p, "top_k", 0, 1, INT32_MAX),
+        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, True, True),
+        typical_p=get_float(p, "typical_p", 1.0, 0.0, 1.0, True, False),
+        do_sample=get_bool(p, "do_sample", None),
+        seed=get_int(p, "seed", None, 0, MAX_SEED),
+        repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF, True, True),
+        max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
+        watermark=get_bool(p, "watermark", False),
+        priority=get_int(p, "priority", 5, 1, 5),
+        timeout_s=get_int(p, "timeout", None, 1, 65535),
+    )
+    request = llm.make_request(prompt, **params)
+    try:
+        llm.engine.check_prompt(len(request.prompt_ids))
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+    return request, stream, details
+
+
+def _details(ev: TokenEvent, request: GenerationRequest) -> dict:
+    return {"finish_reason": ev.finish_reason, "generated_tokens": ev.index + 1,
+            "seed": request.sampling.seed}
+
+
+def stream_event(ev: TokenEvent, request: GenerationRequest, details: bool) -> dict:
+    """One SSE event of the ``/infer`` stream (spec §2): the last one carries
+    ``generated_text``, ``details`` (or null) and its token with ``"text": null``."""
+    out: dict = {"prefill_time": None if ev.prefill_time_ms is None else round(ev.prefill_time_ms, 2),
+                 "decode_time": None if ev.decode_time_ms is None else round(ev.decode_time_ms, 2)}
+    if ev.is_last:
+        out["generated_text"] = ev.generated_text
+        out["details"] = _details(ev, request) if details else None
+        out["token"] = {"id": ev.token_id, "text": None}
+    else:
+        out["token"] = {"id": ev.token_id, "text": ev.text}
+    return out
+
+
+def _dumps(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
+    """``POST /infer``: MindIE's text inference, plain JSON or an SSE stream."""
+    request, streaming, details = parse_infer(req.body, llm)
+    if not streaming:
+        try:
+            done = await llm.generate_async(request)
+        except GenerationError as err:
+            raise from_generation_error(err) from None
+        out: dict = {"generated_text": done.text}
+        if details:
+            out["details"] = {"finish_reason": done.finish_reason,
+                              "generated_tokens": len(done.token_ids), "seed": done.seed}
+        return json_response(200, out)
+    events = llm.stream_async(request)
+    try:
+        first = await events.__anext__()   # errors before any token still get a proper status
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+    out_stream = await stream.start(200, "text/event-stream")
+    ev = first
+    try:
+        while True:
+            await out_stream.send_event(_dumps(stream_event(ev, request, details)))
+            if ev.is_last:
+                break
+            ev = await events.__anext__()
+    except GenerationError as err:
+        await out_stream.send_event(_dumps(from_generation_error(err).body()))
+    finally:
+        await events.aclose()
+    await out_stream.end()
+    return None
+
+
+__all__ = ["infer", "parse_infer", "stream_event", "APIError"]

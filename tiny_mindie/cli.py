@@ -1,0 +1,215 @@
+"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``.
+
+Bad configuration, a missing model file or a busy port end with one line on stderr and a
+non-zero exit status; never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+
+from . import __version__
+from .config import BACKENDS, Config, ConfigError, load_config
+from .model.gguf import ModelFileError
+
+COMMANDS = ("serve", "pull", "list-models")
+EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
+                '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
+                '"max_new_tokens": 20, "do_sample": true, "details": true}}')
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tiny_mindie",
+        description="A small LLM inference server speaking Huawei MindIE Service's HTTP API. "
+                    "Without a command it serves (the 'serve' command).")
+    p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,pull,list-models}")
+
+    s = sub.add_parser("serve", help="serve the HTTP API (the default)")
+    s.add_argument("--config", metavar="FILE",
+                   help="MindIE-style config.json; relative paths in it (TLS files) are resolved "
+                        "against its folder")
+    s.add_argument("--host", help="business listen address (ServerConfig.ipAddress, default 127.0.0.1)")
+    s.add_argument("--port", type=int, help="business port (ServerConfig.port, default 1025; 0 = any free port)")
+    s.add_argument("--management-port", type=int, help="management port (default: --port)")
+    s.add_argument("--metrics-port", type=int, help="metrics port (default: --port)")
+    s.add_argument("--model", help="a .gguf file or a registry name (see list-models); "
+                                   "default smollm2-135m-instruct, pulled on first start")
+    s.add_argument("--model-name", help="name clients use for the model (ModelConfig.modelName)")
+    s.add_argument("--backend", choices=BACKENDS, help="model backend (default numpy)")
+    s.add_argument("--threads", type=int, help="intra-op threads of the backend (0 = default)")
+    s.add_argument("--max-seq-len", type=int, help="prompt + output tokens per sequence (maxSeqLen)")
+    s.add_argument("--no-tls", action="store_true",
+                   help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    pl = sub.add_parser("pull", help="fetch a registry model into the cache")
+    pl.add_argument("name", help="registry model name (see list-models)")
+    pl.add_argument("--force", action="store_true", help="download again even if present")
+
+    sub.add_parser("list-models", help="list the models the registry knows")
+    return p
+
+
+def _config_from_args(args: argparse.Namespace) -> Config:
+    cfg = load_config(args.config)
+    over: dict = {}
+    if args.host is not None:
+        over["server.ip_address"] = args.host
+        over["server.management_ip_address"] = args.host
+    if args.port is not None:
+        over["server.port"] = args.port
+        if not args.config:   # without a file, one listener unless told otherwise
+            over["server.management_port"] = args.port
+            over["server.metrics_port"] = args.port
+    if args.management_port is not None:
+        over["server.management_port"] = args.management_port
+    if args.metrics_port is not None:
+        over["server.metrics_port"] = args.metrics_port
+    if args.no_tls:
+        over["server.https_enabled"] = False
+    if args.model is not None:
+        over["model.model_weight_path"] = args.model
+        if args.model_name is None and cfg.source is None:
+            over["model.model_name"] = args.model
+    if args.model_name is not None:
+        over["model.model_name"] = args.model_name
+    if args.backend is not None:
+        over["backend.backend"] = args.backend
+    if args.threads is not None:
+        over["backend.intra_op_threads"] = args.threads
+    if args.max_seq_len is not None:
+        over["model.max_seq_len"] = args.max_seq_len
+        over["model.max_input_token_len"] = min(cfg.backend.model.max_input_token_len,
+                                                args.max_seq_len - 1)
+    return cfg.with_overrides(**over) if over else cfg
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM."""
+    from .llm import LLM
+    from .server.app import App, start_listeners
+    from .server.tls import ensure_certificates, server_context, tls_files
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    t0 = time.monotonic()
+    cfg = _config_from_args(args)
+    s, b = cfg.server, cfg.backend
+    ssl_ctx, files = None, None
+    if s.https_enabled:
+        files = tls_files(cfg)
+        hosts = tuple({s.ip_address, s.management_ip_address} - {"0.0.0.0", "::", ""})
+        if ensure_certificates(files, hosts):
+            _say(f"created a CA, a server and a client certificate in {os.path.dirname(files.ca[0])}/.. "
+                 f"(first run)")
+        ssl_ctx = server_context(files)
+    llm = LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
+              max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
+              threads=b.intra_op_threads, device_id=b.npu_device_ids[0],
+              schedule=_schedule(cfg), max_iter_times=b.schedule.max_iter_times,
+              token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,
+              model_name=b.model.model_name, log=_say)
+    app = App(llm, cfg)
+    try:
+        import uvloop  # optional: a faster event loop when installed
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+
+    async def main() -> None:
+        listeners = await start_listeners(app, cfg, ssl_ctx)
+        _banner(cfg, llm, listeners, files, time.monotonic() - t0)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        _say("shutting down")
+        for lst in listeners:
+            lst.server.close()
+        llm.close()
+
+    run(main())
+    return 0
+
+
+def _schedule(cfg: Config):
+    from .engine.scheduler import SchedulerLimits
+    sc = cfg.backend.schedule
+    return SchedulerLimits(max_batch_size=sc.max_batch_size,
+                           max_prefill_batch_size=sc.max_prefill_batch_size,
+                           max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size))
+
+
+def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:
+    scheme = "https" if files else "http"
+    lines = [f"tiny_mindie {__version__} ready in {startup_s:.1f} s",
+             f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
+             f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x {llm.backend.max_seq_len} tokens)",
+             f"  backend  {llm.backend.name} on {llm.backend.device}"]
+    for lst in listeners:
+        lines.append(f"  listens  {scheme}://{_hostport(lst.host, lst.bound_port)}  "
+                     f"({', '.join(sorted(lst.planes))})")
+    business = next(lst for lst in listeners if "business" in lst.planes)
+    url = f"{scheme}://{_hostport(cfg.server.ip_address, business.bound_port)}/infer"
+    tls = ""
+    if files:
+        lines.append(f"  mTLS     CA {files.ca[0]}")
+        lines.append(f"           client certificate {files.client_cert}")
+        lines.append(f"           client key {files.client_key}")
+        tls = f"--cacert {files.ca[0]} --cert {files.client_cert} --key {files.client_key} "
+    lines.append("try it:")
+    lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
+                 f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
+    _say("\n".join(lines))
+
+
+def _hostport(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+
+
+def pull(args: argparse.Namespace) -> int:
+    from .model.registry import pull as do_pull
+    do_pull(args.name, force=args.force, log=_say)
+    return 0
+
+
+def list_models(args: argparse.Namespace) -> int:
+    from .model.registry import DEFAULT_MODEL, MODELS, model_file
+    for m in MODELS.values():
+        here = "pulled" if os.path.isfile(model_file(m)) else "not pulled"
+        star = " (default)" if m.name == DEFAULT_MODEL else ""
+        _say(f"{m.name}{star}\n  {m.description}\n  {m.size / 1e6:.0f} MB, licence {m.licence}, "
+             f"from PyPI {m.package}=={m.version}; {here}: {model_file(m)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
+        argv.insert(0, "serve")
+    args = build_parser().parse_args(argv)
+    try:
+        return {"serve": serve, "pull": pull, "list-models": list_models}[args.command](args)
+    except (ConfigError, ModelFileError) as exc:
+        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:   # e.g. the port is in use
+        print(f"tiny_mindie: error: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,275 @@
+"""MindIE-style ``config.json`` -> frozen dataclasses, validated with one-line messages.
+
+The keys and rules are MindIE Service's (spec §6); keys this project does not use are ignored, so
+an existing MindIE config file works as it is. A few keys are tiny_mindie's own and say so.
+Relative paths in the file are resolved against the file's folder ("config home"); without a file
+the config home is ``$TINY_MINDIE_HOME``, else ``$XDG_CONFIG_HOME/tiny_mindie``
+(default ``~/.config/tiny_mindie``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``ServerConfig``: listeners, TLS and request limits. Times in seconds, sizes in MB."""
+
+    ip_address: str = "127.0.0.1"
+    management_ip_address: str = "127.0.0.1"
+    port: int = 1025
+    management_port: int = 1025
+    metrics_port: int = 1025
+    max_link_num: int = 1000
+    https_enabled: bool = True
+    tls_ca_path: str = "security/ca/"
+    tls_ca_files: tuple[str, ...] = ("ca.pem",)
+    tls_cert: str = "security/certs/server.pem"
+    tls_pk: str = "security/keys/server.key.pem"
+    tls_crl_path: str = "security/certs/"
+    tls_crl_files: tuple[str, ...] = ("server_crl.pem",)
+    token_timeout: float = 600.0
+    e2e_timeout: float = 600.0
+    max_request_length: int = 40     # MB
+
+
+@dataclass(frozen=True)
+class ModelDeployConfig:
+    """``BackendConfig.ModelDeployConfig``: sequence limits (tokens) and the model."""
+
+    max_seq_len: int = 2560
+    max_input_token_len: int = 2048
+    truncation: bool = False
+    model_name: str = "smollm2-135m-instruct"
+    model_weight_path: str = "smollm2-135m-instruct"   # a .gguf path or a registry name
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """``BackendConfig.ScheduleConfig``: continuous-batching limits (sequences, tokens)."""
+
+    cache_block_size: int = 128
+    max_prefill_batch_size: int = 50
+    max_prefill_tokens: int = 8192
+    max_batch_size: int = 200
+    max_iter_times: int = 512
+    max_queue_delay_microseconds: int = 5000
+    prefill_chunk_size: int = 512       # tiny_mindie: prompt tokens per step, so decode keeps flowing
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """``BackendConfig``: where and how the model runs."""
+
+    npu_device_ids: tuple[int, ...] = (0,)
+    backend: str = "numpy"              # tiny_mindie: "numpy" or "onnxruntime"
+    intra_op_threads: int = 0           # tiny_mindie: 0 = the backend's default
+    kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
+    model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration. ``home`` is the folder relative paths are resolved against."""
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    home: str = ""
+    source: str | None = None   # path of the config file, if any
+
+    def path(self, p: str) -> str:
+        """``p`` resolved against the config home."""
+        return p if os.path.isabs(p) else os.path.normpath(os.path.join(self.home, p))
+
+    @property
+    def max_input_len(self) -> int:
+        """Effective maxInputTokenLen: MindIE uses min(maxInputTokenLen, maxSeqLen - 1)."""
+        m = self.backend.model
+        return min(m.max_input_token_len, m.max_seq_len - 1)
+
+    def with_overrides(self, **kw: Any) -> "Config":
+        """A copy with dotted overrides, e.g. ``{"server.port": 8080}``; validated again."""
+        server, backend = self.server, self.backend
+        model, sched = backend.model, backend.schedule
+        for key, value in kw.items():
+            part, _, name = key.partition(".")
+            if part == "server":
+                server = replace(server, **{name: value})
+            elif part == "backend":
+                backend = replace(backend, **{name: value})
+            elif part == "model":
+                model = replace(model, **{name: value})
+            elif part == "schedule":
+                sched = replace(sched, **{name: value})
+            else:
+                raise KeyError(key)
+        cfg = replace(self, server=server,
+                      backend=replace(backend, model=model, schedule=sched))
+        validate(cfg)
+        return cfg
+
+
+def config_home() -> str:
+    """Default folder for the configuration and the ``security/`` folder."""
+    home = os.environ.get("TINY_MINDIE_HOME")
+    if home:
+        return os.path.abspath(home)
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(xdg, "tiny_mindie")
+
+
+# ---- reading ---------------------------------------------------------------------------------
+def _get(section: dict, key: str, kind, default, where: str):
+    if key not in section or section[key] is None:
+        return default
+    v = section[key]
+    if kind is float and isinstance(v, int) and not isinstance(v, bool):
+        return float(v)
+    if kind is tuple:
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise ConfigError(f"{where}.{key} must be a list of strings, got {v!r}")
+        return tuple(v)
+    if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+        raise ConfigError(f"{where}.{key} must be {kind.__name__}, got {v!r}")
+    return v
+
+
+def _section(d: dict, key: str, where: str) -> dict:
+    v = d.get(key, {})
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}.{key} must be an object")
+    return v
+
+
+def load_config(path: str | None = None) -> Config:
+    """Read and validate ``path`` (MindIE ``config.json`` layout), or the defaults when ``None``.
+
+    Raises:
+        ConfigError: unreadable file, bad JSON, wrong types or values.
+    """
+    if path is None:
+        cfg = Config(home=config_home())
+        validate(cfg)
+        return cfg
+    try:
+        with open(path, encoding="utf-8") as fh:
+            raw = json.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path} must hold a JSON object")
+    s = _section(raw, "ServerConfig", "")
+    b = _section(raw, "BackendConfig", "")
+    md = _section(b, "ModelDeployConfig", "BackendConfig")
+    sc = _section(b, "ScheduleConfig", "BackendConfig")
+    models = md.get("ModelConfig") or [{}]
+    if not isinstance(models, list) or not isinstance(models[0], dict):
+        raise ConfigError("BackendConfig.ModelDeployConfig.ModelConfig must be a list of objects")
+    mc = models[0]
+    S, B, M, SC = ServerConfig(), BackendConfig(), ModelDeployConfig(), ScheduleConfig()
+    W = "ServerConfig"
+    port = _get(s, "port", int, S.port, W)
+    server = ServerConfig(
+        ip_address=_get(s, "ipAddress", str, S.ip_address, W),
+        management_ip_address=_get(s, "managementIpAddress", str, S.management_ip_address, W),
+        port=port,
+        management_port=_get(s, "managementPort", int, port, W),
+        metrics_port=_get(s, "metricsPort", int, port, W),
+        max_link_num=_get(s, "maxLinkNum", int, S.max_link_num, W),
+        https_enabled=_get(s, "httpsEnabled", bool, S.https_enabled, W),
+        tls_ca_path=_get(s, "tlsCaPath", str, S.tls_ca_path, W),
+        tls_ca_files=_get(s, "tlsCaFile", tuple, S.tls_ca_files, W),
+        tls_cert=_get(s, "tlsCert", str, S.tls_cert, W),
+        tls_pk=_get(s, "tlsPk", str, S.tls_pk, W),
+        tls_crl_path=_get(s, "tlsCrlPath", str, S.tls_crl_path, W),
+        tls_crl_files=_get(s, "tlsCrlFiles", tuple, S.tls_crl_files, W),
+        token_timeout=_get(s, "tokenTimeout", float, S.token_timeout, W),
+        e2e_timeout=_get(s, "e2eTimeout", float, S.e2e_timeout, W),
+        max_request_length=_get(s, "maxRequestLength", int, S.max_request_length, W),
+    )
+    W = "BackendConfig.ModelDeployConfig"
+    name = _get(mc, "modelName", str, M.model_name, W + ".ModelConfig[0]")
+    model = ModelDeployConfig(
+        max_seq_len=_get(md, "maxSeqLen", int, M.max_seq_len, W),
+        max_input_token_len=_get(md, "maxInputTokenLen", int, M.max_input_token_len, W),
+        truncation=_get(md, "truncation", bool, M.truncation, W),
+        model_name=name,
+        model_weight_path=_get(mc, "modelWeightPath", str, M.model_weight_path, W + ".ModelConfig[0]"),
+    )
+    W = "BackendConfig.ScheduleConfig"
+    sched = ScheduleConfig(
+        cache_block_size=_get(sc, "cacheBlockSize", int, SC.cache_block_size, W),
+        max_prefill_batch_size=_get(sc, "maxPrefillBatchSize", int, SC.max_prefill_batch_size, W),
+        max_prefill_tokens=_get(sc, "maxPrefillTokens", int, SC.max_prefill_tokens, W),
+        max_batch_size=_get(sc, "maxBatchSize", int, SC.max_batch_size, W),
+        max_iter_times=_get(sc, "maxIterTimes", int, SC.max_iter_times, W),
+        max_queue_delay_microseconds=_get(sc, "maxQueueDelayMicroseconds", int,
+                                          SC.max_queue_delay_microseconds, W),
+        prefill_chunk_size=_get(sc, "prefillChunkSize", int, SC.prefill_chunk_size, W),
+    )
+    W = "BackendConfig"
+    ids = b.get("npuDeviceIds", [[0]])
+    flat = [i for group in ids for i in (group if isinstance(group, list) else [group])] \
+        if isinstance(ids, list) else None
+    if not flat or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in flat):
+        raise ConfigError(f"BackendConfig.npuDeviceIds must be a list of lists of device ids, got {ids!r}")
+    backend = BackendConfig(
+        npu_device_ids=tuple(flat),
+        backend=_get(b, "backend", str, B.backend, W),
+        intra_op_threads=_get(b, "intraOpThreads", int, B.intra_op_threads, W),
+        kv_cache_mb=_get(b, "kvCacheMB", int, B.kv_cache_mb, W),
+        model=model, schedule=sched,
+    )
+    cfg = Config(server=server, backend=backend,
+                 home=os.path.dirname(os.path.abspath(path)), source=os.path.abspath(path))
+    validate(cfg)
+    return cfg
+
+
+BACKENDS = ("numpy", "onnxruntime")
+
+
+def validate(cfg: Config) -> None:
+    """Check MindIE's rules (spec §6) and tiny_mindie's own; raises :class:`ConfigError`."""
+    s, b, m, sc = cfg.server, cfg.backend, cfg.backend.model, cfg.backend.schedule
+    for key, port in (("port", s.port), ("managementPort", s.management_port),
+                      ("metricsPort", s.metrics_port)):
+        if not (1024 <= port <= 65535 or port == 0):   # 0: any free port (tiny_mindie)
+            raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {port}")
+    if not 1 <= s.max_link_num <= 4096:
+        raise ConfigError(f"ServerConfig.maxLinkNum must be in 1..4096, got {s.max_link_num}")
+    if s.token_timeout <= 0 or s.e2e_timeout <= 0:
+        raise ConfigError("ServerConfig.tokenTimeout and e2eTimeout must be > 0 seconds")
+    if not 1 <= s.max_request_length <= 100:
+        raise ConfigError(f"ServerConfig.maxRequestLength must be in 1..100 MB, got {s.max_request_length}")
+    if m.max_seq_len < 2:
+        raise ConfigError(f"maxSeqLen must be >= 2, got {m.max_seq_len}")
+    if m.max_input_token_len < 1:
+        raise ConfigError(f"maxInputTokenLen must be >= 1, got {m.max_input_token_len}")
+    if sc.max_prefill_tokens < cfg.max_input_len:
+        raise ConfigError(f"maxPrefillTokens ({sc.max_prefill_tokens}) must be >= maxInputTokenLen "
+                          f"({cfg.max_input_len})")
+    if not 1 <= sc.max_prefill_batch_size <= sc.max_batch_size:
+        raise ConfigError(f"maxPrefillBatchSize ({sc.max_prefill_batch_size}) must be in "
+                          f"1..maxBatchSize ({sc.max_batch_size})")
+    if sc.max_iter_times < 1:
+        raise ConfigError(f"maxIterTimes must be >= 1, got {sc.max_iter_times}")
+    if sc.prefill_chunk_size < 1:
+        raise ConfigError(f"prefillChunkSize must be >= 1, got {sc.prefill_chunk_size}")
+    if b.backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {b.backend!r}")
+    if b.intra_op_threads < 0:
+        raise ConfigError(f"intraOpThreads must be >= 0, got {b.intra_op_threads}")
+    if b.kv_cache_mb < 1:
+        raise ConfigError(f"kvCacheMB must be >= 1, got {b.kv_cache_mb}")

@@ -1,0 +1,295 @@
+"""The engine: one inference thread running continuous batching over a :class:`Backend`.
+
+``Engine.generate(request)`` is called on the event loop and returns an async iterator of
+:class:`TokenEvent`. The inference thread admits requests, runs ``backend.forward`` on the batch,
+samples each row with the request's own RNG, detokenizes, and hands events back to the loop with
+``call_soon_threadsafe``. numpy and ONNX Runtime release the GIL, so the loop stays responsive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import numpy as np
+
+from ..model.backend import Backend, SeqChunk
+from ..model.tokenizer import Tokenizer
+from .detok import IncrementalDetokenizer
+from .request import GenerationError, GenerationRequest, TokenEvent
+from .sampler import make_rng, sample
+from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
+
+log = logging.getLogger("tiny_mindie.engine")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Server-wide limits (MindIE ``ModelDeployConfig`` / ``ScheduleConfig`` / ``ServerConfig``).
+
+    Attributes:
+        max_seq_len: prompt + output tokens per sequence.
+        max_input_len: prompt tokens at most (MindIE ``maxInputTokenLen``).
+        max_iter_times: output tokens per request at most.
+        token_timeout_s: seconds allowed between two tokens of one request.
+        e2e_timeout_s: seconds allowed for a whole request.
+        schedule: batch and prefill limits.
+    """
+
+    max_seq_len: int = 2560
+    max_input_len: int = 2048
+    max_iter_times: int = 512
+    token_timeout_s: float = 600.0
+    e2e_timeout_s: float = 600.0
+    schedule: SchedulerLimits = field(default_factory=SchedulerLimits)
+
+
+class _Sequence:
+    """Engine-thread state of one request."""
+
+    def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
+                 queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float):
+        self.req = req
+        self.loop = loop
+        self.queue = queue
+        self.tokens: list[int] = list(req.prompt_ids)
+        self.n_prompt = len(req.prompt_ids)
+        self.n_cached = 0
+        self.max_new_tokens = max_new_tokens
+        self.slot: int | None = None
+        self.rng = make_rng(req.sampling.seed)
+        self.detok = IncrementalDetokenizer(tokenizer.token_bytes, req.stop.stop_strings,
+                                            req.stop.include_stop_string)
+        self.submitted = now
+        self.deadline = now + req.timeout_s if req.timeout_s else float("inf")
+        self.started: float | None = None   # prefill began
+        self.last_token: float | None = None
+        self.cancelled = False
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+    def emit(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class Engine:
+    """Continuous-batching generation over one backend and tokenizer.
+
+    Args:
+        backend: the model (its ``num_slots`` bounds the running batch).
+        tokenizer: the model's tokenizer.
+        limits: server-wide limits.
+    """
+
+    def __init__(self, backend: Backend, tokenizer: Tokenizer, limits: EngineLimits = EngineLimits()):
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.max_seq_len = min(limits.max_seq_len, backend.max_seq_len)
+        self.max_input_len = min(limits.max_input_len, self.max_seq_len - 1)
+        self._slots = SlotPool(backend.num_slots)
+        self._waiting: WaitQueue[_Sequence] = WaitQueue()
+        self._running: list[_Sequence] = []
+        self._by_id: dict[str, _Sequence] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
+        self._started = False
+
+    # ---- event-loop side ----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the inference thread (idempotent)."""
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel everything and stop the inference thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._started:
+            self._thread.join(timeout=10)
+
+    def check_prompt(self, n_prompt: int) -> None:
+        """Raise ``GenerationError("too_long")`` (MindIE's 424) when a prompt cannot run."""
+        if n_prompt > self.max_input_len:
+            raise GenerationError(
+                "too_long",
+                "Failed to enqueue inferRequest. This model's maximum input ids length cannot be "
+                f"greater than {self.max_input_len},the input ids length is {n_prompt}")
+        if n_prompt < 1:
+            raise GenerationError("empty", "Inputs must not be empty.")
+
+    async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Generate for ``req``; yields one :class:`TokenEvent` per token, the last one carrying
+        ``finish_reason`` and ``generated_text``.
+
+        Leaving the iteration early (client gone) cancels the request in the engine.
+
+        Raises:
+            GenerationError: prompt too long, timeout, engine stopped, or an internal error.
+        """
+        self.check_prompt(len(req.prompt_ids))
+        self.start()
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
+                      self.max_seq_len - len(req.prompt_ids))
+        seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic())
+        with self._cond:
+            if self._stopping:
+                raise GenerationError("stopped", "The service has been stopped.")
+            self._by_id[req.request_id] = seq
+            self._waiting.push(req.priority, seq)
+            self._cond.notify()
+        done = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, GenerationError):
+                    done = True
+                    raise item
+                if item.is_last:
+                    done = True
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                self.cancel(req.request_id)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cancel a waiting or running request; its slot is freed within one step.
+        Returns whether the request was known."""
+        with self._cond:
+            seq = self._by_id.get(request_id)
+            if seq is None:
+                return False
+            seq.cancelled = True
+            self._cond.notify()
+            return True
+
+    def stats(self) -> dict:
+        """Counts for status routes: running, waiting, total and free KV slots."""
+        with self._cond:
+            return {"running": len(self._running), "waiting": len(self._waiting),
+                    "total_slots": self._slots.total, "free_slots": self._slots.free}
+
+    # ---- inference thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    break
+                self._expire(time.monotonic())
+                self._admit()
+                if not self._running:
+                    self._cond.wait(timeout=0.5)
+                    continue
+                batch = self._plan()
+            try:
+                self._step(batch)
+            except Exception:  # a bug or a backend failure: fail the batch, keep serving
+                log.exception("forward pass failed")
+                with self._cond:
+                    for seq, _ in batch:
+                        self._finish(seq, GenerationError("internal", "Internal error in generation."))
+        with self._cond:
+            for seq in list(self._running) + list(self._waiting):
+                self._finish(seq, GenerationError("stopped", "The service has been stopped."))
+
+    def _expire(self, now: float) -> None:
+        """Drop cancelled and timed-out requests (waiting or running)."""
+        for seq in self._waiting.remove_if(
+                lambda s: s.cancelled or self._timeout_error(s, now) is not None):
+            self._finish(seq, self._timeout_error(seq, now))
+        for seq in list(self._running):
+            err = self._timeout_error(seq, now)
+            if seq.cancelled or err is not None:
+                self._finish(seq, err)
+
+    def _timeout_error(self, seq: _Sequence, now: float) -> GenerationError | None:
+        if seq.cancelled:
+            return None
+        if now > seq.deadline:
+            return GenerationError("timeout", "Engine callback timeout: client timeout")
+        if now - seq.submitted > self.limits.e2e_timeout_s:
+            return GenerationError("timeout", "Engine callback timeout: server e2eTimeout")
+        last = seq.last_token or seq.started
+        if last is not None and now - last > self.limits.token_timeout_s:
+            return GenerationError("timeout", "Engine callback timeout: server tokenTimeout")
+        return None
+
+    def _admit(self) -> None:
+        while (len(self._waiting) and len(self._running) < self.limits.schedule.max_batch_size
+               and self._slots.free):
+            seq = self._waiting.pop()
+            seq.slot = self._slots.take()
+            seq.started = time.monotonic()
+            self._running.append(seq)
+
+    def _plan(self) -> list[tuple[_Sequence, int]]:
+        """This step's rows: ``(sequence, tokens to feed)``; decode rows feed 1 token."""
+        decode = [(s, 1) for s in self._running if s.n_cached == len(s.tokens) - 1 and s.n_generated]
+        prefill = plan_prefill(((s, s.n_prompt - s.n_cached) for s in self._running
+                                if s.n_cached < s.n_prompt), self.limits.schedule)
+        return decode + prefill
+
+    def _step(self, batch: list[tuple[_Sequence, int]]) -> None:
+        chunks = [SeqChunk(s.slot, s.n_cached,
+                           np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
+                  for s, n in batch]
+        logits = self.backend.forward(chunks)
+        now = time.monotonic()
+        with self._cond:
+            for row, (seq, n) in enumerate(batch):
+                seq.n_cached += n
+                if seq.cancelled or seq.slot is None or seq.n_cached < len(seq.tokens):
+                    continue  # cancelled meanwhile, or a prompt chunk with more to come
+                self._next_token(seq, logits[row], now)
+
+    def _next_token(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
+        tok, logprob = sample(logits, seq.req.sampling, np.asarray(seq.tokens), seq.rng)
+        seq.tokens.append(tok)
+        first = seq.n_generated == 1
+        prefill_ms = (now - seq.started) * 1000.0 if first else None
+        decode_ms = None if first else (now - seq.last_token) * 1000.0
+        seq.last_token = now
+        stop = seq.req.stop
+        finish = None
+        if not stop.ignore_eos and tok in self.tokenizer.eog_ids or tok in stop.stop_token_ids:
+            finish = "eos_token"
+            text = ""
+        else:
+            text = seq.detok.add(tok)
+            if seq.detok.stopped:
+                finish = "stop_sequence"
+            elif seq.n_generated >= seq.max_new_tokens:
+                finish = "length"
+        if finish is not None:
+            text += seq.detok.finish()
+        seq.emit(TokenEvent(token_id=tok, text=text, index=seq.n_generated - 1, logprob=logprob,
+                            prefill_time_ms=prefill_ms, decode_time_ms=decode_ms,
+                            finish_reason=finish,
+                            generated_text=seq.detok.text if finish else None,
+                            prompt_tokens=seq.n_prompt))
+        if finish is not None:
+            self._finish(seq, None)
+
+    def _finish(self, seq: _Sequence, error: GenerationError | None) -> None:
+        """Remove ``seq`` from the engine and free its slot; tell the client about ``error``."""
+        if seq in self._running:
+            self._running.remove(seq)
+        if seq.slot is not None:
+            self._slots.give_back(seq.slot)
+            seq.slot = None
+        self._by_id.pop(seq.req.request_id, None)
+        if error is not None:
+            seq.emit(error)

@@ -1,0 +1,127 @@
+"""The engine's request and event types: what the API adapters hand in and get back.
+
+Nothing here knows about HTTP or numpy; the API families translate their JSON into a
+:class:`GenerationRequest` and each :class:`TokenEvent` back into their own JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+_ids = itertools.count(1)
+
+
+def next_request_id() -> str:
+    """A process-unique request id (``"1"``, ``"2"``, ...)."""
+    return str(next(_ids))
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen from the logits (see :mod:`tiny_mindie.engine.sampler`).
+
+    Attributes:
+        do_sample: ``False`` -> greedy (argmax after the repetition penalty).
+        temperature: > 0; logits are divided by it.
+        top_k: keep the k most likely tokens; 0 = off.
+        top_p: nucleus mass in (0, 1]; 1.0 = off (Holtzman et al. 2020).
+        typical_p: locally typical mass in (0, 1]; 1.0 = off (Meister et al. 2022).
+        repetition_penalty: > 0; 1.0 = off (Keskar et al. 2019, CTRL, sec. 4.1).
+        seed: seed of this request's own random generator, 0 .. 2**63-1.
+        watermark: apply the green-list watermark (Kirchenbauer et al. 2023).
+    """
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    watermark: bool = False
+
+
+@dataclass(frozen=True)
+class StopCriteria:
+    """When generation ends (besides the server's length limits).
+
+    Attributes:
+        max_new_tokens: tokens to generate at most (>= 1).
+        stop_strings: text that ends generation (``finish_reason == "stop_sequence"``).
+        include_stop_string: keep the matched stop string in the output.
+        stop_token_ids: token ids that end generation like EOS does.
+        ignore_eos: keep going past end-of-generation tokens.
+    """
+
+    max_new_tokens: int = 20
+    stop_strings: tuple[str, ...] = ()
+    include_stop_string: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass
+class GenerationRequest:
+    """One generation job.
+
+    Attributes:
+        prompt_ids: token ids of the prompt (BOS already added when the model wants it).
+        sampling, stop: see their classes.
+        priority: 1 (most urgent) .. 5.
+        timeout_s: seconds from submission after which the request is cancelled; None = none.
+        request_id: unique id, used for cancellation and logs.
+    """
+
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: StopCriteria = field(default_factory=StopCriteria)
+    priority: int = 5
+    timeout_s: float | None = None
+    request_id: str = field(default_factory=next_request_id)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token, as the engine reports it.
+
+    Attributes:
+        token_id: the sampled token.
+        text: the new text this token completes (``""`` while a UTF-8 character or a possible
+            stop string is still incomplete; held-back text comes with a later token).
+        index: 0-based position in the output.
+        logprob: natural log of the token's probability under the processed distribution.
+        prefill_time_ms: on the first token: ms from the start of prefill to this token.
+        decode_time_ms: on later tokens: ms since the previous token.
+        finish_reason: on the last event only: ``"length"``, ``"eos_token"``, ``"stop_sequence"``.
+        generated_text: on the last event only: the whole output text.
+        prompt_tokens: number of prompt tokens (all events).
+    """
+
+    token_id: int
+    text: str
+    index: int
+    logprob: float
+    prefill_time_ms: float | None = None
+    decode_time_ms: float | None = None
+    finish_reason: str | None = None
+    generated_text: str | None = None
+    prompt_tokens: int = 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.finish_reason is not None
+
+
+class GenerationError(Exception):
+    """A request could not be completed.
+
+    Attributes:
+        kind: ``"timeout"``, ``"too_long"``, ``"stopped"``, ``"cancelled"`` or ``"internal"``.
+        message: text for the client, in MindIE's wording where MindIE has one.
+    """
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message

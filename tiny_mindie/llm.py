@@ -1,0 +1,176 @@
+"""In-process API: load a model and generate, plain or streaming, without the HTTP server.
+
+    >>> from tiny_mindie import LLM
+    >>> llm = LLM()                                   # the default model, pulled if missing
+    >>> llm.generate("The capital of France is", max_new_tokens=8, do_sample=False).text
+    ' Paris. ...'
+    >>> for ev in llm.stream("Once upon a time", max_new_tokens=16, seed=7):
+    ...     print(ev.text, end="", flush=True)
+
+The HTTP server is built on this class: every route ends in :meth:`LLM.stream_async`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Sequence
+
+from .engine.engine import Engine, EngineLimits
+from .engine.request import GenerationRequest, SamplingParams, StopCriteria, TokenEvent
+from .engine.scheduler import SchedulerLimits
+from .model.loader import load_model
+from .model.registry import DEFAULT_MODEL, resolve
+
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished generation.
+
+    Attributes:
+        text: the generated text (prompt not included).
+        token_ids: generated ids, EOS included when generation ended on it.
+        finish_reason: ``"length"``, ``"eos_token"`` or ``"stop_sequence"``.
+        seed: the seed used (drawn by the server when not given).
+        prompt_tokens: prompt length in tokens.
+        logprobs: natural-log probability of each generated token.
+        prefill_time_ms: time from the start of prefill to the first token, ms.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    seed: int
+    prompt_tokens: int
+    logprobs: list[float]
+    prefill_time_ms: float
+
+
+class LLM:
+    """A loaded model with its continuous-batching engine.
+
+    Args:
+        model: a ``.gguf`` path or a registry name (pulled on first use).
+        backend: ``"numpy"`` or ``"onnxruntime"``.
+        max_seq_len: prompt + output tokens per sequence.
+        max_input_len: prompt tokens at most.
+        num_slots: sequences decoded together; default from ``kv_cache_mb``.
+        kv_cache_mb: KV-cache budget in MB used to size ``num_slots``.
+        threads: intra-op threads for the backend (0 = its default).
+        schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
+        log: where progress lines go (``print`` by default; ``None`` for silence).
+
+    Raises:
+        ModelFileError: the model file is missing, unreadable or unsupported.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, *, backend: str = "numpy",
+                 max_seq_len: int = 2560, max_input_len: int = 2048, num_slots: int | None = None,
+                 kv_cache_mb: int = 1024, threads: int = 0, device_id: int = 0,
+                 schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
+                 token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
+                 model_name: str | None = None, log=print):
+        say = log or (lambda _msg: None)
+        self.model_path = resolve(model, log=say)
+        t0 = time.monotonic()
+        say(f"loading {self.model_path} on the {backend} backend ...")
+        schedule = schedule or SchedulerLimits()
+        self.gguf, self.config, self.tokenizer, self.backend = load_model(
+            self.model_path, backend=backend, num_slots=num_slots, kv_cache_mb=kv_cache_mb,
+            max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
+            device_id=device_id)
+        num_slots = self.backend.num_slots
+        self.model_name = model_name or self.gguf.get("general.name") or model
+        self.load_time_s = time.monotonic() - t0
+        say(f"loaded {self.config.architecture} model ({self.config.num_layers} layers, "
+            f"vocab {self.config.vocab_size}) in {self.load_time_s:.1f} s; "
+            f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}")
+        self.engine = Engine(self.backend, self.tokenizer, EngineLimits(
+            max_seq_len=max_seq_len, max_input_len=max_input_len, max_iter_times=max_iter_times,
+            token_timeout_s=token_timeout_s, e2e_timeout_s=e2e_timeout_s,
+            schedule=SchedulerLimits(max_batch_size=min(schedule.max_batch_size, num_slots),
+                                     max_prefill_batch_size=schedule.max_prefill_batch_size,
+                                     max_prefill_tokens=schedule.max_prefill_tokens)))
+        self.engine.start()
+
+    # ---- requests -----------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Prompt ids for ``text``: special tokens parsed, BOS added when the model wants it."""
+        return self.tokenizer.encode(text, parse_special=True)
+
+    def make_request(self, prompt: str | Sequence[int], *, max_new_tokens: int = 20,
+                     do_sample: bool | None = None, temperature: float = 1.0, top_k: int = 0,
+                     top_p: float = 1.0, typical_p: float = 1.0, repetition_penalty: float = 1.0,
+                     seed: int | None = None, watermark: bool = False, stop: Sequence[str] = (),
+                     include_stop_string: bool = False, stop_token_ids: Sequence[int] = (),
+                     ignore_eos: bool = False, priority: int = 5,
+                     timeout_s: float | None = None) -> GenerationRequest:
+        """Build a :class:`GenerationRequest` from keyword parameters.
+
+        ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p is set away
+        from its neutral value (TGI's rule), else decodes greedily. ``seed=None`` draws one.
+        """
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if do_sample is None:
+            do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
+        if seed is None:
+            seed = secrets.randbelow(MAX_SEED + 1)
+        return GenerationRequest(
+            prompt_ids=ids,
+            sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k,
+                                    top_p=top_p, typical_p=typical_p,
+                                    repetition_penalty=repetition_penalty, seed=seed,
+                                    watermark=watermark),
+            stop=StopCriteria(max_new_tokens=max_new_tokens, stop_strings=tuple(stop),
+                              include_stop_string=include_stop_string,
+                              stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos),
+            priority=priority, timeout_s=timeout_s)
+
+    async def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Token events of ``request`` (see :meth:`Engine.generate`); raises ``GenerationError``."""
+        async for ev in self.engine.generate(request):
+            yield ev
+
+    async def generate_async(self, request: GenerationRequest) -> Completion:
+        """Run ``request`` to the end; raises ``GenerationError``."""
+        events = [ev async for ev in self.engine.generate(request)]
+        last = events[-1]
+        return Completion(text=last.generated_text or "", token_ids=[e.token_id for e in events],
+                          finish_reason=last.finish_reason or "length",
+                          seed=request.sampling.seed, prompt_tokens=last.prompt_tokens,
+                          logprobs=[e.logprob for e in events],
+                          prefill_time_ms=events[0].prefill_time_ms or 0.0)
+
+    # ---- synchronous conveniences (each call runs its own event loop) ------------------------
+    def generate(self, prompt: str | Sequence[int], **params) -> Completion:
+        """Generate for ``prompt`` and wait for the end. ``params``: see :meth:`make_request`."""
+        return asyncio.run(self.generate_async(self.make_request(prompt, **params)))
+
+    def stream(self, prompt: str | Sequence[int], **params) -> Iterator[TokenEvent]:
+        """Yield token events for ``prompt`` as they are generated; stopping early cancels."""
+        loop = asyncio.new_event_loop()
+        agen = self.stream_async(self.make_request(prompt, **params))
+        try:
+            while True:
+                try:
+                    yield loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            loop.run_until_complete(agen.aclose())
+            loop.close()
+
+    def close(self) -> None:
+        """Stop the engine and release the backend."""
+        self.engine.stop()
+        self.backend.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,61 @@
+"""Open a GGUF and build its tokenizer and backend: the one place that knows every backend."""
+
+from __future__ import annotations
+
+from .backend import Backend
+from .config import ModelConfig
+from .gguf import GGUFFile, ModelFileError
+from .tokenizer import Tokenizer, load_tokenizer
+
+BACKENDS = ("numpy", "onnxruntime")
+
+
+def kv_bytes_per_slot(cfg: ModelConfig, max_seq_len: int, dtype_bytes: int = 4) -> int:
+    """Bytes of K and V for one sequence of ``max_seq_len`` tokens, all layers."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_seq_len * dtype_bytes
+
+
+def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_batch: int) -> int:
+    """How many sequences the KV cache holds within ``budget_mb`` MB (at least 1, at most
+    ``max_batch``)."""
+    per = kv_bytes_per_slot(cfg, max_seq_len)
+    return max(1, min(max_batch, (budget_mb << 20) // per))
+
+
+def load_model(path: str, *, backend: str = "numpy", num_slots: int | None = None,
+               kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
+               threads: int = 0, device_id: int = 0) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
+    """Load the model at ``path`` on ``backend``.
+
+    Args:
+        path: a ``.gguf`` file.
+        backend: ``"numpy"`` or ``"onnxruntime"``.
+        num_slots: sequences the KV cache holds at once; ``None``: as many as ``kv_cache_mb``
+            MB hold, at most ``max_batch``.
+        max_seq_len: tokens per sequence (capped by the model's trained context).
+        threads: intra-op threads (0 = backend default).
+        device_id: NPU device for the CANN execution provider.
+
+    Raises:
+        ModelFileError: missing/bad file, unsupported architecture or tokenizer.
+        ValueError: unknown backend.
+    """
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    tok = load_tokenizer(f)
+    max_seq_len = min(max_seq_len, cfg.context_length)
+    if num_slots is None:
+        num_slots = slots_for_budget(cfg, max_seq_len, kv_cache_mb, max_batch)
+    if backend == "numpy":
+        from .reference import NumpyBackend
+        be: Backend = NumpyBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len)
+    elif backend == "onnxruntime":
+        try:
+            from .ort_backend import OrtBackend
+        except ImportError as exc:
+            raise ModelFileError(f"the onnxruntime backend is not available: {exc}") from None
+        be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
+                        threads=threads, device_id=device_id)
+    else:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return f, cfg, tok, be

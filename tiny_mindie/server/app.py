@@ -1,0 +1,155 @@
+"""Listeners and routing: (method, path) -> handler, for MindIE's route groups (spec §1).
+
+Routes belong to a plane -- business (inference), management (health, status) or metrics --
+and each plane listens on its configured address and port; planes with the same port share one
+listener. Every listener speaks HTTP/1.1 over mutual TLS (or plain TCP with ``--no-tls``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from ..api.errors import APIError
+from ..config import Config
+from ..llm import LLM
+from .conn import Response, ResponseStream, json_response, serve_connection
+from .http import Request
+
+log = logging.getLogger("tiny_mindie.server")
+
+RouteHandler = Callable[[Request, ResponseStream], Awaitable[Response | None]]
+
+BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    plane: str
+    handler: RouteHandler
+
+
+class App:
+    """The route table of one server and the dispatch of each request.
+
+    Args:
+        llm: the loaded model and engine every API family drives.
+        cfg: the server's configuration.
+    """
+
+    def __init__(self, llm: LLM, cfg: Config):
+        from ..api import native
+
+        self.llm = llm
+        self.cfg = cfg
+        self.routes: list[Route] = [
+            Route("POST", "/infer", BUSINESS, lambda r, s: native.infer(r, s, llm)),
+            Route("GET", "/health", MANAGEMENT, self._health),
+            Route("GET", "/v2/health/live", MANAGEMENT, self._health),
+            Route("GET", "/v2/health/ready", MANAGEMENT, self._health),
+        ]
+
+    async def _health(self, req: Request, stream: ResponseStream) -> Response:
+        return Response(200, b"", "")
+
+    def handler_for(self, planes: frozenset[str]):
+        """The connection handler of a listener that serves ``planes``."""
+        table: dict[str, dict[str, RouteHandler]] = {}
+        for r in self.routes:
+            if r.plane in planes:
+                table.setdefault(r.path, {})[r.method] = r.handler
+
+        async def handle(req: Request, stream: ResponseStream) -> Response | None:
+            methods = table.get(req.path)
+            if methods is None:
+                return json_response(404, APIError(404, f"Route {req.path} not found").body())
+            h = methods.get(req.method)
+            if h is None:
+                allow = ", ".join(sorted(methods))
+                return json_response(405, APIError(
+                    405, f"Method {req.method} is not allowed for {req.path}; use {allow}").body(),
+                    [("Allow", allow)])
+            try:
+                return await h(req, stream)
+            except APIError as err:
+                if stream.started:   # the status line is gone: tell the client in the stream
+                    import json
+                    await stream.chunked_stream.send_event(json.dumps(err.body(), ensure_ascii=False))
+                    await stream.chunked_stream.end()
+                    return None
+                return json_response(err.status, err.body(), err.headers)
+
+        return handle
+
+
+@dataclass
+class Listener:
+    """One bound socket: which planes it serves, where, and whether over TLS."""
+
+    host: str
+    port: int
+    planes: frozenset[str]
+    server: asyncio.base_events.Server | None = None
+
+    @property
+    def bound_port(self) -> int:
+        return self.server.sockets[0].getsockname()[1] if self.server else self.port
+
+
+def plan_listeners(cfg: Config) -> list[Listener]:
+    """Group the planes by port: equal ports share one listener (MindIE's rule)."""
+    s = cfg.server
+    wanted = [(BUSINESS, s.ip_address, s.port), (MANAGEMENT, s.management_ip_address, s.management_port),
+              (METRICS, s.management_ip_address, s.metrics_port)]
+    by_port: dict[int, Listener] = {}
+    for plane, host, port in wanted:
+        if port in by_port:
+            by_port[port].planes = by_port[port].planes | {plane}
+        else:
+            by_port[port] = Listener(host, port, frozenset({plane}))
+    return list(by_port.values())
+
+
+async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None) -> list[Listener]:
+    """Bind every listener and start accepting; returns them with their bound ports.
+
+    Connections beyond ``maxLinkNum`` get a 503 JSON answer and are closed (MindIE drops them
+    silently).
+
+    Raises:
+        OSError: an address is in use or cannot be bound.
+    """
+    max_body = cfg.server.max_request_length * 1024 * 1024
+    limit = cfg.server.max_link_num
+    active = 0
+    busy = json_response(503, APIError(503, "Too many connections, try again later.").body())
+
+    listeners = plan_listeners(cfg)
+    for lst in listeners:
+        handle = app.handler_for(lst.planes)
+
+        async def on_connect(reader, writer, handle=handle):
+            nonlocal active
+            if active >= limit:
+                from .http import format_response
+                writer.write(format_response(503, [("Content-Type", "application/json"),
+                                                   ("Connection", "close")], busy.body))
+                try:
+                    await writer.drain()
+                finally:
+                    writer.close()
+                return
+            active += 1
+            try:
+                await serve_connection(reader, writer, handle, max_body_bytes=max_body)
+            finally:
+                active -= 1
+
+        lst.server = await asyncio.start_server(on_connect, lst.host, lst.port, ssl=ssl_ctx,
+                                                backlog=min(4096, limit), limit=2**20)
+    return listeners
