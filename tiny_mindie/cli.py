@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import replace
 
 from . import __version__
 from .config import BACKENDS, Config, ConfigError, load_config
@@ -100,7 +99,7 @@ def _say(msg: str) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM."""
     from .llm import LLM
-    from .server.app import App, start_listeners
+    from .server.app import App, check_ports_free, start_listeners
     from .server.tls import ensure_certificates, server_context, tls_files
 
     logging.basicConfig(level=args.log_level.upper(),
@@ -108,6 +107,7 @@ def serve(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = _config_from_args(args)
     s, b = cfg.server, cfg.backend
+    check_ports_free(cfg)
     ssl_ctx, files = None, None
     if s.https_enabled:
         files = tls_files(cfg)

@@ -71,7 +71,7 @@ class Backend(ABC):
         """Bytes held by the KV cache (all slots)."""
         return 0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release sessions and buffers; the backend is unusable afterwards."""
 
 

@@ -8,6 +8,7 @@ listener. Every listener speaks HTTP/1.1 over mutual TLS (or plain TCP with ``--
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import ssl
 from dataclasses import dataclass
@@ -78,7 +79,6 @@ class App:
                 return await h(req, stream)
             except APIError as err:
                 if stream.started:   # the status line is gone: tell the client in the stream
-                    import json
                     await stream.chunked_stream.send_event(json.dumps(err.body(), ensure_ascii=False))
                     await stream.chunked_stream.end()
                     return None
@@ -115,6 +115,27 @@ def plan_listeners(cfg: Config) -> list[Listener]:
     return list(by_port.values())
 
 
+def check_ports_free(cfg: Config) -> None:
+    """Fail fast, before the slow model load, when a listen address cannot be bound.
+
+    Raises:
+        OSError: the address is in use or not available on this machine.
+    """
+    import socket
+    for lst in plan_listeners(cfg):
+        if lst.port == 0:
+            continue
+        for family, kind, proto, _, addr in socket.getaddrinfo(lst.host, lst.port,
+                                                               type=socket.SOCK_STREAM):
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    sock.bind(addr)
+                except OSError as exc:
+                    raise OSError(exc.errno, f"cannot listen on {lst.host}:{lst.port}: "
+                                             f"{exc.strerror}") from None
+
+
 async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None) -> list[Listener]:
     """Bind every listener and start accepting; returns them with their bound ports.
 
@@ -127,7 +148,11 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
     max_body = cfg.server.max_request_length * 1024 * 1024
     limit = cfg.server.max_link_num
     active = 0
-    busy = json_response(503, APIError(503, "Too many connections, try again later.").body())
+    busy = json_response(503, APIError(503, "Too many connections, try again later.").body(),
+                         [("Connection", "close")])
+
+    async def refuse(req: Request, stream: ResponseStream) -> Response:
+        return busy
 
     listeners = plan_listeners(cfg)
     for lst in listeners:
@@ -135,18 +160,13 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
 
         async def on_connect(reader, writer, handle=handle):
             nonlocal active
-            if active >= limit:
-                from .http import format_response
-                writer.write(format_response(503, [("Content-Type", "application/json"),
-                                                   ("Connection", "close")], busy.body))
-                try:
-                    await writer.drain()
-                finally:
-                    writer.close()
-                return
+            over = active >= limit
             active += 1
             try:
-                await serve_connection(reader, writer, handle, max_body_bytes=max_body)
+                await serve_connection(reader, writer, refuse if over else handle,
+                                       max_body_bytes=max_body)
+            except asyncio.CancelledError:   # server shutting down
+                pass
             finally:
                 active -= 1
 

@@ -1,0 +1,123 @@
+"""Configuration rules and the command line's answers to bad input (no model load needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tiny_mindie.config import ConfigError, load_config
+
+
+def write(tmp_path, obj) -> str:
+    p = tmp_path / "config.json"
+    p.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return str(p)
+
+
+def run_cli(*args, env=None, timeout=60):
+    return subprocess.run([sys.executable, "-m", "tiny_mindie", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_defaults_match_mindie():
+    cfg = load_config(None)
+    assert cfg.server.port == 1025 and cfg.server.https_enabled
+    assert cfg.backend.model.max_seq_len == 2560 and cfg.max_input_len == 2048
+    assert cfg.backend.schedule.max_iter_times == 512
+
+
+def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
+    cfg = load_config(write(tmp_path, {
+        "ServerConfig": {"port": 2000, "managementPort": 2001, "metricsPort": 2002,
+                         "tlsCert": "certs/s.pem", "SomethingElse": 1},
+        "BackendConfig": {"npuDeviceIds": [[3]], "ModelDeployConfig": {
+            "maxSeqLen": 100, "maxInputTokenLen": 200,
+            "ModelConfig": [{"modelName": "m", "modelWeightPath": "/x.gguf"}]},
+            "ScheduleConfig": {"maxPrefillTokens": 99}}}))
+    assert (cfg.server.port, cfg.server.management_port, cfg.server.metrics_port) == (2000, 2001, 2002)
+    assert cfg.path(cfg.server.tls_cert) == str(tmp_path / "certs" / "s.pem")
+    assert cfg.max_input_len == 99          # min(maxInputTokenLen, maxSeqLen - 1)
+    assert cfg.backend.npu_device_ids == (3,)
+    assert cfg.backend.model.model_name == "m"
+
+
+@pytest.mark.parametrize("obj,needle", [
+    ({"ServerConfig": {"port": 80}}, "port must be in 1024..65535"),
+    ({"ServerConfig": {"maxLinkNum": 0}}, "maxLinkNum"),
+    ({"ServerConfig": {"port": "1025"}}, "ServerConfig.port must be int"),
+    ({"BackendConfig": {"ScheduleConfig": {"maxPrefillTokens": 10}}}, "maxPrefillTokens"),
+    ({"BackendConfig": {"ScheduleConfig": {"maxPrefillBatchSize": 300}}}, "maxPrefillBatchSize"),
+    ({"BackendConfig": {"npuDeviceIds": "0"}}, "npuDeviceIds"),
+    ({"BackendConfig": {"backend": "tensorflow"}}, "backend must be one of"),
+    ("{broken", "not valid JSON"),
+])
+def test_bad_config_is_one_clear_error(tmp_path, obj, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(write(tmp_path, obj))
+
+
+def test_cli_bad_config_exits_with_one_line(tmp_path):
+    r = run_cli("--config", write(tmp_path, {"ServerConfig": {"port": 1}}))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "port must be in 1024..65535" in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_cli_missing_config_file(tmp_path):
+    r = run_cli("--config", str(tmp_path / "nope.json"))
+    assert r.returncode == 2 and "cannot read config file" in r.stderr
+
+
+def test_cli_missing_model_file(tmp_path):
+    r = run_cli("--model", str(tmp_path / "missing.gguf"), "--no-tls", "--port", "0",
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"tiny_mindie: error: model file not found: {tmp_path / 'missing.gguf'}"
+
+
+def test_cli_not_a_gguf_file(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF but not really" * 10)
+    r = run_cli("--model", str(bad), "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "not a readable GGUF file" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_unknown_registry_name(tmp_path):
+    r = run_cli("--model", "gpt-17", "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "unknown model 'gpt-17'" in r.stderr
+
+
+def test_cli_port_in_use_fails_fast(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run_cli("--port", str(port), "--no-tls", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cli_help_and_list_models():
+    r = run_cli("--help")
+    assert r.returncode == 0 and "serve" in r.stdout and "pull" in r.stdout
+    r = run_cli("serve", "--help")
+    assert r.returncode == 0 and "--no-tls" in r.stdout and "--backend" in r.stdout
+    r = run_cli("list-models")
+    assert r.returncode == 0 and "smollm2-135m-instruct (default)" in r.stdout and "Apache-2.0" in r.stdout
+
+
+def test_pull_into_a_fresh_cache_checks_sha256(tmp_path, model_path):
+    r = run_cli("pull", "smollm2", env={"TINY_MINDIE_CACHE": str(tmp_path)}, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "[1/3] downloading" in r.stdout and "[3/3] checking sha256" in r.stdout
+    pulled = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert pulled.stat().st_size == 98_362_432
+    assert not [p for p in os.listdir(tmp_path / "models") if p.startswith(".pull-")]
+    r = run_cli("pull", "smollm2", env={"TINY_MINDIE_CACHE": str(tmp_path)})
+    assert r.returncode == 0 and "already in" in r.stdout

@@ -1,0 +1,430 @@
+"""serve_connection on a real asyncio server, driven by real sockets, http.client and curl."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import logging
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from tiny_mindie.server.conn import Response, json_response, serve_connection
+from tiny_mindie.server.http import CONTINUE_100
+from tiny_mindie.server.sse import sse_event
+
+MAX_BODY = 1024 * 1024
+TOO_LARGE_BODY = b'{"message":"Request body too large. Maximum allowed size is 1MB."}'
+INTERNAL_ERROR_BODY = b'{"error":"Internal server error","error_type":"Incomplete Generation"}'
+
+
+class Recorder:
+    """What handlers observed, shared with the test thread."""
+
+    def __init__(self) -> None:
+        self.disconnected = threading.Event()
+
+
+async def handler(request, stream, rec: Recorder):
+    path = request.path
+    if path == "/echo":
+        return json_response(200, {
+            "method": request.method, "path": path, "query": request.query,
+            "version": request.version, "body": request.body.decode("utf-8", "replace"),
+            "te": request.header("transfer-encoding")})
+    if path == "/unicode":
+        return json_response(200, {"text": "\u4e2d\u6587 caf\u00e9"})
+    if path == "/stream":
+        out = await stream.start()
+        for i in range(int(request.query.get("n", "3"))):
+            await out.send(sse_event(json.dumps({"i": i, "text": "\u00e9"}, ensure_ascii=False)))
+        return None
+    if path == "/boom":
+        raise RuntimeError("secret internals")
+    if path == "/boom-mid-stream":
+        out = await stream.start()
+        await out.send(b"data: 1\n\n")
+        raise RuntimeError("secret internals")
+    if path == "/forever":
+        try:
+            out = await stream.start()
+            while True:
+                await out.send(b"data: " + b"x" * 1000 + b"\n\n")
+                await asyncio.sleep(0.005)
+        except ConnectionError:
+            rec.disconnected.set()
+            raise
+    if path == "/slow":
+        await asyncio.sleep(float(request.query.get("s", "0.2")))
+        return json_response(200, {"slept": True})
+    if path == "/none":
+        return None
+    if path == "/close":
+        return Response(200, b"bye", "text/plain", [("Connection", "close")])
+    return json_response(404, {"error": "not found", "error_type": "NotFoundError"})
+
+
+class ServerThread:
+    """An asyncio server running serve_connection in a background thread."""
+
+    def __init__(self, loop: str = "asyncio", **kw) -> None:
+        self.loop_kind = loop
+        self.kw = kw
+        self.rec = Recorder()
+        self.connections = 0
+        self.port = 0
+        self.clients: list[http.client.HTTPConnection] = []
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        if self.loop_kind == "uvloop":
+            import uvloop
+            uvloop.run(self._main())
+        else:
+            asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+
+        async def on_connection(reader, writer):
+            self.connections += 1
+            try:
+                await serve_connection(reader, writer, lambda r, s: handler(r, s, self.rec),
+                                       **self.kw)
+            except asyncio.CancelledError:
+                pass   # shutdown; Python 3.11's start_server callback would log a cancelled task
+
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        await self._stop.wait()
+        server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> "ServerThread":
+        self._thread.start()
+        assert self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+    def client(self) -> http.client.HTTPConnection:
+        """An http.client connection, closed by close_clients() after the test."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        self.clients.append(conn)
+        return conn
+
+    def close_clients(self) -> None:
+        while self.clients:
+            self.clients.pop().close()
+
+    def socket(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+
+
+@pytest.fixture(scope="module", params=["asyncio", "uvloop"])
+def server_thread(request):
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop")
+    with ServerThread(request.param, max_body_bytes=MAX_BODY, idle_timeout=5.0) as srv:
+        yield srv
+
+
+@pytest.fixture
+def server(server_thread):
+    yield server_thread
+    server_thread.close_clients()
+
+
+@pytest.fixture
+def impatient_server():
+    with ServerThread("asyncio", max_body_bytes=MAX_BODY, idle_timeout=0.3) as srv:
+        yield srv
+
+
+def recv_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection."""
+    parts = []
+    while chunk := sock.recv(65536):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, f"EOF after {data!r}"
+        data += chunk
+    return data
+
+
+def split_response(raw: bytes) -> tuple[str, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return lines[0], headers, body
+
+
+# --- keep-alive, pipelining, headers --------------------------------------------------------
+
+def test_keep_alive_reuses_one_connection(server):
+    before = server.connections
+    conn = server.client()
+    for i in range(3):
+        conn.request("POST", f"/echo?i={i}", body=b"hello")
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        assert resp.status == 200 and not resp.will_close
+        assert body["query"] == {"i": str(i)} and body["body"] == "hello"
+        assert resp.getheader("Server") == "tiny_mindie"
+        assert resp.getheader("Date", "").endswith(" GMT")
+        assert resp.getheader("Content-Type") == "application/json"
+    conn.close()
+    assert server.connections == before + 1
+
+
+def test_pipelined_requests_answered_in_order(server):
+    with server.socket() as sock:
+        sock.sendall(b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /echo?n=2 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+                     b"GET /echo?n=3 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = recv_all(sock)
+    assert raw.count(b"HTTP/1.1 200 OK\r\n") == 3
+    positions = [raw.index(b'"n":"%d"' % i) for i in (1, 2, 3)]
+    assert positions == sorted(positions)
+    assert b'"body":"abc"' in raw
+
+
+def test_json_response_is_compact_utf8(server):
+    conn = server.client()
+    conn.request("GET", "/unicode")
+    resp = conn.getresponse()
+    assert resp.read() == '{"text":"\u4e2d\u6587 caf\u00e9"}'.encode("utf-8")
+
+
+def test_connection_close_from_handler(server):
+    with server.socket() as sock:
+        sock.sendall(b"GET /close HTTP/1.1\r\n\r\nGET /echo HTTP/1.1\r\n\r\n")
+        status, headers, body = split_response(recv_all(sock))
+    assert status == "HTTP/1.1 200 OK" and headers["connection"] == "close" and body == b"bye"
+
+
+def test_head_request_has_no_body(server):
+    conn = server.client()
+    conn.request("HEAD", "/echo")
+    resp = conn.getresponse()
+    assert resp.status == 200 and int(resp.getheader("Content-Length")) > 0
+    assert resp.read() == b""
+    conn.request("GET", "/echo")          # the connection is still in sync
+    assert json.loads(conn.getresponse().read())["method"] == "GET"
+
+
+def test_http10_gets_close_and_unchunked_stream(server):
+    with server.socket() as sock:
+        sock.sendall(b"GET /echo HTTP/1.0\r\n\r\n")
+        status, headers, body = split_response(recv_all(sock))
+    assert status == "HTTP/1.1 200 OK" and headers["connection"] == "close"
+    assert json.loads(body)["version"] == "HTTP/1.0"
+    with server.socket() as sock:
+        sock.sendall(b"GET /stream?n=2 HTTP/1.0\r\n\r\n")
+        status, headers, body = split_response(recv_all(sock))
+    assert "transfer-encoding" not in headers
+    assert body == sse_event('{"i": 0, "text": "\u00e9"}') + sse_event('{"i": 1, "text": "\u00e9"}')
+
+
+# --- request bodies, 100-continue, limits ---------------------------------------------------
+
+def test_chunked_request_body(server):
+    conn = server.client()
+    conn.request("POST", "/echo", body=iter([b"hel", b"lo ", b"world"]), encode_chunked=True)
+    body = json.loads(conn.getresponse().read())
+    assert body["body"] == "hello world" and body["te"] == "chunked"
+
+
+def test_expect_100_continue_raw(server):
+    with server.socket() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: 5\r\nConnection: close\r\n\r\n")
+        assert recv_exactly(sock, len(CONTINUE_100)) == CONTINUE_100
+        sock.sendall(b"hello")
+        status, _, body = split_response(recv_all(sock))
+    assert status == "HTTP/1.1 200 OK" and json.loads(body)["body"] == "hello"
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_expect_100_continue_curl(server):
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["curl", "-sS", "-v", "--expect100-timeout", "4", "-H", "Expect: 100-continue",
+         "-H", "Content-Type: application/json", "--data-binary", '{"inputs":"hi"}',
+         f"http://127.0.0.1:{server.port}/echo"],
+        capture_output=True, timeout=10)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    assert b"< HTTP/1.1 100 Continue" in proc.stderr
+    assert json.loads(proc.stdout)["body"] == '{"inputs":"hi"}'
+    assert elapsed < 3, "curl waited for its expect timeout: no 100 Continue was sent"
+
+
+def test_expect_with_oversized_length_gets_413_not_100(server):
+    with server.socket() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (MAX_BODY + 1))
+        status, headers, body = split_response(recv_all(sock))
+    assert status == "HTTP/1.1 413 Request Entity Too Large"
+    assert headers["connection"] == "close"
+    assert body == TOO_LARGE_BODY
+
+
+def test_content_length_body_too_large(server):
+    conn = server.client()
+    conn.request("POST", "/echo", body=b"x" * (MAX_BODY + 1))
+    resp = conn.getresponse()
+    assert resp.status == 413 and resp.read() == TOO_LARGE_BODY and resp.will_close
+
+
+def test_chunked_body_too_large(server):
+    with server.socket() as sock:
+        chunk = b"x" * 65536
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + (b"%x\r\n%b\r\n" % (len(chunk), chunk)) * 17)
+        status, _, body = split_response(recv_all(sock))
+    assert status.startswith("HTTP/1.1 413") and body == TOO_LARGE_BODY
+
+
+def test_body_at_limit_accepted(server):
+    conn = server.client()
+    conn.request("POST", "/echo", body=b"x" * MAX_BODY)
+    resp = conn.getresponse()
+    assert resp.status == 200 and len(json.loads(resp.read())["body"]) == MAX_BODY
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("garbage, status", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+    (b"GET / HTTP/2.0\r\n\r\n", 505),
+    (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+])
+def test_malformed_request_answered_then_server_still_serves(server, garbage, status):
+    with server.socket() as sock:
+        sock.sendall(garbage)
+        line, headers, body = split_response(recv_all(sock))
+    assert line.startswith(f"HTTP/1.1 {status} ")
+    assert headers["connection"] == "close" and "date" in headers and headers["server"] == "tiny_mindie"
+    err = json.loads(body)
+    assert err["error_type"] == "Bad Request" and err["error"]
+    conn = server.client()
+    conn.request("GET", "/echo")
+    assert conn.getresponse().status == 200
+
+
+def test_handler_exception_is_500_without_traceback(server, caplog):
+    conn = server.client()
+    with caplog.at_level(logging.ERROR, logger="tiny_mindie.server.conn"):
+        conn.request("GET", "/boom")
+        resp = conn.getresponse()
+        body = resp.read()
+    assert resp.status == 500 and body == INTERNAL_ERROR_BODY
+    assert b"Traceback" not in body and b"secret" not in body
+    assert any(r.exc_info and "secret internals" in str(r.exc_info[1]) for r in caplog.records)
+    conn.request("GET", "/echo")              # same connection keeps serving
+    assert conn.getresponse().status == 200
+
+
+def test_handler_returning_nothing_is_500(server):
+    conn = server.client()
+    conn.request("GET", "/none")
+    resp = conn.getresponse()
+    assert resp.status == 500 and resp.read() == INTERNAL_ERROR_BODY
+
+
+def test_exception_mid_stream_truncates_body(server):
+    conn = server.client()
+    conn.request("GET", "/boom-mid-stream")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    with pytest.raises((http.client.HTTPException, ConnectionError)):
+        resp.read()
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+def test_stream_read_back_with_http_client(server):
+    conn = server.client()
+    conn.request("GET", "/stream?n=3")
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert resp.getheader("Transfer-Encoding") == "chunked"
+    assert resp.getheader("Content-Type") == "text/event-stream"
+    assert resp.getheader("Cache-Control") == "no-cache"
+    events = resp.read().decode("utf-8").split("\n\n")
+    assert events[-1] == ""
+    assert [json.loads(e.removeprefix("data: "))["i"] for e in events[:-1]] == [0, 1, 2]
+    conn.request("GET", "/echo")               # keep-alive after a chunked stream
+    assert conn.getresponse().status == 200
+
+
+def test_stream_exact_chunk_framing(server):
+    with server.socket() as sock:
+        sock.sendall(b"GET /stream?n=2 HTTP/1.1\r\nConnection: close\r\n\r\n")
+        _, headers, body = split_response(recv_all(sock))
+    events = [sse_event(json.dumps({"i": i, "text": "\u00e9"}, ensure_ascii=False)) for i in range(2)]
+    assert body == b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    assert headers["transfer-encoding"] == "chunked" and headers["connection"] == "close"
+
+
+def test_client_disconnect_reaches_the_streaming_handler(server):
+    with server.socket() as sock:
+        sock.sendall(b"GET /forever HTTP/1.1\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    assert server.rec.disconnected.wait(5)
+
+
+# --- timeouts -------------------------------------------------------------------------------
+
+def test_idle_keep_alive_connection_times_out(impatient_server):
+    with impatient_server.socket() as sock:
+        sock.sendall(b"GET /echo HTTP/1.1\r\n\r\n")
+        start = time.monotonic()
+        data = recv_all(sock)                     # response, then EOF after the idle timeout
+        assert data.startswith(b"HTTP/1.1 200 OK")
+        assert 0.2 < time.monotonic() - start < 3
+
+
+def test_stalled_request_gets_408(impatient_server):
+    with impatient_server.socket() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+        line, headers, body = split_response(recv_all(sock))
+    assert line == "HTTP/1.1 408 Request Timeout"
+    assert json.loads(body)["error_type"] == "Bad Request"
+
+
+def test_client_gone_before_response_is_quiet(server, caplog):
+    with caplog.at_level(logging.DEBUG):
+        with server.socket() as sock:
+            sock.sendall(b"GET /slow?s=0.2 HTTP/1.1\r\n\r\n")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        time.sleep(0.4)
+        conn = server.client()
+        conn.request("GET", "/echo")
+        assert conn.getresponse().status == 200
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

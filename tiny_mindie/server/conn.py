@@ -1,0 +1,357 @@
+"""One HTTP/1.1 connection on asyncio: read -> parse -> handler -> write, until close.
+
+This is the thin glue between an ``asyncio.StreamReader``/``StreamWriter`` pair (plain TCP or
+TLS) and the sans-IO parser in :mod:`.http`.  Routing and JSON APIs live elsewhere: the
+caller passes a ``handler``::
+
+    async def handler(request: Request, stream: ResponseStream) -> Response | None
+
+that either returns a :class:`Response`, or streams with ``await stream.start(...)`` (a
+:class:`~.sse.ChunkedStream`) and returns ``None``.
+
+Behaviour on the wire:
+
+* keep-alive and pipelining (requests answered one at a time, in order);
+* ``100 Continue`` sent when the client expects it and the declared body fits the limit;
+* parse errors answered with their status and a MindIE error body, then the connection closes
+  (413 uses MindIE's ``{"message": "Request body too large. ..."}`` body);
+* a handler exception becomes a 500 ``Incomplete Generation`` body (traceback only in the log);
+  if the stream had already started, the connection is aborted instead (the client sees a
+  truncated chunked body);
+* ``Date`` and ``Server`` on every response; an idle keep-alive connection is closed after
+  ``idle_timeout`` seconds, a request that stalls half-way gets 408.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Optional
+
+from .http import (CONTINUE_100, NEED_DATA, HTTPError, Request, RequestHead, RequestParser,
+                   body_too_large_message, format_response)
+from .sse import ChunkedStream
+
+__all__ = ["Handler", "Response", "ResponseStream", "json_response", "serve_connection"]
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 64 * 1024          # bytes per socket read
+LINGER_SECONDS = 2.0           # max time spent draining input before closing after an error
+CLOSE_SECONDS = 5.0            # max time waiting for the transport to close
+
+
+@dataclass
+class Response:
+    """A complete (non-streamed) response returned by a handler.
+
+    Attributes:
+        status: HTTP status code.
+        body: Body bytes; ``Content-Length`` is set from it.
+        content_type: ``Content-Type`` value; empty string for none.
+        headers: Extra ``(name, value)`` headers.  ``("Connection", "close")`` closes the
+            connection after this response.
+    """
+
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def json_response(status: int, obj: Any, headers: Optional[list[tuple[str, str]]] = None) -> Response:
+    """A :class:`Response` whose body is ``obj`` as compact UTF-8 JSON (non-ASCII kept as is).
+
+    Raises:
+        TypeError / ValueError: ``obj`` is not JSON-serialisable (or contains NaN/Infinity).
+    """
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return Response(status, body.encode("utf-8"), "application/json", list(headers or []))
+
+
+Handler = Callable[[Request, "ResponseStream"], Awaitable[Optional[Response]]]
+
+
+class ResponseStream:
+    """Handed to the handler with each request; lets it stream the response instead.
+
+    Only one of the two may happen per request: return a :class:`Response`, or call
+    :meth:`start` and return ``None``.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter, request: Request,
+                 base_headers: Callable[[bool], list[tuple[str, str]]],
+                 write_timeout: Optional[float]) -> None:
+        self._writer = writer
+        self._request = request
+        self._base_headers = base_headers
+        self._write_timeout = write_timeout
+        self._stream: Optional[ChunkedStream] = None
+
+    @property
+    def started(self) -> bool:
+        """:meth:`start` has been called."""
+        return self._stream is not None
+
+    @property
+    def chunked_stream(self) -> Optional[ChunkedStream]:
+        """The stream returned by :meth:`start`, or ``None``."""
+        return self._stream
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether the connection can be reused after this streamed response."""
+        return self._request.keep_alive and (self._stream is None or self._stream.chunked)
+
+    async def start(self, status: int = 200, content_type: str = "text/event-stream",
+                    extra_headers: Iterable[tuple[str, str]] = ()) -> ChunkedStream:
+        """Send the response head and return the started :class:`~.sse.ChunkedStream`.
+
+        HTTP/1.0 requests get an unchunked body delimited by closing the connection.
+
+        Raises:
+            RuntimeError: called twice.
+            ConnectionError: the peer is gone.
+        """
+        if self._stream is not None:
+            raise RuntimeError("response stream already started")
+        chunked = self._request.version == "HTTP/1.1"
+        keep_alive = self._request.keep_alive and chunked
+        self._stream = ChunkedStream(self._writer, base_headers=self._base_headers(keep_alive),
+                                     chunked=chunked, write_timeout=self._write_timeout)
+        await self._stream.start(status, content_type, extra_headers)
+        return self._stream
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _http_date() -> str:
+    """Current time as an IMF-fixdate (``Date`` header), cached per second."""
+    global _date_cache
+    now = int(time.time())
+    if _date_cache[0] != now:
+        _date_cache = (now, email.utils.formatdate(now, usegmt=True))
+    return _date_cache[1]
+
+
+def _error_body(status: int, message: str, max_body_bytes: int) -> bytes:
+    if status == 413:
+        obj: dict[str, str] = {"message": body_too_large_message(max_body_bytes)}
+    else:
+        obj = {"error": message, "error_type": "Bad Request"}
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+_INTERNAL_ERROR_BODY = json.dumps(
+    {"error": "Internal server error", "error_type": "Incomplete Generation"},
+    separators=(",", ":")).encode("utf-8")
+
+
+async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                           handler: Handler, *, max_body_bytes: int, idle_timeout: float = 60.0,
+                           server_header: str = "tiny_mindie") -> None:
+    """Serve HTTP/1.1 requests on one connection until it closes; never raises (except
+    ``CancelledError``, after closing the connection).
+
+    Args:
+        reader, writer: The connection, as given by ``asyncio.start_server``.
+        handler: ``async (Request, ResponseStream) -> Response | None`` (see module docstring).
+        max_body_bytes: Request body limit in bytes (MindIE ``maxRequestLength`` MB * 2**20);
+            larger bodies are answered with 413.
+        idle_timeout: Seconds a keep-alive connection may sit idle, a started request may
+            stall between reads (-> 408), and a response write may wait for the client.
+        server_header: Value of the ``Server`` header.
+    """
+    conn = _Connection(reader, writer, handler, max_body_bytes, idle_timeout, server_header)
+    await conn.run()
+
+
+class _Connection:
+    """State of one connection while :func:`serve_connection` runs."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 handler: Handler, max_body_bytes: int, idle_timeout: float,
+                 server_header: str) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.handler = handler
+        self.max_body_bytes = max_body_bytes
+        self.idle_timeout = idle_timeout
+        self.server_header = server_header
+        self.parser = RequestParser(max_body_bytes=max_body_bytes)
+        self.peer = writer.get_extra_info("peername")
+
+    async def run(self) -> None:
+        abort = False
+        try:
+            while True:
+                try:
+                    request = await self._read_request()
+                except HTTPError as exc:
+                    log.debug("%s: rejected request: %d %s", self.peer, exc.status, exc.message)
+                    await self._send_error(exc)
+                    await self._linger()
+                    return
+                if request is None:
+                    return
+                keep_alive, abort = await self._respond(request)
+                if not keep_alive:
+                    return
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.TimeoutError,
+                OSError) as exc:
+            log.debug("%s: connection ended: %r", self.peer, exc)
+            abort = True
+        finally:
+            await self._close(abort)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _read_request(self) -> Optional[Request]:
+        """Next complete request, or ``None`` when the peer closed or idled out between
+        requests.  Raises HTTPError (bad input, or 408 when a request stalls)."""
+        parser = self.parser
+        while True:
+            event = parser.next_event()
+            if event is NEED_DATA:
+                try:
+                    data = await asyncio.wait_for(self.reader.read(READ_SIZE), self.idle_timeout)
+                except asyncio.TimeoutError:
+                    if parser.has_partial_request:
+                        raise HTTPError(408, "Request timed out") from None
+                    log.debug("%s: idle keep-alive connection timed out", self.peer)
+                    return None
+                if not data:
+                    if parser.has_partial_request:
+                        log.debug("%s: peer closed in the middle of a request", self.peer)
+                    return None
+                parser.feed(data)
+            elif isinstance(event, RequestHead):
+                if event.expects_continue and (event.content_length is None
+                                               or event.content_length <= self.max_body_bytes):
+                    await self._write(CONTINUE_100)
+            else:
+                assert isinstance(event, Request)
+                return event
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _base_headers(self, request: Optional[Request], keep_alive: bool) -> list[tuple[str, str]]:
+        headers = [("Date", _http_date()), ("Server", self.server_header)]
+        if not keep_alive:
+            headers.append(("Connection", "close"))
+        elif request is not None and request.version == "HTTP/1.0":
+            headers.append(("Connection", "keep-alive"))
+        return headers
+
+    async def _write(self, data: bytes) -> None:
+        """Write ``data`` and wait until it is handed to the kernel (or the peer idles out).
+
+        Raises ConnectionError when the peer is gone."""
+        if self.writer.transport.is_closing():
+            raise ConnectionResetError("client connection is closed")
+        try:
+            self.writer.write(data)
+        except RuntimeError as exc:           # uvloop, on a transport closed under us
+            raise ConnectionResetError(str(exc)) from exc
+        await self._drain()
+
+    async def _drain(self) -> None:
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.idle_timeout)
+        except asyncio.TimeoutError:
+            raise ConnectionAbortedError("client stopped reading") from None
+
+    async def _respond(self, request: Request) -> tuple[bool, bool]:
+        """Run the handler and write its answer. Returns (keep_alive, abort)."""
+        stream = ResponseStream(self.writer, request,
+                                lambda keep: self._base_headers(request, keep), self.idle_timeout)
+        try:
+            result = await self.handler(request, stream)
+        except asyncio.CancelledError:
+            raise
+        except ConnectionError as exc:
+            log.debug("%s: client went away during %s %s: %r",
+                      self.peer, request.method, request.path, exc)
+            return False, True
+        except Exception:
+            log.exception("handler failed on %s %s", request.method, request.path)
+            if stream.started:
+                return False, True
+            result = Response(500, _INTERNAL_ERROR_BODY)
+        else:
+            if stream.started:
+                chunked = stream.chunked_stream
+                assert chunked is not None
+                if result is not None:
+                    log.error("handler for %s %s returned a Response after streaming",
+                              request.method, request.path)
+                    return False, True
+                if not chunked.ended:
+                    await chunked.end()
+                return stream.keep_alive, False
+            if not isinstance(result, Response):
+                log.error("handler for %s %s returned %r instead of a Response",
+                          request.method, request.path, type(result).__name__)
+                result = Response(500, _INTERNAL_ERROR_BODY)
+
+        keep_alive = request.keep_alive and not any(
+            n.lower() == "connection" and "close" in v.lower() for n, v in result.headers)
+        headers = self._base_headers(request, keep_alive)
+        if result.content_type and not any(n.lower() == "content-type" for n, _ in result.headers):
+            headers.append(("Content-Type", result.content_type))
+        headers.extend((n, v) for n, v in result.headers if n.lower() != "connection")
+        try:
+            data = format_response(result.status, headers, result.body,
+                                   include_body=request.method != "HEAD")
+        except ValueError:
+            log.exception("handler for %s %s produced an invalid response",
+                          request.method, request.path)
+            data = format_response(500, self._base_headers(request, keep_alive)
+                                   + [("Content-Type", "application/json")], _INTERNAL_ERROR_BODY)
+        await self._write(data)
+        return keep_alive, False
+
+    async def _send_error(self, exc: HTTPError) -> None:
+        headers = self._base_headers(None, False) + [("Content-Type", "application/json")]
+        body = _error_body(exc.status, exc.message, self.max_body_bytes)
+        await self._write(format_response(exc.status, headers, body))
+
+    # -- closing ---------------------------------------------------------------------------
+
+    async def _linger(self) -> None:
+        """After an error answer: half-close, then discard input for a moment, so that
+        closing with unread request bytes does not reset the connection before the client
+        has read the answer."""
+        writer = self.writer
+        try:
+            if writer.can_write_eof():
+                writer.write_eof()
+            deadline = asyncio.get_running_loop().time() + min(LINGER_SECONDS, self.idle_timeout)
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    break
+                if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
+                    break
+        except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError):
+            pass
+
+    async def _close(self, abort: bool) -> None:
+        writer = self.writer
+        try:
+            if abort:
+                writer.transport.abort()
+            else:
+                writer.close()
+            await asyncio.wait_for(writer.wait_closed(), CLOSE_SECONDS)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # closing a broken connection: nothing left to do
+            log.debug("%s: error while closing: %r", self.peer, exc)
+            writer.transport.abort()
