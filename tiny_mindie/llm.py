@@ -130,10 +130,10 @@ class LLM:
                               stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos),
             priority=priority, timeout_s=timeout_s)
 
-    async def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Token events of ``request`` (see :meth:`Engine.generate`); raises ``GenerationError``."""
-        async for ev in self.engine.generate(request):
-            yield ev
+    def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Token events of ``request`` (see :meth:`Engine.generate`); raises ``GenerationError``.
+        Closing the iterator early (``aclose()``) cancels the request."""
+        return self.engine.generate(request)
 
     async def generate_async(self, request: GenerationRequest) -> Completion:
         """Run ``request`` to the end; raises ``GenerationError``."""

@@ -75,7 +75,11 @@ class _Sequence:
         return len(self.tokens) - self.n_prompt
 
     def emit(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        """Hand ``item`` to the request's event loop; a closed loop means the caller is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:   # the loop was closed without cancelling: nobody is listening
+            self.cancelled = True
 
 
 class Engine:

@@ -1,0 +1,343 @@
+"""The ONNX Runtime backend on the real SmolLM2-135M-Instruct weights, against the numpy reference.
+
+Two graphs are checked:
+
+- the *float* graph (``accuracy_level=0`` everywhere): MatMulNBits computes in float32 on the
+  exactly-packed GGUF weights, so it is the reference's math with another summation order;
+  its logits must match the reference to ``ATOL_FLOAT`` (measured: ~1.5e-4; logits span about
+  -25..+30).
+- the *default* graph (``accuracy_level=4``): MatMulNBits quantizes each block of 32 activations
+  to int8 inside the kernel (what llama.cpp does too), which moves the logits by up to about
+  1.0 (measured on these prompts: max |diff| 0.5..1.0, relative RMS 3..15 %; no one matrix kind
+  dominates, the rounding compounds over 30 layers; llama.cpp 0.3.36 on the same prompts:
+  max |diff| 0.5..0.75, relative 3..5 %). Its tolerance is therefore statistical:
+  ``MAX_ABS_INT8`` / ``REL_INT8``, and each side's top token is among the other's top 5.
+
+Greedy decoding must be *identical* (not just close) at batch 1 and batch 4: rows are computed
+independently, so batching, padding-free chunking and the slot layout cannot change a token.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tiny_mindie.model.backend import SeqChunk
+from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.gguf import GGUFFile, RawTensor
+from tiny_mindie.model import graph as graph_mod
+from tiny_mindie.model.graph import GraphOptions, pack_weight, unpack_nbits
+from tiny_mindie.model import ort_backend
+from tiny_mindie.model.ort_backend import OrtBackend, select_providers
+from tiny_mindie.model.reference import NumpyBackend
+
+MAX_SEQ_LEN = 256
+ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)
+MAX_ABS_INT8 = 1.5       # default graph vs reference, max |logit diff| (measured <= 1.0)
+REL_INT8 = 0.25          # ... ||diff|| / ||ref - mean(ref)|| (measured 0.03 .. 0.15)
+GREEDY_STEPS = 64
+
+
+@pytest.fixture(scope="module")
+def gguf(model_path) -> GGUFFile:
+    return GGUFFile(model_path)
+
+
+@pytest.fixture(scope="module")
+def config(gguf) -> ModelConfig:
+    return ModelConfig.from_gguf(gguf)
+
+
+@pytest.fixture(scope="module")
+def ort(gguf, config) -> OrtBackend:
+    """The default backend (graph cached next to the model), 8 slots of 256 positions."""
+    be = OrtBackend(gguf, config, num_slots=8, max_seq_len=MAX_SEQ_LEN, threads=1)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def reference(gguf, config) -> NumpyBackend:
+    return NumpyBackend(gguf, config, num_slots=4, max_seq_len=MAX_SEQ_LEN)
+
+
+@pytest.fixture(scope="module")
+def float_cache(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("onnx-cache"))
+
+
+@pytest.fixture(scope="module")
+def ort_float(gguf, config, float_cache) -> OrtBackend:
+    """The float32-compute graph, built cold into a fresh cache directory."""
+    be = OrtBackend(gguf, config, num_slots=4, max_seq_len=MAX_SEQ_LEN, threads=1,
+                    cache_dir=float_cache,
+                    graph_options=GraphOptions(accuracy_level=0, lm_head_accuracy_level=0))
+    yield be
+    be.close()
+
+
+def ids_of(gguf: GGUFFile, pieces: list[str]) -> np.ndarray:
+    vocab = gguf.get("tokenizer.ggml.tokens")
+    return np.array([vocab.index(p) for p in pieces], dtype=np.int64)
+
+
+NL = "Ċ"
+CHAT = (["<|im_start|>", "user", NL, "What", "Ġis", "Ġthe", "Ġcapital", "Ġof", "ĠFrance", "?",
+         "<|im_end|>", NL, "<|im_start|>", "ass", "istant", NL])
+STORY = ["Once", "Ġupon", "Ġa", "Ġtime", ",", "Ġthere", "Ġwas", "Ġa", "Ġlittle", "Ġgirl",
+         "Ġwho", "Ġlived", "Ġin", "Ġa", "Ġvillage", "Ġnear", "Ġthe", "Ġforest", "."]
+FRANCE = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
+SHORT = ["Hello"]
+
+
+@pytest.fixture(scope="module")
+def prompts(gguf) -> list[np.ndarray]:
+    """Four prompts of different lengths (16, 19, 5, 1 tokens)."""
+    return [ids_of(gguf, p) for p in (CHAT, STORY, FRANCE, SHORT)]
+
+
+# ---- weight packing ---------------------------------------------------------------------------
+
+def test_gguf_matrices_pack_bit_exactly(gguf):
+    """Q4_1 (and the Q8_0 embedding) -> MatMulNBits form dequantizes to GGUF's values, bit for bit."""
+    names = ["token_embd.weight"] + [f"blk.{i}.{t}.weight" for i in (0, 29) for t in
+                                    ("attn_q", "attn_k", "attn_v", "attn_output",
+                                     "ffn_gate", "ffn_up", "ffn_down")]
+    for name in names:
+        w = pack_weight(gguf, name)
+        assert w.exact
+        ours, theirs = unpack_nbits(w), gguf.dequantize(name)
+        assert ours.shape == theirs.shape
+        assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), name
+
+
+def _synthetic(qtype: str, n: int, k: int, seed: int) -> tuple[RawTensor, np.ndarray]:
+    """Random ggml blocks of ``qtype`` (with tricky scales) and gguf's own dequantization."""
+    import gguf as gg
+
+    rng = np.random.default_rng(seed)
+    block_bytes = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[qtype]
+    blocks = rng.integers(0, 256, (n, k // 32, block_bytes), dtype=np.uint8)
+    halves = 2 if qtype == "Q4_1" else 1
+    f16 = rng.normal(0, 0.02, (n, k // 32, halves)).astype(np.float16)
+    f16[0, 0] = 0                                   # an all-zero block
+    f16[-1, -1, 0] = -f16[-1, -1, 0]                # a negative scale
+    blocks[..., :2 * halves] = f16.view(np.uint8).reshape(n, k // 32, 2 * halves)
+    data = blocks.reshape(n, -1)
+    expect = gg.quants.dequantize(data, gg.GGMLQuantizationType[qtype]).reshape(n, k)
+    return RawTensor("synthetic", qtype, (n, k), data), expect.astype(np.float32)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_synthetic_blocks_pack_bit_exactly(qtype):
+    raw, expect = _synthetic(qtype, 64, 96, seed=3)      # 3 blocks per row: odd zero-point packing
+    packer = {"Q4_0": graph_mod.pack_q4_0, "Q4_1": graph_mod.pack_q4_1, "Q8_0": graph_mod.pack_q8_0}
+    w = packer[qtype](raw)
+    assert np.array_equal(unpack_nbits(w).view(np.uint32), expect.view(np.uint32))
+
+
+def test_matmulnbits_reads_the_packing_as_documented(gguf):
+    """A lone MatMulNBits node (float compute) on a packed Q4_1 matrix equals x @ W.T."""
+    import onnxruntime as rt
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = pack_weight(gguf, "blk.5.ffn_down.weight")
+    W = gguf.dequantize("blk.5.ffn_down.weight")
+    nodes = [helper.make_node("MatMulNBits", ["x", "B", "S", "Z"], ["y0"], domain="com.microsoft",
+                              K=w.k, N=w.n, bits=4, block_size=32, accuracy_level=0),
+             helper.make_node("MatMul", ["x", "I"], ["bs"]),
+             helper.make_node("Gemm", ["bs", "R", "y0"], ["y"])]
+    ind = (np.arange(w.k)[:, None] // 32 == np.arange(w.k // 32)[None]).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for n, a in
+             (("B", w.data), ("S", w.scales.reshape(-1)), ("Z", w.zero_points.reshape(-1)),
+              ("I", ind), ("R", np.ascontiguousarray(w.mins.T)))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, w.k])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, w.n])], inits)
+    m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                           helper.make_opsetid("com.microsoft", 1)])
+    sess = rt.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((3, w.k)).astype(np.float32)
+    y = sess.run(None, {"x": x})[0]
+    ref = x.astype(np.float64) @ W.T.astype(np.float64)
+    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+# ---- logits parity with the reference ----------------------------------------------------------
+
+def _prefill_and_decode(be, slot: int, prompt: np.ndarray, follow: list[int]) -> np.ndarray:
+    """Logits after the prompt, then after each teacher-forced token of ``follow``."""
+    out = [be.forward([SeqChunk(slot, 0, prompt)])[0]]
+    for j, tok in enumerate(follow):
+        out.append(be.forward([SeqChunk(slot, len(prompt) + j, np.array([tok]))])[0])
+    return np.array(out)
+
+
+FOLLOW = [504, 3575, 282, 4649]       # "The capital of France" -- teacher-forced decode steps
+
+
+def test_float_graph_matches_reference(ort_float, reference, prompts):
+    for i, p in enumerate(prompts[:3]):
+        a = _prefill_and_decode(ort_float, 0, p, FOLLOW[:2])
+        b = _prefill_and_decode(reference, 0, p, FOLLOW[:2])
+        assert np.abs(a - b).max() < ATOL_FLOAT, i
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+
+
+def test_default_graph_matches_reference_within_int8_tolerance(ort, reference, prompts):
+    for i, p in enumerate(prompts):
+        a = _prefill_and_decode(ort, 0, p, FOLLOW)
+        b = _prefill_and_decode(reference, 0, p, FOLLOW)
+        for row_a, row_b in zip(a, b):
+            assert np.abs(row_a - row_b).max() < MAX_ABS_INT8, i
+            rel = np.linalg.norm(row_a - row_b) / np.linalg.norm(row_b - row_b.mean())
+            assert rel < REL_INT8, (i, rel)
+            assert row_b.argmax() in np.argsort(row_a)[-5:]
+            assert row_a.argmax() in np.argsort(row_b)[-5:]
+
+
+def test_default_graph_answers_the_question(ort, gguf, prompts):
+    """Greedy answer to the chat prompt starts with "The capital of France is Paris"."""
+    vocab = gguf.get("tokenizer.ggml.tokens")
+    toks = _greedy_single(ort, 3, prompts[0], 8)
+    assert "".join(vocab[t] for t in toks).replace("Ġ", " ").startswith("The capital of France is Paris")
+
+
+# ---- greedy decoding: batch 1 == batch 4 ------------------------------------------------------
+
+def _greedy_single(be, slot, prompt, steps):
+    tok = int(be.forward([SeqChunk(slot, 0, prompt)])[0].argmax())
+    toks = [tok]
+    for j in range(steps - 1):
+        tok = int(be.forward([SeqChunk(slot, len(prompt) + j, np.array([tok]))])[0].argmax())
+        toks.append(tok)
+    return toks
+
+
+def test_greedy_identical_at_batch_1_and_batch_4(ort, prompts):
+    single = [_greedy_single(ort, 0, p, GREEDY_STEPS) for p in prompts]
+    # batch 4 on scattered slots (forces the backend to regroup its KV rows), prompts of
+    # 16/19/5/1 tokens, the 1-token prompt prefilled in the same call as a decode row
+    slots = [6, 1, 3, 0]
+    toks = [[] for _ in prompts]
+    logits = ort.forward([SeqChunk(slots[i], 0, p) for i, p in enumerate(prompts[:3])])
+    for i in range(3):
+        toks[i].append(int(logits[i].argmax()))
+    logits = ort.forward([SeqChunk(slots[0], len(prompts[0]), np.array([toks[0][0]])),
+                          SeqChunk(slots[3], 0, prompts[3])])
+    toks[3].append(int(logits[1].argmax()))
+    pos = [len(prompts[0]) + 1, len(prompts[1]), len(prompts[2]), len(prompts[3])]
+    extra0 = int(logits[0].argmax())
+    toks[0].append(extra0)
+    while min(len(t) for t in toks) < GREEDY_STEPS:
+        live = [i for i in range(4) if len(toks[i]) < GREEDY_STEPS]
+        chunks = [SeqChunk(slots[i], pos[i], np.array([toks[i][-1]])) for i in live]
+        logits = ort.forward(chunks)
+        for row, i in enumerate(live):
+            toks[i].append(int(logits[row].argmax()))
+            pos[i] += 1
+    for i in range(4):
+        assert toks[i] == single[i], i
+    assert ort.swaps > 0        # the scattered slots really were regrouped
+
+
+def _chunked_vs_whole(be, slot, p):
+    whole = be.forward([SeqChunk(slot, 0, p)])[0]
+    be.forward([SeqChunk(slot, 0, p[:20])])
+    be.forward([SeqChunk(slot, 20, p[20:21])])
+    part = be.forward([SeqChunk(slot, 21, p[21:])])[0]
+    return whole, part
+
+
+def test_chunked_prefill_equals_whole_prefill(ort, ort_float, prompts):
+    """Prefill in pieces (20 + 1 + 32 tokens) gives the logits of one whole-prompt prefill:
+    to float rounding on the float graph; on the default graph within the int8 tolerance (a
+    rounding-level change can flip an int8 activation step, which then propagates)."""
+    p = np.concatenate([prompts[1], prompts[0], prompts[1]])          # 54 tokens
+    whole, part = _chunked_vs_whole(ort_float, 2, p)
+    assert np.abs(whole - part).max() < 1e-3
+    ort_float.max_chunk_tokens = 16          # the backend's own splitting of long chunks
+    try:
+        pieces = ort_float.forward([SeqChunk(2, 0, p)])[0]
+    finally:
+        ort_float.max_chunk_tokens = 256
+    assert np.abs(whole - pieces).max() < 1e-3
+    whole, part = _chunked_vs_whole(ort, 2, p)
+    assert np.abs(whole - part).max() < MAX_ABS_INT8
+    assert whole.argmax() == part.argmax()
+
+
+def test_reused_slot_forgets_the_old_sequence(ort, prompts):
+    """A shorter sequence started in a slot that held a longer one sees none of the old keys."""
+    fresh = ort.forward([SeqChunk(5, 0, prompts[2])])[0]
+    ort.forward([SeqChunk(5, 0, np.concatenate([prompts[1], prompts[1]]))])
+    again = ort.forward([SeqChunk(5, 0, prompts[2])])[0]
+    assert np.array_equal(fresh, again)
+
+
+def test_forward_rejects_bad_chunks(ort):
+    with pytest.raises(ValueError):
+        ort.forward([SeqChunk(8, 0, np.array([1]))])
+    with pytest.raises(ValueError):
+        ort.forward([SeqChunk(0, MAX_SEQ_LEN, np.array([1]))])
+    with pytest.raises(ValueError):
+        ort.forward([SeqChunk(0, 0, np.array([49152]))])
+
+
+# ---- providers, cache, start-up ---------------------------------------------------------------
+
+def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
+    monkeypatch.setattr(ort_backend, "ascend_available", lambda: False)
+    assert select_providers() == ["CPUExecutionProvider"]
+    monkeypatch.setattr(ort_backend, "ascend_available", lambda: True)
+    chosen = select_providers(device_id=3)
+    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3"})
+    assert select_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_backend_reports_its_provider(ort):
+    assert ort.name == "onnxruntime"
+    if not ort_backend.ascend_available():
+        assert ort.device == "CPU" and ort.providers == ["CPUExecutionProvider"]
+
+
+def test_start_up_prints_nothing(model_path, ort):
+    """A fresh process loading the (cached) graph writes nothing to stdout or stderr."""
+    code = ("import sys; from tiny_mindie.model.gguf import GGUFFile;"
+            "from tiny_mindie.model.config import ModelConfig;"
+            "from tiny_mindie.model.ort_backend import OrtBackend;"
+            "import numpy as np; from tiny_mindie.model.backend import SeqChunk;"
+            "f = GGUFFile(sys.argv[1]); b = OrtBackend(f, ModelConfig.from_gguf(f), num_slots=1,"
+            " max_seq_len=16); b.forward([SeqChunk(0, 0, np.array([1, 2]))])")
+    proc = subprocess.run([sys.executable, "-c", code, model_path], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "" and proc.stderr == ""
+
+
+def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
+    """The float graph was built cold into ``float_cache``; a second backend loads it."""
+    assert ort_float.built
+    again = OrtBackend(gguf, config, num_slots=1, max_seq_len=16, threads=1, cache_dir=float_cache,
+                       graph_options=GraphOptions(accuracy_level=0, lm_head_accuracy_level=0))
+    assert not again.built and again.graph_path == ort_float.graph_path
+    entry = os.path.basename(os.path.dirname(again.graph_path))
+    assert f"-b{graph_mod.BUILDER_VERSION}-" in entry
+    again.close()
+
+
+def test_graph_is_ir10_with_contrib_ops(ort):
+    import onnx
+
+    m = onnx.load(ort.graph_path, load_external_data=False)
+    assert m.ir_version <= 10
+    assert {o.domain: o.version for o in m.opset_import} == {"": 21, "com.microsoft": 1}
+    ops = {n.op_type for n in m.graph.node}
+    assert {"GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization",
+            "SimplifiedLayerNormalization", "GatherBlockQuantized"} <= ops
+    assert all(n.domain == "" for n in m.graph.node if n.op_type == "SimplifiedLayerNormalization")

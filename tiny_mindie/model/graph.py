@@ -1,0 +1,491 @@
+"""Build the ONNX graph of a GGUF decoder, node by node, with ``onnx.helper``.
+
+Nothing is exported from a framework: every node below is written here from the model's
+architecture parameters (:class:`~tiny_mindie.model.config.ModelConfig`) and its GGUF tensors.
+The graph uses ONNX Runtime's contrib operators (domain ``com.microsoft``) where they are the fast
+path on CPU: ``GroupQueryAttention`` (KV cache updated in place, rotary inside),
+``MatMulNBits`` (block-quantized weights), ``SkipSimplifiedLayerNormalization`` and
+``GatherBlockQuantized``; ``SimplifiedLayerNormalization`` is a default-domain op.
+
+Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer length,
+``Nkv`` = ``num_kv_heads``, ``H`` = ``head_dim``, ``V`` = ``vocab_size``; all dynamic except
+``Nkv``, ``H``, ``V``)::
+
+    input_ids              int64   [B, S]          token ids; rows shorter than S are right-padded
+    seqlens_k              int32   [B]             per row: (tokens in the KV buffer after this
+                                                   call, padding included) - 1
+    total_sequence_length  int32   []              max over rows of seqlens_k + 1
+    logits_index           int64   [B]             per row: b * S + (index of its last real token)
+    past_key.{i}           float32 [B, Nkv, L, H]  layer i's key cache (i = 0 .. num_layers-1)
+    past_value.{i}         float32 [B, Nkv, L, H]  layer i's value cache
+
+    logits                 float32 [B, V]          logits of the token at logits_index
+    present_key.{i}        float32 [B, Nkv, L, H]  bind to the SAME buffer as past_key.{i}
+    present_value.{i}      float32 [B, Nkv, L, H]  bind to the SAME buffer as past_value.{i}
+
+Inside, activations are 2-D, ``[T, D]`` with ``T = B * S`` (``logits_index`` indexes ``T``); per
+layer, with ``h`` the residual stream::
+
+    x, h = SkipSimplifiedLayerNormalization(h, previous block's output, attn_norm)   # h += .., x = norm(h)
+    qkv  = MatMulNBits(x, [Wq; Wk; Wv]) (+ Q4_1 residual, see below)           # [T, (Nq + 2 Nkv) H]
+    a    = GroupQueryAttention(qkv as [B, S, .], past/present K/V, rotary cos/sin caches)
+    o    = MatMulNBits(a, Wo)
+    x, h = SkipSimplifiedLayerNormalization(h, o, ffn_norm)
+    g, u = Split(MatMulNBits(x, [Wgate; Wup]))
+    out  = MatMulNBits(silu(g) * u, Wdown)
+
+(the first layer's norm is a plain ``SimplifiedLayerNormalization``); then the rows at
+``logits_index`` are gathered, normalized (``output_norm``) and multiplied by the LM head.
+
+GroupQueryAttention semantics this graph relies on (CPU kernel of onnxruntime 1.24): with
+``past_key`` and ``present_key`` sharing one buffer, row ``b`` writes its ``S`` new keys at
+positions ``[seqlens_k[b] + 1 - S, seqlens_k[b] + 1)`` and its queries attend causally to
+positions ``[0, own position]``; rotary positions are the same cache positions. ``S > 1`` with
+past context (a prompt chunk after the first) is only accepted at ``B == 1``; ``S == 1`` (decode)
+and ``S == total_sequence_length`` (first prompt chunks, all rows starting at 0) take any ``B``.
+Right padding therefore writes junk keys *after* a row's real tokens, which no real token attends
+to and the row's next chunk overwrites (see ``ort_backend.py``).
+
+Weights (GGUF type -> graph representation; "exact" means the ONNX weights dequantize to the
+same float32 values as ``GGUFFile.dequantize``, bit for bit):
+
+- ``Q4_0``: ``MatMulNBits`` bits=4, block 32, scale ``d``, default zero point 8.  Exact.
+- ``Q4_1`` (``w = d*q + m``): ``MatMulNBits`` bits=4, block 32, scale ``d``, uint8 zero point
+  ``z = round(-m/d)``, plus the residual ``r = m + d*z`` (exact in float32) as a correction
+  ``blocksum(x) @ r.T`` (per block ``w . x = d * ((q - z) . x) + r * sum(x)``).  Exact.
+  MatMulNBits' float zero points could express ``-m/d`` only with rounding, and they turn off its
+  packed kernels.
+- ``Q8_0``: ``MatMulNBits`` bits=8, block 32, scale ``d``, default zero point 128
+  (``u = q + 128``).  Exact.  The token embedding is read with ``GatherBlockQuantized`` (8 bits,
+  data ``[V, D/32, 32]``, ``quantize_axis=2``) on the same bytes; a tied LM head is a
+  ``MatMulNBits`` on a second copy in the weight file (onnxruntime repacks that one into its own
+  buffer and drops the file pages, while the gather only touches the rows it reads).
+- anything else (F16, BF16, F32 matrices, Q5_0, Q4_K, Q6_K, ...): dequantized and requantized to
+  symmetric 8-bit blocks of 32 (``scale = absmax / 127``); the error is at most half a step,
+  ``absmax / 254`` per block (relative error of a weight <= 0.4 % of its block's absmax).
+- 1-D tensors (norm weights): float32.
+
+The built model is saved as ``model.onnx`` plus one external weight file ``model.onnx.data``
+(tensors aligned to 4 KiB so ONNX Runtime can memory-map them); ONNX IR version 10,
+default-domain opset 21, ``com.microsoft`` opset 1 (onnxruntime-cann 1.24.4 refuses IR 14,
+which ``onnx`` writes unless told).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from .config import ModelConfig
+from .gguf import GGUFFile, ModelFileError, RawTensor
+
+#: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
+#: then rebuilt instead of loaded.
+BUILDER_VERSION = 1
+
+IR_VERSION = 10
+OPSET = 21
+MS_DOMAIN = "com.microsoft"
+BLOCK = 32
+_ALIGN = 4096
+
+
+# ---- weight packing (GGUF blocks -> MatMulNBits) --------------------------------------------
+
+@dataclass
+class NBitsWeight:
+    """A matrix ``W [N, K]`` in MatMulNBits form.
+
+    ``W[n, k] = scales[n, b] * (q[n, k] - zp[n, b]) + (mins[n, b] if mins is not None else 0)``
+    with ``b = k // 32``. ``data`` is ``uint8 [N, K/32, 32*bits/8]`` (4-bit: element ``2i`` in the
+    low nibble of byte ``i``, ``2i+1`` in the high nibble); ``zero_points`` is ``None`` (the
+    default ``2**(bits-1)``) or ``uint8 [N, ceil(K/32 * bits / 8)]`` packed the same way.
+    """
+
+    bits: int
+    n: int
+    k: int
+    data: np.ndarray
+    scales: np.ndarray          # float32 [N, K/32]
+    zero_points: np.ndarray | None
+    mins: np.ndarray | None     # float32 [N, K/32] per-block residual added to W (Q4_1 only)
+    exact: bool = True
+
+
+def _blocks(raw: RawTensor, block_bytes: int) -> np.ndarray:
+    n, k = raw.shape
+    if k % BLOCK:
+        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {BLOCK}")
+    return np.asarray(raw.data).reshape(n, k // BLOCK, block_bytes)
+
+
+def _nibbles_to_pairs(qs: np.ndarray) -> np.ndarray:
+    """ggml 4-bit block ``[..., 16]`` (low nibbles = elements 0..15, high = 16..31) ->
+    MatMulNBits layout ``[..., 16]`` (element 2i low, 2i+1 high)."""
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)            # [..., 32] values 0..15
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def pack_q4_0(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q4_0 (``w = d * (q - 8)``) -> 4-bit MatMulNBits with the default zero point 8."""
+    n, k = raw.shape
+    b = _blocks(raw, 18)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 2:18]), d, None, None)
+
+
+def pack_q4_1(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q4_1 (``w = d * q + m``) -> 4-bit MatMulNBits plus a per-block residual.
+
+    The zero point is the integer nearest to ``-m / d`` (clamped to 0..15), ``z``; the residual
+    ``r = m + d * z`` is then small (about ``d / 2``) and exact in float32, so
+    ``w = d * (q - z) + r`` holds bit for bit (``d * (q - z)`` is exact too, and both sides round
+    the same real number once). Centring ``q`` this way keeps the kernel's int8 activation error
+    proportional to ``w`` instead of to ``d * q`` (which would cancel against ``m``).
+    """
+    n, k = raw.shape
+    b = _blocks(raw, 20)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    d64, m64 = d.astype(np.float64), m.astype(np.float64)
+    z = np.clip(np.rint(np.divide(-m64, d64, out=np.zeros_like(d64), where=d64 != 0)), 0, 15)
+    r64 = m64 + d64 * z
+    inexact = r64.astype(np.float32).astype(np.float64) != r64
+    z[inexact] = 0                                  # keep exactness: r = m when z = 0
+    r = (m64 + d64 * z).astype(np.float32)
+    z = z.astype(np.uint8)
+    nb = k // BLOCK
+    if nb % 2:
+        z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+    zp = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 4:20]), d, zp, r)
+
+
+def pack_q8_0(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q8_0 (``w = d * q``, q int8) -> 8-bit MatMulNBits, default zero point 128."""
+    n, k = raw.shape
+    b = _blocks(raw, 34)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    u = b[..., 2:34] ^ np.uint8(0x80)                             # int8 q -> uint8 q + 128
+    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+
+
+def quantize_8bit(w: np.ndarray) -> NBitsWeight:
+    """Float ``w [N, K]`` -> symmetric 8-bit blocks of 32 (error <= absmax/254 per block)."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // BLOCK, BLOCK).astype(np.float32)
+    amax = np.abs(blocks).max(axis=-1)
+    scale = (amax / 127.0).astype(np.float32)
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int16) + 128
+    return NBitsWeight(8, n, k, q.astype(np.uint8), scale, None, None, exact=False)
+
+
+def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
+    """The matrix ``name`` of ``f`` in MatMulNBits form (exactly where the type allows)."""
+    raw = f.raw(name)
+    if len(raw.shape) != 2:
+        raise ModelFileError(f"{name}: expected a matrix, got shape {raw.shape}")
+    packer = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q8_0": pack_q8_0}.get(raw.qtype)
+    if packer is not None:
+        return packer(raw)
+    return quantize_8bit(f.dequantize(name))
+
+
+def unpack_nbits(w: NBitsWeight) -> np.ndarray:
+    """Dequantize a MatMulNBits weight to float32 ``[N, K]`` the way ONNX Runtime defines it
+    (``scale * (q - zero_point)``, plus the block minimum for Q4_1); used to check packing."""
+    if w.bits == 4:
+        lo, hi = w.data & 0x0F, w.data >> 4
+        q = np.stack([lo, hi], axis=-1).reshape(w.n, -1, BLOCK)
+    else:
+        q = w.data.reshape(w.n, -1, BLOCK)
+    nb = q.shape[1]
+    if w.zero_points is None:
+        zp = np.full((w.n, nb), 2 ** (w.bits - 1), np.float32)
+    elif w.bits == 4:
+        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], -1).reshape(w.n, -1)[:, :nb]
+    else:
+        zp = w.zero_points[:, :nb]
+    deq = w.scales[..., None] * (q.astype(np.float32) - zp.astype(np.float32)[..., None])
+    if w.mins is not None:
+        deq = deq + w.mins[..., None]
+    return deq.reshape(w.n, w.k).astype(np.float32)
+
+
+def concat_weights(ws: Sequence[NBitsWeight]) -> list[NBitsWeight]:
+    """Stack matrices with the same input size along N where their forms match (fused QKV,
+    fused gate/up); returns one weight per run of matching forms."""
+    out: list[NBitsWeight] = []
+    for w in ws:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.bits == w.bits and prev.k == w.k
+                and (prev.zero_points is None) == (w.zero_points is None)
+                and (prev.mins is None) == (w.mins is None)):
+            out[-1] = NBitsWeight(
+                w.bits, prev.n + w.n, w.k, np.concatenate([prev.data, w.data]),
+                np.concatenate([prev.scales, w.scales]),
+                None if w.zero_points is None else np.concatenate([prev.zero_points, w.zero_points]),
+                None if w.mins is None else np.concatenate([prev.mins, w.mins]),
+                prev.exact and w.exact)
+        else:
+            out.append(w)
+    return out
+
+
+def rope_cache(config: ModelConfig, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin caches ``float32 [positions, rope_dim/2]``: ``angle[p, i] = p * theta**(-2i/d)``
+    (RoFormer eq. 15), computed in float64 then rounded."""
+    d = config.rope_dim
+    inv_freq = config.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.arange(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+# ---- graph construction ----------------------------------------------------------------------
+
+class _Builder:
+    """Collects nodes and initializers; initializers go to one external data file."""
+
+    def __init__(self, data_path: str):
+        from onnx import TensorProto, helper
+
+        self.helper = helper
+        self.TensorProto = TensorProto
+        self.nodes: list = []
+        self.inits: list = []
+        self._n = 0
+        self._data_name = os.path.basename(data_path)
+        self._data = open(data_path, "wb")
+        self._consts: dict = {}
+
+    def close(self) -> None:
+        self._data.close()
+
+    def name(self, hint: str) -> str:
+        self._n += 1
+        return f"{hint}_{self._n}"
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        """Add ``array`` as an initializer stored in the external data file."""
+        array = np.ascontiguousarray(array)
+        t = self.TensorProto()
+        t.name = name
+        t.data_type = self.helper.np_dtype_to_tensor_dtype(array.dtype)
+        t.dims.extend(array.shape)
+        if array.nbytes < 256:                      # tiny constants stay inline
+            t.raw_data = array.tobytes()
+        else:
+            pos = self._data.tell()
+            pad = (-pos) % _ALIGN
+            if pad:
+                self._data.write(b"\0" * pad)
+                pos += pad
+            self._data.write(memoryview(array).cast("B"))
+            t.data_location = self.TensorProto.EXTERNAL
+            for key, value in (("location", self._data_name), ("offset", str(pos)),
+                               ("length", str(array.nbytes))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+        self.inits.append(t)
+        return name
+
+    def const(self, values, dtype=np.int64) -> str:
+        """A small shared constant (shapes, axes)."""
+        arr = np.asarray(values, dtype=dtype)
+        key = (arr.dtype.str, arr.shape, arr.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self.init(self.name("const"), arr)
+        return self._consts[key]
+
+    def block_indicator(self, k: int) -> str:
+        """``float32 [k, k/32]``, 1 where row ``i`` belongs to block ``j`` (``i // 32 == j``)."""
+        key = ("block_indicator", k)
+        if key not in self._consts:
+            ind = (np.arange(k)[:, None] // BLOCK == np.arange(k // BLOCK)[None, :])
+            self._consts[key] = self.init(f"block_indicator.{k}", ind.astype(np.float32))
+        return self._consts[key]
+
+    def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, *, domain: str = "",
+           name: str | None = None, outputs: Sequence[str] | None = None, **attrs) -> list[str]:
+        name = name or self.name(op_type)
+        outs = list(outputs) if outputs is not None else [f"{name}/out{i}" for i in range(n_out)]
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), outs, name=name,
+                                                domain=domain or None, **attrs))
+        return outs
+
+    def op1(self, op_type: str, inputs: Sequence[str], **kw) -> str:
+        return self.op(op_type, inputs, 1, **kw)[0]
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """Choices that change the built graph (part of the cache key).
+
+    Attributes:
+        accuracy_level: MatMulNBits ``accuracy_level`` of the layer matrices: 4 quantizes the
+            activations to int8 per block inside the kernel (llama.cpp does the same; fastest on
+            CPU), 0 computes in float32.
+        lm_head_accuracy_level: the same for the LM head (8-bit weights).
+        max_positions: rows of the rotary cos/sin caches (positions a sequence can reach).
+    """
+
+    accuracy_level: int = 4
+    lm_head_accuracy_level: int = 4
+    max_positions: int = 0          # 0: the model's context_length
+    overrides: tuple[tuple[str, int], ...] = ()   # (matrix kind, accuracy level), e.g. ("ffn_down", 0)
+
+    def level(self, kind: str) -> int:
+        """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
+        ``ffn_gate_up``, ``ffn_down``, ``lm_head``)."""
+        for k, v in self.overrides:
+            if k == kind:
+                return v
+        return self.lm_head_accuracy_level if kind == "lm_head" else self.accuracy_level
+
+    def key(self) -> str:
+        extra = "".join(f"-{k}{v}" for k, v in self.overrides)
+        return f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-p{self.max_positions}{extra}"
+
+
+def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
+            accuracy_level: int) -> str:
+    """``x [T, K] -> [T, sum(N)]`` with MatMulNBits, plus ``blocksum(x) @ mins.T`` for Q4_1.
+
+    The block sums ``blocksum(x) [T, K/32]`` are one MatMul with a 0/1 block-indicator matrix
+    (shared by all matrices with the same K); the correction and the addition are one Gemm.
+    """
+    outs = []
+    for j, w in enumerate(concat_weights(ws)):
+        p = f"{prefix}.{j}" if len(ws) > 1 else prefix
+        inputs = [x, g.init(p + ".qweight", w.data), g.init(p + ".scales", w.scales.reshape(-1))]
+        if w.zero_points is not None:
+            inputs.append(g.init(p + ".qzeros", w.zero_points.reshape(-1)))
+        y = g.op1("MatMulNBits", inputs, domain=MS_DOMAIN, name=p + "/MatMulNBits",
+                  K=w.k, N=w.n, bits=w.bits, block_size=BLOCK, accuracy_level=accuracy_level)
+        if w.mins is not None:
+            ind = g.block_indicator(w.k)
+            bs = g.op1("MatMul", [x, ind], name=p + "/blocksum")                 # [T, K/32]
+            y = g.op1("Gemm", [bs, g.init(p + ".mins_t", np.ascontiguousarray(w.mins.T)), y],
+                      name=p + "/add_mins")                                     # [T, N]
+        outs.append(y)
+    if len(outs) == 1:
+        return outs[0]
+    return g.op1("Concat", outs, axis=-1)
+
+
+def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
+                options: GraphOptions = GraphOptions()) -> str:
+    """Write ``out_dir/model.onnx`` (+ ``model.onnx.data``) for the decoder in ``f``.
+
+    Returns:
+        the path of ``model.onnx``.
+
+    Raises:
+        ModelFileError: the architecture or a tensor is not supported.
+    """
+    from onnx import TensorProto, helper
+
+    if config.architecture != "llama":
+        raise ModelFileError(f"graph builder: architecture {config.architecture!r} not supported")
+    c = config
+    os.makedirs(out_dir, exist_ok=True)
+    model_path = os.path.join(out_dir, "model.onnx")
+    g = _Builder(model_path + ".data")
+    try:
+        positions = options.max_positions or c.context_length
+        cos, sin = rope_cache(c, positions)
+        cos_name, sin_name = g.init("rope.cos", cos), g.init("rope.sin", sin)
+
+        # token embedding: GatherBlockQuantized on the 8-bit blocks  [B, S] -> [T = B*S, D]
+        emb = pack_weight(f, "token_embd.weight")
+        if emb.bits != 8 or emb.zero_points is not None or emb.mins is not None:
+            emb = quantize_8bit(f.dequantize("token_embd.weight"))
+        nb = emb.k // BLOCK
+        emb_data = g.init("token_embd.qweight", emb.data.reshape(emb.n, nb, BLOCK))
+        emb_scales = g.init("token_embd.scales3", emb.scales.reshape(emb.n, nb, 1))
+        e = g.op1("GatherBlockQuantized", [emb_data, "input_ids", emb_scales], domain=MS_DOMAIN,
+                  name="embed/GatherBlockQuantized", bits=8, block_size=BLOCK,
+                  gather_axis=0, quantize_axis=2)                           # [B, S, nb, 32]
+        h = g.op1("Reshape", [e, g.const([-1, c.hidden_size])])            # [T, D]
+        # [B, S, (Nq + 2 Nkv) H]: the shape GroupQueryAttention wants its packed QKV in
+        qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
+                                     g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
+                          axis=0)
+
+        eps = float(c.rms_eps)
+        pending = None      # output of the previous block, still to be added to the residual h
+        for i in range(c.num_layers):
+            p = f"blk.{i}"
+            norm_w = g.init(p + ".attn_norm", f.dequantize(p + ".attn_norm.weight"))
+            if pending is None:
+                x = g.op1("SimplifiedLayerNormalization", [h, norm_w], name=p + "/attn_norm",
+                          axis=-1, epsilon=eps)
+            else:                                   # h += pending; x = norm(h)
+                x, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, pending, norm_w], 4,
+                                  domain=MS_DOMAIN, name=p + "/attn_norm", epsilon=eps)
+            # attention: fused QKV projection, GQA with rotary and the in-place cache
+            qkv = _linear(g, x, [pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv"],
+                          p + ".attn_qkv", options.level("attn_qkv"))                              # [T, (Nq+2Nkv) H]
+            qkv = g.op1("Reshape", [qkv, qkv_shape])                        # [B, S, (Nq+2Nkv) H]
+            attn = g.op("GroupQueryAttention",
+                        [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k",
+                         "total_sequence_length", cos_name, sin_name],
+                        domain=MS_DOMAIN, name=p + "/GroupQueryAttention",
+                        outputs=[p + "/attn_out", f"present_key.{i}", f"present_value.{i}"],
+                        num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
+                        rotary_interleaved=1, scale=1.0 / math.sqrt(c.head_dim))[0]
+            attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
+            o = _linear(g, attn, [pack_weight(f, p + ".attn_output.weight")], p + ".attn_output",
+                        options.level("attn_output"))                                                 # [T, D]
+            norm_w = g.init(p + ".ffn_norm", f.dequantize(p + ".ffn_norm.weight"))
+            x, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, o, norm_w], 4,
+                              domain=MS_DOMAIN, name=p + "/ffn_norm", epsilon=eps)
+            # gated MLP: down(silu(gate(x)) * up(x))
+            gu = _linear(g, x, [pack_weight(f, p + ".ffn_gate.weight"),
+                                pack_weight(f, p + ".ffn_up.weight")],
+                         p + ".ffn_gate_up", options.level("ffn_gate_up"))                            # [T, 2I]
+            gate, up = g.op("Split", [gu], 2, axis=-1, num_outputs=2)        # 2 x [T, I]
+            act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
+            pending = _linear(g, act, [pack_weight(f, p + ".ffn_down.weight")], p + ".ffn_down",
+                              options.level("ffn_down"))                                           # [T, D]
+
+        # the token whose logits are wanted, per row: [T, D] -> [B, D]; final norm; LM head
+        last_h = g.op1("Gather", [h, "logits_index"], axis=0)
+        last_p = g.op1("Gather", [pending, "logits_index"], axis=0)
+        norm_w = g.init("output_norm", f.dequantize("output_norm.weight"))
+        x = g.op("SkipSimplifiedLayerNormalization", [last_h, last_p, norm_w], 1,
+                 domain=MS_DOMAIN, name="output_norm", epsilon=eps)[0]      # [B, D]
+        head = emb if config.tied_embeddings else pack_weight(f, "output.weight")
+        head_name = "token_embd" if config.tied_embeddings else "output"
+        logits = _linear(g, x, [head], head_name + ".lm_head", options.level("lm_head"))
+        g.op("Identity", [logits], outputs=["logits"])                       # [B, V]
+
+        F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
+        kv_shape = ["batch", c.num_kv_heads, "kv_len", c.head_dim]
+        inputs = [helper.make_tensor_value_info("input_ids", I64, ["batch", "seq"]),
+                  helper.make_tensor_value_info("seqlens_k", I32, ["batch"]),
+                  helper.make_tensor_value_info("total_sequence_length", I32, []),
+                  helper.make_tensor_value_info("logits_index", I64, ["batch"])]
+        outputs = [helper.make_tensor_value_info("logits", F, ["batch", c.vocab_size])]
+        for i in range(c.num_layers):
+            inputs += [helper.make_tensor_value_info(f"past_key.{i}", F, kv_shape),
+                       helper.make_tensor_value_info(f"past_value.{i}", F, kv_shape)]
+            outputs += [helper.make_tensor_value_info(f"present_key.{i}", F, kv_shape),
+                        helper.make_tensor_value_info(f"present_value.{i}", F, kv_shape)]
+        graph = helper.make_graph(g.nodes, "tiny_mindie_decoder", inputs, outputs, g.inits)
+        model = helper.make_model(
+            graph, ir_version=IR_VERSION, producer_name="tiny_mindie",
+            producer_version=str(BUILDER_VERSION),
+            opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
+        meta = model.metadata_props.add()
+        meta.key, meta.value = "tiny_mindie.graph_options", options.key()
+    finally:
+        g.close()
+    with open(model_path, "wb") as out:
+        out.write(model.SerializeToString())
+    return model_path

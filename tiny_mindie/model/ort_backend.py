@@ -1,0 +1,424 @@
+"""The ONNX Runtime backend: the decoder graph of :mod:`.graph` in one ``InferenceSession``.
+
+Execution providers: ``CANNExecutionProvider`` (Ascend NPU) is asked for only when Ascend's
+``libascendcl.so`` loads (asking without it makes onnxruntime print an error and a banner);
+otherwise the session runs on ``CPUExecutionProvider`` without a word. Users who bring another
+provider pass ``providers=[...]`` (names or ``(name, options)`` pairs, as onnxruntime takes them).
+
+Graph cache: the built graph (``model.onnx`` + ``model.onnx.data``) is stored under
+``<dir of the GGUF>/onnx-cache/<gguf stem>-<key>/`` (or ``cache_dir``; when that directory is
+not writable, ``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``), ``key`` being the
+GGUF's sha256, the builder version and the graph options; a warm start loads it.
+
+KV cache and continuous batching
+--------------------------------
+The backend owns one buffer per layer for keys and one for values, each
+``float32 [P, Nkv, max_seq_len, H]`` with ``P = num_slots`` physical rows; pages are allocated
+lazily by the OS, so unused positions cost no resident memory. GroupQueryAttention reads and
+writes these buffers in place: for a session run over physical rows ``[r, r + B)``,
+``past_key.{i}`` and ``present_key.{i}`` are both bound (I/O binding) to the view
+``k[i][r:r+B]``. That view must be contiguous, so a batch must occupy *consecutive* physical
+rows: the backend keeps a map slot -> physical row and, when the slots of a decode batch are not
+consecutive, swaps rows (copying only the positions in use) to make them so. Engines that hand
+out slots from a free list rarely trigger a swap.
+
+One :meth:`OrtBackend.forward` call is split into session runs:
+
+- all single-token chunks (decode) in one run, ``S = 1``, any number of rows;
+- each multi-token chunk (prefill) in its own run, ``B = 1``, ``S = n`` (no padding, so nothing
+  can leak between rows); chunks longer than ``max_chunk_tokens`` are run in pieces (the
+  attention scratch of a run is ``num_heads * S * max_seq_len`` floats).
+
+GroupQueryAttention places a row's new tokens at ``[seqlens_k + 1 - S, seqlens_k + 1)``; for a
+chunk ``(start, n)`` run alone that is ``seqlens_k = start + n - 1``, and in a decode batch each
+row has its own ``seqlens_k = start``. Positions a chunk writes past ``start + n`` never exist
+(no padding); stale positions from an older, longer sequence in the slot sit after the new
+sequence's end, where the causal mask hides them until they are overwritten.
+
+Why prefill chunks run alone: onnxruntime's GroupQueryAttention rejects ``S > 1`` with past
+context at ``B > 1``, and on CPU a prompt's matmuls are already wide (``M = n``), so batching
+prompts would only add padding. Decode rows are where batching pays: one read of the weights
+serves every row (measured on 2 cores: 115 tok/s at batch 1, 260 at 4, 320 at 8).
+
+Memory: onnxruntime repacks the quantized weights into its own buffers at load (about 130 MB
+for SmolLM2-135M Q4_1), memory-maps the weight file and keeps the mappings; see
+:func:`release_file_pages` for the pages it no longer needs. Threads: ``threads`` intra-op
+threads run each operator; spinning (the default) keeps them hot between operators.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .backend import Backend, SeqChunk, check_chunks
+from .config import ModelConfig
+from .gguf import GGUFFile, ModelFileError
+from .graph import BUILDER_VERSION, GraphOptions, build_model
+
+log = logging.getLogger(__name__)
+
+CANN = "CANNExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+# ---- execution providers ---------------------------------------------------------------------
+
+def ascend_available() -> bool:
+    """True when Ascend's runtime library ``libascendcl.so`` can be loaded."""
+    try:
+        ctypes.CDLL("libascendcl.so")
+    except OSError:
+        return False
+    return True
+
+
+def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0) -> list:
+    """The execution providers to ask onnxruntime for.
+
+    Args:
+        providers: explicit list (names or ``(name, options)``); ``None`` chooses: CANN on
+            ``device_id`` when the build has it and ``libascendcl.so`` loads, then CPU.
+        device_id: NPU for the CANN provider (MindIE's ``npuDeviceIds[0]``).
+    """
+    if providers is not None:
+        return list(providers)
+    import onnxruntime as ort
+
+    chosen: list = []
+    if CANN in ort.get_available_providers() and ascend_available():
+        chosen.append((CANN, {"device_id": str(device_id)}))
+    chosen.append(CPU)
+    return chosen
+
+
+# ---- graph cache -----------------------------------------------------------------------------
+
+def file_sha256(path: str, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _user_cache_root() -> str:
+    root = os.environ.get("TINY_MINDIE_CACHE")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "tiny_mindie")
+    return os.path.join(root, "onnx")
+
+
+def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = GraphOptions(),
+                 cache_dir: str | None = None) -> tuple[str, bool]:
+    """Path of the built graph for ``f``, building it on a miss.
+
+    Returns:
+        ``(path of model.onnx, True if it was built now)``.
+    """
+    digest = file_sha256(f.path)
+    stem = os.path.splitext(os.path.basename(f.path))[0]
+    entry = f"{stem}-{digest[:16]}-b{BUILDER_VERSION}-{options.key()}"
+    roots = [cache_dir] if cache_dir else [os.path.join(os.path.dirname(os.path.abspath(f.path)),
+                                                        "onnx-cache"), _user_cache_root()]
+    for root in roots:
+        path = os.path.join(root, entry, "model.onnx")
+        if os.path.isfile(os.path.join(root, entry, "complete")):
+            return path, False
+    last_error: Exception | None = None
+    for root in roots:
+        try:
+            os.makedirs(root, exist_ok=True)
+            tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
+        except OSError as exc:
+            last_error = exc
+            continue
+        try:
+            build_model(f, config, tmp, options)
+            with open(os.path.join(tmp, "complete"), "w") as fh:
+                fh.write(f"sha256 {digest}\nbuilder {BUILDER_VERSION}\noptions {options.key()}\n")
+            final = os.path.join(root, entry)
+            try:
+                os.rename(tmp, final)
+            except OSError:                     # another process built it meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+            return os.path.join(final, "model.onnx"), True
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
+
+
+# ---- resident memory -------------------------------------------------------------------------
+
+_MADV_PAGEOUT = 21      # Linux >= 5.4: reclaim these pages now (content is kept: clean file pages
+                        # are re-read on the next touch, dirty ones would go to swap)
+
+
+def release_file_pages(path: str) -> int:
+    """Ask the kernel to reclaim the pages of ``path`` mapped in this process; returns bytes asked.
+
+    onnxruntime memory-maps the external weight file, reads every tensor once to prepack it into
+    its own buffers, and keeps the mappings: the pages it read then count as resident although
+    the kernels use the packed copies. ``MADV_PAGEOUT`` gives them back; whatever is still used
+    (the embedding rows looked up, norm weights, rotary tables) is faulted in again on demand.
+    A no-op where the call is unavailable.
+    """
+    try:
+        real = os.path.realpath(path)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        total = 0
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if not line.rstrip().endswith(real):
+                    continue
+                lo, hi = (int(a, 16) for a in line.split()[0].split("-"))
+                if libc.madvise(lo, hi - lo, _MADV_PAGEOUT) == 0:
+                    total += hi - lo
+        return total
+    except (OSError, AttributeError, ValueError):
+        return 0
+
+
+# ---- the backend -----------------------------------------------------------------------------
+
+class OrtBackend(Backend):
+    """The decoder as an ONNX Runtime session with a slot-based, in-place KV cache.
+
+    Args:
+        f: the opened model file.
+        config: its parameters (``ModelConfig.from_gguf(f)``).
+        num_slots: sequences the KV cache holds at once.
+        max_seq_len: positions per slot.
+        threads: intra-op threads (0: onnxruntime's default, one per physical core).
+        device_id: NPU for the CANN execution provider.
+        providers: execution providers (see :func:`select_providers`); ``None`` chooses.
+        cache_dir: where built graphs are cached (default: next to the GGUF).
+        graph_options: graph build choices (:class:`~.graph.GraphOptions`).
+        max_chunk_tokens: longest piece of a prefill chunk run at once.
+        session_config: extra onnxruntime session config entries (``add_session_config_entry``).
+        spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).
+        release_pages: after loading, give back the weight-file pages onnxruntime read while
+            prepacking (see :func:`release_file_pages`).
+
+    Attributes:
+        providers: the providers the session actually uses; ``device`` the first of them.
+        graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
+        load_seconds: ``{"graph": ..., "session": ...}`` start-up times.
+    """
+
+    name = "onnxruntime"
+
+    def __init__(self, f: GGUFFile, config: ModelConfig, *, num_slots: int = 8,
+                 max_seq_len: int = 2048, threads: int = 0, device_id: int = 0,
+                 providers: Sequence[Any] | None = None, cache_dir: str | None = None,
+                 graph_options: GraphOptions = GraphOptions(), max_chunk_tokens: int = 256,
+                 session_config: dict[str, str] | None = None, spinning: bool = True,
+                 release_pages: bool = True):
+        import onnxruntime as ort
+
+        if num_slots < 1 or max_seq_len < 1:
+            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be >= 1")
+        if max_seq_len > (graph_options.max_positions or config.context_length):
+            raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
+                             f"({graph_options.max_positions or config.context_length})")
+        self.config = config
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self.max_chunk_tokens = max(1, max_chunk_tokens)
+
+        t0 = time.perf_counter()
+        self.graph_path, self.built = cached_graph(f, config, graph_options, cache_dir)
+        t1 = time.perf_counter()
+
+        ort.set_default_logger_severity(3)              # errors only: no banners, no warnings
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            so.intra_op_num_threads = int(threads)
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        for key, value in (session_config or {}).items():
+            so.add_session_config_entry(key, str(value))
+        self._session = ort.InferenceSession(self.graph_path, so,
+                                             providers=select_providers(providers, device_id))
+        if release_pages:
+            release_file_pages(self.graph_path + ".data")
+            if self.built:                  # building read every tensor of the GGUF
+                release_file_pages(f.path)
+        t2 = time.perf_counter()
+        self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
+        self.providers = self._session.get_providers()
+        first = self.providers[0]
+        self.device = "CPU" if first == CPU else (
+            f"{first}:{device_id}" if first == CANN else first)
+        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)",
+                 self.device, "built" if self.built else "cached", t1 - t0, t2 - t1)
+
+        c = config
+        shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
+        self._k = [np.zeros(shape, np.float32) for _ in range(c.num_layers)]
+        self._v = [np.zeros(shape, np.float32) for _ in range(c.num_layers)]
+        self._row_bytes = c.num_kv_heads * max_seq_len * c.head_dim * 4
+        self._phys = list(range(num_slots))             # slot -> physical row
+        self._slot_at = list(range(num_slots))          # physical row -> slot
+        self._used = [0] * num_slots                    # positions in use, per slot
+        self._decode_bindings: dict[tuple[int, int], tuple] = {}
+        self._prefill_bindings: dict[int, tuple] = {}
+        self._lock = threading.Lock()
+        self.swaps = 0                                  # row swaps done (for tests / metrics)
+
+    # ---- Backend interface ------------------------------------------------------------------
+    def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:
+        """See :meth:`Backend.forward`. Decode rows run as one batch, prefill chunks one by one.
+
+        Also raises ``ValueError`` for token ids outside ``[0, vocab_size)`` or not 1-D.
+        """
+        check_chunks(chunks, self.num_slots, self.max_seq_len)
+        ids = [np.asarray(ch.token_ids, dtype=np.int64) for ch in chunks]
+        for a in ids:
+            if a.ndim != 1:
+                raise ValueError(f"token_ids must be one-dimensional, got shape {a.shape}")
+            if a.min() < 0 or a.max() >= self.config.vocab_size:
+                raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
+        out = np.empty((len(chunks), self.config.vocab_size), dtype=np.float32)
+        with self._lock:
+            decode = [i for i, a in enumerate(ids) if len(a) == 1]
+            if decode:
+                out[decode] = self._decode([chunks[i].slot for i in decode],
+                                           [chunks[i].start for i in decode],
+                                           np.concatenate([ids[i] for i in decode]))
+            for i, a in enumerate(ids):
+                if len(a) > 1:
+                    out[i] = self._prefill(chunks[i].slot, chunks[i].start, a)
+        return out
+
+    def kv_cache_bytes(self) -> int:
+        return 2 * sum(k.nbytes for k in self._k)
+
+    def close(self) -> None:
+        self._decode_bindings.clear()
+        self._prefill_bindings.clear()
+        self._session = None
+        self._k = self._v = []
+
+    # ---- internals --------------------------------------------------------------------------
+    def _decode(self, slots: list[int], starts: list[int], tokens: np.ndarray) -> np.ndarray:
+        """One token for each of ``B`` slots in one run, over consecutive physical rows."""
+        B = len(slots)
+        for s, st in zip(slots, starts):            # positions >= start are about to be rewritten
+            self._used[s] = min(self._used[s], st)
+        r0 = self._arrange(slots)
+        rows = np.fromiter((self._phys[s] - r0 for s in slots), np.int64, B)   # chunk -> run row
+        binding, logits, ids, seqlens, total = self._decode_binding(r0, B)
+        ids[rows, 0] = tokens
+        seqlens[rows] = starts
+        total[()] = max(starts) + 1
+        self._session.run_with_iobinding(binding)
+        for s, st in zip(slots, starts):
+            self._used[s] = st + 1
+        return logits[rows]
+
+    def _prefill(self, slot: int, start: int, tokens: np.ndarray) -> np.ndarray:
+        """One chunk of one sequence (``B = 1``, no padding), in pieces of ``max_chunk_tokens``."""
+        self._used[slot] = min(self._used[slot], start)
+        binding, logits = self._prefill_binding(self._phys[slot])
+        for j in range(0, len(tokens), self.max_chunk_tokens):
+            piece = tokens[j:j + self.max_chunk_tokens]
+            end = start + j + len(piece)
+            binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
+            binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
+            binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
+            binding.bind_cpu_input("logits_index", np.array([len(piece) - 1], np.int64))
+            self._session.run_with_iobinding(binding)
+            self._used[slot] = end
+        return logits[0].copy()
+
+    def _arrange(self, slots: list[int]) -> int:
+        """Make the physical rows of ``slots`` consecutive (swapping rows); return the first."""
+        B, P = len(slots), self.num_slots
+        rows = sorted(self._phys[s] for s in slots)
+        if rows[-1] - rows[0] == B - 1:
+            return rows[0]
+        members = set(slots)
+        best, best_cost = 0, None
+        for w in range(P - B + 1):      # the window needing the least copying
+            cost = 0
+            for r in range(w, w + B):
+                s = self._slot_at[r]
+                if s not in members:
+                    cost += self._used[s]
+            for s in slots:
+                if not w <= self._phys[s] < w + B:
+                    cost += self._used[s]
+            if best_cost is None or cost < best_cost:
+                best, best_cost = w, cost
+        outside = [s for s in slots if not best <= self._phys[s] < best + B]
+        free = [r for r in range(best, best + B) if self._slot_at[r] not in members]
+        for s, r in zip(outside, free):
+            self._swap_rows(self._phys[s], r)
+        return best
+
+    def _swap_rows(self, a: int, b: int) -> None:
+        sa, sb = self._slot_at[a], self._slot_at[b]
+        na, nb = self._used[sa], self._used[sb]
+        for buf in self._k + self._v:
+            tmp = buf[a, :, :na].copy()
+            buf[a, :, :nb] = buf[b, :, :nb]
+            buf[b, :, :na] = tmp
+        self._slot_at[a], self._slot_at[b] = sb, sa
+        self._phys[sa], self._phys[sb] = b, a
+        self.swaps += 1
+
+    def _bind_kv(self, binding, r0: int, B: int) -> np.ndarray:
+        """Bind the KV buffers of physical rows ``[r0, r0 + B)`` in place (past and present share
+        memory) and a logits buffer; returns the logits buffer ``[B, vocab]``."""
+        c = self.config
+        shape = [B, c.num_kv_heads, self.max_seq_len, c.head_dim]
+        off = r0 * self._row_bytes
+        for i in range(c.num_layers):
+            for kind, buf in (("key", self._k[i]), ("value", self._v[i])):
+                ptr = buf.ctypes.data + off
+                binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
+                binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
+        logits = np.empty((B, c.vocab_size), np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        return logits
+
+    def _prefill_binding(self, r0: int):
+        entry = self._prefill_bindings.get(r0)
+        if entry is None:
+            binding = self._session.io_binding()
+            entry = self._prefill_bindings[r0] = (binding, self._bind_kv(binding, r0, 1))
+        return entry
+
+    def _decode_binding(self, r0: int, B: int):
+        """Binding for ``B`` decode rows at ``r0`` with its small inputs bound to reusable
+        buffers (filled in place before each run)."""
+        entry = self._decode_bindings.get((r0, B))
+        if entry is None:
+            binding = self._session.io_binding()
+            logits = self._bind_kv(binding, r0, B)
+            ids = np.zeros((B, 1), np.int64)
+            seqlens = np.zeros(B, np.int32)
+            total = np.zeros((), np.int32)
+            last = np.arange(B, dtype=np.int64)
+            for name, arr in (("input_ids", ids), ("seqlens_k", seqlens),
+                              ("total_sequence_length", total), ("logits_index", last)):
+                binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
+            entry = (binding, logits, ids, seqlens, total, last)
+            self._decode_bindings[(r0, B)] = entry
+        return entry[:5]
