@@ -105,7 +105,9 @@ def start_server(home: str, config: dict, extra_args: list[str] = (), timeout: f
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, model_path):
     """The one shared server on the default model (mutual TLS, fresh certificates)."""
-    srv = start_server(str(tmp_path_factory.mktemp("server")), TEST_CONFIG)
+    backend = os.environ.get("TINY_MINDIE_TEST_BACKEND")   # default: the server's default
+    srv = start_server(str(tmp_path_factory.mktemp("server")), TEST_CONFIG,
+                       ["--backend", backend] if backend else [])
     # Keep reading its output so the pipe never fills up.
     import threading
     log: list[str] = []

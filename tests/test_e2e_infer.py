@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -92,7 +93,9 @@ def check_stream(events: list[dict], tokenizer, max_new_tokens: int) -> str:
 def test_banner_says_where_and_how(server):
     b = server.banner
     assert f"https://127.0.0.1:{server.port}" in b
-    assert "smollm2-135m-instruct" in b and "numpy" in b
+    from tiny_mindie.model.backend import DEFAULT_BACKEND
+    backend = os.environ.get("TINY_MINDIE_TEST_BACKEND") or DEFAULT_BACKEND
+    assert "smollm2-135m-instruct" in b and f"backend  {backend} on CPU" in b
     for path in (server.ca, server.client_cert, server.client_key):
         assert path in b
     assert "curl " in b and "/infer" in b

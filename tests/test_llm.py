@@ -1,4 +1,5 @@
-"""The in-process API (no HTTP) on the real default model."""
+"""The in-process API (no HTTP) on the real default model, on the numpy reference backend
+(the end-to-end server tests run the default backend)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from tiny_mindie import LLM
 
 @pytest.fixture(scope="module")
 def llm(model_path):
-    m = LLM(model_path, max_seq_len=512, max_input_len=256, num_slots=2, log=None)
+    m = LLM(model_path, backend="numpy", max_seq_len=512, max_input_len=256, num_slots=2, log=None)
     yield m
     m.close()
 
@@ -31,7 +32,7 @@ def test_greedy_is_deterministic_and_on_topic(llm):
 
 
 def test_stopping_a_stream_early_frees_the_slot(llm):
-    for ev in llm.stream("Count: one, two,", max_new_tokens=50):
+    for _ in llm.stream("Count: one, two,", max_new_tokens=50):
         break
     import time
     deadline = time.monotonic() + 5

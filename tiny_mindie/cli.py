@@ -15,7 +15,7 @@ import sys
 import time
 
 from . import __version__
-from .config import BACKENDS, Config, ConfigError, load_config
+from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .model.gguf import ModelFileError
 
 COMMANDS = ("serve", "pull", "list-models")
@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model", help="a .gguf file or a registry name (see list-models); "
                                    "default smollm2-135m-instruct, pulled on first start")
     s.add_argument("--model-name", help="name clients use for the model (ModelConfig.modelName)")
-    s.add_argument("--backend", choices=BACKENDS, help="model backend (default numpy)")
+    s.add_argument("--backend", choices=BACKENDS,
+                   help=f"model backend (default {DEFAULT_BACKEND}; numpy is the reference decoder)")
     s.add_argument("--threads", type=int, help="intra-op threads of the backend (0 = default)")
     s.add_argument("--max-seq-len", type=int, help="prompt + output tokens per sequence (maxSeqLen)")
     s.add_argument("--no-tls", action="store_true",

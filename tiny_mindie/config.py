@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .model.backend import BACKENDS, DEFAULT_BACKEND
+
 
 class ConfigError(Exception):
     """The configuration is invalid; the message is one line for the user."""
@@ -70,7 +72,7 @@ class BackendConfig:
     """``BackendConfig``: where and how the model runs."""
 
     npu_device_ids: tuple[int, ...] = (0,)
-    backend: str = "numpy"              # tiny_mindie: "numpy" or "onnxruntime"
+    backend: str = DEFAULT_BACKEND      # tiny_mindie: "onnxruntime" or "numpy"
     intra_op_threads: int = 0           # tiny_mindie: 0 = the backend's default
     kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
     model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
@@ -237,7 +239,6 @@ def load_config(path: str | None = None) -> Config:
     return cfg
 
 
-BACKENDS = ("numpy", "onnxruntime")
 
 
 def validate(cfg: Config) -> None:

@@ -18,6 +18,9 @@ import numpy as np
 
 from .config import ModelConfig
 
+BACKENDS = ("onnxruntime", "numpy")
+DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the fallback
+
 
 @dataclass(frozen=True)
 class SeqChunk:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from .backend import Backend
+from .backend import BACKENDS, DEFAULT_BACKEND, Backend
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .tokenizer import Tokenizer, load_tokenizer
 
-BACKENDS = ("numpy", "onnxruntime")
 
 
 def kv_bytes_per_slot(cfg: ModelConfig, max_seq_len: int, dtype_bytes: int = 4) -> int:
@@ -22,7 +21,7 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
     return max(1, min(max_batch, (budget_mb << 20) // per))
 
 
-def load_model(path: str, *, backend: str = "numpy", num_slots: int | None = None,
+def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
                threads: int = 0, device_id: int = 0) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
