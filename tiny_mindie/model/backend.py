@@ -78,11 +78,23 @@ class Backend(ABC):
         """Release sessions and buffers; the backend is unusable afterwards."""
 
 
-def check_chunks(chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -> None:
-    """Validate a forward batch (see :meth:`Backend.forward`); raises ``ValueError``."""
+def check_chunks(chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int,
+                 vocab_size: int) -> list[np.ndarray]:
+    """Validate a forward batch (see :meth:`Backend.forward`).
+
+    Returns:
+        each chunk's token ids as int64 ``[n]``.
+
+    Raises:
+        ValueError: empty or non-1-D chunk, token id outside ``[0, vocab_size)``, slot out of
+            range or repeated, positions past ``max_seq_len``.
+    """
     seen = set()
-    for c in chunks:
-        n = len(c.token_ids)
+    ids = [np.asarray(c.token_ids, dtype=np.int64) for c in chunks]
+    for c, a in zip(chunks, ids):
+        if a.ndim != 1:
+            raise ValueError(f"token_ids must be one-dimensional, got shape {a.shape}")
+        n = len(a)
         if n < 1:
             raise ValueError("empty chunk")
         if not 0 <= c.slot < num_slots:
@@ -92,3 +104,6 @@ def check_chunks(chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int) -
         seen.add(c.slot)
         if c.start < 0 or c.start + n > max_seq_len:
             raise ValueError(f"chunk positions {c.start}..{c.start + n} pass max_seq_len {max_seq_len}")
+        if a.min() < 0 or a.max() >= vocab_size:
+            raise ValueError(f"token id out of range 0..{vocab_size - 1}")
+    return ids

@@ -49,7 +49,6 @@ threads run each operator; spinning (the default) keeps them hot between operato
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 import shutil
@@ -64,6 +63,7 @@ from .backend import Backend, SeqChunk, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .graph import BUILDER_VERSION, GraphOptions, build_model
+from .registry import cache_root, sha256_of
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +103,6 @@ def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0)
 
 # ---- graph cache -----------------------------------------------------------------------------
 
-def file_sha256(path: str, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _user_cache_root() -> str:
-    root = os.environ.get("TINY_MINDIE_CACHE")
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(xdg, "tiny_mindie")
-    return os.path.join(root, "onnx")
 
 
 def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = GraphOptions(),
@@ -126,11 +112,11 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
     Returns:
         ``(path of model.onnx, True if it was built now)``.
     """
-    digest = file_sha256(f.path)
+    digest = sha256_of(f.path)
     stem = os.path.splitext(os.path.basename(f.path))[0]
     entry = f"{stem}-{digest[:16]}-b{BUILDER_VERSION}-{options.key()}"
     roots = [cache_dir] if cache_dir else [os.path.join(os.path.dirname(os.path.abspath(f.path)),
-                                                        "onnx-cache"), _user_cache_root()]
+                                                        "onnx-cache"), os.path.join(cache_root(), "onnx")]
     for root in roots:
         path = os.path.join(root, entry, "model.onnx")
         if os.path.isfile(os.path.join(root, entry, "complete")):
@@ -287,13 +273,7 @@ class OrtBackend(Backend):
 
         Also raises ``ValueError`` for token ids outside ``[0, vocab_size)`` or not 1-D.
         """
-        check_chunks(chunks, self.num_slots, self.max_seq_len)
-        ids = [np.asarray(ch.token_ids, dtype=np.int64) for ch in chunks]
-        for a in ids:
-            if a.ndim != 1:
-                raise ValueError(f"token_ids must be one-dimensional, got shape {a.shape}")
-            if a.min() < 0 or a.max() >= self.config.vocab_size:
-                raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
+        ids = check_chunks(chunks, self.num_slots, self.max_seq_len, self.config.vocab_size)
         out = np.empty((len(chunks), self.config.vocab_size), dtype=np.float32)
         with self._lock:
             decode = [i for i, a in enumerate(ids) if len(a) == 1]

@@ -345,13 +345,7 @@ class NumpyBackend(Backend):
         See :meth:`Backend.forward`. Also raises ``ValueError`` for token ids outside
         ``[0, vocab_size)`` or not one-dimensional.
         """
-        check_chunks(chunks, self.num_slots, self.max_seq_len)
-        ids = [np.asarray(c.token_ids, dtype=np.int64) for c in chunks]
-        for a in ids:
-            if a.ndim != 1:
-                raise ValueError(f"token_ids must be one-dimensional, got shape {a.shape}")
-            if a.min() < 0 or a.max() >= self.config.vocab_size:
-                raise ValueError(f"token id out of range 0..{self.config.vocab_size - 1}")
+        ids = check_chunks(chunks, self.num_slots, self.max_seq_len, self.config.vocab_size)
         out = np.empty((len(chunks), self.config.vocab_size), dtype=np.float32)
         rows = [i for i, a in enumerate(ids) if len(a) == 1]
         if rows:

@@ -69,13 +69,18 @@ MODELS: dict[str, RegistryModel] = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-def cache_dir() -> str:
-    """Directory holding pulled models (created on demand)."""
+def cache_root() -> str:
+    """tiny_mindie's cache: ``$TINY_MINDIE_CACHE``, else ``$XDG_CACHE_HOME/tiny_mindie``."""
     root = os.environ.get("TINY_MINDIE_CACHE")
     if not root:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(xdg, "tiny_mindie")
-    return os.path.join(root, "models")
+    return root
+
+
+def cache_dir() -> str:
+    """Directory holding pulled models (created on demand)."""
+    return os.path.join(cache_root(), "models")
 
 
 def lookup(name: str) -> RegistryModel | None:
