@@ -48,3 +48,68 @@ def test_concurrent_requests_all_complete(server):
 def test_server_keeps_serving_after_timeouts(server):
     status, _, raw = request(server, "POST", "/infer", {"inputs": "Hello", "parameters": {"max_new_tokens": 2}})
     assert status == 200 and json.loads(raw)["generated_text"]
+
+
+
+def slots(server) -> dict:
+    status, _, raw = request(server, "GET", "/v2/models/smollm2-135m-instruct/getSlotCount")
+    assert status == 200
+    return json.loads(raw)
+
+
+def wait_all_slots_free(server, timeout=10.0) -> dict:
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        s = slots(server)
+        if s["free_slots"] == s["total_slots"] or time.monotonic() > deadline:
+            return s
+
+
+def test_slot_count_route(server):
+    s = wait_all_slots_free(server)
+    assert s["total_slots"] == 8 and s["free_slots"] == 8        # maxBatchSize 8 in the test config
+    assert s["available_tokens_length"] == 8 * 1024
+    status, _, raw = request(server, "GET", "/v2/models/other-model/getSlotCount")
+    assert status == 404 and json.loads(raw)["error_type"] == "NotFoundError"
+
+
+def _open_and_abandon(server, body: dict, read_some: bool) -> None:
+    """Send a request over TLS, optionally read the start of the answer, then disconnect."""
+    import socket
+    import ssl
+    import time
+    raw = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    tls = server.ssl_context().wrap_socket(sock, server_hostname="127.0.0.1")
+    tls.sendall(b"POST /infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(raw) + raw)
+    if read_some:
+        assert tls.recv(4096).startswith(b"HTTP/1.1 200")
+    time.sleep(0.5)              # the request is running now
+    assert slots(server)["free_slots"] < slots(server)["total_slots"]
+    try:
+        tls.shutdown(socket.SHUT_RDWR)
+    except (OSError, ssl.SSLError):
+        pass
+    tls.close()
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    _open_and_abandon(server, {"inputs": "1, 2, 3, 4, 5,", "stream": True,
+                               "parameters": {"max_new_tokens": 250, "do_sample": False}}, True)
+    s = wait_all_slots_free(server, timeout=1.0)   # generating 250 tokens would take seconds
+    assert s["free_slots"] == s["total_slots"]
+
+
+def test_disconnect_while_waiting_for_plain_answer_frees_the_slot(server):
+    _open_and_abandon(server, {"inputs": "1, 2, 3, 4, 5,",
+                               "parameters": {"max_new_tokens": 250, "do_sample": False}}, False)
+    s = wait_all_slots_free(server, timeout=1.0)
+    assert s["free_slots"] == s["total_slots"]
+
+
+def test_timeouts_free_their_slots(server):
+    test_timeout_non_stream_is_mindie_500(server)
+    s = wait_all_slots_free(server, timeout=0.5)
+    assert s["free_slots"] == s["total_slots"]

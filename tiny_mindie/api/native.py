@@ -5,6 +5,7 @@ JSON -> validated :class:`GenerationRequest` -> engine -> MindIE's JSON / SSE ev
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from ..engine.request import GenerationError, GenerationRequest, TokenEvent
@@ -78,6 +79,29 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[GenerationRequest, bool, bool]:
     return request, stream, details
 
 
+async def until_done_or_gone(work, stream: ResponseStream, poll_s: float = 0.2):
+    """Await ``work`` (a coroutine), cancelling it -- and so the request in the engine -- when
+    the client disconnects meanwhile; returns ``None`` then.
+
+    Raises:
+        APIError: the engine's error, translated (424, 500, 503, ...).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=poll_s)
+            if not task.done() and stream.peer_gone():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+        return task.result()
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+    finally:
+        if not task.done():   # we were cancelled ourselves
+            task.cancel()
+
+
 def _details(ev: TokenEvent, request: GenerationRequest) -> dict:
     return {"finish_reason": ev.finish_reason, "generated_tokens": ev.index + 1,
             "seed": request.sampling.seed}
@@ -105,10 +129,9 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
     """``POST /infer``: MindIE's text inference, plain JSON or an SSE stream."""
     request, streaming, details = parse_infer(req.body, llm)
     if not streaming:
-        try:
-            done = await llm.generate_async(request)
-        except GenerationError as err:
-            raise from_generation_error(err) from None
+        done = await until_done_or_gone(llm.generate_async(request), stream)
+        if done is None:
+            return None
         out: dict = {"generated_text": done.text}
         if details:
             out["details"] = {"finish_reason": done.finish_reason,

@@ -22,17 +22,35 @@ from .http import Request
 
 log = logging.getLogger("tiny_mindie.server")
 
-RouteHandler = Callable[[Request, ResponseStream], Awaitable[Response | None]]
+# handler(request, stream, path parameters such as {"model": "..."})
+RouteHandler = Callable[[Request, ResponseStream, dict], Awaitable[Response | None]]
 
 BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
 
 
 @dataclass(frozen=True)
 class Route:
+    """``path`` may hold ``{name}`` segments, matched by any one non-empty path segment."""
+
     method: str
     path: str
     plane: str
     handler: RouteHandler
+
+    def match(self, path: str) -> dict | None:
+        """The path parameters when ``path`` fits this route's template, else ``None``."""
+        want, got = self.path.split("/"), path.split("/")
+        if len(want) != len(got):
+            return None
+        params = {}
+        for w, g in zip(want, got):
+            if w.startswith("{") and w.endswith("}"):
+                if not g:
+                    return None
+                params[w[1:-1]] = g
+            elif w != g:
+                return None
+        return params
 
 
 class App:
@@ -49,34 +67,44 @@ class App:
         self.llm = llm
         self.cfg = cfg
         self.routes: list[Route] = [
-            Route("POST", "/infer", BUSINESS, lambda r, s: native.infer(r, s, llm)),
+            Route("POST", "/infer", BUSINESS, lambda r, s, p: native.infer(r, s, llm)),
             Route("GET", "/health", MANAGEMENT, self._health),
             Route("GET", "/v2/health/live", MANAGEMENT, self._health),
             Route("GET", "/v2/health/ready", MANAGEMENT, self._health),
+            Route("GET", "/v2/models/{model}/getSlotCount", MANAGEMENT, self._slot_count),
         ]
 
-    async def _health(self, req: Request, stream: ResponseStream) -> Response:
+    async def _health(self, req: Request, stream: ResponseStream, params: dict) -> Response:
         return Response(200, b"", "")
+
+    def _check_model(self, name: str) -> None:
+        if name != self.llm.model_name:
+            raise APIError(404, f"Model {name} not found")
+
+    async def _slot_count(self, req: Request, stream: ResponseStream, params: dict) -> Response:
+        """MindIE's ``getSlotCount``: KV-cache slots in all and free; tokens they can hold."""
+        self._check_model(params["model"])
+        st = self.llm.engine.stats()
+        return json_response(200, {"total_slots": st["total_slots"], "free_slots": st["free_slots"],
+                                   "available_tokens_length": st["free_slots"] * self.llm.engine.max_seq_len})
 
     def handler_for(self, planes: frozenset[str]):
         """The connection handler of a listener that serves ``planes``."""
-        table: dict[str, dict[str, RouteHandler]] = {}
-        for r in self.routes:
-            if r.plane in planes:
-                table.setdefault(r.path, {})[r.method] = r.handler
+        routes = [r for r in self.routes if r.plane in planes]
 
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
-            methods = table.get(req.path)
-            if methods is None:
+            found = [(r, p) for r in routes if (p := r.match(req.path)) is not None]
+            if not found:
                 return json_response(404, APIError(404, f"Route {req.path} not found").body())
-            h = methods.get(req.method)
-            if h is None:
-                allow = ", ".join(sorted(methods))
+            chosen = next(((r, p) for r, p in found if r.method == req.method), None)
+            if chosen is None:
+                allow = ", ".join(sorted({r.method for r, _ in found}))
                 return json_response(405, APIError(
                     405, f"Method {req.method} is not allowed for {req.path}; use {allow}").body(),
                     [("Allow", allow)])
+            route, params = chosen
             try:
-                return await h(req, stream)
+                return await route.handler(req, stream, params)
             except APIError as err:
                 if stream.started:   # the status line is gone: tell the client in the stream
                     await stream.chunked_stream.send_event(json.dumps(err.body(), ensure_ascii=False))

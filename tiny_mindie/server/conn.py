@@ -86,7 +86,9 @@ class ResponseStream:
 
     def __init__(self, writer: asyncio.StreamWriter, request: Request,
                  base_headers: Callable[[bool], list[tuple[str, str]]],
-                 write_timeout: Optional[float]) -> None:
+                 write_timeout: Optional[float],
+                 reader: Optional[asyncio.StreamReader] = None) -> None:
+        self._reader = reader
         self._writer = writer
         self._request = request
         self._base_headers = base_headers
@@ -102,6 +104,15 @@ class ResponseStream:
     def chunked_stream(self) -> Optional[ChunkedStream]:
         """The stream returned by :meth:`start`, or ``None``."""
         return self._stream
+
+    def peer_gone(self) -> bool:
+        """The client closed or reset the connection while its request was being handled.
+
+        Cheap enough to poll: it looks at the transport and at an end-of-stream already
+        received, and reads nothing (a pipelined next request stays buffered)."""
+        if self._writer.transport.is_closing():
+            return True
+        return self._reader is not None and self._reader.at_eof()
 
     @property
     def keep_alive(self) -> bool:
@@ -270,7 +281,8 @@ class _Connection:
     async def _respond(self, request: Request) -> tuple[bool, bool]:
         """Run the handler and write its answer. Returns (keep_alive, abort)."""
         stream = ResponseStream(self.writer, request,
-                                lambda keep: self._base_headers(request, keep), self.idle_timeout)
+                                lambda keep: self._base_headers(request, keep), self.idle_timeout,
+                                self.reader)
         try:
             result = await self.handler(request, stream)
         except asyncio.CancelledError:
@@ -295,6 +307,10 @@ class _Connection:
                 if not chunked.ended:
                     await chunked.end()
                 return stream.keep_alive, False
+            if result is None and stream.peer_gone():   # handler gave up: the client left
+                log.debug("%s: client went away during %s %s", self.peer, request.method,
+                          request.path)
+                return False, True
             if not isinstance(result, Response):
                 log.error("handler for %s %s returned %r instead of a Response",
                           request.method, request.path, type(result).__name__)
