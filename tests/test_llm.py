@@ -47,3 +47,66 @@ def test_stop_string_ends_generation(llm):
     cut = llm.generate("1, 2, 3, 4, 5,", max_new_tokens=30, do_sample=False, stop=[" 7"])
     assert cut.finish_reason == "stop_sequence"
     assert cut.text == free.text[:free.text.index(" 7")]
+
+
+def test_priority_one_overtakes_thirty_waiting_priority_five(llm):
+    """Two slots busy, thirty priority-5 requests waiting, then one priority-1 request: the
+    priority-1 request is admitted as soon as a slot frees, before every waiting one."""
+    import asyncio
+
+    async def run():
+        order = []
+        running = asyncio.Event()
+
+        async def one(tag, priority, max_new_tokens=2):
+            req = llm.make_request("Hello", max_new_tokens=max_new_tokens, do_sample=False,
+                                   priority=priority, ignore_eos=True)
+            async for ev in llm.stream_async(req):
+                if ev.index == 0:
+                    order.append(tag)
+                    if tag.startswith("busy"):
+                        running.set()
+
+        blockers = [asyncio.ensure_future(one(f"busy{i}", 5, 12)) for i in range(2)]
+        await running.wait()                 # both slots are taken now
+        waiting = [asyncio.ensure_future(one(f"p5-{i}", 5)) for i in range(30)]
+        await asyncio.sleep(0.05)
+        urgent = asyncio.ensure_future(one("p1", 1))
+        await asyncio.gather(*blockers, *waiting, urgent)
+        return order
+
+    order = asyncio.run(run())
+    assert len(order) == 33
+    later = order[order.index("p1") + 1:]
+    assert len(later) == 30 and all(t.startswith("p5-") for t in later)   # p1 before every p5
+    assert later == [f"p5-{i}" for i in range(30)]                       # FIFO within a priority
+
+
+def test_a_client_that_stops_reading_is_cut_off(llm):
+    """Events are buffered up to a bound; past it the request is cancelled, never the batch slowed."""
+    import asyncio
+    from dataclasses import replace
+
+    from tiny_mindie.engine.engine import Engine
+    from tiny_mindie.engine.request import GenerationError
+
+    engine = Engine(llm.backend, llm.tokenizer, replace(llm.engine.limits, max_buffered_events=4))
+
+    async def run():
+        req = llm.make_request("1, 2, 3, 4, 5,", max_new_tokens=40, do_sample=False)
+        agen = engine.generate(req)
+        first = await agen.__anext__()
+        await asyncio.sleep(1.5)            # a slow reader: the engine keeps generating
+        got = [first]
+        with pytest.raises(GenerationError) as err:
+            async for ev in agen:
+                got.append(ev)
+        return got, err.value
+
+    try:
+        got, err = asyncio.run(run())
+        assert err.kind == "cancelled" and "too slow" in err.message
+        assert len(got) <= 1 + 4
+        assert engine.stats()["free_slots"] == engine.stats()["total_slots"]
+    finally:
+        engine.stop()

@@ -37,6 +37,8 @@ class EngineLimits:
         max_iter_times: output tokens per request at most.
         token_timeout_s: seconds allowed between two tokens of one request.
         e2e_timeout_s: seconds allowed for a whole request.
+        max_buffered_events: token events a request may have waiting for its client; a
+            client that reads slower than that is cut off (the batch never waits for it).
         schedule: batch and prefill limits.
     """
 
@@ -45,6 +47,7 @@ class EngineLimits:
     max_iter_times: int = 512
     token_timeout_s: float = 600.0
     e2e_timeout_s: float = 600.0
+    max_buffered_events: int = 1024
     schedule: SchedulerLimits = field(default_factory=SchedulerLimits)
 
 
@@ -52,7 +55,8 @@ class _Sequence:
     """Engine-thread state of one request."""
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
-                 queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float):
+                 queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
+                 max_buffered: int):
         self.req = req
         self.loop = loop
         self.queue = queue
@@ -69,6 +73,7 @@ class _Sequence:
         self.started: float | None = None   # prefill began
         self.last_token: float | None = None
         self.cancelled = False
+        self.max_buffered = max_buffered
 
     @property
     def n_generated(self) -> int:
@@ -77,9 +82,19 @@ class _Sequence:
     def emit(self, item) -> None:
         """Hand ``item`` to the request's event loop; a closed loop means the caller is gone."""
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._deliver, item)
         except RuntimeError:   # the loop was closed without cancelling: nobody is listening
             self.cancelled = True
+
+    def _deliver(self, item) -> None:
+        """On the event loop: queue ``item`` unless the client has fallen too far behind."""
+        if self.cancelled and not isinstance(item, GenerationError):
+            return
+        if self.queue.qsize() >= self.max_buffered:
+            self.cancelled = True      # the engine drops the request at its next step
+            item = GenerationError("cancelled", "Client too slow: "
+                                   f"more than {self.max_buffered} events unread.")
+        self.queue.put_nowait(item)
 
 
 class Engine:
@@ -146,7 +161,8 @@ class Engine:
         queue: asyncio.Queue = asyncio.Queue()
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
-        seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic())
+        seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
+                        self.limits.max_buffered_events)
         with self._cond:
             if self._stopping:
                 raise GenerationError("stopped", "The service has been stopped.")
