@@ -18,7 +18,7 @@ from . import __version__
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .model.gguf import ModelFileError
 
-COMMANDS = ("serve", "pull", "list-models")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect")
 EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
                 '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
                 '"max_new_tokens": 20, "do_sample": true, "details": true}}')
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A small LLM inference server speaking Huawei MindIE Service's HTTP API. "
                     "Without a command it serves (the 'serve' command).")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{serve,pull,list-models}")
+    sub = p.add_subparsers(dest="command", metavar="{serve,pull,list-models,watermark-detect}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--force", action="store_true", help="download again even if present")
 
     sub.add_parser("list-models", help="list the models the registry knows")
+
+    wd = sub.add_parser("watermark-detect",
+                        help="z-score of the green-list watermark (Kirchenbauer et al. 2023) in a text")
+    wd.add_argument("text", nargs="?", default="-", help="the text, or - to read standard input")
+    wd.add_argument("--model", default=None, help="model whose tokenizer made the text (default: the default model)")
+    wd.add_argument("--threshold", type=float, default=4.0, help="z above which the text is called marked")
     return p
 
 
@@ -199,13 +205,30 @@ def list_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def watermark_detect(args: argparse.Namespace) -> int:
+    """Print the watermark z-score of a text; exit 0 either way (the verdict is printed)."""
+    from .engine.watermark import GAMMA, z_score
+    from .model.gguf import GGUFFile
+    from .model.registry import DEFAULT_MODEL, resolve
+    from .model.tokenizer import load_tokenizer
+
+    text = sys.stdin.read() if args.text == "-" else args.text
+    tok = load_tokenizer(GGUFFile(resolve(args.model or DEFAULT_MODEL, log=_say)))
+    ids = tok.encode(text, add_bos=False, parse_special=False)
+    z, green, scored = z_score(ids, tok.vocab_size)
+    verdict = "watermarked" if z > args.threshold else "no watermark found"
+    _say(f"z = {z:.2f} (green {green} of {scored} tokens, gamma {GAMMA}): {verdict}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")
     args = build_parser().parse_args(argv)
     try:
-        return {"serve": serve, "pull": pull, "list-models": list_models}[args.command](args)
+        return {"serve": serve, "pull": pull, "list-models": list_models,
+                "watermark-detect": watermark_detect}[args.command](args)
     except (ConfigError, ModelFileError) as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 2

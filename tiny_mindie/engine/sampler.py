@@ -1,7 +1,8 @@
 """Next-token selection: logits processors and sampling, as small pure numpy functions.
 
-Order of the processors is Hugging Face's / TGI's: repetition penalty, then temperature, top-k,
-top-p, typical-p, each working on the distribution the previous one left. The whole vocabulary
+Order of the processors is Hugging Face's / TGI's: repetition penalty, the watermark bias when
+asked (:mod:`.watermark`), then temperature, top-k, top-p, typical-p, each working on the
+distribution the previous one left. The whole vocabulary
 is never sorted: top-k uses ``argpartition``; top-p grows a partitioned candidate set until it
 holds the nucleus.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .request import SamplingParams
+from .watermark import apply_watermark
 
 _NEG_INF = np.float32(-np.inf)
 
@@ -137,6 +139,8 @@ def sample(logits: np.ndarray, params: SamplingParams, seen: np.ndarray,
     """
     x = apply_repetition_penalty(np.array(logits, dtype=np.float32, copy=True), seen,
                                  params.repetition_penalty)
+    if params.watermark and seen.size:
+        apply_watermark(x, int(seen[-1]))
     if not params.do_sample:
         tok = int(np.argmax(x))
         m = float(np.max(x))
