@@ -113,3 +113,22 @@ def test_timeouts_free_their_slots(server):
     test_timeout_non_stream_is_mindie_500(server)
     s = wait_all_slots_free(server, timeout=0.5)
     assert s["free_slots"] == s["total_slots"]
+
+
+def test_seeded_request_gives_the_same_text_alone_or_beside_seven_others(server):
+    """MindIE's FAQ cannot promise this; here batching must not change a seeded answer."""
+    probe = {"inputs": "The old sailor told us", "stream": True,
+             "parameters": {"seed": 2024, "temperature": 0.9, "top_k": 40, "top_p": 0.9,
+                            "max_new_tokens": 48, "details": True}}
+    alone = sse_events(request(server, "POST", "/infer", probe)[2])[-1]["generated_text"]
+    others = [{"inputs": p, "stream": i % 2 == 0,
+               "parameters": {"seed": i, "temperature": 0.7 + 0.1 * i, "max_new_tokens": 20 + 7 * i}}
+              for i, p in enumerate(["Hi", "A long time ago in a galaxy", "def fib(n):", "Dear diary,",
+                                     "The weather today", "Ingredients: flour,", "Q: What is 2+2?\nA:"])]
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(request, server, "POST", "/infer", b) for b in others[:4]]
+        mine = pool.submit(request, server, "POST", "/infer", probe)
+        futures += [pool.submit(request, server, "POST", "/infer", b) for b in others[4:]]
+        together = sse_events(mine.result()[2])[-1]["generated_text"]
+        assert all(f.result()[0] == 200 for f in futures)
+    assert together == alone
