@@ -115,3 +115,37 @@ def test_logprob_is_of_the_final_distribution(logits):
     top2 = np.argsort(-logits)[:2]
     assert tok in top2
     assert lp == pytest.approx(np.log(softmax(logits[top2].astype(np.float64))[list(top2).index(tok)]))
+
+
+@pytest.mark.parametrize("k", [1, 5, 40, 300, 4999, 5000])
+def test_smallest_ids_is_exact_with_ties(k):
+    from tiny_mindie.engine.sampler import smallest_ids
+    a = np.random.default_rng(k).integers(0, 50, 200_000).astype(np.float32)   # many ties
+    got = np.sort(smallest_ids(a, k))
+    expected = np.sort(np.lexsort((np.arange(a.shape[0]), a))[:k])
+    assert got.tolist() == expected.tolist()
+
+
+def test_inverse_cdf_matches_cumsum():
+    from tiny_mindie.engine.sampler import _inverse_cdf
+    p = np.random.default_rng(1).random(262_144).astype(np.float32)
+    cum = np.cumsum(p, dtype=np.float64)
+    for u in (0.0, 1e-9, 0.25, 0.5, 0.999999, 0.9999999999):
+        j, total = _inverse_cdf(p, u)
+        assert total == pytest.approx(cum[-1])
+        assert j == min(int(np.searchsorted(cum, u * cum[-1], side="right")), p.shape[0] - 1)
+
+
+def test_large_vocab_typical_and_top_p_match_definitions():
+    x = np.random.default_rng(4).normal(0, 4, 100_000).astype(np.float32)
+    empty = np.array([], dtype=np.int64)
+    allowed = brute_top_p(x, 0.5)
+    rng = make_rng(3)
+    assert {sample(x, SamplingParams(do_sample=True, top_p=0.5), empty, rng)[0]
+            for _ in range(200)} <= allowed
+    p = softmax(x.astype(np.float64))
+    h = -(p * np.log(p)).sum()
+    order = np.argsort(np.abs(-np.log(p) - h), kind="stable")
+    typical = set(order[:int((np.cumsum(p[order]) < 0.3).sum()) + 1].tolist())
+    assert {sample(x, SamplingParams(do_sample=True, typical_p=0.3), empty, rng)[0]
+            for _ in range(200)} <= typical

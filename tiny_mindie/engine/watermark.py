@@ -20,6 +20,7 @@ whole vocabulary is classified with a few vectorised integer operations (no perm
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -42,11 +43,15 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+@functools.lru_cache(maxsize=256)
 def green_mask(prev_token: int, vocab_size: int, key: int = KEY) -> np.ndarray:
-    """bool ``[vocab_size]``: which next tokens are green after ``prev_token``."""
+    """bool ``[vocab_size]``: which next tokens are green after ``prev_token`` (read-only;
+    the last 256 lists are kept, 64 MB at most for a 262,144-token vocabulary)."""
     seed = _mix(np.array([(key * 1_000_003 + prev_token) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
     h = _mix(np.arange(vocab_size, dtype=np.uint64) ^ seed)
-    return (h >> np.uint64(32)) < _THRESHOLD
+    mask = (h >> np.uint64(32)) < _THRESHOLD
+    mask.flags.writeable = False
+    return mask
 
 
 def apply_watermark(logits: np.ndarray, prev_token: int, key: int = KEY) -> np.ndarray:
