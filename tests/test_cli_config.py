@@ -121,3 +121,54 @@ def test_pull_into_a_fresh_cache_checks_sha256(tmp_path, model_path):
     assert not [p for p in os.listdir(tmp_path / "models") if p.startswith(".pull-")]
     r = run_cli("pull", "smollm2", env={"TINY_MINDIE_CACHE": str(tmp_path)})
     assert r.returncode == 0 and "already in" in r.stdout
+
+
+def test_config_not_utf8_is_one_line(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_bytes(b"\xff\xfe{}")
+    r = run_cli("--config", str(p))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_model_config_must_be_a_list(tmp_path):
+    with pytest.raises(ConfigError, match="ModelConfig must be a list"):
+        load_config(write(tmp_path, {"BackendConfig": {"ModelDeployConfig": {"ModelConfig": {}}}}))
+
+
+def test_a_named_but_missing_certificate_is_an_error_not_a_new_ca(tmp_path):
+    typo = tmp_path / "typo" / "server.pem"
+    r = run_cli("--config", write(tmp_path, {"ServerConfig": {"tlsCert": str(typo), "port": 0}}))
+    assert r.returncode == 2
+    assert "TLS file not found" in r.stderr and "Traceback" not in r.stderr
+    assert not typo.exists() and not (tmp_path / "security").exists()
+
+
+@pytest.mark.parametrize("ports,expected", [
+    ({"port": 1030}, (18024, 18024, 18024)),                                   # all share
+    ({"port": 1030, "managementPort": 1031, "metricsPort": 1030}, (18024, 1031, 18024)),
+    ({}, (18024, 18024, 18024)),
+])
+def test_port_flag_moves_the_planes_that_share_the_business_listener(tmp_path, ports, expected):
+    from tiny_mindie.cli import _config_from_args, build_parser
+    args = build_parser().parse_args(["serve", "--config", write(tmp_path, {"ServerConfig": ports}),
+                                      "--port", "18024"])
+    s = _config_from_args(args).server
+    assert (s.port, s.management_port, s.metrics_port) == expected
+
+
+def test_registry_alias_shows_the_full_model_name(tmp_path):
+    from tiny_mindie.cli import _config_from_args, build_parser
+    args = build_parser().parse_args(["serve", "--model", "smollm2"])
+    assert _config_from_args(args).backend.model.model_name == "smollm2-135m-instruct"
+
+
+def test_engine_types_reject_out_of_range_values():
+    from tiny_mindie.engine.request import GenerationRequest, SamplingParams, StopCriteria
+    for bad in ({"temperature": 0}, {"top_p": 1.5}, {"typical_p": 0}, {"top_k": -1},
+                {"repetition_penalty": 0}, {"seed": -1}):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    with pytest.raises(ValueError):
+        StopCriteria(max_new_tokens=0)
+    with pytest.raises(ValueError):
+        GenerationRequest(prompt_ids=[1], priority=0)

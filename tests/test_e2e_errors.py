@@ -101,3 +101,24 @@ def test_server_still_serves_after_bad_input(server):
     status, _, body = request(server, "POST", "/infer", {"inputs": "One, two,",
                                                          "parameters": {"max_new_tokens": 3}})
     assert status == 200 and json.loads(body)["generated_text"]
+
+
+def test_huge_prompt_is_refused_at_once_without_stalling_others(server):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+    body = json.dumps({"inputs": "word " * 200_000}).encode()          # ~1 MB, under the limit
+    with ThreadPoolExecutor(2) as pool:
+        big = pool.submit(request, server, "POST", "/infer", body)
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        health = request(server, "GET", "/health")
+        health_s = time.monotonic() - t0
+        status, _, raw = big.result()
+    assert health[0] == 200 and health_s < 2.0
+    assert status == 424
+    assert "cannot be greater than 512,the input ids length is at least" in json.loads(raw)["error"]
+
+
+def test_head_on_a_get_route(server):
+    status, headers, body = request(server, "HEAD", "/health")
+    assert status == 200 and body == b""

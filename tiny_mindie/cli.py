@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tiny_mindie",
         description="A small LLM inference server speaking Huawei MindIE Service's HTTP API. "
-                    "Without a command it serves (the 'serve' command).")
+                    "Without a command it serves (the 'serve' command).",
+        epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{serve,pull,list-models,watermark-detect}")
 
@@ -73,8 +74,10 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["server.management_ip_address"] = args.host
     if args.port is not None:
         over["server.port"] = args.port
-        if not args.config:   # without a file, one listener unless told otherwise
+        # Planes sharing the business listener move with it; ports set apart in the file stay.
+        if cfg.server.management_port == cfg.server.port:
             over["server.management_port"] = args.port
+        if cfg.server.metrics_port == cfg.server.port:
             over["server.metrics_port"] = args.port
     if args.management_port is not None:
         over["server.management_port"] = args.management_port
@@ -85,7 +88,10 @@ def _config_from_args(args: argparse.Namespace) -> Config:
     if args.model is not None:
         over["model.model_weight_path"] = args.model
         if args.model_name is None and cfg.source is None:
-            over["model.model_name"] = args.model
+            from .model.registry import lookup
+            known = lookup(args.model)
+            over["model.model_name"] = known.name if known else \
+                os.path.splitext(os.path.basename(args.model))[0]
     if args.model_name is not None:
         over["model.model_name"] = args.model_name
     if args.backend is not None:
@@ -107,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
     """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM."""
     from .llm import LLM
     from .server.app import App, check_ports_free, start_listeners
-    from .server.tls import ensure_certificates, server_context, tls_files
+    from .server.tls import ensure_certificates, server_context, tls_files, uses_default_paths
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -119,9 +125,9 @@ def serve(args: argparse.Namespace) -> int:
     if s.https_enabled:
         files = tls_files(cfg)
         hosts = tuple({s.ip_address, s.management_ip_address} - {"0.0.0.0", "::", ""})
-        if ensure_certificates(files, hosts):
-            _say(f"created a CA, a server and a client certificate in {os.path.dirname(files.ca[0])}/.. "
-                 f"(first run)")
+        if ensure_certificates(files, hosts, may_create=uses_default_paths(cfg)):
+            _say(f"created a CA, a server and a client certificate in "
+                 f"{os.path.dirname(os.path.dirname(files.ca[0]))} (first run)")
         ssl_ctx = server_context(files)
     llm = LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
               max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,

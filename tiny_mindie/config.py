@@ -167,7 +167,7 @@ def load_config(path: str | None = None) -> Config:
             raw = json.load(fh)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
@@ -175,8 +175,8 @@ def load_config(path: str | None = None) -> Config:
     b = _section(raw, "BackendConfig", "")
     md = _section(b, "ModelDeployConfig", "BackendConfig")
     sc = _section(b, "ScheduleConfig", "BackendConfig")
-    models = md.get("ModelConfig") or [{}]
-    if not isinstance(models, list) or not isinstance(models[0], dict):
+    models = md.get("ModelConfig", [{}])
+    if not isinstance(models, list) or not models or not isinstance(models[0], dict):
         raise ConfigError("BackendConfig.ModelDeployConfig.ModelConfig must be a list of objects")
     mc = models[0]
     S, B, M, SC = ServerConfig(), BackendConfig(), ModelDeployConfig(), ScheduleConfig()

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Sequence
 
 from .engine.engine import Engine, EngineLimits
-from .engine.request import GenerationRequest, SamplingParams, StopCriteria, TokenEvent
+from .engine.request import (GenerationError, GenerationRequest, SamplingParams, StopCriteria,
+                             TokenEvent)
 from .engine.scheduler import SchedulerLimits
 from .model.backend import DEFAULT_BACKEND
 from .model.loader import load_model
@@ -86,6 +87,9 @@ class LLM:
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             device_id=device_id)
         num_slots = self.backend.num_slots
+        if self.backend.max_seq_len < max_seq_len:
+            say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
+                f"{self.backend.max_seq_len}")
         self.model_name = model_name or gguf_file.get("general.name") or model
         # The reader's parsed metadata (~160 MB for a 49k vocabulary) is not needed any more.
         del gguf_file
@@ -101,6 +105,8 @@ class LLM:
                                      max_prefill_batch_size=schedule.max_prefill_batch_size,
                                      max_prefill_tokens=schedule.max_prefill_tokens)))
         self.engine.start()
+        self._longest_token = max(1, max(len(self.tokenizer.token_bytes(i))
+                                         for i in range(self.tokenizer.vocab_size)))
 
     # ---- requests -----------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -118,7 +124,21 @@ class LLM:
 
         ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p is set away
         from its neutral value (TGI's rule), else decodes greedily. ``seed=None`` draws one.
+
+        Raises:
+            ValueError: a parameter out of range.
+            GenerationError: ``"too_long"`` when the prompt cannot fit (checked on the text's
+                length before tokenizing, so a huge text costs nothing).
         """
+        if isinstance(prompt, str):
+            # Every token covers at most ``longest_token`` bytes, so a text this long holds more
+            # tokens than any prompt may; answer without tokenizing megabytes.
+            at_least = len(prompt.encode("utf-8", "surrogatepass")) // self._longest_token
+            if at_least > self.engine.max_input_len:
+                raise GenerationError(
+                    "too_long", "Failed to enqueue inferRequest. This model's maximum input ids "
+                    f"length cannot be greater than {self.engine.max_input_len},the input ids "
+                    f"length is at least {at_least}")
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if do_sample is None:
             do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0

@@ -19,15 +19,14 @@ INT32_MAX = 2**31 - 1
 INF = float("inf")
 
 
-def parse_infer(body: bytes, llm: LLM) -> tuple[GenerationRequest, bool, bool]:
-    """Validate an ``/infer`` body.
+def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, bool]:
+    """Validate an ``/infer`` body (cheap: nothing is tokenized here).
 
     Returns:
-        ``(request, stream, details)``.
+        ``(prompt, parameters for LLM.make_request, stream, details)``.
 
     Raises:
-        APIError: 422 with MindIE's message for every malformed or out-of-range field,
-            424 when the prompt is longer than the server allows.
+        APIError: 422 with MindIE's message for every malformed or out-of-range field.
     """
     obj = parse_json_object(body)
     has_ids = "input_id" in obj and obj["input_id"] is not None
@@ -71,12 +70,18 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[GenerationRequest, bool, bool]:
         priority=get_int(p, "priority", 5, 1, 5),
         timeout_s=get_int(p, "timeout", None, 1, 65535),
     )
-    request = llm.make_request(prompt, **params)
+    return prompt, params, stream, details
+
+
+async def build_request(llm: LLM, prompt: str | list[int], params: dict) -> GenerationRequest:
+    """Tokenize (in a worker thread: a long prompt must not stall the event loop) and check the
+    prompt's length; raises APIError 424 when it cannot fit."""
     try:
+        request = await asyncio.to_thread(llm.make_request, prompt, **params)
         llm.engine.check_prompt(len(request.prompt_ids))
     except GenerationError as err:
         raise from_generation_error(err) from None
-    return request, stream, details
+    return request
 
 
 async def until_done_or_gone(work, stream: ResponseStream, poll_s: float = 0.2):
@@ -127,7 +132,8 @@ def _dumps(obj: dict) -> str:
 
 async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
     """``POST /infer``: MindIE's text inference, plain JSON or an SSE stream."""
-    request, streaming, details = parse_infer(req.body, llm)
+    prompt, params, streaming, details = parse_infer(req.body, llm)
+    request = await build_request(llm, prompt, params)
     if not streaming:
         done = await until_done_or_gone(llm.generate_async(request), stream)
         if done is None:

@@ -41,6 +41,21 @@ class SamplingParams:
     seed: int = 0
     watermark: bool = False
 
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` for a value outside the ranges above."""
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 < self.typical_p <= 1:
+            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.seed <= 2**63 - 1:
+            raise ValueError(f"seed must be in 0..2**63-1, got {self.seed}")
+
 
 @dataclass(frozen=True)
 class StopCriteria:
@@ -59,6 +74,11 @@ class StopCriteria:
     include_stop_string: bool = False
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` when ``max_new_tokens < 1``."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
 
 
 @dataclass
@@ -79,6 +99,13 @@ class GenerationRequest:
     priority: int = 5
     timeout_s: float | None = None
     request_id: str = field(default_factory=next_request_id)
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` for a priority outside 1..5 or a non-positive timeout."""
+        if not 1 <= self.priority <= 5:
+            raise ValueError(f"priority must be in 1..5, got {self.priority}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,11 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     elif backend == "onnxruntime":
         try:
             from .ort_backend import OrtBackend
-        except ImportError as exc:
-            raise ModelFileError(f"the onnxruntime backend is not available: {exc}") from None
-        be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
-                        threads=threads, device_id=device_id)
+            be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
+                            threads=threads, device_id=device_id)
+        except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
+            raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "
+                                 f"project's dependencies or use --backend numpy") from None
     else:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     return f, cfg, tok, be

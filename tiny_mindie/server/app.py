@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -21,6 +22,7 @@ from .conn import Response, ResponseStream, json_response, serve_connection
 from .http import Request
 
 log = logging.getLogger("tiny_mindie.server")
+access = logging.getLogger("tiny_mindie.access")   # one line per request
 
 # handler(request, stream, path parameters such as {"model": "..."})
 RouteHandler = Callable[[Request, ResponseStream, dict], Awaitable[Response | None]]
@@ -93,10 +95,19 @@ class App:
         routes = [r for r in self.routes if r.plane in planes]
 
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
+            t0 = time.monotonic()
+            resp = await dispatch(req, stream)
+            status = resp.status if resp is not None else ("stream" if stream.started else "gone")
+            access.info('"%s %s" %s %.1f ms', req.method, req.target[:200], status,
+                        (time.monotonic() - t0) * 1000)
+            return resp
+
+        async def dispatch(req: Request, stream: ResponseStream) -> Response | None:
             found = [(r, p) for r in routes if (p := r.match(req.path)) is not None]
             if not found:
                 return json_response(404, APIError(404, f"Route {req.path} not found").body())
-            chosen = next(((r, p) for r, p in found if r.method == req.method), None)
+            method = "GET" if req.method == "HEAD" else req.method   # HEAD: GET without the body
+            chosen = next(((r, p) for r, p in found if r.method == method), None)
             if chosen is None:
                 allow = ", ".join(sorted({r.method for r, _ in found}))
                 return json_response(405, APIError(

@@ -12,7 +12,7 @@ import os
 import ssl
 from dataclasses import dataclass
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, ServerConfig
 
 @dataclass(frozen=True)
 class TLSFiles:
@@ -39,24 +39,40 @@ def tls_files(cfg: Config) -> TLSFiles:
     )
 
 
-def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = ()) -> bool:
+def uses_default_paths(cfg: Config) -> bool:
+    """The TLS file keys of ``cfg`` are MindIE's defaults (``security/...`` in the config home)."""
+    s, d = cfg.server, ServerConfig()
+    return (s.tls_ca_path, s.tls_ca_files, s.tls_cert, s.tls_pk) == \
+        (d.tls_ca_path, d.tls_ca_files, d.tls_cert, d.tls_pk)
+
+
+def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
+                        may_create: bool = True) -> bool:
     """Create a CA, a server and a client certificate when none of the server's files exist.
 
     Args:
         files: where to put them.
         hosts: extra DNS names / IP addresses for the server certificate (localhost, 127.0.0.1,
             127.0.0.2 and ::1 are always in it).
+        may_create: False when the user named the files: then missing files are an error
+            (a typo must not silently start the server on a new CA).
 
     Returns:
         True when files were created, False when they all existed already.
 
     Raises:
-        ConfigError: some but not all of the CA, certificate and key files exist.
+        ConfigError: some but not all of the CA, certificate and key files exist, or none
+            exist and ``may_create`` is False.
     """
     needed = (*files.ca, files.cert, files.key)
     present = [p for p in needed if os.path.exists(p)]
     if len(present) == len(needed):
         return False
+    if not may_create:
+        missing = [p for p in needed if not os.path.exists(p)]
+        raise ConfigError(f"TLS file not found: {missing[0]} (certificates are created only at the "
+                          f"default security/ paths; make them with scripts/make_certs.py, fix the "
+                          f"path, or use --no-tls)")
     if present:
         missing = [p for p in needed if not os.path.exists(p)]
         raise ConfigError(f"TLS files incomplete: {', '.join(missing)} missing "
