@@ -28,13 +28,15 @@ def test_timeout_in_stream_is_a_final_error_event(server):
     assert all("token" in ev for ev in events[:-1])
 
 
-def test_concurrent_requests_all_complete(server):
+def test_eight_concurrent_requests_all_complete(server):
     bodies = [{"inputs": prompt, "stream": i % 2 == 0,
                "parameters": {"max_new_tokens": n, "seed": i, "temperature": 0.8, "details": True,
                               "priority": 1 + i % 5}}
               for i, (prompt, n) in enumerate([("The sky is", 6), ("Once upon a time", 12),
-                                               ("Water boils at", 4), ("My favourite food is", 9)])]
-    with ThreadPoolExecutor(4) as pool:
+                                               ("Water boils at", 4), ("My favourite food is", 9),
+                                               ("Here is a poem:", 30), ("你好，", 7),
+                                               ("def main():", 16), ("Emoji time 🎉", 11)])]
+    with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda b: request(server, "POST", "/infer", b), bodies))
     for body, (status, _, raw) in zip(bodies, results):
         assert status == 200

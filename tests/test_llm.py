@@ -110,3 +110,59 @@ def test_a_client_that_stops_reading_is_cut_off(llm):
         assert engine.stats()["free_slots"] == engine.stats()["total_slots"]
     finally:
         engine.stop()
+
+
+def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(llm):
+    """Chunked prefill: a 200-token prompt arriving while a stream runs is split into chunks of
+    the prefill budget, and every step still decodes the running stream."""
+    import asyncio
+    from dataclasses import replace
+
+    from tiny_mindie.engine.engine import Engine
+    from tiny_mindie.engine.scheduler import SchedulerLimits
+    from tiny_mindie.model.backend import Backend
+
+    class Recording(Backend):
+        """The real backend, with each forward call's row lengths written down."""
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+            self.name, self.device, self.config = inner.name, inner.device, inner.config
+            self.num_slots, self.max_seq_len = inner.num_slots, inner.max_seq_len
+
+        def forward(self, chunks):
+            self.calls.append([len(c.token_ids) for c in chunks])
+            return self.inner.forward(chunks)
+
+    rec = Recording(llm.backend)
+    limits = replace(llm.engine.limits, schedule=SchedulerLimits(max_batch_size=2,
+                                                                 max_prefill_batch_size=2,
+                                                                 max_prefill_tokens=32))
+    engine = Engine(rec, llm.tokenizer, limits)
+
+    async def run():
+        running = llm.make_request("1, 2, 3,", max_new_tokens=40, do_sample=False, ignore_eos=True)
+        long = llm.make_request(list(range(1000, 1200)), max_new_tokens=2, do_sample=False)
+        first = asyncio.Event()
+
+        async def consume(req, signal=None):
+            out = []
+            async for ev in engine.generate(req):
+                out.append(ev)
+                if signal is not None:
+                    signal.set()
+            return out
+
+        a = asyncio.ensure_future(consume(running, first))
+        await first.wait()
+        b = asyncio.ensure_future(consume(long))
+        return await asyncio.gather(a, b)
+
+    try:
+        stream, other = asyncio.run(run())
+    finally:
+        engine.stop()
+    assert len(stream) == 40 and len(other) == 2
+    prefill_steps = [c for c in rec.calls if any(n > 1 for n in c) and 1 in c]
+    assert all(sum(n for n in c if n > 1) <= 32 for c in rec.calls)
+    assert len(prefill_steps) >= 200 // 32       # the long prompt went in chunks ...
+    assert all(1 in c for c in prefill_steps)    # ... each beside a decode row of the stream
