@@ -12,7 +12,7 @@ from ..engine.request import GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from .errors import APIError, from_generation_error, invalid
+from .errors import from_generation_error, invalid
 from .validate import get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -164,4 +164,8 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
     return None
 
 
-__all__ = ["infer", "parse_infer", "stream_event", "APIError"]
+
+def routes(app) -> list:
+    """The native family's routes (spec §2)."""
+    from ..server.routing import BUSINESS, Route
+    return [Route("POST", "/infer", BUSINESS, lambda r, s, p: infer(r, s, app.llm))]

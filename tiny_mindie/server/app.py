@@ -13,47 +13,16 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 from ..api.errors import APIError
 from ..config import Config
 from ..llm import LLM
 from .conn import Response, ResponseStream, json_response, serve_connection
 from .http import Request
+from .routing import BUSINESS, MANAGEMENT, METRICS, Route
 
 log = logging.getLogger("tiny_mindie.server")
 access = logging.getLogger("tiny_mindie.access")   # one line per request
-
-# handler(request, stream, path parameters such as {"model": "..."})
-RouteHandler = Callable[[Request, ResponseStream, dict], Awaitable[Response | None]]
-
-BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
-
-
-@dataclass(frozen=True)
-class Route:
-    """``path`` may hold ``{name}`` segments, matched by any one non-empty path segment."""
-
-    method: str
-    path: str
-    plane: str
-    handler: RouteHandler
-
-    def match(self, path: str) -> dict | None:
-        """The path parameters when ``path`` fits this route's template, else ``None``."""
-        want, got = self.path.split("/"), path.split("/")
-        if len(want) != len(got):
-            return None
-        params = {}
-        for w, g in zip(want, got):
-            if w.startswith("{") and w.endswith("}"):
-                if not g:
-                    return None
-                params[w[1:-1]] = g
-            elif w != g:
-                return None
-        return params
-
 
 class App:
     """The route table of one server and the dispatch of each request.
@@ -64,31 +33,12 @@ class App:
     """
 
     def __init__(self, llm: LLM, cfg: Config):
-        from ..api import native
+        from ..api import manage, native
 
         self.llm = llm
         self.cfg = cfg
-        self.routes: list[Route] = [
-            Route("POST", "/infer", BUSINESS, lambda r, s, p: native.infer(r, s, llm)),
-            Route("GET", "/health", MANAGEMENT, self._health),
-            Route("GET", "/v2/health/live", MANAGEMENT, self._health),
-            Route("GET", "/v2/health/ready", MANAGEMENT, self._health),
-            Route("GET", "/v2/models/{model}/getSlotCount", MANAGEMENT, self._slot_count),
-        ]
-
-    async def _health(self, req: Request, stream: ResponseStream, params: dict) -> Response:
-        return Response(200, b"", "")
-
-    def _check_model(self, name: str) -> None:
-        if name != self.llm.model_name:
-            raise APIError(404, f"Model {name} not found")
-
-    async def _slot_count(self, req: Request, stream: ResponseStream, params: dict) -> Response:
-        """MindIE's ``getSlotCount``: KV-cache slots in all and free; tokens they can hold."""
-        self._check_model(params["model"])
-        st = self.llm.engine.stats()
-        return json_response(200, {"total_slots": st["total_slots"], "free_slots": st["free_slots"],
-                                   "available_tokens_length": st["free_slots"] * self.llm.engine.max_seq_len})
+        # Each API family contributes its routes: ``module.routes(app) -> list[Route]``.
+        self.routes: list[Route] = [r for family in (native, manage) for r in family.routes(self)]
 
     def handler_for(self, planes: frozenset[str]):
         """The connection handler of a listener that serves ``planes``."""
