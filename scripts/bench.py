@@ -11,6 +11,13 @@ its own child process (so each one's peak RSS is its own), and prints one table:
     RSS MB          resident memory after load, and the peak over the whole run
     vs llama.cpp    ratio of decode and prefill tok/s to llama.cpp's in this same run
 
+The backends run *interleaved* (all children stay loaded): in each of ``--reps`` repetitions
+every backend prefills the prompt in turn, then they take turns decoding ``--segment`` tokens
+(16) until each has ``--gen-tokens``; the table shows medians over repetitions, and the
+same-repetition ratios to llama.cpp are printed too. The machine this was written on is a shared
+2-vCPU VM whose load comes and goes within seconds; measured one after the other, a backend's
+speed there varied up to 3x between runs, interleaved the ratios hold within about +-10 %.
+
 llama.cpp runs through ``llama-cpp-python`` when it can be imported, either here or in the
 interpreter given by ``--llama-python`` (or ``$LLAMA_CPP_PYTHON``); it is a benchmark-only
 dependency that compiles from source, best kept in its own virtualenv. The same number of
@@ -46,49 +53,77 @@ PROMPT_TEXT = (
 
 
 def rss_mb() -> float:
+    """Resident set in MB (10**6 bytes, the unit the GGUF size is printed in)."""
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+                return int(line.split()[1]) * 1024 / 1e6
     return 0.0
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6
 
 
 # ---- children ----------------------------------------------------------------------------------
+#
+# Each backend lives in its own child process for the whole run and obeys one JSON command per
+# line on stdin (answering one JSON line on stdout), so the parent can interleave the backends:
+# the machine this runs on is shared, and load that comes and goes then hits every backend
+# alike instead of whichever happened to run at that moment.
+#
+#   {"op": "warm"}              the prompt once in another slot (first-run allocations)
+#   {"op": "prefill"}           the prompt from position 0 in slot 0; answers seconds (prompt
+#                               forward + argmax of the first token) and the first token
+#   {"op": "decode", "n": k}    k more greedy tokens after that; answers seconds and the tokens
+#   {"op": "finish"}            answers the final statistics and exits
 
-def _measure(prefill, decode, prompt: list[int], gen: int, reps: int) -> dict:
-    """Warm up, then ``reps`` times: one prompt forward and ``gen`` greedy decode steps.
+class _Runner:
+    """Greedy prefill / decode of one prompt on one backend (``prefill_fn(ids, warm)`` and
+    ``decode_fn(tok, pos)`` return logits)."""
 
-    Each metric is the median over the repetitions (the machine may be shared)."""
-    import numpy as np
+    def __init__(self, prefill_fn, decode_fn, prompt: list[int]):
+        self.prefill_fn, self.decode_fn, self.prompt = prefill_fn, decode_fn, prompt
+        self.tok, self.pos, self.logits = 0, 0, None
 
-    prefill(prompt[:8], warm=True)
-    runs = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        logits = prefill(prompt, warm=False)
-        tok = int(np.argmax(logits))
-        t1 = time.perf_counter()
-        tokens = [tok]
-        for i in range(gen):
-            logits = decode(tok, len(prompt) + i)
-            tok = int(np.argmax(logits))
-            tokens.append(tok)
-        t2 = time.perf_counter()
-        runs.append((t1 - t0, t2 - t1))
-    ttft = float(np.median([r[0] for r in runs]))
-    dec = float(np.median([r[1] for r in runs]))
-    return {"prefill_tps": len(prompt) / ttft, "ttft_ms": ttft * 1e3, "decode_tps": gen / dec,
-            "decode_tps_all": [gen / r[1] for r in runs], "tokens": tokens[:16],
-            "last_logits": logits}
+    def serve(self, stats) -> None:
+        import numpy as np
+
+        ready = stats()
+        ready["ready"] = True
+        print(json.dumps(ready), flush=True)
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            op = cmd["op"]
+            if op == "warm":                # the whole prompt once: first-run allocations
+                self.prefill_fn(self.prompt, warm=True)
+                out = {}
+            elif op == "prefill":
+                t0 = time.perf_counter()
+                self.logits = self.prefill_fn(self.prompt, warm=False)
+                self.tok = int(np.argmax(self.logits))
+                out = {"s": time.perf_counter() - t0, "tokens": [self.tok]}
+                self.pos = len(self.prompt)
+            elif op == "decode":
+                toks = []
+                t0 = time.perf_counter()
+                for _ in range(cmd["n"]):
+                    self.logits = self.decode_fn(self.tok, self.pos)
+                    self.tok = int(np.argmax(self.logits))
+                    self.pos += 1
+                    toks.append(self.tok)
+                out = {"s": time.perf_counter() - t0, "tokens": toks}
+            elif op == "finish":
+                out = stats(final=True, logits=self.logits, step_s=cmd.get("step_s"))
+                print(json.dumps(out), flush=True)
+                return
+            else:
+                raise ValueError(op)
+            print(json.dumps(out), flush=True)
 
 
-def child_tiny(backend: str, model: str, prompt: list[int], gen: int, threads: int,
-               reps: int) -> dict:
-    sys.path.insert(0, ROOT)
+def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: str) -> None:
+    sys.path.insert(0, root)
     import numpy as np
 
     from tiny_mindie.model.backend import SeqChunk
@@ -108,7 +143,8 @@ def child_tiny(backend: str, model: str, prompt: list[int], gen: int, threads: i
         from tiny_mindie.model.ort_backend import OrtBackend
         be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads)
         extra = {"graph": "built" if be.built else "cached", "device": be.device,
-                 "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"]}
+                 "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"],
+                 "threads": threads}
     else:
         from tiny_mindie.model.reference import NumpyBackend
         be = NumpyBackend(f, cfg, num_slots=4, max_seq_len=1024)
@@ -121,13 +157,19 @@ def child_tiny(backend: str, model: str, prompt: list[int], gen: int, threads: i
     def decode(tok, pos):
         return be.forward([SeqChunk(0, pos, np.array([tok], np.int64))])[0]
 
-    res = _measure(prefill, decode, prompt, gen, reps)
-    if backend == "onnxruntime":
-        res.update(_sampler_share(res["last_logits"], 1.0 / res["decode_tps"], prompt))
-    del res["last_logits"]
-    res.update(extra, backend=backend, load_s=load_s, open_s=t_open, rss_base_mb=base,
-               rss_open_mb=rss_open, rss_loaded_mb=rss_loaded, rss_peak_mb=peak_rss_mb())
-    return res
+    runner = _Runner(prefill, decode, prompt)
+    step_s: list[float] = []
+
+    def stats(final=False, logits=None, step_s=None):
+        res = dict(extra, backend=backend, load_s=load_s, open_s=t_open, rss_base_mb=base,
+                   rss_open_mb=rss_open, rss_loaded_mb=rss_loaded)
+        if final:
+            res["rss_peak_mb"] = peak_rss_mb()
+            if backend == "onnxruntime" and logits is not None and step_s:
+                res.update(_sampler_share(logits, step_s, prompt))
+        return res
+
+    runner.serve(stats)
 
 
 def _sampler_share(logits, step_s: float, prompt: list[int]) -> dict:
@@ -154,7 +196,7 @@ def _sampler_share(logits, step_s: float, prompt: list[int]) -> dict:
     return out
 
 
-def child_llama(model: str, prompt: list[int], gen: int, threads: int, reps: int) -> dict:
+def child_llama(model: str, prompt: list[int], threads: int) -> None:
     import numpy as np
     from llama_cpp import Llama, llama_cpp
 
@@ -182,12 +224,15 @@ def child_llama(model: str, prompt: list[int], gen: int, threads: int, reps: int
         llm.eval([tok])
         return last_logits()
 
-    res = _measure(prefill, decode, prompt, gen, reps)
-    del res["last_logits"]
-    res.update(backend="llama.cpp", load_s=load_s, rss_base_mb=base, rss_loaded_mb=rss_loaded,
-               rss_peak_mb=peak_rss_mb(), version=getattr(sys.modules["llama_cpp"], "__version__", "?"),
-               system_info=llama_cpp.llama_print_system_info().decode(errors="replace")[:200])
-    return res
+    def stats(final=False, logits=None, step_s=None):
+        res = dict(backend="llama.cpp", load_s=load_s, rss_base_mb=base, rss_loaded_mb=rss_loaded,
+                   version=getattr(sys.modules["llama_cpp"], "__version__", "?"),
+                   system_info=llama_cpp.llama_print_system_info().decode(errors="replace")[:200])
+        if final:
+            res["rss_peak_mb"] = peak_rss_mb()
+        return res
+
+    _Runner(prefill, decode, prompt).serve(stats)
 
 
 # ---- parent ------------------------------------------------------------------------------------
@@ -204,17 +249,75 @@ def prompt_ids(model: str, n: int) -> list[int]:
     return ids[:n]
 
 
-def run_child(python: str, args: list[str], payload: dict) -> dict:
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(payload["threads"])
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([python, os.path.abspath(__file__), "--child", *args],
-                          input=json.dumps(payload), capture_output=True, text=True, env=env)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise RuntimeError(f"child {args} failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+class Child:
+    """One backend's child process (see the command protocol above)."""
+
+    def __init__(self, python: str, spec: str, payload: dict):
+        name, _, root = spec.partition("@")
+        root = os.path.abspath(root) if root else ROOT
+        payload = dict(payload, root=root)
+        env = dict(os.environ)
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[var] = str(payload["threads"])
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        self.name = spec if root == ROOT else f"{name}@{os.path.basename(root)}"
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "--child", name],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        self.proc.stdin.write(json.dumps(payload) + "\n")
+        self.proc.stdin.flush()
+        self.info = self._read()
+
+    def _read(self) -> dict:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                err = self.proc.stderr.read()
+                raise RuntimeError(f"child {self.name} failed (exit {self.proc.wait()}):\n{err[-2000:]}")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def ask(self, **cmd) -> dict:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def finish(self, **cmd) -> dict:
+        out = self.ask(op="finish", **cmd)
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        return out
+
+
+def run_interleaved(children: list[Child], prompt_len: int, gen: int, reps: int,
+                    segment: int) -> dict[str, dict]:
+    """``reps`` repetitions; in each, every backend prefills (one after the other), then the
+    backends take turns decoding ``segment`` tokens until each has ``gen``. Per backend and
+    repetition: prefill seconds and the summed decode seconds."""
+    runs = {c.name: {"prefill_s": [], "decode_s": [], "tokens": None} for c in children}
+    for c in children:
+        c.ask(op="warm")
+    for rep in range(reps):
+        toks = {}
+        for c in children:
+            r = c.ask(op="prefill")
+            runs[c.name]["prefill_s"].append(r["s"])
+            toks[c.name] = list(r["tokens"])
+        spent = {c.name: 0.0 for c in children}
+        done = 0
+        while done < gen:
+            n = min(segment, gen - done)
+            order = children if (done // segment) % 2 == 0 else children[::-1]
+            for c in order:                 # alternate who goes first
+                r = c.ask(op="decode", n=n)
+                spent[c.name] += r["s"]
+                toks[c.name] += r["tokens"]
+            done += n
+        for c in children:
+            runs[c.name]["decode_s"].append(spent[c.name])
+            if runs[c.name]["tokens"] is None:
+                runs[c.name]["tokens"] = toks[c.name]
+    return runs
 
 
 def find_llama_python(given: str | None) -> str | None:
@@ -227,27 +330,35 @@ def find_llama_python(given: str | None) -> str | None:
     return None
 
 
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="GGUF file (default: the registry's default model)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--gen-tokens", type=int, default=128)
-    ap.add_argument("--reps", type=int, default=3, help="repetitions (medians are reported)")
-    ap.add_argument("--backends", default="onnxruntime,numpy,llama.cpp")
+    ap.add_argument("--reps", type=int, default=5, help="repetitions (medians are reported)")
+    ap.add_argument("--segment", type=int, default=16,
+                    help="decode tokens a backend runs before the next one takes its turn")
+    ap.add_argument("--backends", default="onnxruntime,numpy,llama.cpp",
+                    help="comma-separated; 'onnxruntime@DIR' runs the tiny_mindie source tree in "
+                         "DIR (e.g. an older commit unpacked with git archive) for an A/B")
     ap.add_argument("--llama-python", help="interpreter that can import llama_cpp")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.child:
-        p = json.loads(sys.stdin.read())
+        p = json.loads(sys.stdin.readline())
         if args.child[0] == "llama.cpp":
-            res = child_llama(p["model"], p["prompt"], p["gen"], p["threads"], p["reps"])
+            child_llama(p["model"], p["prompt"], p["threads"])
         else:
-            res = child_tiny(args.child[0], p["model"], p["prompt"], p["gen"], p["threads"],
-                             p["reps"])
-        print(json.dumps(res))
+            child_tiny(args.child[0], p["model"], p["prompt"], p["threads"], p.get("root", ROOT))
         return 0
 
     model = args.model
@@ -256,40 +367,71 @@ def main(argv: list[str] | None = None) -> int:
         from tiny_mindie.model.registry import DEFAULT_MODEL, ensure_model
         model = ensure_model(DEFAULT_MODEL)
     prompt = prompt_ids(model, args.prompt_tokens)
-    payload = {"model": model, "prompt": prompt, "gen": args.gen_tokens, "threads": args.threads,
-               "reps": args.reps}
+    payload = {"model": model, "prompt": prompt, "threads": args.threads}
     print(f"model {model} ({os.path.getsize(model) / 1e6:.1f} MB), prompt {len(prompt)} tokens, "
           f"{args.gen_tokens} decode tokens, {args.threads} threads, {os.cpu_count()} CPUs, "
+          f"{args.reps} interleaved repetitions (segments of {args.segment} decode tokens), "
           f"load average {os.getloadavg()[0]:.2f}")
 
-    results = []
-    for name in args.backends.split(","):
-        if name == "llama.cpp":
-            python = find_llama_python(args.llama_python)
-            if python is None:
-                print("llama.cpp: llama-cpp-python not importable (give --llama-python); skipped")
-                continue
-            results.append(run_child(python, ["llama.cpp"], payload))
-        else:
-            results.append(run_child(sys.executable, [name], payload))
-        r = results[-1]
-        print(f"  {r['backend']}: done ({r['prefill_tps']:.0f} / {r['decode_tps']:.1f} tok/s)",
-              flush=True)
+    children: list[Child] = []
+    try:
+        for name in args.backends.split(","):
+            if name == "llama.cpp":
+                python = find_llama_python(args.llama_python)
+                if python is None:
+                    print("llama.cpp: llama-cpp-python not importable (give --llama-python); skipped")
+                    continue
+                children.append(Child(python, name, payload))
+            else:
+                children.append(Child(sys.executable, name, payload))
+        t0 = time.perf_counter()
+        runs = run_interleaved(children, len(prompt), args.gen_tokens, args.reps, args.segment)
+        wall = time.perf_counter() - t0
+        results = []
+        for c in children:
+            r = runs[c.name]
+            dec_tps = [args.gen_tokens / s for s in r["decode_s"]]
+            pre_tps = [len(prompt) / s for s in r["prefill_s"]]
+            step_s = _median(r["decode_s"]) / args.gen_tokens
+            res = dict(c.info)
+            res.update(c.finish(step_s=step_s))
+            res["backend"] = c.name
+            res.update(prefill_tps=len(prompt) / _median(r["prefill_s"]),
+                       ttft_ms=_median(r["prefill_s"]) * 1e3,
+                       decode_tps=args.gen_tokens / _median(r["decode_s"]),
+                       decode_tps_all=dec_tps, prefill_tps_all=pre_tps, tokens=r["tokens"][:16])
+            results.append(res)
+    finally:
+        for c in children:
+            if c.proc.poll() is None:
+                c.proc.kill()
+                c.proc.wait()
 
     ref = next((r for r in results if r["backend"] == "llama.cpp"), None)
     size_mb = os.path.getsize(model) / 1e6
-    print()
-    print(f"{'backend':<12} {'prefill tok/s':>13} {'decode tok/s':>12} {'TTFT ms':>8} {'load s':>7} "
+    print(f"(interleaved run took {wall:.0f} s, load average now {os.getloadavg()[0]:.2f})\n")
+    w = max(12, *(len(r["backend"]) for r in results))
+    print(f"{'backend':<{w}} {'prefill tok/s':>13} {'decode tok/s':>12} {'TTFT ms':>8} {'load s':>7} "
           f"{'RSS load MB':>11} {'RSS peak MB':>11} {'prefill/llama':>13} {'decode/llama':>12}")
     for r in results:
         pr = f"{r['prefill_tps'] / ref['prefill_tps']:.2f}" if ref else "-"
         dr = f"{r['decode_tps'] / ref['decode_tps']:.2f}" if ref else "-"
-        print(f"{r['backend']:<12} {r['prefill_tps']:>13.1f} {r['decode_tps']:>12.1f} "
+        print(f"{r['backend']:<{w}} {r['prefill_tps']:>13.1f} {r['decode_tps']:>12.1f} "
               f"{r['ttft_ms']:>8.1f} {r['load_s']:>7.2f} {r['rss_loaded_mb']:>11.1f} "
               f"{r['rss_peak_mb']:>11.1f} {pr:>13} {dr:>12}")
+    if ref:
+        print("\nsame-repetition ratios to llama.cpp (each repetition's backends ran interleaved):")
+        for r in results:
+            if r is ref:
+                continue
+            d = [a / b for a, b in zip(r["decode_tps_all"], ref["decode_tps_all"])]
+            p = [a / b for a, b in zip(r["prefill_tps_all"], ref["prefill_tps_all"])]
+            print(f"  {r['backend']:<{w}} decode {' '.join(f'{x:.2f}' for x in d)}  (median "
+                  f"{_median(d):.2f}, min {min(d):.2f});  prefill {' '.join(f'{x:.2f}' for x in p)} "
+                  f"(median {_median(p):.2f}, min {min(p):.2f})")
     for r in results:
-        if r["backend"] == "onnxruntime":
-            print(f"\nonnxruntime: device {r['device']}, graph {r['graph']} "
+        if r["backend"].startswith("onnxruntime"):
+            print(f"\n{r['backend']}: device {r['device']}, {r['threads']} threads, graph {r['graph']} "
                   f"({r['graph_s']:.2f} s, includes the GGUF sha256), session {r['session_s']:.2f} s, "
                   f"GGUF open {r['open_s']:.2f} s")
             own = r["rss_loaded_mb"] - r["rss_open_mb"]

@@ -166,6 +166,20 @@ def test_matmulnbits_reads_the_packing_as_documented(gguf):
     assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
+def test_attention_scale_folds_only_when_exact(gguf, config):
+    """1/sqrt(head_dim) goes into the query weights only as a power of two, so the folded query
+    matrix is still bit-exact (times 1/8 for SmolLM2's head_dim 64)."""
+    assert graph_mod.attention_scale_folding(64) == 0.125
+    assert graph_mod.attention_scale_folding(16) == 0.25
+    assert graph_mod.attention_scale_folding(128) is None
+    assert graph_mod.attention_scale_folding(80) is None
+    s = graph_mod.attention_scale_folding(config.head_dim)
+    if s is not None:
+        w = graph_mod._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
+        expect = gguf.dequantize("blk.3.attn_q.weight") * np.float32(s)
+        assert np.array_equal(unpack_nbits(w).view(np.uint32), expect.view(np.uint32))
+
+
 # ---- logits parity with the reference ----------------------------------------------------------
 
 def _prefill_and_decode(be, slot: int, prompt: np.ndarray, follow: list[int]) -> np.ndarray:
@@ -331,6 +345,26 @@ def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
     again.close()
 
 
+def test_default_threads_leave_a_core():
+    n = len(os.sched_getaffinity(0))
+    assert ort_backend.default_threads() == max(1, n - 1)
+
+
+def test_kv_cache_costs_no_memory_until_written():
+    """The KV buffers are zero pages of one anonymous mapping: 64 MiB of them add (almost)
+    nothing to the resident set until written."""
+    def rss_kib():
+        with open("/proc/self/status") as fh:
+            return next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:"))
+    before = rss_kib()
+    buf, arrays = ort_backend._zeroed_buffers(16, (4, 4, 1024, 64))
+    assert rss_kib() - before < 4096                 # (checked before anything reads them)
+    assert len(arrays) == 16 and arrays[3].shape == (4, 4, 1024, 64) and not arrays[15].any()
+    arrays[2][1, 0, 5] = 1.0
+    assert arrays[2].ctypes.data - arrays[1].ctypes.data == arrays[1].nbytes
+    assert arrays[2][1, 0, 5, 0] == 1.0 and not arrays[1].any() and not arrays[3].any()
+
+
 def test_graph_is_ir10_with_contrib_ops(ort):
     import onnx
 
@@ -341,3 +375,6 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     assert {"GroupQueryAttention", "MatMulNBits", "SkipSimplifiedLayerNormalization",
             "SimplifiedLayerNormalization", "GatherBlockQuantized"} <= ops
     assert all(n.domain == "" for n in m.graph.node if n.op_type == "SimplifiedLayerNormalization")
+    gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
+    scale = next(a.f for a in gqa[0].attribute if a.name == "scale")
+    assert scale == (1.0 if graph_mod.attention_scale_folding(64) else 0.125)

@@ -110,7 +110,8 @@ def _say(msg: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM."""
+    """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM or
+    ``/stopService``."""
     from .llm import LLM
     from .server.app import App, check_ports_free, start_listeners
     from .server.tls import ensure_certificates, server_context, tls_files, uses_default_paths
@@ -145,11 +146,17 @@ def serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         listeners = await start_listeners(app, cfg, ssl_ctx)
         _banner(cfg, llm, listeners, files, time.monotonic() - t0)
-        stop = asyncio.Event()
+        # /stopService and the signals meet in one place (api/manage.py's ShutdownControl): a
+        # signal is a forced stop, /stopService a graceful one unless ?mode=Force.
+        shutdown = app.shutdown
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+            loop.add_signal_handler(sig, shutdown.request, True)
+        await shutdown.requested.wait()
+        _say("stopping: " + ("cancelling the requests in flight" if shutdown.force else
+                             "no new requests; letting the ones in flight finish"))
+        await shutdown.drain()
+        await asyncio.sleep(0.2)   # the last answers (/stopService's too) reach their sockets
         _say("shutting down")
         for lst in listeners:
             lst.server.close()

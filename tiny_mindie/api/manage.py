@@ -1,11 +1,43 @@
-"""Health and management routes (spec §4): liveness, readiness, KV slot counts."""
+"""Health and management routes (spec §1, §4): liveness, readiness, a timed real generation,
+KV slot counts, status, the effective configuration, and ``/stopService``.
+
+=====================================  ========================================================
+route                                  answer
+=====================================  ========================================================
+``GET /health``                        200 empty; 503 empty when stopping or the engine is down
+``GET /v2/health/live``                200 empty; 503 when the inference thread is down
+``GET /v2/health/ready``               200 empty; 503 ``{"message"}`` when busy (no free KV
+                                       slot and requests waiting), stopping or down
+``GET /v2/models/{m}/ready``           200 empty; 503 ``{"message"}`` when stopping or down
+``GET /health/timed-{N}``              a one-token greedy generation at priority 1 within N s
+                                       (1..600): 200 ``{"status": "healthy"}``, else 503
+``GET /v2/models/{m}/getSlotCount``    ``{"total_slots", "free_slots", "available_tokens_length"}``
+``GET /v1/status``                     MindIE's ``{"service", "resource", "linkStatus"}``
+``GET /v1/config``                     MindIE's summary keys and the effective configuration
+                                       (TLS file paths, never their contents)
+``GET /stopService[?mode=Force]``      stop admitting (503 ``The service has been stopped.``),
+                                       let what runs finish -- or, with Force, cancel it --
+                                       then answer 200 and exit with status 0
+=====================================  ========================================================
+
+``routes(app)`` also gives the app its :class:`ShutdownControl` as ``app.shutdown``: the one
+hook between these routes (and SIGINT/SIGTERM) and the serve loop in ``cli.serve``.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import math
+import re
+
+from ..engine.request import GenerationError
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import MANAGEMENT, Route
 from .errors import APIError
+
+STOPPED = "The service has been stopped."
+MAX_TIMED_S = 600
 
 
 def check_model(app, name: str) -> None:
@@ -14,20 +46,217 @@ def check_model(app, name: str) -> None:
         raise APIError(404, f"Model {name} not found")
 
 
+class ShutdownControl:
+    """A stop asked for by ``/stopService`` or a signal, and its drain.
+
+    The serve loop awaits :attr:`requested`, then runs :meth:`drain` and exits. :meth:`request`
+    makes the engine stop admitting at once, so no request slips in meanwhile.
+
+    Attributes:
+        requested: set once a stop is asked for.
+        drained: set when no generation is left (finished, or cancelled by a forced stop).
+        force: the stop cancels what is running instead of letting it finish.
+    """
+
+    def __init__(self, app):
+        self.app = app
+        self.requested = asyncio.Event()
+        self.drained = asyncio.Event()
+        self.force = False
+
+    @property
+    def stopping(self) -> bool:
+        return self.requested.is_set()
+
+    def request(self, force: bool = False) -> bool:
+        """Ask for a stop. A forced stop may follow a graceful one (it cancels the rest);
+        returns ``False`` when a stop at least as strong is already under way."""
+        if self.requested.is_set() and (self.force or not force):
+            return False
+        self.force = self.force or force
+        self.app.llm.engine.drain()
+        self.requested.set()
+        return True
+
+    async def drain(self, poll_s: float = 0.05, force_wait_s: float = 10.0) -> None:
+        """Return when no request is left: graceful -- the engine is idle and every counted
+        HTTP request has been answered; forced -- the engine is stopped (its requests end with
+        ``The service has been stopped.``) and their handlers have returned, or after
+        ``force_wait_s``. A forced stop asked for meanwhile cuts a graceful drain short."""
+        engine = self.app.llm.engine
+        loop = asyncio.get_running_loop()
+        deadline = None
+        while True:
+            if self.force and deadline is None:
+                deadline = loop.time() + force_wait_s
+                await asyncio.to_thread(engine.stop)
+            st = engine.stats()
+            if engine.metrics.in_flight == 0 and (
+                    deadline is not None or (st["running"] == 0 and st["waiting"] == 0)):
+                break
+            if deadline is not None and loop.time() > deadline:
+                break
+            await asyncio.sleep(poll_s)
+        self.drained.set()
+
+
+def _blocks_per_slot(app) -> int:
+    return math.ceil(app.llm.engine.max_seq_len / app.cfg.backend.schedule.cache_block_size)
+
+
+def effective_config(app) -> dict:
+    """MindIE's ``/v1/config`` keys, then the configuration in force in config.json's layout
+    (paths resolved; effective limits, e.g. maxSeqLen capped by the model's context)."""
+    cfg, llm = app.cfg, app.llm
+    s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
+    engine = llm.engine
+    return {
+        "modelName": llm.model_name,
+        "maxSeqLen": engine.max_seq_len,
+        "npuMemSize": -1,            # MindIE: -1 = sized automatically (here from kvCacheMB)
+        "cpuMemSize": 0,             # no swapping to host memory
+        "worldSize": 1,
+        "maxOutputLen": sc.max_iter_times,
+        "cacheBlockSize": sc.cache_block_size,
+        "ServerConfig": {
+            "ipAddress": s.ip_address, "managementIpAddress": s.management_ip_address,
+            "port": s.port, "managementPort": s.management_port, "metricsPort": s.metrics_port,
+            "maxLinkNum": s.max_link_num, "httpsEnabled": s.https_enabled,
+            "tlsCaPath": cfg.path(s.tls_ca_path), "tlsCaFile": list(s.tls_ca_files),
+            "tlsCert": cfg.path(s.tls_cert), "tlsPk": cfg.path(s.tls_pk),
+            "tlsCrlPath": cfg.path(s.tls_crl_path), "tlsCrlFiles": list(s.tls_crl_files),
+            "tokenTimeout": s.token_timeout, "e2eTimeout": s.e2e_timeout,
+            "maxRequestLength": s.max_request_length,
+        },
+        "BackendConfig": {
+            "npuDeviceIds": [list(b.npu_device_ids)],
+            "backend": b.backend, "intraOpThreads": b.intra_op_threads, "kvCacheMB": b.kv_cache_mb,
+            "device": llm.backend.device, "kvSlots": engine.stats()["total_slots"],
+            "ModelDeployConfig": {
+                "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,
+                "truncation": b.model.truncation,
+                "ModelConfig": [{"modelName": llm.model_name, "modelWeightPath": llm.model_path,
+                                 "worldSize": 1}],
+            },
+            "ScheduleConfig": {
+                "cacheBlockSize": sc.cache_block_size,
+                "maxPrefillBatchSize": sc.max_prefill_batch_size,
+                "maxPrefillTokens": sc.max_prefill_tokens, "maxBatchSize": sc.max_batch_size,
+                "maxIterTimes": sc.max_iter_times,
+                "maxQueueDelayMicroseconds": sc.max_queue_delay_microseconds,
+                "prefillChunkSize": sc.prefill_chunk_size,
+            },
+        },
+    }
+
+
 def routes(app) -> list[Route]:
+    ctl = app.shutdown = ShutdownControl(app)
+    engine = app.llm.engine
+    probe_ids: list[int] = []
+
+    def unavailable() -> str | None:
+        """Why the service cannot take requests now, or ``None``."""
+        if ctl.stopping or not engine.accepting:
+            return STOPPED
+        if not engine.alive:
+            return "The inference engine is not running."
+        return None
+
+    def message_503(message: str) -> Response:
+        return json_response(503, {"message": message})
+
     async def health(req: Request, stream: ResponseStream, params: dict) -> Response:
+        return Response(503 if unavailable() else 200, b"", "")
+
+    async def live(req: Request, stream: ResponseStream, params: dict) -> Response:
+        return Response(200 if engine.alive else 503, b"", "")
+
+    async def ready(req: Request, stream: ResponseStream, params: dict) -> Response:
+        why = unavailable()
+        if why:
+            return message_503(why)
+        st = engine.stats()
+        if st["free_slots"] == 0 and st["waiting"] > 0:
+            return message_503(f"The service is busy: no free KV slot, {st['waiting']} "
+                               "requests waiting.")
         return Response(200, b"", "")
+
+    async def model_ready(req: Request, stream: ResponseStream, params: dict) -> Response:
+        check_model(app, params["model"])
+        why = unavailable()
+        return message_503(why) if why else Response(200, b"", "")
+
+    async def timed(req: Request, stream: ResponseStream, params: dict) -> Response:
+        """``/health/timed-N``: a real one-token generation must finish within N seconds."""
+        m = re.fullmatch(r"timed-(\d+)", params["probe"])
+        if m is None:
+            raise APIError(404, f"Route {req.path} not found")
+        n = int(m.group(1))
+        if not 1 <= n <= MAX_TIMED_S:
+            raise APIError(422, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], got {n}.")
+        llm = app.llm
+        try:
+            if not probe_ids:
+                probe_ids.extend(llm.encode("Hello"))
+            request = llm.make_request(probe_ids, max_new_tokens=1, do_sample=False, priority=1,
+                                       timeout_s=n)
+            await asyncio.wait_for(llm.generate_async(request), n)
+        except asyncio.TimeoutError:
+            return json_response(503, {"status": "unhealthy",
+                                       "message": f"No token generated within {n} s."})
+        except GenerationError as err:
+            return json_response(503, {"status": "unhealthy", "message": err.message})
+        return json_response(200, {"status": "healthy"})
 
     async def slot_count(req: Request, stream: ResponseStream, params: dict) -> Response:
         """MindIE's ``getSlotCount``: KV-cache slots in all and free; tokens they can hold."""
         check_model(app, params["model"])
-        st = app.llm.engine.stats()
-        return json_response(200, {"total_slots": st["total_slots"], "free_slots": st["free_slots"],
-                                   "available_tokens_length": st["free_slots"] * app.llm.engine.max_seq_len})
+        st = engine.stats()
+        return json_response(200, {
+            "total_slots": st["total_slots"], "free_slots": st["free_slots"],
+            "available_tokens_length": st["free_slots"] * engine.max_seq_len})
+
+    async def status(req: Request, stream: ResponseStream, params: dict) -> Response:
+        """MindIE's ``/v1/status``. A KV slot holds ``ceil(maxSeqLen / cacheBlockSize)`` blocks
+        of ``cacheBlockSize`` tokens; nothing is ever swapped to the CPU."""
+        why = unavailable()
+        if why:
+            raise APIError(503, why)
+        st = engine.stats()
+        per_slot = _blocks_per_slot(app)
+        return json_response(200, {
+            "service": {"roleStatus": "RoleReady", "currentRole": "none"},
+            "resource": {"availSlotsNum": st["free_slots"],
+                         "availBlockNum": st["free_slots"] * per_slot,
+                         "waitingRequestNum": st["waiting"], "runningRequestNum": st["running"],
+                         "swappedRequestNum": 0,
+                         "freeNpuBlockNums": st["free_slots"] * per_slot, "freeCpuBlockNums": 0,
+                         "totalNpuBlockNums": st["total_slots"] * per_slot, "totalCpuBlockNums": 0},
+            "linkStatus": {"peers": []}})
+
+    async def config(req: Request, stream: ResponseStream, params: dict) -> Response:
+        return json_response(200, effective_config(app))
+
+    async def stop_service(req: Request, stream: ResponseStream, params: dict) -> Response:
+        """Graceful by default; ``?mode=Force`` cancels the running requests. Answers 200 once
+        nothing is left running; the process exits right after."""
+        mode = req.query.get("mode")
+        if mode is not None and mode.lower() != "force":
+            raise APIError(422, f"mode must be Force (or absent for a graceful stop), got {mode}.")
+        if not ctl.request(force=mode is not None):
+            raise APIError(503, STOPPED)
+        await ctl.drained.wait()
+        return Response(200, b"", "", [("Connection", "close")])
 
     return [
         Route("GET", "/health", MANAGEMENT, health),
-        Route("GET", "/v2/health/live", MANAGEMENT, health),
-        Route("GET", "/v2/health/ready", MANAGEMENT, health),
+        Route("GET", "/v2/health/live", MANAGEMENT, live),
+        Route("GET", "/v2/health/ready", MANAGEMENT, ready),
+        Route("GET", "/v2/models/{model}/ready", MANAGEMENT, model_ready),
+        Route("GET", "/health/{probe}", MANAGEMENT, timed),
         Route("GET", "/v2/models/{model}/getSlotCount", MANAGEMENT, slot_count),
+        Route("GET", "/v1/status", MANAGEMENT, status),
+        Route("GET", "/v1/config", MANAGEMENT, config),
+        Route("GET", "/stopService", MANAGEMENT, stop_service),
     ]

@@ -165,7 +165,43 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
 
 
 
+async def infer_token(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
+    """``POST /infer_token``: ``/infer`` with token ids in (``input_id``), same answers."""
+    obj = parse_json_object(req.body)
+    if obj.get("input_id") is None:
+        if obj.get("inputs") is not None:
+            raise invalid("Not found input_id. /infer_token takes token ids; use /infer for text.")
+        raise invalid("Not found input_id.")
+    return await infer(req, stream, llm)
+
+
+async def tokenizer(req: Request, stream: ResponseStream, llm: LLM) -> Response:
+    """``POST /v1/tokenizer`` ``{"inputs", "do_decode"?}`` -> ``{"token_number", "tokens"}``:
+    the prompt's token ids as ``/infer`` would see them (BOS included when the model adds it),
+    or with ``do_decode`` each token's text (control tokens as their piece, e.g. ``<s>``)."""
+    obj = parse_json_object(req.body)
+    if "inputs" not in obj:
+        raise invalid("Not found inputs.")
+    text = obj["inputs"]
+    if text is None:
+        raise invalid("Inputs must not be null")
+    if not isinstance(text, str):
+        raise invalid("The type of inputs is abnormal")
+    if not text:
+        raise invalid("Inputs must not be empty")
+    decode = get_bool(obj, "do_decode", False, "Field")
+    ids = await asyncio.to_thread(llm.encode, text)
+    tokens: list = ids
+    if decode:
+        tok = llm.tokenizer
+        tokens = [tok.token_text(i) if tok.is_special(i)
+                  else tok.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
+    return json_response(200, {"token_number": len(ids), "tokens": tokens})
+
+
 def routes(app) -> list:
-    """The native family's routes (spec §2)."""
+    """The native family's routes (spec §2, §4)."""
     from ..server.routing import BUSINESS, Route
-    return [Route("POST", "/infer", BUSINESS, lambda r, s, p: infer(r, s, app.llm))]
+    return [Route("POST", "/infer", BUSINESS, lambda r, s, p: infer(r, s, app.llm)),
+            Route("POST", "/infer_token", BUSINESS, lambda r, s, p: infer_token(r, s, app.llm)),
+            Route("POST", "/v1/tokenizer", BUSINESS, lambda r, s, p: tokenizer(r, s, app.llm))]

@@ -20,8 +20,9 @@ import numpy as np
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
 from .detok import IncrementalDetokenizer
+from .metrics import Metrics, current_tally
 from .request import GenerationError, GenerationRequest, TokenEvent
-from .sampler import make_rng, sample
+from .sampler import make_rng, sample_with_top
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
 
 log = logging.getLogger("tiny_mindie.engine")
@@ -118,6 +119,8 @@ class Engine:
         self._by_id: dict[str, _Sequence] = {}
         self._cond = threading.Condition()
         self._stopping = False
+        self._draining = False    # drain(): no new requests; the admitted ones finish
+        self.metrics = Metrics()  # token counts and latencies (and, from the API layer, requests)
         self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
         self._started = False
 
@@ -136,6 +139,14 @@ class Engine:
         if self._started:
             self._thread.join(timeout=10)
 
+    def drain(self) -> None:
+        """Stop admitting requests (``/stopService``): from now on ``generate()`` fails with
+        ``GenerationError("stopped")`` (503 ``The service has been stopped.``), while the
+        requests already running or waiting go on to their end. See :meth:`stats` for when
+        the engine is idle."""
+        with self._cond:
+            self._draining = True
+
     def check_prompt(self, n_prompt: int) -> None:
         """Raise ``GenerationError("too_long")`` (MindIE's 424) when a prompt cannot run."""
         if n_prompt > self.max_input_len:
@@ -151,11 +162,20 @@ class Engine:
         ``finish_reason`` and ``generated_text``.
 
         Leaving the iteration early (client gone) cancels the request in the engine.
+        The outcome (success, or the error's kind; ``"cancelled"`` when left early) is
+        reported to the HTTP request's :class:`~.metrics.Tally` when there is one.
 
         Raises:
-            GenerationError: prompt too long, timeout, engine stopped, or an internal error.
+            GenerationError: prompt too long, timeout, engine stopped or draining, or an
+                internal error.
         """
-        self.check_prompt(len(req.prompt_ids))
+        tally = current_tally.get()
+        try:
+            self.check_prompt(len(req.prompt_ids))
+        except GenerationError as err:
+            if tally is not None:
+                tally.report(err.kind)
+            raise
         self.start()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -164,7 +184,9 @@ class Engine:
         seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
                         self.limits.max_buffered_events)
         with self._cond:
-            if self._stopping:
+            if self._stopping or self._draining:
+                if tally is not None:
+                    tally.report("stopped")
                 raise GenerationError("stopped", "The service has been stopped.")
             self._by_id[req.request_id] = seq
             self._waiting.push(req.priority, seq)
@@ -175,14 +197,20 @@ class Engine:
                 item = await queue.get()
                 if isinstance(item, GenerationError):
                     done = True
+                    if tally is not None:
+                        tally.report(item.kind)
                     raise item
                 if item.is_last:
                     done = True
+                    if tally is not None:
+                        tally.report("success")
                 yield item
                 if done:
                     return
         finally:
             if not done:
+                if tally is not None:
+                    tally.report("cancelled")
                 self.cancel(req.request_id)
 
     def cancel(self, request_id: str) -> bool:
@@ -201,6 +229,16 @@ class Engine:
         with self._cond:
             return {"running": len(self._running), "waiting": len(self._waiting),
                     "total_slots": self._slots.total, "free_slots": self._slots.free}
+
+    @property
+    def accepting(self) -> bool:
+        """New requests are admitted: neither :meth:`drain` nor :meth:`stop` was called."""
+        return not (self._stopping or self._draining)
+
+    @property
+    def alive(self) -> bool:
+        """The inference thread runs (or has not been started yet)."""
+        return self._thread.is_alive() or not self._started
 
     # ---- inference thread ---------------------------------------------------------------
     def _run(self) -> None:
@@ -276,12 +314,15 @@ class Engine:
                 self._next_token(seq, logits[row], now)
 
     def _next_token(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
-        tok, logprob = sample(logits, seq.req.sampling, np.asarray(seq.tokens), seq.rng)
+        tok, logprob, top = sample_with_top(logits, seq.req.sampling, np.asarray(seq.tokens),
+                                            seq.rng, seq.req.top_logprobs, seq.n_prompt)
         seq.tokens.append(tok)
         first = seq.n_generated == 1
         prefill_ms = (now - seq.started) * 1000.0 if first else None
         decode_ms = None if first else (now - seq.last_token) * 1000.0
         seq.last_token = now
+        self.metrics.token(first=first, prompt_tokens=seq.n_prompt,
+                           interval_s=now - seq.submitted if first else decode_ms / 1000.0)
         stop = seq.req.stop
         finish = None
         if not stop.ignore_eos and tok in self.tokenizer.eog_ids or tok in stop.stop_token_ids:
@@ -299,8 +340,9 @@ class Engine:
                             prefill_time_ms=prefill_ms, decode_time_ms=decode_ms,
                             finish_reason=finish,
                             generated_text=seq.detok.text if finish else None,
-                            prompt_tokens=seq.n_prompt))
+                            prompt_tokens=seq.n_prompt, top_logprobs=top))
         if finish is not None:
+            self.metrics.completed(now - seq.submitted)
             self._finish(seq, None)
 
     def _finish(self, seq: _Sequence, error: GenerationError | None) -> None:

@@ -30,6 +30,8 @@ class SamplingParams:
         repetition_penalty: > 0; 1.0 = off (Keskar et al. 2019, CTRL, sec. 4.1).
         seed: seed of this request's own random generator, 0 .. 2**63-1.
         watermark: apply the green-list watermark (Kirchenbauer et al. 2023).
+        presence_penalty, frequency_penalty: OpenAI's penalties in [-2, 2] on tokens already
+            generated (not the prompt): ``logit -= frequency * count + presence``; 0 = off.
     """
 
     do_sample: bool = False
@@ -40,6 +42,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     seed: int = 0
     watermark: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` for a value outside the ranges above."""
@@ -55,6 +59,9 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not 0 <= self.seed <= 2**63 - 1:
             raise ValueError(f"seed must be in 0..2**63-1, got {self.seed}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,8 @@ class GenerationRequest:
         priority: 1 (most urgent) .. 5.
         timeout_s: seconds from submission after which the request is cancelled; None = none.
         request_id: unique id, used for cancellation and logs.
+        top_logprobs: report this many most likely alternatives with each token
+            (``TokenEvent.top_logprobs``; OpenAI's ``top_logprobs``); 0 = none, no extra cost.
     """
 
     prompt_ids: list[int]
@@ -99,13 +108,17 @@ class GenerationRequest:
     priority: int = 5
     timeout_s: float | None = None
     request_id: str = field(default_factory=next_request_id)
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        """Raises ``ValueError`` for a priority outside 1..5 or a non-positive timeout."""
+        """Raises ``ValueError`` for a priority outside 1..5, a non-positive timeout or a
+        negative ``top_logprobs``."""
         if not 1 <= self.priority <= 5:
             raise ValueError(f"priority must be in 1..5, got {self.priority}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,9 @@ class TokenEvent:
         finish_reason: on the last event only: ``"length"``, ``"eos_token"``, ``"stop_sequence"``.
         generated_text: on the last event only: the whole output text.
         prompt_tokens: number of prompt tokens (all events).
+        top_logprobs: when the request asked for ``top_logprobs > 0``: the most likely
+            ``(token_id, logprob)`` pairs of the distribution ``logprob`` comes from, most
+            likely first; else ``None``.
     """
 
     token_id: int
@@ -134,6 +150,7 @@ class TokenEvent:
     finish_reason: str | None = None
     generated_text: str | None = None
     prompt_tokens: int = 0
+    top_logprobs: tuple[tuple[int, float], ...] | None = None
 
     @property
     def is_last(self) -> bool:

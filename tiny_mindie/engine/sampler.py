@@ -178,6 +178,17 @@ def _inverse_cdf(p: np.ndarray, u: float, block: int = 1024) -> tuple[int, float
     return b * block + j, total
 
 
+def apply_presence_frequency(logits: np.ndarray, output: np.ndarray, presence: float,
+                             frequency: float) -> np.ndarray:
+    """OpenAI's presence and frequency penalties on the generated tokens (not the prompt):
+    ``logit -= frequency * count + presence * (count > 0)``; ``logits`` is modified in place."""
+    if (presence == 0.0 and frequency == 0.0) or output.size == 0:
+        return logits
+    ids, counts = np.unique(output[output < logits.shape[0]], return_counts=True)
+    logits[ids] -= np.float32(frequency) * counts.astype(np.float32) + np.float32(presence)
+    return logits
+
+
 def sample(logits: np.ndarray, params: SamplingParams, seen: np.ndarray,
            rng: np.random.Generator) -> tuple[int, float]:
     """Choose the next token of one sequence.
@@ -193,13 +204,45 @@ def sample(logits: np.ndarray, params: SamplingParams, seen: np.ndarray,
         in the final (processed, renormalised) distribution; for greedy, under the
         penalised distribution at temperature 1.
     """
+    tok, logprob, _ = sample_with_top(logits, params, seen, rng)
+    return tok, logprob
+
+
+def _top(ids: np.ndarray, logp: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
+    return tuple((int(i), float(lp)) for i, lp in zip(ids[:n], logp[:n]))
+
+
+def sample_with_top(logits: np.ndarray, params: SamplingParams, seen: np.ndarray,
+                    rng: np.random.Generator, top_n: int = 0, n_prompt: int = 0
+                    ) -> tuple[int, float, tuple[tuple[int, float], ...] | None]:
+    """:func:`sample`, plus the ``top_n`` most likely tokens of the same distribution.
+
+    Args:
+        top_n: how many alternatives to report (OpenAI's ``top_logprobs``); 0 = none, and then
+            nothing extra is computed.
+        n_prompt: how many ids at the start of ``seen`` are the prompt; the presence and
+            frequency penalties count only the ids after them.
+
+    Returns:
+        ``(token_id, logprob, top)``: ``top`` is ``None`` when ``top_n == 0``, else up to
+        ``top_n`` ``(id, logprob)`` pairs, most likely first, from the distribution the chosen
+        token's logprob comes from (fewer when top-k / top-p / typical-p keep fewer tokens).
+    """
     x = apply_repetition_penalty(np.array(logits, dtype=np.float32, copy=True), seen,
                                  params.repetition_penalty)
+    apply_presence_frequency(x, seen[n_prompt:], params.presence_penalty,
+                             params.frequency_penalty)
     if params.watermark and seen.size:
         apply_watermark(x, int(seen[-1]))
     if not params.do_sample:
         tok = int(np.argmax(x))
-        return tok, float(np.log(_probs(x)[tok]))
+        p = _probs(x)
+        top = None
+        if top_n > 0:
+            ids = top_k_candidates(x, top_n)
+            with np.errstate(divide="ignore"):
+                top = _top(ids, np.log(p[ids].astype(np.float64)), top_n)
+        return tok, float(np.log(p[tok])), top
     x /= np.float32(params.temperature)
     if params.top_k > 0:
         ids = nucleus_candidates(x, top_k_candidates(x, params.top_k), params.top_p)
@@ -211,8 +254,13 @@ def sample(logits: np.ndarray, params: SamplingParams, seen: np.ndarray,
     else:   # plain sampling from the whole distribution: inverse CDF in vocabulary order
         p = _probs(x)
         j, total = _inverse_cdf(p, rng.random())
-        return j, float(np.log(p[j] / total))
-    logp = _log_softmax(x[ids])
+        top = None
+        if top_n > 0:
+            tids = top_k_candidates(x, top_n)
+            with np.errstate(divide="ignore"):
+                top = _top(tids, np.log(p[tids].astype(np.float64) / total), top_n)
+        return j, float(np.log(p[j] / total)), top
+    logp = _log_softmax(x[ids])          # ids are sorted by logit descending
     cum = np.cumsum(np.exp(logp))
     j = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), ids.shape[0] - 1)
-    return int(ids[j]), float(logp[j])
+    return int(ids[j]), float(logp[j]), (_top(ids, logp, top_n) if top_n > 0 else None)

@@ -405,7 +405,7 @@ def attention_scale_folding(head_dim: int) -> float | None:
     MLAS takes its M=1 no-packing kernel only for ``alpha == 1`` and otherwise copies and
     transposes every head's keys into a packed buffer, every decode step (measured: about 10 %
     of single-thread decode samples in ``MlasSgemmTransposePackB16x4Avx``; gone with scale 1,
-    decode CPU time -6 %). Rotary embedding is linear, so scaling q before it is the same."""
+    decode CPU time about -5 %). Rotary embedding is linear, so scaling q before it is the same."""
     s = 1.0 / math.sqrt(head_dim)
     m, _ = math.frexp(s)
     return s if m == 0.5 else None

@@ -33,12 +33,13 @@ class App:
     """
 
     def __init__(self, llm: LLM, cfg: Config):
-        from ..api import manage, native
+        from ..api import manage, metrics, native, openai, tgi, triton
 
         self.llm = llm
         self.cfg = cfg
         # Each API family contributes its routes: ``module.routes(app) -> list[Route]``.
-        self.routes: list[Route] = [r for family in (native, manage) for r in family.routes(self)]
+        self.routes: list[Route] = metrics.count_requests(
+            [r for family in (native, manage, metrics, tgi, triton, openai) for r in family.routes(self)], llm.engine.metrics)
 
     def handler_for(self, planes: frozenset[str]):
         """The connection handler of a listener that serves ``planes``."""

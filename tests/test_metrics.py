@@ -1,0 +1,148 @@
+"""GET /metrics: prometheus_client's parser accepts it, and the counters move by exactly the
+requests sent (read before and after: other tests share the server)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_e2e_infer import request, sse_events
+
+P = "tiny_mindie:"
+MODEL = "smollm2-135m-instruct"
+REASONS = ("validation", "too_long", "timeout", "cancelled", "stopped", "internal")
+HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds",
+              "e2e_request_latency_seconds")
+
+
+def scrape(server) -> tuple[dict, dict]:
+    """``({family name: type}, {(sample name, frozenset(labels)): value})``."""
+    status, headers, body = request(server, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=0.0.4")
+    types, samples = {}, {}
+    for fam in text_string_to_metric_families(body.decode()):
+        types[fam.name] = fam.type
+        for s in fam.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return types, samples
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples[(P + name, frozenset({"model_name": MODEL, **labels}.items()))]
+
+
+def counters(samples: dict) -> dict:
+    out = {k: value(samples, f"request_{k}_total") for k in ("received", "success")}
+    out.update({r: value(samples, "request_failed_total", reason=r) for r in REASONS})
+    return out
+
+
+def delta(before: dict, after: dict) -> dict:
+    return {k: after[k] - before[k] for k in before}
+
+
+def test_exposition_parses_with_every_series(server):
+    types, samples = scrape(server)
+    for name in ("request_received", "request_success", "request_failed", "prompt_tokens",
+                 "generation_tokens"):
+        assert types[P + name] == "counter", name
+    for name in ("num_requests_running", "num_requests_waiting", "npu_cache_usage_perc"):
+        assert types[P + name] == "gauge", name
+    for name in HISTOGRAMS:
+        assert types[P + name] == "histogram", name
+        buckets = sorted(((float(dict(labels)["le"]), v) for (n, labels), v in samples.items()
+                          if n == P + name + "_bucket"))
+        assert buckets[-1][0] == math.inf
+        counts = [v for _, v in buckets]
+        assert counts == sorted(counts)                       # cumulative
+        assert buckets[-1][1] == value(samples, name + "_count")
+        assert value(samples, name + "_sum") >= 0
+    assert 0.0 <= value(samples, "npu_cache_usage_perc") <= 1.0
+    assert set(counters(samples)) == {"received", "success", *REASONS}
+
+
+def test_successful_requests_move_request_and_token_counters_exactly(server, tokenizer):
+    prompt = "My name is Olivier and I"
+    n_prompt = len(tokenizer.encode(prompt, parse_special=True))
+    params = {"max_new_tokens": 6, "do_sample": False, "details": True}
+    _, before = scrape(server)
+
+    status, _, body = request(server, "POST", "/infer", {"inputs": prompt, "parameters": params})
+    assert status == 200
+    n1 = json.loads(body)["details"]["generated_tokens"]
+    status, _, body = request(server, "POST", "/infer",
+                              {"inputs": prompt, "stream": True, "parameters": params})
+    assert status == 200
+    n2 = sse_events(body)[-1]["details"]["generated_tokens"]
+
+    _, after = scrape(server)
+    assert delta(counters(before), counters(after)) == {
+        "received": 2, "success": 2, **dict.fromkeys(REASONS, 0)}
+    d = lambda name: value(after, name) - value(before, name)   # noqa: E731
+    assert d("prompt_tokens_total") == 2 * n_prompt
+    assert d("generation_tokens_total") == n1 + n2
+    assert d("time_to_first_token_seconds_count") == 2
+    assert d("time_per_output_token_seconds_count") == (n1 - 1) + (n2 - 1)
+    assert d("e2e_request_latency_seconds_count") == 2
+    assert d("e2e_request_latency_seconds_sum") > 0
+
+
+def _wait_for(server, pred, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        _, samples = scrape(server)
+        if pred(samples) or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.05)
+
+
+def test_failures_are_counted_once_by_reason(server):
+    _, before = scrape(server)
+    base = counters(before)
+
+    # validation: bad JSON, a parameter out of range (422 from the API layer)
+    assert request(server, "POST", "/infer", b"{not json")[0] == 422
+    assert request(server, "POST", "/infer",
+                   {"inputs": "Hi", "parameters": {"top_p": 1.0}})[0] == 422
+    # too_long: 424
+    assert request(server, "POST", "/infer", {"inputs": "hello " * 700})[0] == 424
+    # timeout: 500 Engine callback timeout (near-uniform sampling does not stop by itself)
+    status, _, body = request(server, "POST", "/infer", {
+        "inputs": "Hi", "parameters": {"max_new_tokens": 256, "temperature": 10.0,
+                                       "do_sample": True, "seed": 3, "timeout": 1}})
+    assert (status, json.loads(body)["error"]) == (500, "Engine callback timeout: client timeout")
+    # cancelled: the client leaves a stream after its first event
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=server.ssl_context(),
+                                       timeout=60)
+    conn.request("POST", "/infer", body=json.dumps({
+        "inputs": "Hi", "stream": True,
+        "parameters": {"max_new_tokens": 256, "temperature": 10.0, "do_sample": True, "seed": 4}}),
+        headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.readline().startswith(b"data: ")
+    _, during = scrape(server)   # the stream holds a KV slot meanwhile
+    assert value(during, "num_requests_running") >= 1
+    assert value(during, "npu_cache_usage_perc") > 0
+    assert counters(during)["received"] - counters(during)["success"] \
+        - sum(counters(during)[r] for r in REASONS) >= 1      # in flight
+    conn.sock.close()
+    conn.close()
+
+    after = _wait_for(server, lambda s: counters(s)["cancelled"] > base["cancelled"])
+    assert delta(base, counters(after)) == {
+        "received": 5, "success": 0, "validation": 2, "too_long": 1, "timeout": 1,
+        "cancelled": 1, "stopped": 0, "internal": 0}
+
+
+def test_non_generation_routes_are_not_counted(server):
+    _, before = scrape(server)
+    for path in ("/health", "/v1/status", "/metrics", f"/v2/models/{MODEL}/getSlotCount"):
+        assert request(server, "GET", path)[0] == 200
+    assert request(server, "GET", "/health/timed-10")[0] == 200   # a real generation, not a request
+    assert request(server, "GET", "/nope")[0] == 404
+    _, after = scrape(server)
+    assert counters(after) == counters(before)

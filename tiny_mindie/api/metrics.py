@@ -1,0 +1,172 @@
+"""``GET /metrics``: Prometheus text exposition (format 0.0.4), written by hand; and the one place
+where HTTP requests to generation routes are counted.
+
+Series are MindIE's (spec §4, ``prometheus_metrics.cpp``) under the prefix ``tiny_mindie:``
+(as vLLM prefixes its series with ``vllm:``), each with MindIE's ``model_name`` label:
+
+=====================================================  =========  =================================
+series                                                 type       meaning
+=====================================================  =========  =================================
+``tiny_mindie:request_received_total``                 counter    requests to generation routes
+``tiny_mindie:request_success_total``                  counter    ... answered in full
+``tiny_mindie:request_failed_total{reason=...}``       counter    ... failed: validation, too_long,
+                                                                  timeout, cancelled, stopped,
+                                                                  internal
+``tiny_mindie:num_requests_running``                   gauge      sequences in the running batch
+``tiny_mindie:num_requests_waiting``                   gauge      requests waiting for a KV slot
+``tiny_mindie:prompt_tokens_total``                    counter    prompt tokens prefilled
+``tiny_mindie:generation_tokens_total``                counter    tokens generated
+``tiny_mindie:time_to_first_token_seconds``            histogram  submission to first token
+``tiny_mindie:time_per_output_token_seconds``          histogram  between two tokens of a request
+``tiny_mindie:e2e_request_latency_seconds``            histogram  submission to last token
+                                                                  (completed requests)
+``tiny_mindie:npu_cache_usage_perc``                   gauge      fraction of KV slots in use
+                                                                  (0..1; the device may be a CPU)
+=====================================================  =========  =================================
+
+Token counters and histograms cover everything the engine runs (``/health/timed-N`` probes
+included); the request counters cover HTTP requests to generation routes only, one count per
+request (an OpenAI request with ``n=2`` is one request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+
+from ..engine.metrics import Metrics, Tally, current_tally
+from ..server.conn import Response, ResponseStream
+from ..server.http import Request
+from ..server.routing import BUSINESS, METRICS, Route
+from .errors import APIError
+
+PREFIX = "tiny_mindie:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# The generation routes of every API family (spec §2, §4), with ``{}`` for a path parameter.
+GENERATION_ROUTES = frozenset({
+    "/infer", "/infer_token",                                        # MindIE native
+    "/", "/generate", "/generate_stream",                            # TGI, vLLM 0.2
+    "/v1/completions", "/v1/chat/completions",                       # OpenAI
+    "/v2/models/{}/generate", "/v2/models/{}/generate_stream", "/v2/models/{}/infer",  # Triton
+})
+
+# The failure reason of an answer the engine did not explain (it never saw the request).
+_REASON_BY_STATUS = {400: "validation", 404: "validation", 413: "validation", 422: "validation",
+                     424: "too_long", 503: "stopped"}
+
+
+def is_generation_route(route: Route) -> bool:
+    return (route.method == "POST" and route.plane == BUSINESS
+            and re.sub(r"\{[^}/]*\}", "{}", route.path) in GENERATION_ROUTES)
+
+
+def count_requests(routes: list[Route], metrics: Metrics) -> list[Route]:
+    """``routes`` with the handlers of generation routes wrapped to count each request once in
+    ``metrics``: received on arrival, then its outcome when the handler returns (see
+    :mod:`tiny_mindie.engine.metrics`)."""
+    return [dataclasses.replace(r, handler=_counted(r.handler, metrics))
+            if is_generation_route(r) else r for r in routes]
+
+
+def _counted(handler, metrics: Metrics):
+    async def counted(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        metrics.request_received()
+        tally = Tally()
+        token = current_tally.set(tally)
+        outcome = None
+        try:
+            resp = await handler(req, stream, params)
+            if resp is not None and resp.status >= 400:
+                outcome = _REASON_BY_STATUS.get(resp.status, "internal")
+            elif resp is not None:
+                outcome = "success"
+            else:   # streamed (the engine reported how it ended) or the client went away
+                outcome = "cancelled"
+            return resp
+        except APIError as err:
+            outcome = _REASON_BY_STATUS.get(err.status, "internal")
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        except Exception:
+            outcome = "internal"
+            raise
+        finally:
+            current_tally.reset(token)
+            # The engine's word wins: it knows a timeout from a cancellation.
+            metrics.request_done(tally.outcome or outcome or "internal")
+
+    return counted
+
+
+# ---- exposition ---------------------------------------------------------------------------
+def _label_value(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _num(v: float) -> str:
+    if v == float("inf"):
+        return "+Inf"
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def render(metrics: Metrics, stats: dict, model_name: str) -> str:
+    """The exposition text of ``metrics`` and the engine's ``stats()``."""
+    snap = metrics.snapshot()
+    label = f'model_name="{_label_value(model_name)}"'
+    out: list[str] = []
+
+    def family(name: str, kind: str, help_: str) -> str:
+        full = PREFIX + name
+        out.append(f"# HELP {full} {help_}")
+        out.append(f"# TYPE {full} {kind}")
+        return full
+
+    def simple(name: str, kind: str, help_: str, value) -> None:
+        out.append(f"{family(name, kind, help_)}{{{label}}} {_num(value)}")
+
+    def histogram(name: str, help_: str, data) -> None:
+        full = family(name, "histogram", help_)
+        buckets, total, count = data
+        for bound, n in buckets:
+            out.append(f'{full}_bucket{{{label},le="{_num(float(bound))}"}} {n}')
+        out.append(f"{full}_sum{{{label}}} {_num(float(total))}")
+        out.append(f"{full}_count{{{label}}} {count}")
+
+    simple("request_received_total", "counter", "Count of received requests.", snap["received"])
+    simple("request_success_total", "counter", "Count of successfully processed requests.",
+           snap["success"])
+    full = family("request_failed_total", "counter", "Count of failed requests, by reason.")
+    for reason, n in snap["failed"].items():
+        out.append(f'{full}{{{label},reason="{reason}"}} {n}')
+    simple("num_requests_running", "gauge", "Number of requests in the running batch.",
+           stats["running"])
+    simple("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+           stats["waiting"])
+    simple("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+           snap["prompt_tokens"])
+    simple("generation_tokens_total", "counter", "Number of generation tokens processed.",
+           snap["generation_tokens"])
+    histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              snap["ttft"])
+    histogram("time_per_output_token_seconds", "Histogram of time per output token in seconds.",
+              snap["tpot"])
+    histogram("e2e_request_latency_seconds",
+              "Histogram of end to end latency of completed requests in seconds.", snap["e2e"])
+    total = stats["total_slots"]
+    simple("npu_cache_usage_perc", "gauge",
+           "KV-cache usage: fraction of KV slots in use. 1 means 100 percent usage.",
+           (total - stats["free_slots"]) / total if total else 0.0)
+    return "\n".join(out) + "\n"
+
+
+def routes(app) -> list[Route]:
+    async def metrics_route(req: Request, stream: ResponseStream, params: dict) -> Response:
+        engine = app.llm.engine
+        text = render(engine.metrics, engine.stats(), app.llm.model_name)
+        return Response(200, text.encode("utf-8"), CONTENT_TYPE)
+
+    return [Route("GET", "/metrics", METRICS, metrics_route)]

@@ -1,0 +1,604 @@
+"""The OpenAI family (spec §4): ``POST /v1/chat/completions``, ``POST /v1/completions``,
+``GET /v1/models``, ``GET /v1/models/{model}``.
+
+JSON -> validated :class:`GenerationRequest` (one per prompt and choice) -> engine -> OpenAI's
+JSON objects or SSE chunks ending with ``data: [DONE]``. Chat prompts are the GGUF's
+``tokenizer.chat_template`` rendered with jinja2's sandbox, as Hugging Face's
+``apply_chat_template`` does.
+
+What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
+``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
+``include_stop_str_in_output``, ``skip_special_tokens``; ranges temperature >= 0 (0 = greedy),
+top_p in (0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 2], n >= 1.
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad field,
+404 for an unknown model, 422 for a body that is not a JSON object, and the engine's statuses
+(424 prompt too long, 500 timeout, 503 stopped) as on ``/infer``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import time
+import uuid
+from datetime import datetime
+
+from ..engine.request import GenerationError, GenerationRequest, TokenEvent, next_request_id
+from ..llm import LLM, MAX_SEED
+from ..server.conn import Response, ResponseStream, json_response
+from ..server.http import Request
+from .errors import APIError, from_generation_error
+from .native import build_request, until_done_or_gone
+from .validate import get_bool, get_float, get_int, parse_json_object
+
+INT32_MAX = 2**31 - 1
+INF = float("inf")
+OWNED_BY = "MindIE Server"
+MAX_CHOICES = 128           # n x prompts per request: each is a sequence in the engine
+MAX_TOP_LOGPROBS = 20       # OpenAI's limit for chat's top_logprobs
+MIN_LOGPROB = -9999.0       # JSON has no -inf (vLLM's convention)
+
+# A model whose GGUF carries no chat template is prompted in ChatML (llama.cpp's default).
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+# ---- errors ------------------------------------------------------------------------------
+class OpenAIError(APIError):
+    """An error answered in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(status, message)
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> OpenAIError:
+    """400 invalid_request_error."""
+    return OpenAIError(400, message, param)
+
+
+def _converted(err: APIError) -> OpenAIError:
+    if isinstance(err, OpenAIError):
+        return err
+    code = "context_length_exceeded" if err.status == 424 else None
+    return OpenAIError(err.status, err.message, code=code)
+
+
+def _openai_errors(handler):
+    """Every error of ``handler`` -- ours, the shared validators', the engine's -- leaves in
+    OpenAI's shape."""
+    @functools.wraps(handler)
+    async def wrapped(req: Request, stream: ResponseStream, params: dict):
+        try:
+            return await handler(req, stream, params)
+        except APIError as err:
+            raise _converted(err) from None
+    return wrapped
+
+
+def _field(getter, d: dict, name: str, *args):
+    """A shared validator's reading of ``d[name]``, its 422 turned into OpenAI's 400."""
+    try:
+        return getter(d, name, *args)
+    except APIError as err:
+        raise bad(err.message, name) from None
+
+
+# ---- chat template -----------------------------------------------------------------------
+@functools.lru_cache(maxsize=8)
+def compile_template(source: str):
+    """The chat template compiled as Hugging Face's ``_compile_jinja_template`` does: an
+    ``ImmutableSandboxedEnvironment`` with ``trim_blocks``/``lstrip_blocks``, loop controls,
+    ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII, and the
+    ``{% generation %}`` tag (rendered as its body)."""
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(source)
+
+
+def render_chat(llm: LLM, messages: list[dict], extra: dict) -> str:
+    """The prompt text for ``messages`` (generation prompt added).
+
+    When the template writes the BOS token itself and the tokenizer adds one too, the written
+    one is dropped, so the prompt never starts with two (HF tokenizes the rendered text without
+    special tokens; here ``encode`` adds BOS by the GGUF's rule).
+
+    Raises:
+        OpenAIError: 400 when the template refuses the conversation or fails to render.
+    """
+    import jinja2
+
+    tok = llm.tokenizer
+    bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+    kwargs = {**extra, "messages": messages, "add_generation_prompt": True,
+              "bos_token": bos, "eos_token": eos}
+    kwargs.setdefault("tools", None)
+    kwargs.setdefault("documents", None)
+    try:
+        text = compile_template(tok.chat_template or CHATML).render(**kwargs)
+    except jinja2.exceptions.TemplateError as exc:   # raise_exception(...), syntax, security
+        raise bad(f"Chat template error: {exc}", "messages") from None
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+        raise bad(f"Chat template error: {type(exc).__name__}: {exc}", "messages") from None
+    if bos and tok.add_bos and text.startswith(bos):
+        text = text[len(bos):]
+    return text
+
+
+# ---- request parsing ---------------------------------------------------------------------
+@dataclasses.dataclass
+class Parsed:
+    """A validated request: prompts (text or ids), engine parameters, and response options."""
+
+    prompts: list                     # str | list[int] each
+    params: dict                      # keyword arguments of LLM.make_request
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool                    # report logprobs at all
+    top_logprobs: int                 # alternatives per token
+    presence_penalty: float
+    frequency_penalty: float
+    echo: bool = False
+
+
+def _check_model(app, obj: dict) -> None:
+    name = obj.get("model")
+    if name is None:
+        raise bad("You must provide a model parameter.", "model")
+    if not isinstance(name, str):
+        raise bad(f"Parameter model must be a string, got {json.dumps(name)}.", "model")
+    if name != app.llm.model_name:
+        raise OpenAIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+
+
+def _stop_strings(obj: dict) -> tuple[str, ...]:
+    stop = obj.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("Parameter stop must be a string or a list of strings.", "stop")
+    if any(not s for s in stop):
+        raise bad("Parameter stop must not contain empty strings.", "stop")
+    return tuple(stop)
+
+
+def _token_ids(llm: LLM, value, name: str) -> list[int]:
+    if (not isinstance(value, list)
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
+        raise bad(f"Parameter {name} must be a list of token ids.", name)
+    if not all(0 <= i < llm.tokenizer.vocab_size for i in value):
+        raise bad(f"Parameter {name} must hold token ids in [0,{llm.tokenizer.vocab_size - 1}].",
+                  name)
+    return list(value)
+
+
+def _common(app, obj: dict, default_max_tokens: int) -> dict:
+    """The fields both completion routes share, as :class:`Parsed` keyword arguments."""
+    llm = app.llm
+    _check_model(app, obj)
+    n = _field(get_int, obj, "n", 1, 1, MAX_CHOICES)
+    stream = _field(get_bool, obj, "stream", False)
+    opts = obj.get("stream_options")
+    include_usage = False
+    if opts is not None:
+        if not stream:
+            raise bad("Parameter stream_options is only allowed when stream is true.",
+                      "stream_options")
+        if not isinstance(opts, dict):
+            raise bad("Parameter stream_options must be an object.", "stream_options")
+        include_usage = _field(get_bool, opts, "include_usage", False)
+    max_tokens = _field(get_int, obj, "max_tokens", None, 1, INT32_MAX)
+    if obj.get("max_completion_tokens") is not None:
+        max_tokens = _field(get_int, obj, "max_completion_tokens", None, 1, INT32_MAX)
+    temperature = _field(get_float, obj, "temperature", 1.0, 0.0, INF, False, True)
+    top_k = _field(get_int, obj, "top_k", 0, -1, INT32_MAX)
+    best_of = _field(get_int, obj, "best_of", None, 1, MAX_CHOICES)
+    if best_of is not None and best_of != n:
+        raise bad("Parameter best_of is not supported (only best_of == n).", "best_of")
+    stop_token_ids = obj.get("stop_token_ids")
+    _field(get_bool, obj, "skip_special_tokens", True)   # special tokens never reach the text
+    params = dict(
+        max_new_tokens=max_tokens or default_max_tokens,
+        do_sample=temperature > 0,
+        temperature=temperature if temperature > 0 else 1.0,
+        top_k=max(top_k, 0),
+        top_p=_field(get_float, obj, "top_p", 1.0, 0.0, 1.0, True, False),
+        repetition_penalty=_field(get_float, obj, "repetition_penalty", 1.0, 0.0, 2.0, True,
+                                  False),
+        seed=_field(get_int, obj, "seed", None, 0, MAX_SEED),
+        stop=_stop_strings(obj),
+        include_stop_string=_field(get_bool, obj, "include_stop_str_in_output", False),
+        stop_token_ids=(() if stop_token_ids is None
+                        else tuple(_token_ids(llm, stop_token_ids, "stop_token_ids"))),
+        ignore_eos=_field(get_bool, obj, "ignore_eos", False),
+    )
+    return dict(params=params, n=n, stream=stream, include_usage=include_usage,
+                presence_penalty=_field(get_float, obj, "presence_penalty", 0.0, -2.0, 2.0,
+                                        False, False),
+                frequency_penalty=_field(get_float, obj, "frequency_penalty", 0.0, -2.0, 2.0,
+                                         False, False))
+
+
+def _message_content(content, i: int):
+    """A message's content as text: a string, or the text parts of a content-part list."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise bad(f"messages[{i}].content: only text content parts are supported.",
+                          "messages")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"messages[{i}].content must be a string or a list of content parts.", "messages")
+
+
+def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict]:
+    """Validate a chat body; returns the request, the messages for the template and the
+    template's extra keyword arguments (``chat_template_kwargs``)."""
+    obj = parse_json_object(body)
+    common = _common(app, obj, INT32_MAX)     # the engine caps it by maxIterTimes / maxSeqLen
+    messages = obj.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("Parameter messages must be a non-empty list of messages.", "messages")
+    rendered = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with a string role.", "messages")
+        rendered.append({**m, "content": _message_content(m.get("content"), i)})
+    logprobs = _field(get_bool, obj, "logprobs", False)
+    top = _field(get_int, obj, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise bad("Parameter top_logprobs requires logprobs to be true.", "top_logprobs")
+    extra = obj.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict):
+        raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
+    return Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, **common), rendered, extra
+
+
+def parse_completion(app, body: bytes) -> Parsed:
+    """Validate a ``/v1/completions`` body: ``prompt`` is a string, a list of strings, a list
+    of token ids, or a list of such lists."""
+    obj = parse_json_object(body)
+    common = _common(app, obj, 16)            # OpenAI's default for completions
+    prompt = obj.get("prompt")
+    if isinstance(prompt, str):
+        prompts: list = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [_token_ids(app.llm, prompt, "prompt")]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        prompts = [_token_ids(app.llm, p, "prompt") for p in prompt]
+    else:
+        raise bad("Parameter prompt must be a string, a list of strings, a list of token ids "
+                  "or a list of lists of token ids.", "prompt")
+    if any(not p for p in prompts):
+        raise bad("Parameter prompt must not be empty.", "prompt")
+    if len(prompts) * common["n"] > MAX_CHOICES:
+        raise bad(f"At most {MAX_CHOICES} choices (prompts x n) per request.", "n")
+    if obj.get("suffix") is not None:
+        raise bad("Parameter suffix is not supported.", "suffix")
+    lp = _field(get_int, obj, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    echo = _field(get_bool, obj, "echo", False)
+    if echo and lp is not None:
+        raise bad("Parameter echo together with logprobs is not supported.", "echo")
+    return Parsed(prompts=prompts, logprobs=lp is not None, top_logprobs=lp or 0, echo=echo,
+                  **common)
+
+
+async def make_requests(llm: LLM, p: Parsed) -> list[list[GenerationRequest]]:
+    """One request per prompt and choice: prompt i's choice j is seeded ``seed + j`` (its first
+    request's seed, drawn when not given); each prompt is tokenized once, off the event loop."""
+    out = []
+    for prompt in p.prompts:
+        first = await build_request(llm, prompt, p.params)
+        sampling = dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
+                                       frequency_penalty=p.frequency_penalty)
+        group = []
+        for j in range(p.n):
+            group.append(dataclasses.replace(
+                first, prompt_ids=list(first.prompt_ids), request_id=next_request_id(),
+                top_logprobs=p.top_logprobs,
+                sampling=dataclasses.replace(sampling,
+                                             seed=(sampling.seed + j) % (MAX_SEED + 1))))
+        out.append(group)
+    return out
+
+
+# ---- responses ---------------------------------------------------------------------------
+def _finish_reason(ev: TokenEvent) -> str:
+    return "length" if ev.finish_reason == "length" else "stop"
+
+
+def _counted(ev: TokenEvent) -> bool:
+    """Whether the token is part of the output (an end-of-generation token is not)."""
+    return ev.finish_reason != "eos_token"
+
+
+class Formatter:
+    """Token ids as OpenAI's logprob entries."""
+
+    def __init__(self, llm: LLM):
+        self.tok = llm.tokenizer
+
+    def token(self, token_id: int) -> tuple[str, list[int]]:
+        b = self.tok.token_bytes(token_id)
+        if not b:   # control tokens: their stored text
+            s = self.tok.token_text(token_id)
+            return s, list(s.encode("utf-8"))
+        return b.decode("utf-8", errors="replace"), list(b)
+
+    @staticmethod
+    def lp(x: float) -> float:
+        return max(x, MIN_LOGPROB) if x == x else MIN_LOGPROB
+
+    def chat_entry(self, ev: TokenEvent) -> dict:
+        s, b = self.token(ev.token_id)
+        top = []
+        for tid, lp in ev.top_logprobs or ():
+            ts, tb = self.token(tid)
+            top.append({"token": ts, "logprob": self.lp(lp), "bytes": tb})
+        return {"token": s, "logprob": self.lp(ev.logprob), "bytes": b, "top_logprobs": top}
+
+    def completion_logprobs(self, events: list[TokenEvent], offset: int) -> dict:
+        out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for ev in events:
+            s, _ = self.token(ev.token_id)
+            out["tokens"].append(s)
+            out["token_logprobs"].append(self.lp(ev.logprob))
+            top = {self.token(t)[0]: self.lp(lp) for t, lp in ev.top_logprobs or ()}
+            top.setdefault(s, self.lp(ev.logprob))
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(offset)
+            offset += len(ev.text)
+        return out
+
+
+def _usage(groups: list[list[list[TokenEvent]]]) -> dict:
+    prompt = sum(g[0][0].prompt_tokens for g in groups)
+    completion = sum(len(evs) for g in groups for evs in g)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+async def _collect(llm: LLM, reqs: list[GenerationRequest]) -> list[list[TokenEvent]]:
+    """Run ``reqs`` concurrently to the end; one failing (or our cancellation) cancels all."""
+    async def one(r: GenerationRequest) -> list[TokenEvent]:
+        return [ev async for ev in llm.stream_async(r)]
+    tasks = [asyncio.ensure_future(one(r)) for r in reqs]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _merged(llm: LLM, reqs: list[GenerationRequest]):
+    """``(choice index, event)`` pairs of all ``reqs`` as they come; raises the first
+    ``GenerationError``. A bounded queue keeps a slow client's back-pressure on the engine."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=max(4, 2 * len(reqs)))
+
+    async def pump(i: int, r: GenerationRequest) -> None:
+        events = llm.stream_async(r)
+        try:
+            async for ev in events:
+                await queue.put((i, ev))
+        except GenerationError as err:
+            await queue.put((i, err))
+        finally:
+            await events.aclose()
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
+    remaining = len(reqs)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if isinstance(item, GenerationError):
+                raise item
+            if item.is_last:
+                remaining -= 1
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _dumps(obj: dict) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class _Kind:
+    """What differs between chat and text completions."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+
+    def envelope(self, choices: list, chunk: bool) -> dict:
+        obj = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat \
+            else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": choices}
+
+
+async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
+                  prefixes: list[str]) -> Response | None:
+    """Run the requests, plain or streamed; ``prefixes`` are the echoed prompts."""
+    fmt = Formatter(llm)
+    groups = await make_requests(llm, p)
+    flat = [r for g in groups for r in g]
+    if not p.stream:
+        done = await until_done_or_gone(_collect(llm, flat), stream)
+        if done is None:
+            return None
+        by_group = [done[g * p.n:(g + 1) * p.n] for g in range(len(groups))]
+        choices = []
+        for idx, events in enumerate(done):
+            last = events[-1]
+            shown = [ev for ev in events if _counted(ev)]
+            text = last.generated_text or ""
+            if kind.chat:
+                choice = {"index": idx, "message": {"role": "assistant", "content": text},
+                          "logprobs": ({"content": [fmt.chat_entry(ev) for ev in shown]}
+                                       if p.logprobs else None)}
+            else:
+                prefix = prefixes[idx // p.n] if prefixes else ""
+                choice = {"index": idx, "text": prefix + text,
+                          "logprobs": (fmt.completion_logprobs(shown, len(prefix))
+                                       if p.logprobs else None)}
+            choice["finish_reason"] = _finish_reason(last)
+            choices.append(choice)
+        out = kind.envelope(choices, chunk=False)
+        out["usage"] = _usage(by_group)
+        return json_response(200, out)
+
+    events = _merged(llm, flat)
+    try:
+        first = await events.__anext__()   # errors before any token still get a proper status
+    except GenerationError as err:
+        await events.aclose()
+        raise from_generation_error(err) from None
+    out_stream = await stream.start(200, "text/event-stream")
+    usage_extra = {"usage": None} if p.include_usage else {}
+
+    async def send(choices: list) -> None:
+        await out_stream.send_event(_dumps({**kind.envelope(choices, chunk=True), **usage_extra}))
+
+    counts = [0] * len(flat)
+    prompt_tokens = [0] * len(groups)
+    offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
+    try:
+        if kind.chat:
+            await send([{"index": i, "delta": {"role": "assistant", "content": ""},
+                         "logprobs": None, "finish_reason": None} for i in range(len(flat))])
+        elif any(prefixes):
+            await send([{"index": i, "text": prefixes[i // p.n], "logprobs": None,
+                         "finish_reason": None} for i in range(len(flat))])
+        item = first
+        while True:
+            i, ev = item
+            counts[i] += 1
+            prompt_tokens[i // p.n] = ev.prompt_tokens
+            lp_entry = p.logprobs and _counted(ev)
+            finish = _finish_reason(ev) if ev.is_last else None
+            if kind.chat:
+                if ev.text or lp_entry:
+                    await send([{"index": i, "delta": {"content": ev.text},
+                                 "logprobs": ({"content": [fmt.chat_entry(ev)]} if lp_entry
+                                              else None), "finish_reason": None}])
+                if finish:
+                    await send([{"index": i, "delta": {}, "logprobs": None,
+                                 "finish_reason": finish}])
+            elif ev.text or lp_entry or finish:
+                await send([{"index": i, "text": ev.text,
+                             "logprobs": (fmt.completion_logprobs([ev], offsets[i]) if lp_entry
+                                          else None), "finish_reason": finish}])
+                offsets[i] += len(ev.text)
+            try:
+                item = await events.__anext__()
+            except StopAsyncIteration:
+                break
+        if p.include_usage:
+            prompt = sum(prompt_tokens)
+            usage_extra = {"usage": {"prompt_tokens": prompt, "completion_tokens": sum(counts),
+                                     "total_tokens": prompt + sum(counts)}}
+            await send([])
+    except GenerationError as err:
+        await out_stream.send_event(_dumps(_converted(from_generation_error(err)).body()))
+    finally:
+        await events.aclose()
+    await out_stream.send_event("[DONE]")
+    await out_stream.end()
+    return None
+
+
+# ---- routes ------------------------------------------------------------------------------
+def routes(app) -> list:
+    """The OpenAI family's routes (spec §4), all on the business plane."""
+    from ..server.routing import BUSINESS, Route
+    created = int(time.time())
+
+    def model_card() -> dict:
+        return {"id": app.llm.model_name, "object": "model", "created": created,
+                "owned_by": OWNED_BY}
+
+    @_openai_errors
+    async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        p, messages, extra = parse_chat(app, req.body)
+        text = await asyncio.to_thread(render_chat, app.llm, messages, extra)
+        p.prompts = [text]
+        return await _answer(app.llm, stream, p, _Kind(True, app.llm.model_name), [])
+
+    @_openai_errors
+    async def completions(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        p = parse_completion(app, req.body)
+        prefixes = []
+        if p.echo:
+            prefixes = [pr if isinstance(pr, str) else app.llm.tokenizer.decode(pr)
+                        for pr in p.prompts]
+        return await _answer(app.llm, stream, p, _Kind(False, app.llm.model_name), prefixes)
+
+    @_openai_errors
+    async def list_models(req: Request, stream: ResponseStream, params: dict) -> Response:
+        return json_response(200, {"object": "list", "data": [model_card()]})
+
+    @_openai_errors
+    async def get_model(req: Request, stream: ResponseStream, params: dict) -> Response:
+        if params["model"] != app.llm.model_name:
+            raise OpenAIError(404, f"The model `{params['model']}` does not exist.", "model",
+                              "model_not_found")
+        return json_response(200, model_card())
+
+    return [
+        Route("POST", "/v1/chat/completions", BUSINESS, chat),
+        Route("POST", "/v1/completions", BUSINESS, completions),
+        Route("GET", "/v1/models", BUSINESS, list_models),
+        Route("GET", "/v1/models/{model}", BUSINESS, get_model),
+    ]

@@ -1,0 +1,414 @@
+"""Hugging Face TGI family (TGI 0.9.4 behaviour) and the vLLM 0.2 form of ``/generate`` (spec §4).
+
+Routes: ``POST /generate``, ``POST /generate_stream``, ``POST /`` (a one-element JSON array, or
+a stream with ``"stream": true``), ``GET /info``. Thin adapters over the engine, like ``/infer``.
+
+What tiny_mindie fills in:
+
+* ``details.tokens[].logprob``: the real natural-log probability of each generated token under
+  the distribution it was sampled from (MindIE leaves it null).
+* ``details.prefill`` (``decoder_input_details``): the prompt's ids and texts; every ``logprob``
+  is null. The backends return logits for the last position of a chunk only, so the prompt's
+  own log-probabilities would cost one forward pass per prompt token; they are not computed.
+* ``top_n_tokens`` (> 0) and ``best_of`` (> 1) are refused (``/info`` says ``max_best_of: 1``).
+* a matched ``stop`` string is kept at the end of the text, as TGI does.
+
+Errors have TGI's (and MindIE's) shape ``{"error", "error_type"}`` with MindIE's messages and
+TGI's ``error_type`` names (``validation`` 422, ``generation`` 424, ``incomplete_generation``
+500, ``overloaded`` 503), so TGI's clients raise their typed exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+
+from .. import __version__
+from ..engine.request import GenerationError, GenerationRequest, TokenEvent
+from ..llm import LLM, MAX_SEED
+from ..server.conn import Response, ResponseStream, json_response
+from ..server.http import Request
+from .errors import APIError, from_generation_error, invalid
+from .native import build_request, until_done_or_gone
+from .validate import get_bool, get_float, get_int, parse_json_object
+
+INT32_MAX = 2**31 - 1
+INF = float("inf")
+MAX_STOP_SEQUENCES = 4      # TGI's default --max-stop-sequences
+
+
+TGI_ERROR_TYPES = {422: "validation", 424: "generation", 500: "incomplete_generation",
+                   503: "overloaded"}
+
+
+class TGIError(APIError):
+    """An :class:`APIError` answered with TGI's ``error_type`` names."""
+
+    @property
+    def error_type(self) -> str:
+        return TGI_ERROR_TYPES.get(self.status) or super().error_type
+
+
+def _tgi(err: APIError) -> TGIError:
+    return TGIError(err.status, err.message, err.headers)
+
+
+def _tgi_errors(handler):
+    """Wrap a route handler so that its errors carry TGI's ``error_type``."""
+    async def wrapped(req, stream, params):
+        try:
+            return await handler(req, stream, params)
+        except TGIError:
+            raise
+        except APIError as err:
+            raise _tgi(err) from None
+    return wrapped
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _logprob(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _stop_list(p: dict, name: str = "stop", limit: int = MAX_STOP_SEQUENCES) -> list[str]:
+    """``stop``: a string or a list of non-empty strings (at most ``limit``); null -> []."""
+    v = p.get(name)
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.")
+    if len(v) > limit:
+        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}")
+    return list(v)
+
+
+def _refuse_set(p: dict, name: str, neutral=(None,)) -> None:
+    if p.get(name) not in neutral:
+        raise invalid(f"Parameter {name} is not supported.")
+
+
+class TGIParams:
+    """A validated TGI ``parameters`` object."""
+
+    def __init__(self, p: dict, llm: LLM):
+        # TGI 0.9.4 ranges: temperature > 0, top_p and typical_p in (0, 1), top_k > 0,
+        # repetition_penalty > 0, max_new_tokens >= 1 (default 20).
+        temperature = get_float(p, "temperature", None, 0.0, INF, True, True)
+        top_k = get_int(p, "top_k", None, 1, INT32_MAX)
+        top_p = get_float(p, "top_p", None, 0.0, 1.0, True, True)
+        typical_p = get_float(p, "typical_p", None, 0.0, 1.0, True, True)
+        do_sample = get_bool(p, "do_sample", False)
+        # TGI samples when do_sample is true or any warper is set (even with do_sample false).
+        self.make = dict(
+            temperature=1.0 if temperature is None else temperature,
+            top_k=top_k or 0,
+            top_p=1.0 if top_p is None else top_p,
+            typical_p=1.0 if typical_p is None else typical_p,
+            do_sample=True if do_sample else None,
+            seed=get_int(p, "seed", None, 0, MAX_SEED),
+            repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF, True, True),
+            max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
+            watermark=get_bool(p, "watermark", False),
+            stop=_stop_list(p),
+            include_stop_string=True,
+        )
+        self.details = get_bool(p, "details", False)
+        self.decoder_input_details = get_bool(p, "decoder_input_details", False)
+        self.return_full_text = get_bool(p, "return_full_text", False)
+        self.truncate = get_int(p, "truncate", None, 1, llm.engine.max_input_len)
+        best_of = get_int(p, "best_of", None, 1, INT32_MAX)
+        if best_of not in (None, 1):
+            raise invalid("Parameter best_of != 1 is not allowed for this endpoint "
+                          "(max_best_of is 1).")
+        top_n = get_int(p, "top_n_tokens", None, 0, INT32_MAX)
+        if top_n not in (None, 0):
+            raise invalid("Parameter top_n_tokens != 0 is not allowed for this endpoint.")
+        _refuse_set(p, "grammar")
+        _refuse_set(p, "adapter_id")
+        _refuse_set(p, "frequency_penalty", (None, 0, 0.0))
+
+
+def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
+    """``{"inputs", "parameters"}`` -> (prompt text, parameters); 422 on anything malformed."""
+    if "inputs" not in obj:
+        raise invalid("Not found inputs.")
+    prompt = obj["inputs"]
+    if prompt is None:
+        raise invalid("Inputs must not be null")
+    if not isinstance(prompt, str):
+        raise invalid("The type of inputs is abnormal")
+    if not prompt:
+        raise invalid("Inputs must not be empty")
+    p = obj.get("parameters")
+    if p is None:
+        p = {}
+    if not isinstance(p, dict):
+        raise invalid("The type of parameters is abnormal")
+    return prompt, TGIParams(p, llm)
+
+
+async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRequest:
+    if params.truncate is None:
+        return await build_request(llm, prompt, params.make)
+    # TGI keeps the last `truncate` tokens of the prompt.
+    ids = await asyncio.to_thread(llm.encode, prompt)
+    return await build_request(llm, ids[-params.truncate:], params.make)
+
+
+def _token_text(llm: LLM, ev: TokenEvent) -> tuple[str, bool]:
+    """(text, special) of a generated token for TGI: an end-of-generation token shows its
+    piece (``</s>``) and is special; every other token carries the text the stream adds."""
+    if ev.text or not llm.tokenizer.is_special(ev.token_id):
+        return ev.text, False
+    return llm.tokenizer.token_text(ev.token_id), True
+
+
+def _token(llm: LLM, ev: TokenEvent) -> dict:
+    text, special = _token_text(llm, ev)
+    return {"id": ev.token_id, "text": text, "logprob": _logprob(ev.logprob), "special": special}
+
+
+def _prefill(llm: LLM, request: GenerationRequest) -> list[dict]:
+    tok = llm.tokenizer
+    out = []
+    for i in request.prompt_ids:
+        text = (tok.token_text(i) if tok.is_special(i)
+                else tok.token_bytes(i).decode("utf-8", errors="replace"))
+        out.append({"id": i, "text": text, "logprob": None})
+    return out
+
+
+async def _collect(llm: LLM, request: GenerationRequest) -> list[TokenEvent]:
+    return [ev async for ev in llm.stream_async(request)]
+
+
+async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
+                    as_list: bool) -> Response | None:
+    prompt, params = parse_tgi(obj, llm)
+    request = await _tgi_request(llm, prompt, params)
+    events = await until_done_or_gone(_collect(llm, request), stream)
+    if events is None:
+        return None
+    last = events[-1]
+    text = last.generated_text or ""
+    if params.return_full_text:
+        text = prompt + text
+    out: dict = {"generated_text": text}
+    if params.details:
+        out["details"] = {
+            "finish_reason": last.finish_reason, "generated_tokens": len(events),
+            "seed": request.sampling.seed, "prompt_tokens": len(request.prompt_ids),
+            "prefill": _prefill(llm, request) if params.decoder_input_details else [],
+            "tokens": [_token(llm, ev) for ev in events],
+        }
+    return json_response(200, [out] if as_list else out)
+
+
+async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
+    prompt, params = parse_tgi(obj, llm)
+    if params.decoder_input_details:
+        raise invalid("Parameter decoder_input_details == true is not supported when "
+                      "streaming tokens.")
+    request = await _tgi_request(llm, prompt, params)
+    events = llm.stream_async(request)
+    try:
+        ev = await events.__anext__()   # errors before any token still get a proper status
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+    out_stream = await stream.start(200, "text/event-stream")
+    try:
+        while True:
+            out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
+            if ev.is_last:
+                text = ev.generated_text or ""
+                out["generated_text"] = prompt + text if params.return_full_text else text
+                if params.details:
+                    out["details"] = {"finish_reason": ev.finish_reason,
+                                      "generated_tokens": ev.index + 1,
+                                      "seed": request.sampling.seed,
+                                      "prompt_tokens": len(request.prompt_ids)}
+            await out_stream.send_event(_dumps(out))
+            if ev.is_last:
+                break
+            ev = await events.__anext__()
+    except GenerationError as err:
+        await out_stream.send_event(_dumps(_tgi(from_generation_error(err)).body()))
+    finally:
+        await events.aclose()
+    await out_stream.end()
+    return None
+
+
+# ---- vLLM 0.2 ------------------------------------------------------------------------------
+
+def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
+    """vLLM 0.2's ``/generate`` body: ``prompt``, ``stream`` and sampling fields at the top
+    level. Returns ``(prompt, make_request parameters, n, stream)``."""
+    prompt = obj.get("prompt")
+    if prompt is None:
+        raise invalid("Prompt must not be null")
+    if not isinstance(prompt, str):
+        raise invalid("The type of prompt is abnormal")
+    if not prompt:
+        raise invalid("Prompt must not be empty")
+    if obj.get("use_beam_search"):
+        raise invalid("Parameter use_beam_search is not supported.")
+    for name in ("presence_penalty", "frequency_penalty"):
+        _refuse_set(obj, name, (None, 0, 0.0))
+    n = get_int(obj, "n", 1, 1, 16)
+    best_of = get_int(obj, "best_of", None, 1, 16)
+    if best_of not in (None, n):
+        raise invalid("Parameter best_of different from n is not supported.")
+    # vLLM: temperature >= 0 (0 = greedy), top_p in (0, 1], top_k -1 (off) or >= 1.
+    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, False, True)
+    top_k = get_int(obj, "top_k", -1, -1, INT32_MAX)
+    if top_k == 0:
+        raise invalid("Parameter top_k must be -1 (disable), or at least 1, got 0.")
+    top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, True, False)
+    greedy = temperature == 0.0
+    make = dict(
+        temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
+        do_sample=not greedy,
+        seed=get_int(obj, "seed", None, 0, MAX_SEED),
+        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0, True, False),
+        max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
+        stop=_stop_list(obj, limit=64),
+        include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
+        ignore_eos=get_bool(obj, "ignore_eos", False),
+    )
+    ids = obj.get("stop_token_ids")
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                for i in ids):
+            raise invalid("Parameter stop_token_ids must be a list of integers.")
+        make["stop_token_ids"] = ids
+    return prompt, make, n, get_bool(obj, "stream", False, "Field")
+
+
+async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
+    """``{"prompt", ...}`` -> ``{"text": [prompt + output, ...]}`` (``n`` outputs); with
+    ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
+    byte, every one holding the texts so far (vLLM 0.2's api_server)."""
+    prompt, make, n, streaming = parse_vllm(obj, llm)
+    first = await build_request(llm, prompt, make)
+    requests = [first]
+    for k in range(1, n):   # n samples: same prompt ids, distinct seeds
+        seed = None if make["seed"] is None else (make["seed"] + k) % (MAX_SEED + 1)
+        requests.append(await build_request(llm, first.prompt_ids, {**make, "seed": seed}))
+    if not streaming:
+        async def all_done():
+            tasks = [asyncio.ensure_future(_collect(llm, r)) for r in requests]
+            try:
+                return await asyncio.gather(*tasks)
+            finally:   # one failed or the client left: the others leave the engine too
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        done = await until_done_or_gone(all_done(), stream)
+        if done is None:
+            return None
+        return json_response(200, {"text": [prompt + (evs[-1].generated_text or "") for evs in done]})
+    texts = [""] * n
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, r: GenerationRequest):
+        try:
+            async for ev in llm.stream_async(r):
+                await queue.put((k, ev))
+        except GenerationError as err:
+            await queue.put((k, err))
+        await queue.put((k, None))
+
+    tasks = [asyncio.ensure_future(pump(k, r)) for k, r in enumerate(requests)]
+    try:
+        k, item = await queue.get()
+        if isinstance(item, GenerationError):
+            raise from_generation_error(item)
+        out_stream = await stream.start(200, "application/json")
+        open_ = n
+        while True:
+            if isinstance(item, GenerationError):
+                await out_stream.send(_dumps(_tgi(from_generation_error(item)).body()).encode() + b"\0")
+                break
+            if item is None:
+                open_ -= 1
+                if not open_:
+                    break
+            else:
+                texts[k] = item.generated_text if item.is_last else texts[k] + item.text
+                await out_stream.send(_dumps({"text": [prompt + t for t in texts]}).encode() + b"\0")
+            k, item = await queue.get()
+        await out_stream.end()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return None
+
+
+# ---- /info ---------------------------------------------------------------------------------
+
+def info(app) -> dict:
+    """TGI's ``GET /info``, filled from the model, the engine and the configuration."""
+    llm: LLM = app.llm
+    eng = llm.engine
+    m = re.search(r"(?i)\b(BF16|F16|F32|Q\d_[0-9A-Z_]+|IQ\d_\w+)\.gguf$", os.path.basename(
+        str(llm.model_path)))
+    device = str(llm.backend.device)
+    return {
+        "model_id": llm.model_name,
+        "model_sha": None,
+        "model_dtype": m.group(1).upper() if m else "gguf",
+        "model_device_type": "npu" if "CANN" in device.upper() else "cpu",
+        "model_pipeline_tag": "text-generation",
+        "max_concurrent_requests": app.cfg.server.max_link_num,
+        "max_best_of": 1,
+        "max_stop_sequences": MAX_STOP_SEQUENCES,
+        "max_input_length": eng.max_input_len,
+        "max_total_tokens": eng.max_seq_len,
+        "waiting_served_ratio": 1.2,
+        "max_batch_total_tokens": eng.stats()["total_slots"] * eng.max_seq_len,
+        "max_waiting_tokens": 20,
+        "validation_workers": 1,
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+    }
+
+
+def routes(app) -> list:
+    """The TGI / vLLM family's routes (spec §4)."""
+    from ..server.routing import BUSINESS, MANAGEMENT, Route
+
+    async def generate(req, stream, params):
+        obj = parse_json_object(req.body)
+        if "prompt" in obj and "inputs" not in obj:
+            return await vllm_generate(req, stream, app.llm, obj)
+        return await tgi_plain(req, stream, app.llm, obj, as_list=False)
+
+    async def generate_stream(req, stream, params):
+        return await tgi_stream(req, stream, app.llm, parse_json_object(req.body))
+
+    async def root(req, stream, params):
+        obj = parse_json_object(req.body)
+        if get_bool(obj, "stream", False, "Field"):
+            return await tgi_stream(req, stream, app.llm, obj)
+        return await tgi_plain(req, stream, app.llm, obj, as_list=True)
+
+    async def get_info(req, stream, params):
+        return json_response(200, info(app))
+
+    return [
+        Route("POST", "/generate", BUSINESS, _tgi_errors(generate)),
+        Route("POST", "/generate_stream", BUSINESS, _tgi_errors(generate_stream)),
+        Route("POST", "/", BUSINESS, _tgi_errors(root)),
+        Route("GET", "/info", MANAGEMENT, get_info),
+    ]

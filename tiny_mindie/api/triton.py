@@ -1,0 +1,343 @@
+"""MindIE's Triton-compatible family (spec §4): metadata, text and token inference, stopInfer.
+
+Routes: ``GET /v2``, ``GET /v2/models/{m}``, ``GET /v2/models/{m}/config``,
+``POST /v2/models/{m}/generate`` and ``.../generate_stream`` (``{"id"?, "text_input",
+"parameters"}``), ``POST /v2/models/{m}/infer`` (UINT32 token ids in ``inputs[0].data``) and
+``POST /v2/models/{m}/stopInfer`` ``{"id"}``, which ends a running request by the id its client
+gave it (the engine has its own ids; this module maps one to the other while a request runs).
+
+A stopped request ends normally: a plain answer carries the text so far with
+``finish_reason: "stop_sequence"`` (MindIE's reason for aborted requests), a stream ends with
+one last event saying the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import secrets
+
+from .. import __version__
+from ..engine.request import GenerationError, TokenEvent
+from ..llm import LLM, MAX_SEED
+from ..server.conn import Response, ResponseStream, json_response
+from ..server.http import Request
+from .errors import APIError, from_generation_error, invalid
+from .manage import check_model
+from .native import build_request, until_done_or_gone
+from .validate import get_bool, get_float, get_int, parse_json_object
+
+INT32_MAX = 2**31 - 1
+INF = float("inf")
+_ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def parse_parameters(obj: dict) -> tuple[dict, bool, bool]:
+    """MindIE's Triton ``parameters``: /infer's ranges, but ``top_p`` may be 1.0.
+    Returns (make_request parameters, details, perf_stat)."""
+    p = obj.get("parameters")
+    if p is None:
+        p = {}
+    if not isinstance(p, dict):
+        raise invalid("The type of parameters is abnormal")
+    make = dict(
+        temperature=get_float(p, "temperature", 1.0, 0.0, INF, True, True),
+        top_k=get_int(p, "top_k", 0, 0, INT32_MAX),
+        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, True, False),
+        typical_p=get_float(p, "typical_p", 1.0, 0.0, 1.0, True, False),
+        do_sample=get_bool(p, "do_sample", None),
+        seed=get_int(p, "seed", None, 0, MAX_SEED),
+        repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF, True, True),
+        max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
+        watermark=get_bool(p, "watermark", False),
+        priority=get_int(p, "priority", 5, 1, 5),
+        timeout_s=get_int(p, "timeout", None, 1, 65535),
+    )
+    get_int(p, "batch_size", None, 1, INT32_MAX)   # accepted and ignored, as MindIE does
+    return make, get_bool(p, "details", False), get_bool(p, "perf_stat", False)
+
+
+def _client_id(obj: dict) -> str | None:
+    v = obj.get("id")
+    if v is None:
+        return None
+    if not isinstance(v, str) or not _ID.fullmatch(v):
+        raise invalid("Field id must be 1 to 256 characters of A-Z, a-z, 0-9, '_' or '-'.")
+    return v
+
+
+class _Running:
+    """A request that ``stopInfer`` can reach: its engine id and a flag to end it."""
+
+    def __init__(self, request_id: str):
+        self.request_id = request_id
+        self.stop = asyncio.Event()
+
+
+async def _next(events, stop: asyncio.Event) -> TokenEvent | None:
+    """The next token event, or ``None`` once ``stop`` is set (the request is then cancelled).
+
+    Raises:
+        GenerationError: from the engine.
+    """
+    if stop.is_set():
+        return None
+    nxt = asyncio.ensure_future(events.__anext__())
+    waiter = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        if not nxt.done():
+            nxt.cancel()   # leaves the engine's generator: the request is cancelled there
+            await asyncio.gather(nxt, return_exceptions=True)
+    if nxt.cancelled():
+        return None
+    return nxt.result()
+
+
+class Triton:
+    """The family's handlers, sharing the table of running requests by client id."""
+
+    def __init__(self, app):
+        self.app = app
+        self.running: dict[str, _Running] = {}
+
+    @property
+    def llm(self) -> LLM:
+        return self.app.llm
+
+    # ---- metadata ---------------------------------------------------------------------
+    async def server_meta(self, req: Request, stream: ResponseStream, params: dict) -> Response:
+        s = self.app.cfg.backend.schedule
+        return json_response(200, {
+            "name": "MindIE Server", "version": __version__,
+            "extensions": {"max_iter_times": self.llm.engine.limits.max_iter_times,
+                           "prefill_policy_type": 0, "decode_policy_type": 0,
+                           "max_prefill_batch_size": s.max_prefill_batch_size,
+                           "max_prefill_tokens": s.max_prefill_tokens}})
+
+    async def model_meta(self, req: Request, stream: ResponseStream, params: dict) -> Response:
+        check_model(self.app, params["model"])
+        return json_response(200, {
+            "name": self.llm.model_name, "platform": "MindIE Server",
+            "inputs": [{"name": "input0", "shape": [-1], "datatype": "UINT32"}],
+            "outputs": [{"name": "output0", "shape": [-1], "datatype": "UINT32"}]})
+
+    async def model_config(self, req: Request, stream: ResponseStream, params: dict) -> Response:
+        check_model(self.app, params["model"])
+        kv_gb = math.ceil(self.llm.backend.kv_cache_bytes() / 2**30)
+        on_npu = "CANN" in str(self.llm.backend.device).upper()
+        return json_response(200, {
+            "model_name": self.llm.model_name, "input_datatype": "UINT32",
+            "output_datatype": "UINT32", "max_seq_len": self.llm.engine.max_seq_len,
+            "npu_mem_size": kv_gb if on_npu else 0, "cpu_mem_size": 0 if on_npu else kv_gb,
+            "world_size": 1, "model_weight_path": str(self.llm.model_path),
+            "model_instance_type": "Standard"})
+
+    # ---- running requests -------------------------------------------------------------
+    def _register(self, client_id: str | None, request_id: str) -> tuple[str, _Running]:
+        if client_id is None:
+            client_id = "tm-" + secrets.token_hex(8)
+        if client_id in self.running:
+            raise invalid(f"Request id {client_id} is already running.")
+        rec = _Running(request_id)
+        self.running[client_id] = rec
+        return client_id, rec
+
+    async def stop_infer(self, req: Request, stream: ResponseStream, params: dict) -> Response:
+        check_model(self.app, params["model"])
+        obj = parse_json_object(req.body)
+        if obj.get("id") is None:
+            raise invalid("Not found id.")
+        client_id = _client_id(obj)
+        rec = self.running.get(client_id)
+        if rec is None:
+            raise APIError(404, f"Request id {client_id} not found")
+        rec.stop.set()
+        self.llm.engine.cancel(rec.request_id)
+        return json_response(200, {"id": client_id})
+
+    async def _run_to_end(self, request, rec: _Running, stream: ResponseStream):
+        """All token events of a request, or those before stopInfer: ``(events, stopped)``;
+        ``None`` when the client went away."""
+        events = self.llm.stream_async(request)
+
+        async def collect():
+            got: list[TokenEvent] = []
+            try:
+                while True:
+                    ev = await _next(events, rec.stop)
+                    if ev is None:
+                        return got, True
+                    got.append(ev)
+                    if ev.is_last:
+                        return got, False
+            finally:
+                await events.aclose()
+        return await until_done_or_gone(collect(), stream)
+
+    # ---- text inference ---------------------------------------------------------------
+    def _text_request(self, obj: dict) -> str:
+        if "text_input" not in obj:
+            raise invalid("Not found text_input.")
+        text = obj["text_input"]
+        if text is None:
+            raise invalid("text_input must not be null")
+        if not isinstance(text, str):
+            raise invalid("The type of text_input is abnormal")
+        if not text:
+            raise invalid("text_input must not be empty")
+        return text
+
+    def _details(self, request, evs: list[TokenEvent], stopped: bool, perf: bool) -> dict:
+        last = evs[-1] if evs else None
+        d = {"finish_reason": "stop_sequence" if stopped or last is None else last.finish_reason,
+             "generated_tokens": len(evs), "seed": request.sampling.seed}
+        if perf:
+            d["first_token_cost"] = (round(evs[0].prefill_time_ms, 2)
+                                     if evs and evs[0].prefill_time_ms is not None else None)
+            d["decode_cost"] = [round(e.decode_time_ms, 2) for e in evs[1:]
+                                if e.decode_time_ms is not None]
+        return d
+
+    async def generate(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        check_model(self.app, params["model"])
+        obj = parse_json_object(req.body)
+        client_id = _client_id(obj)
+        text = self._text_request(obj)
+        make, details, perf = parse_parameters(obj)
+        request = await build_request(self.llm, text, make)
+        client_id, rec = self._register(client_id, request.request_id)
+        try:
+            got = await self._run_to_end(request, rec, stream)
+        finally:
+            self.running.pop(client_id, None)
+        if got is None:
+            return None
+        evs, stopped = got
+        out = {"id": client_id, "model_name": self.llm.model_name, "model_version": None,
+               "text_output": "".join(e.text for e in evs) if stopped or not evs
+               else evs[-1].generated_text or ""}
+        if details:
+            out["details"] = self._details(request, evs, stopped, perf)
+        return json_response(200, out)
+
+    async def generate_stream(self, req: Request, stream: ResponseStream,
+                              params: dict) -> Response | None:
+        check_model(self.app, params["model"])
+        obj = parse_json_object(req.body)
+        client_id = _client_id(obj)
+        text = self._text_request(obj)
+        make, details, perf = parse_parameters(obj)
+        request = await build_request(self.llm, text, make)
+        client_id, rec = self._register(client_id, request.request_id)
+        events = self.llm.stream_async(request)
+        base = {"id": client_id, "model_name": self.llm.model_name, "model_version": None}
+        try:
+            try:
+                ev = await _next(events, rec.stop)   # errors before any token get a status
+            except GenerationError as err:
+                raise from_generation_error(err) from None
+            out_stream = await stream.start(200, "text/event-stream")
+            n = 0
+            try:
+                while True:
+                    if ev is None:   # stopInfer
+                        out = {**base, "text_output": ""}
+                        if details:
+                            out["details"] = {"finish_reason": "stop_sequence",
+                                              "generated_tokens": n, "seed": request.sampling.seed}
+                        await out_stream.send_event(_dumps(out))
+                        break
+                    n += 1
+                    out = {**base, "text_output": ev.text}
+                    if details:
+                        out["details"] = {"finish_reason": ev.finish_reason, "generated_tokens": n}
+                        if ev.is_last:
+                            out["details"]["seed"] = request.sampling.seed
+                        if perf:
+                            ms = ev.prefill_time_ms if n == 1 else ev.decode_time_ms
+                            out["details"]["first_token_cost" if n == 1 else "decode_cost"] = (
+                                None if ms is None else round(ms, 2))
+                    await out_stream.send_event(_dumps(out))
+                    if ev.is_last:
+                        break
+                    ev = await _next(events, rec.stop)
+            except GenerationError as err:
+                await out_stream.send_event(_dumps(from_generation_error(err).body()))
+            await out_stream.end()
+            return None
+        finally:
+            self.running.pop(client_id, None)
+            await events.aclose()
+
+    # ---- token inference --------------------------------------------------------------
+    def _token_inputs(self, obj: dict) -> list[int]:
+        inputs = obj.get("inputs")
+        if inputs is None:
+            raise invalid("Not found inputs.")
+        if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
+            raise invalid("Field inputs must be an array of exactly one input.")
+        inp = inputs[0]
+        if inp.get("datatype") != "UINT32":
+            raise invalid("Field inputs[0].datatype must be \"UINT32\".")
+        data = inp.get("data")
+        vocab = self.llm.tokenizer.vocab_size
+        if (not isinstance(data, list) or not data
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in data)):
+            raise invalid("Field inputs[0].data must be a non-empty array of token ids.")
+        if not all(0 <= i < vocab for i in data):
+            raise invalid(f"Field inputs[0].data must hold token ids in [0,{vocab - 1}].")
+        shape = inp.get("shape")
+        if (not isinstance(shape, list) or not shape
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+                or math.prod(shape) != len(data)):
+            raise invalid(f"Field inputs[0].shape must be [{len(data)}] or [1,{len(data)}], "
+                          f"got {json.dumps(shape)}.")
+        outputs = obj.get("outputs")
+        if outputs is not None and (not isinstance(outputs, list) or len(outputs) != 1):
+            raise invalid("Field outputs must be an array of one output.")
+        return list(data)
+
+    async def infer(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        check_model(self.app, params["model"])
+        obj = parse_json_object(req.body)
+        client_id = _client_id(obj)
+        ids = self._token_inputs(obj)
+        outputs = obj.get("outputs") or [{}]
+        out_name = outputs[0].get("name", "output0") if isinstance(outputs[0], dict) else "output0"
+        make, _details, _perf = parse_parameters(obj)
+        request = await build_request(self.llm, ids, make)
+        client_id, rec = self._register(client_id, request.request_id)
+        try:
+            got = await self._run_to_end(request, rec, stream)
+        finally:
+            self.running.pop(client_id, None)
+        if got is None:
+            return None
+        evs, _stopped = got
+        data = [e.token_id for e in evs]
+        return json_response(200, {"id": client_id, "outputs": [
+            {"name": out_name, "shape": [1, len(data)], "datatype": "UINT32", "data": data}]})
+
+
+def routes(app) -> list:
+    """The Triton family's routes (spec §4)."""
+    from ..server.routing import BUSINESS, Route
+    t = Triton(app)
+    return [
+        Route("GET", "/v2", BUSINESS, t.server_meta),
+        Route("GET", "/v2/models/{model}", BUSINESS, t.model_meta),
+        Route("GET", "/v2/models/{model}/config", BUSINESS, t.model_config),
+        Route("POST", "/v2/models/{model}/generate", BUSINESS, t.generate),
+        Route("POST", "/v2/models/{model}/generate_stream", BUSINESS, t.generate_stream),
+        Route("POST", "/v2/models/{model}/infer", BUSINESS, t.infer),
+        Route("POST", "/v2/models/{model}/stopInfer", BUSINESS, t.stop_infer),
+    ]
