@@ -41,26 +41,44 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, boo
             raise invalid(f"input_id must be token ids in [0,{llm.tokenizer.vocab_size - 1}]")
         prompt: str | list[int] = list(ids)
     else:
-        if "inputs" not in obj:
-            raise invalid("Not found inputs.")
-        prompt = obj["inputs"]
-        if prompt is None:
-            raise invalid("Inputs must not be null")
-        if not isinstance(prompt, str):
-            raise invalid("The type of inputs is abnormal")
-        if not prompt:
-            raise invalid("Inputs must not be empty")
+        prompt = read_inputs(obj)
     stream = get_bool(obj, "stream", False, "Field")
+    p = read_parameters(obj)
+    return prompt, mindie_parameters(p), stream, get_bool(p, "details", False)
+
+
+def read_inputs(obj: dict, field: str = "inputs", title: str = "Inputs") -> str:
+    """The prompt text ``obj[field]``; 422 with MindIE's messages when it is missing, null,
+    not a string or empty."""
+    if field not in obj:
+        raise invalid(f"Not found {field}.")
+    text = obj[field]
+    if text is None:
+        raise invalid(f"{title} must not be null")
+    if not isinstance(text, str):
+        raise invalid(f"The type of {field} is abnormal")
+    if not text:
+        raise invalid(f"{title} must not be empty")
+    return text
+
+
+def read_parameters(obj: dict) -> dict:
+    """``obj["parameters"]`` as a dict (absent or null -> ``{}``); 422 when not an object."""
     p = obj.get("parameters")
     if p is None:
-        p = {}
+        return {}
     if not isinstance(p, dict):
         raise invalid("The type of parameters is abnormal")
-    details = get_bool(p, "details", False)
-    params = dict(
+    return p
+
+
+def mindie_parameters(p: dict, *, top_p_may_be_one: bool = False, top_k_min: int = 1) -> dict:
+    """MindIE's generation parameters (spec §2) -> keyword arguments of ``LLM.make_request``.
+    The Triton routes accept ``top_p == 1.0`` and ``top_k == 0``; /infer does not."""
+    return dict(
         temperature=get_float(p, "temperature", 1.0, 0.0, INF, True, True),
-        top_k=get_int(p, "top_k", 0, 1, INT32_MAX),
-        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, True, True),
+        top_k=get_int(p, "top_k", 0, top_k_min, INT32_MAX),
+        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, True, not top_p_may_be_one),
         typical_p=get_float(p, "typical_p", 1.0, 0.0, 1.0, True, False),
         do_sample=get_bool(p, "do_sample", None),
         seed=get_int(p, "seed", None, 0, MAX_SEED),
@@ -70,7 +88,6 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, boo
         priority=get_int(p, "priority", 5, 1, 5),
         timeout_s=get_int(p, "timeout", None, 1, 65535),
     )
-    return prompt, params, stream, details
 
 
 async def build_request(llm: LLM, prompt: str | list[int], params: dict) -> GenerationRequest:
@@ -180,15 +197,7 @@ async def tokenizer(req: Request, stream: ResponseStream, llm: LLM) -> Response:
     the prompt's token ids as ``/infer`` would see them (BOS included when the model adds it),
     or with ``do_decode`` each token's text (control tokens as their piece, e.g. ``<s>``)."""
     obj = parse_json_object(req.body)
-    if "inputs" not in obj:
-        raise invalid("Not found inputs.")
-    text = obj["inputs"]
-    if text is None:
-        raise invalid("Inputs must not be null")
-    if not isinstance(text, str):
-        raise invalid("The type of inputs is abnormal")
-    if not text:
-        raise invalid("Inputs must not be empty")
+    text = read_inputs(obj)
     decode = get_bool(obj, "do_decode", False, "Field")
     ids = await asyncio.to_thread(llm.encode, text)
     tokens: list = ids

@@ -32,7 +32,7 @@ from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error, invalid
-from .native import build_request, until_done_or_gone
+from .native import build_request, read_inputs, read_parameters, until_done_or_gone
 from .validate import get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -138,21 +138,7 @@ class TGIParams:
 
 def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
     """``{"inputs", "parameters"}`` -> (prompt text, parameters); 422 on anything malformed."""
-    if "inputs" not in obj:
-        raise invalid("Not found inputs.")
-    prompt = obj["inputs"]
-    if prompt is None:
-        raise invalid("Inputs must not be null")
-    if not isinstance(prompt, str):
-        raise invalid("The type of inputs is abnormal")
-    if not prompt:
-        raise invalid("Inputs must not be empty")
-    p = obj.get("parameters")
-    if p is None:
-        p = {}
-    if not isinstance(p, dict):
-        raise invalid("The type of parameters is abnormal")
-    return prompt, TGIParams(p, llm)
+    return read_inputs(obj), TGIParams(read_parameters(obj), llm)
 
 
 async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRequest:

@@ -21,13 +21,13 @@ import secrets
 
 from .. import __version__
 from ..engine.request import GenerationError, TokenEvent
-from ..llm import LLM, MAX_SEED
+from ..llm import LLM
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error, invalid
 from .manage import check_model
-from .native import build_request, until_done_or_gone
-from .validate import get_bool, get_float, get_int, parse_json_object
+from .native import build_request, mindie_parameters, read_inputs, read_parameters, until_done_or_gone
+from .validate import get_bool, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -41,24 +41,8 @@ def _dumps(obj) -> str:
 def parse_parameters(obj: dict) -> tuple[dict, bool, bool]:
     """MindIE's Triton ``parameters``: /infer's ranges, but ``top_p`` may be 1.0.
     Returns (make_request parameters, details, perf_stat)."""
-    p = obj.get("parameters")
-    if p is None:
-        p = {}
-    if not isinstance(p, dict):
-        raise invalid("The type of parameters is abnormal")
-    make = dict(
-        temperature=get_float(p, "temperature", 1.0, 0.0, INF, True, True),
-        top_k=get_int(p, "top_k", 0, 0, INT32_MAX),
-        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, True, False),
-        typical_p=get_float(p, "typical_p", 1.0, 0.0, 1.0, True, False),
-        do_sample=get_bool(p, "do_sample", None),
-        seed=get_int(p, "seed", None, 0, MAX_SEED),
-        repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF, True, True),
-        max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
-        watermark=get_bool(p, "watermark", False),
-        priority=get_int(p, "priority", 5, 1, 5),
-        timeout_s=get_int(p, "timeout", None, 1, 65535),
-    )
+    p = read_parameters(obj)
+    make = mindie_parameters(p, top_p_may_be_one=True, top_k_min=0)
     get_int(p, "batch_size", None, 1, INT32_MAX)   # accepted and ignored, as MindIE does
     return make, get_bool(p, "details", False), get_bool(p, "perf_stat", False)
 
@@ -185,16 +169,7 @@ class Triton:
 
     # ---- text inference ---------------------------------------------------------------
     def _text_request(self, obj: dict) -> str:
-        if "text_input" not in obj:
-            raise invalid("Not found text_input.")
-        text = obj["text_input"]
-        if text is None:
-            raise invalid("text_input must not be null")
-        if not isinstance(text, str):
-            raise invalid("The type of text_input is abnormal")
-        if not text:
-            raise invalid("text_input must not be empty")
-        return text
+        return read_inputs(obj, "text_input", "text_input")
 
     def _details(self, request, evs: list[TokenEvent], stopped: bool, perf: bool) -> dict:
         last = evs[-1] if evs else None
