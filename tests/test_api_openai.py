@@ -231,3 +231,12 @@ def test_client_leaving_a_stream_with_n2_frees_both_slots(server):
     while free_slots()["free_slots"] != total and time.monotonic() < deadline:
         time.sleep(0.05)
     assert free_slots()["free_slots"] == total
+
+
+def test_chat_messages_need_a_known_role_and_content(server):
+    from test_e2e_infer import request
+    for bad_msg in ({"role": "bogus", "content": "hi"}, {"role": "user"}):
+        status, _, raw = request(server, "POST", "/v1/chat/completions",
+                                 {"model": "smollm2-135m-instruct", "messages": [bad_msg], "max_tokens": 2})
+        err = json.loads(raw)["error"]
+        assert status == 400 and err["param"] == "messages", raw

@@ -166,3 +166,8 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(llm):
     assert all(sum(n for n in c if n > 1) <= 32 for c in rec.calls)
     assert len(prefill_steps) >= 200 // 32       # the long prompt went in chunks ...
     assert all(1 in c for c in prefill_steps)    # ... each beside a decode row of the stream
+
+
+def test_prompt_of_the_wrong_type_is_a_clear_type_error(llm):
+    with pytest.raises(TypeError, match="prompt must be a str or a sequence of token ids"):
+        llm.make_request(5)

@@ -51,3 +51,9 @@ def test_server_marks_text_and_the_detector_finds_it(server):
     assert out_marked.endswith(": watermarked") and z[0] > 4, (out_marked, marked)
     assert out_plain.endswith("no watermark found") and z[1] < 2.5, out_plain
     assert out_human.endswith("no watermark found") and z[2] < 2.5, out_human
+
+
+def test_detector_refuses_empty_text():
+    r = subprocess.run([sys.executable, "-m", "tiny_mindie", "watermark-detect", "  "],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "non-empty text" in r.stderr

@@ -226,6 +226,9 @@ def watermark_detect(args: argparse.Namespace) -> int:
     from .model.tokenizer import load_tokenizer
 
     text = sys.stdin.read() if args.text == "-" else args.text
+    if not text.strip():
+        print("tiny_mindie: error: watermark-detect needs a non-empty text", file=sys.stderr)
+        return 2
     tok = load_tokenizer(GGUFFile(resolve(args.model or DEFAULT_MODEL, log=_say)))
     ids = tok.encode(text, add_bos=False, parse_special=False)
     z, green, scored = z_score(ids, tok.vocab_size)

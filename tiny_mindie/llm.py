@@ -130,6 +130,10 @@ class LLM:
             GenerationError: ``"too_long"`` when the prompt cannot fit (checked on the text's
                 length before tokenizing, so a huge text costs nothing).
         """
+        if not isinstance(prompt, str) and not (
+                isinstance(prompt, Sequence)
+                and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
+            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
         if isinstance(prompt, str):
             # Every token covers at most ``longest_token`` bytes, so a text this long holds more
             # tokens than any prompt may; answer without tokenizing megabytes.

@@ -259,6 +259,9 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
                                          False, False))
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def _message_content(content, i: int):
     """A message's content as text: a string, or the text parts of a content-part list."""
     if content is None or isinstance(content, str):
@@ -287,6 +290,11 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a string role.", "messages")
+        if m["role"] not in CHAT_ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, "
+                      f"got {m['role']!r}.", "messages")
+        if m.get("content") is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+            raise bad(f"messages[{i}].content is required.", "messages")
         rendered.append({**m, "content": _message_content(m.get("content"), i)})
     logprobs = _field(get_bool, obj, "logprobs", False)
     top = _field(get_int, obj, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
