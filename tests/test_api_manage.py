@@ -187,3 +187,45 @@ def test_forced_stop_cancels_a_running_stream_then_exits_0(own_server):
     assert len(events) < LONG_STREAM["parameters"]["max_new_tokens"]
     assert srv.proc.wait(timeout=30) == 0
     assert time.monotonic() - t0 < 15
+
+
+def test_three_ports_give_three_listeners_each_with_its_own_routes(tmp_path):
+    """MindIE's 1025/1026/1027 layout: business, management and metrics planes apart."""
+    import copy
+    import http.client
+    import re
+    import socket
+
+    def free_port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    cfg = copy.deepcopy(TEST_CONFIG)
+    ports = {"port": free_port(), "managementPort": free_port(), "metricsPort": free_port()}
+    cfg["ServerConfig"].update(ports)
+    srv = start_server(str(tmp_path), cfg)
+    try:
+        listens = dict((p, planes) for p, planes in
+                       re.findall(r"listens\s+https://127\.0\.0\.1:(\d+)\s+\((\w+)\)", srv.banner))
+        assert listens == {str(ports["port"]): "business", str(ports["managementPort"]): "management",
+                           str(ports["metricsPort"]): "metrics"}
+
+        def status(port: int, method: str, path: str, body: bytes | None = None) -> int:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=srv.ssl_context(), timeout=60)
+            conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+            code = conn.getresponse().status
+            conn.close()
+            return code
+
+        infer = json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 1}}).encode()
+        assert status(ports["port"], "POST", "/infer", infer) == 200
+        assert status(ports["port"], "GET", "/health") == 404
+        assert status(ports["port"], "GET", "/metrics") == 404
+        assert status(ports["managementPort"], "GET", "/health") == 200
+        assert status(ports["managementPort"], "POST", "/infer", infer) == 404
+        assert status(ports["metricsPort"], "GET", "/metrics") == 200
+        assert status(ports["metricsPort"], "GET", "/health") == 404
+    finally:
+        srv.proc.terminate()
+        srv.proc.wait(timeout=30)
