@@ -190,6 +190,10 @@ def test_info(server):
     assert info["model_id"] == "smollm2-135m-instruct"
     assert info["max_input_length"] == 512 and info["max_total_tokens"] == 1024
     assert info["model_dtype"] == "Q4_1" and info["model_device_type"] == "cpu"
+    import os
+    from tiny_mindie.model.backend import DEFAULT_BACKEND
+    backend = os.environ.get("TINY_MINDIE_TEST_BACKEND") or DEFAULT_BACKEND
+    assert info["backend"] == backend and "CPU" in info["execution_provider"]
     for key in ("max_concurrent_requests", "max_batch_total_tokens", "max_best_of",
                 "max_stop_sequences", "version"):
         assert key in info

@@ -197,3 +197,12 @@ def test_serving_an_unsupported_architecture_is_one_line(tmp_path):
     w.close()
     r = run_cli("--model", str(bad), "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2 and "architecture 'mamba' is not supported" in r.stderr, r.stderr
+
+
+def test_execution_providers_from_the_config(tmp_path):
+    cfg = load_config(write(tmp_path, {"BackendConfig": {"executionProviders": [
+        "CPUExecutionProvider", ["CANNExecutionProvider", {"device_id": "1"}]]}}))
+    assert cfg.backend.execution_providers == ("CPUExecutionProvider",
+                                               ("CANNExecutionProvider", {"device_id": "1"}))
+    with pytest.raises(ConfigError, match="executionProviders"):
+        load_config(write(tmp_path, {"BackendConfig": {"executionProviders": "CPU"}}))

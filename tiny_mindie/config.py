@@ -75,6 +75,7 @@ class BackendConfig:
     backend: str = DEFAULT_BACKEND      # tiny_mindie: "onnxruntime" or "numpy"
     intra_op_threads: int = 0           # tiny_mindie: 0 = the backend's default
     kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
+    execution_providers: tuple = ()     # tiny_mindie: onnxruntime EPs, names or [name, {options}]
     model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
@@ -231,6 +232,7 @@ def load_config(path: str | None = None) -> Config:
         backend=_get(b, "backend", str, B.backend, W),
         intra_op_threads=_get(b, "intraOpThreads", int, B.intra_op_threads, W),
         kv_cache_mb=_get(b, "kvCacheMB", int, B.kv_cache_mb, W),
+        execution_providers=_providers(b.get("executionProviders")),
         model=model, schedule=sched,
     )
     cfg = Config(server=server, backend=backend,
@@ -239,6 +241,20 @@ def load_config(path: str | None = None) -> Config:
     return cfg
 
 
+
+
+def _providers(v) -> tuple:
+    """``BackendConfig.executionProviders``: ``["CPUExecutionProvider", ["CANNExecutionProvider",
+    {"device_id": "0"}], ...]`` -> tuple of names / ``(name, options)``."""
+    if v is None:
+        return ()
+    ok = isinstance(v, list) and all(
+        isinstance(p, str) or (isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                               and isinstance(p[1], dict)) for p in v)
+    if not ok:
+        raise ConfigError("BackendConfig.executionProviders must be a list of provider names or "
+                          f"[name, {{options}}] pairs, got {v!r}")
+    return tuple(p if isinstance(p, str) else (p[0], p[1]) for p in v)
 
 
 def validate(cfg: Config) -> None:

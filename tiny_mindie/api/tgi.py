@@ -367,6 +367,8 @@ def info(app) -> dict:
         "version": __version__,
         "sha": None,
         "docker_label": None,
+        "backend": llm.backend.name,            # tiny_mindie: which backend and where it runs
+        "execution_provider": device,
     }
 
 

@@ -23,7 +23,8 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
 
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
-               threads: int = 0, device_id: int = 0) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
+               threads: int = 0, device_id: int = 0, providers: list | None = None,
+               ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
     Args:
@@ -34,6 +35,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         max_seq_len: tokens per sequence (capped by the model's trained context).
         threads: intra-op threads (0 = backend default).
         device_id: NPU device for the CANN execution provider.
+        providers: onnxruntime execution providers to ask for, names or ``[name, {options}]``;
+            ``None`` chooses (CANN when Ascend's runtime loads, else CPU).
 
     Raises:
         ModelFileError: missing/bad file, unsupported architecture or tokenizer.
@@ -52,7 +55,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         try:
             from .ort_backend import OrtBackend
             be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
-                            threads=threads, device_id=device_id)
+                            threads=threads, device_id=device_id,
+                            providers=list(providers) if providers else None)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
             raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "
                                  f"project's dependencies or use --backend numpy") from None
