@@ -29,6 +29,7 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
 
     python scripts/bench.py                     # default model from the registry
     python scripts/bench.py --model x.gguf --threads 2 --llama-python /work/benchvenv/bin/python
+    python scripts/bench.py --concurrency           # then the HTTP sweep: 1, 4, 8, 16 clients
 """
 
 from __future__ import annotations
@@ -350,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                          "DIR (e.g. an older commit unpacked with git archive) for an A/B")
     ap.add_argument("--llama-python", help="interpreter that can import llama_cpp")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--concurrency", type=int, nargs="*", metavar="N",
+                    help="also run the HTTP concurrency sweep of scripts/loadtest.py with these "
+                         "numbers of streaming clients (default levels: 1 4 8 16)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -453,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
+    if args.concurrency is not None:
+        print("\nconcurrency sweep over HTTPS (scripts/loadtest.py):", flush=True)
+        cmd = [sys.executable, os.path.join(HERE, "loadtest.py")]
+        if args.concurrency:
+            cmd += ["--levels", *map(str, args.concurrency)]
+        subprocess.run(cmd, check=True)
     return 0
 
 
