@@ -378,3 +378,30 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
     scale = next(a.f for a in gqa[0].attribute if a.name == "scale")
     assert scale == (1.0 if graph_mod.attention_scale_folding(64) else 0.125)
+
+
+@pytest.fixture(scope="module")
+def gemma_file():
+    """Gemma 3 270M (Q4_K_M: Q5_0, Q4_K, Q6_K, Q8_0 matrices), pulled on first use."""
+    from tiny_mindie.model.registry import ensure_model
+    return GGUFFile(ensure_model("gemma3-270m"))
+
+
+def test_q5_0_packs_exactly_and_k_quants_requantize_within_the_bound(gemma_file):
+    from tiny_mindie.model.graph import pack_weight, unpack_nbits
+    seen = set()
+    for layer in (0, 1):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            name = f"blk.{layer}.{part}.weight"
+            qtype = gemma_file.raw(name).qtype
+            w = gemma_file.dequantize(name)
+            got = unpack_nbits(pack_weight(gemma_file, name))
+            if qtype in ("Q5_0", "Q8_0"):
+                assert np.array_equal(got, w), name                  # exact, bit for bit
+            else:                                                    # Q4_K, Q6_K: 8-bit requantized
+                err = np.abs(got - w).reshape(w.shape[0], -1, 32).max(-1)
+                bound = np.abs(w).reshape(w.shape[0], -1, 32).max(-1) / 254
+                assert np.all(err <= bound * 1.001 + 1e-9), name          # float32 rounding
+                assert np.linalg.norm(got - w) / np.linalg.norm(w) < 0.01, name
+            seen.add(qtype)
+    assert {"Q5_0", "Q4_K", "Q6_K"} <= seen
