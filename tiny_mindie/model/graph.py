@@ -440,7 +440,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     from onnx import TensorProto, helper
 
     if config.architecture != "llama":
-        raise ModelFileError(f"graph builder: architecture {config.architecture!r} not supported")
+        raise ModelFileError(f"the onnxruntime backend does not support architecture "
+                             f"{config.architecture!r} yet; use --backend numpy")
     c = config
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "model.onnx")

@@ -1,4 +1,4 @@
-"""The numpy reference decoder for the LLaMA architecture, with a slot-based KV cache.
+"""The numpy reference decoder for the LLaMA and Gemma 3 architectures, with a slot-based KV cache.
 
 The whole forward pass, one small pure function per block (in the manner of picoGPT):
 
@@ -19,7 +19,16 @@ they write to and read from the :class:`KVCache`.
 Rotary layout: llama.cpp's converter stores LLaMA's Q and K projection rows permuted so that
 the rotary embedding turns *adjacent* pairs ``(x[2i], x[2i+1])`` (llama.cpp's "normal" rope
 mode). Hugging Face checkpoints instead pair ``x[i]`` with ``x[i + d/2]`` (``rotate_half``).
-This module reads GGUF, so :func:`rope` pairs adjacent elements.
+This module reads GGUF, so :func:`rope` pairs adjacent elements -- except for Gemma 3, whose
+Q/K rows llama.cpp leaves in HF order and rotates in "NEOX" mode (:func:`rope_neox`).
+
+Gemma 3 (:func:`gemma3_block`) differs from LLaMA in: embeddings scaled by ``sqrt(d)``; an
+RMSNorm of every q and k head over ``head_dim`` before the rotation; RMSNorm of the attention and
+MLP outputs before each residual add (four norms per layer); a GELU(tanh)-gated MLP; an attention
+scale of ``query_pre_attn_scalar ** -0.5``; and five of every six layers ("local") attend only to
+the last ``sliding_window`` positions, with rotary base 10000 instead of the global
+``rope.freq_base``. The GGUF's norm weights already hold HF's ``1 + w`` (llama.cpp's converter
+adds the 1), so :func:`rms_norm` multiplies by them as stored.
 """
 
 from __future__ import annotations
@@ -78,6 +87,21 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out
 
 
+def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotary position embedding on split halves (HF ``rotate_half``; llama.cpp "NEOX" mode).
+
+    Pair ``i`` is ``(x[i], x[i + r/2])`` with ``r = rope_dim = 2 * cos.shape[-1]``; the elements
+    past ``r`` pass through. Shapes as in :func:`rope`.
+    """
+    h = cos.shape[-1]
+    x1, x2 = x[..., :h], x[..., h:2 * h]  # [B, n, heads, head_dim] -> 2 x [B, n, heads, r/2]
+    out = np.empty_like(x)
+    out[..., :h] = x1 * cos - x2 * sin
+    out[..., h:2 * h] = x1 * sin + x2 * cos
+    out[..., 2 * h:] = x[..., 2 * h:]
+    return out
+
+
 # Up to this many rows, :func:`linear` does one matrix-vector product per row. Measured on this
 # project's OpenBLAS (0.3.23, 2 cores, [in, out] weights, all 30 layers): a GEMM with 2..6 rows
 # costs 3-4x one GEMV over the same weight, more than the extra passes over the weight
@@ -105,21 +129,24 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
+              scale: float | None = None) -> np.ndarray:
     """Grouped-query attention (Ainslie et al. 2023): each K/V head serves ``g`` query heads.
 
     ``softmax(q k^T / sqrt(head_dim) + mask) v`` (Vaswani et al. 2017, eq. 1). The ``g`` query
     heads of a group and the ``n`` query tokens are stacked as the rows of one matmul per
     (sequence, K/V head), so there is no loop over heads or positions.
     q: float32 ``[B, n, n_head, hd]`` (query head ``h`` uses K/V head ``h // g``);
-    k, v: float32 ``[B, n_kv, T, hd]``; mask: float32 ``[B, n, T]``, 0 where allowed, -inf where not.
+    k, v: float32 ``[B, n_kv, T, hd]``; mask: float32 ``[B, n, T]``, 0 where allowed, -inf where not;
+    scale: multiplier of ``q k^T`` (default ``1 / sqrt(hd)``).
     Returns float32 ``[B, n, n_head * hd]``.
     """
     B, n, n_head, hd = q.shape
     n_kv, T = k.shape[1], k.shape[2]
     g = n_head // n_kv
     q = q.reshape(B, n, n_kv, g, hd).transpose(0, 2, 3, 1, 4)  # -> [B, n_kv, g, n, hd]
-    q = q.reshape(B, n_kv, g * n, hd) * np.float32(1.0 / np.sqrt(hd))  # -> [B, n_kv, g*n, hd]
+    scale = 1.0 / np.sqrt(hd) if scale is None else scale
+    q = q.reshape(B, n_kv, g * n, hd) * np.float32(scale)  # -> [B, n_kv, g*n, hd]
     s = q @ k.swapaxes(-1, -2)  # -> [B, n_kv, g*n, T]
     s = s.reshape(B, n_kv, g, n, T) + mask[:, None, None]  # -> [B, n_kv, g, n, T]
     p = softmax(s).reshape(B, n_kv, g * n, T)  # -> [B, n_kv, g*n, T]
@@ -138,6 +165,20 @@ def mlp(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
     return linear(gate / (1.0 + np.exp(-gate)) * up, w_down)  # [..., ffn] -> [..., d]
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016, sec. 2; PyTorch ``approximate="tanh"``)."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x * x * x)))
+
+
+def geglu_mlp(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
+    """GELU-gated feed-forward (Shazeer 2020, eq. 5; Gemma): ``(gelu_tanh(x W_gate) * (x W_up)) W_down``.
+
+    Shapes as in :func:`mlp`.
+    """
+    gate, up = np.split(linear(x, w_gate_up), 2, axis=-1)  # [..., d] -> 2 x [..., ffn]
+    return linear(gelu_tanh(gate) * up, w_down)  # [..., ffn] -> [..., d]
+
+
 @dataclass
 class LayerWeights:
     """One decoder layer, float32; matrices have shape ``[in, out]`` for ``x @ W``."""
@@ -148,6 +189,11 @@ class LayerWeights:
     ffn_norm: np.ndarray   # [d]
     w_gate_up: np.ndarray  # [d, 2 * ffn]
     w_down: np.ndarray     # [ffn, d]
+    # Gemma 3 only (None for LLaMA):
+    q_norm: np.ndarray | None = None          # [hd], per query head
+    k_norm: np.ndarray | None = None          # [hd], per key head
+    post_attn_norm: np.ndarray | None = None  # [d], on the attention output
+    post_ffn_norm: np.ndarray | None = None   # [d], on the MLP output
 
 
 def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin: np.ndarray,
@@ -169,6 +215,29 @@ def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin
     return x + mlp(rms_norm(x, w.ffn_norm, cfg.rms_eps), w.w_gate_up, w.w_down)  # [B, n, d]
 
 
+def gemma3_block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin: np.ndarray,
+                 mask: np.ndarray, update_kv: KVUpdate) -> np.ndarray:
+    """One Gemma 3 decoder layer (sandwich norms, q/k norm, NEOX rope, GeGLU).
+
+    Arguments as in :func:`block`; ``cos``/``sin`` carry this layer's rotary base and ``mask``
+    its sliding window (local layers) or plain causal mask (global layers).
+    """
+    B, n, _ = x.shape
+    H, KV, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_eps
+    qkv = linear(rms_norm(x, w.attn_norm, eps), w.w_qkv)  # [B, n, d] -> [B, n, (H + 2 KV) hd]
+    q, k, v = np.split(qkv, [H * hd, (H + KV) * hd], axis=-1)
+    q = rope_neox(rms_norm(q.reshape(B, n, H, hd), w.q_norm, eps), cos, sin)  # -> [B, n, H, hd]
+    k = rope_neox(rms_norm(k.reshape(B, n, KV, hd), w.k_norm, eps), cos, sin)  # -> [B, n, KV, hd]
+    k_all, v_all = update_kv(k, v.reshape(B, n, KV, hd))  # -> 2 x [B, KV, T, hd]
+    a = linear(attention(q, k_all, v_all, mask, cfg.attn_scale), w.w_o)  # [B, n, H*hd] -> [B, n, d]
+    x = x + rms_norm(a, w.post_attn_norm, eps)  # [B, n, d]
+    m = geglu_mlp(rms_norm(x, w.ffn_norm, eps), w.w_gate_up, w.w_down)  # [B, n, d]
+    return x + rms_norm(m, w.post_ffn_norm, eps)  # [B, n, d]
+
+
+BLOCKS = {"llama": block, "gemma3": gemma3_block}
+
+
 # ---- weights and cache ----------------------------------------------------------------------
 
 @dataclass
@@ -182,6 +251,8 @@ class Weights:
     lm_head: np.ndarray    # [d, vocab] (a view of ``embedding`` when tied)
     cos: np.ndarray        # [max_seq_len, rope_dim/2]
     sin: np.ndarray        # [max_seq_len, rope_dim/2]
+    cos_local: np.ndarray | None = None  # [max_seq_len, rope_dim/2], local layers' base (Gemma 3)
+    sin_local: np.ndarray | None = None
 
 
 def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
@@ -205,6 +276,13 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
     layers = []
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
+        extra = {}
+        if cfg.qk_norm:
+            extra.update(q_norm=f.dequantize(p + "attn_q_norm.weight"),
+                         k_norm=f.dequantize(p + "attn_k_norm.weight"))
+        if cfg.post_norms:
+            extra.update(post_attn_norm=f.dequantize(p + "post_attention_norm.weight"),
+                         post_ffn_norm=f.dequantize(p + "post_ffw_norm.weight"))
         layers.append(LayerWeights(
             attn_norm=f.dequantize(p + "attn_norm.weight"),
             w_qkv=t(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
@@ -212,12 +290,15 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
             ffn_norm=f.dequantize(p + "ffn_norm.weight"),
             w_gate_up=t(p + "ffn_gate.weight", p + "ffn_up.weight"),
             w_down=t(p + "ffn_down.weight"),
+            **extra,
         ))
     # Tied LM head (no output.weight): a transposed view of the embedding (BLAS reads it in
     # place), not a second 100+ MB copy.
     lm_head = t("output.weight") if f.has_tensor("output.weight") else embedding.T
     cos, sin = rope_table(max_seq_len, cfg.rope_dim, cfg.rope_theta)
-    return Weights(cfg, embedding, layers, f.dequantize("output_norm.weight"), lm_head, cos, sin)
+    local = (rope_table(max_seq_len, cfg.rope_dim, cfg.rope_theta_local)
+             if cfg.sliding_window else (None, None))
+    return Weights(cfg, embedding, layers, f.dequantize("output_norm.weight"), lm_head, cos, sin, *local)
 
 
 class KVCache:
@@ -265,13 +346,44 @@ class KVCache:
         return self.k[layer, slots, :, :T], self.v[layer, slots, :, :T]  # gather: copies
 
 
-def causal_mask(positions: np.ndarray, T: int) -> np.ndarray:
-    """Additive mask: query at position ``p`` sees keys ``0..p``.
+def causal_mask(positions: np.ndarray, T: int, window: int = 0) -> np.ndarray:
+    """Additive mask: query at position ``p`` sees keys ``0..p`` -- or, with a sliding
+    ``window > 0``, only keys ``p - window + 1 .. p`` (``p - key < window``, as llama.cpp's
+    standard SWA and HF's sliding-window mask).
 
     positions: int64 ``[B, n]``. Returns float32 ``[B, n, T]``, 0 where allowed, -inf elsewhere.
     """
-    allowed = np.arange(T) <= positions[..., None]  # [B, n] -> [B, n, T]
+    keys = np.arange(T)
+    allowed = keys <= positions[..., None]  # [B, n] -> [B, n, T]
+    if window > 0:
+        allowed &= keys > positions[..., None] - window
     return np.where(allowed, np.float32(0.0), np.float32(-np.inf))
+
+
+def _run_layers(w: Weights, x: np.ndarray, positions: np.ndarray, T: int,
+                update_kv: Callable[[int], KVUpdate]) -> np.ndarray:
+    """All decoder layers on ``x`` ``[B, n, d]`` at ``positions`` ``[B, n]``, attending to ``T``
+    key positions; ``update_kv(i)`` is layer ``i``'s cache update. Returns ``[B, n, d]``."""
+    cfg = w.cfg
+    run = BLOCKS[cfg.architecture]
+    cos, sin = w.cos[positions][:, :, None], w.sin[positions][:, :, None]  # [B, n, 1, rope_dim/2]
+    mask = causal_mask(positions, T)  # [B, n, T]
+    if cfg.sliding_window:
+        cos_l, sin_l = w.cos_local[positions][:, :, None], w.sin_local[positions][:, :, None]
+        mask_l = causal_mask(positions, T, cfg.sliding_window)  # [B, n, T]
+    for i, layer in enumerate(w.layers):
+        if cfg.is_local(i):
+            x = run(x, layer, cfg, cos_l, sin_l, mask_l, update_kv(i))
+        else:
+            x = run(x, layer, cfg, cos, sin, mask, update_kv(i))
+    return x
+
+
+def _embed(w: Weights, token_ids: np.ndarray) -> np.ndarray:
+    x = w.embedding[token_ids]  # [...] -> [..., d]
+    if w.cfg.embedding_scale != 1.0:
+        x *= np.float32(w.cfg.embedding_scale)  # Gemma: sqrt(d), in float32 as llama.cpp
+    return x
 
 
 def _logits(w: Weights, x: np.ndarray) -> np.ndarray:
@@ -291,11 +403,8 @@ def prefill(w: Weights, cache: KVCache, slot: int, start: int, token_ids: np.nda
     """
     n = len(token_ids)
     positions = np.arange(start, start + n)[None]  # [1, n]
-    cos, sin = w.cos[positions][:, :, None], w.sin[positions][:, :, None]  # [1, n, 1, rope_dim/2]
-    mask = causal_mask(positions, start + n)  # [1, n, start+n]
-    x = w.embedding[token_ids][None]  # [n] -> [1, n, d]
-    for i, layer in enumerate(w.layers):
-        x = block(x, layer, w.cfg, cos, sin, mask, partial(cache.write_chunk, i, slot, start))  # [1, n, d]
+    x = _embed(w, token_ids)[None]  # [n] -> [1, n, d]
+    x = _run_layers(w, x, positions, start + n, lambda i: partial(cache.write_chunk, i, slot, start))
     return _logits(w, x[:, -1])[0]  # [1, d] -> [vocab]
 
 
@@ -307,11 +416,9 @@ def decode(w: Weights, cache: KVCache, slots: np.ndarray, pos: np.ndarray,
     ``pos[b]`` of slot ``slots[b]`` (distinct slots). Returns float32 ``[B, vocab]``.
     """
     positions = pos[:, None]  # [B] -> [B, 1]
-    cos, sin = w.cos[positions][:, :, None], w.sin[positions][:, :, None]  # [B, 1, 1, rope_dim/2]
-    mask = causal_mask(positions, int(pos.max()) + 1)  # [B, 1, T]
-    x = w.embedding[token_ids][:, None]  # [B] -> [B, 1, d]
-    for i, layer in enumerate(w.layers):
-        x = block(x, layer, w.cfg, cos, sin, mask, partial(cache.write_tokens, i, slots, pos))  # [B, 1, d]
+    x = _embed(w, token_ids)[:, None]  # [B] -> [B, 1, d]
+    x = _run_layers(w, x, positions, int(pos.max()) + 1,
+                    lambda i: partial(cache.write_tokens, i, slots, pos))  # [B, 1, d]
     return _logits(w, x[:, 0])  # [B, d] -> [B, vocab]
 
 
@@ -321,7 +428,7 @@ class NumpyBackend(Backend):
     """The reference decoder behind the :class:`Backend` interface (float32, BLAS matmuls).
 
     Args:
-        f: the opened model file (LLaMA architecture).
+        f: the opened model file (LLaMA or Gemma 3 architecture).
         config: its parameters (``ModelConfig.from_gguf(f)``).
         num_slots: sequences the KV cache holds at once.
         max_seq_len: positions per slot.
