@@ -56,7 +56,7 @@ def green_mask(prev_token: int, vocab_size: int, key: int = KEY) -> np.ndarray:
 
 def apply_watermark(logits: np.ndarray, prev_token: int, key: int = KEY) -> np.ndarray:
     """Add ``DELTA`` to the green logits (in place). logits: float32 ``[vocab]``."""
-    logits[green_mask(prev_token, logits.shape[0], key)] += np.float32(DELTA)
+    np.add(logits, np.float32(DELTA), out=logits, where=green_mask(prev_token, logits.shape[0], key))
     return logits
 
 
