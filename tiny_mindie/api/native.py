@@ -101,6 +101,17 @@ async def build_request(llm: LLM, prompt: str | list[int], params: dict) -> Gene
     return request
 
 
+async def first_event(llm: LLM, request: GenerationRequest):
+    """Start streaming ``request``: ``(events, first event)``. Waiting for the first event
+    before the response head is sent lets errors that come before any token (prompt too long,
+    service stopped, timeout in the queue) still get their own HTTP status."""
+    events = llm.stream_async(request)
+    try:
+        return events, await events.__anext__()
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+
+
 async def until_done_or_gone(work, stream: ResponseStream, poll_s: float = 0.2):
     """Await ``work`` (a coroutine), cancelling it -- and so the request in the engine -- when
     the client disconnects meanwhile; returns ``None`` then.
@@ -160,13 +171,8 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
             out["details"] = {"finish_reason": done.finish_reason,
                               "generated_tokens": len(done.token_ids), "seed": done.seed}
         return json_response(200, out)
-    events = llm.stream_async(request)
-    try:
-        first = await events.__anext__()   # errors before any token still get a proper status
-    except GenerationError as err:
-        raise from_generation_error(err) from None
+    events, ev = await first_event(llm, request)
     out_stream = await stream.start(200, "text/event-stream")
-    ev = first
     try:
         while True:
             await out_stream.send_event(_dumps(stream_event(ev, request, details)))

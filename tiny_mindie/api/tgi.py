@@ -32,7 +32,8 @@ from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error, invalid
-from .native import build_request, read_inputs, read_parameters, until_done_or_gone
+from .native import (build_request, first_event, read_inputs, read_parameters,
+                     until_done_or_gone)
 from .validate import get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -204,11 +205,7 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
         raise invalid("Parameter decoder_input_details == true is not supported when "
                       "streaming tokens.")
     request = await _tgi_request(llm, prompt, params)
-    events = llm.stream_async(request)
-    try:
-        ev = await events.__anext__()   # errors before any token still get a proper status
-    except GenerationError as err:
-        raise from_generation_error(err) from None
+    events, ev = await first_event(llm, request)
     out_stream = await stream.start(200, "text/event-stream")
     try:
         while True:

@@ -182,6 +182,15 @@ class Triton:
                                 if e.decode_time_ms is not None]
         return d
 
+    async def _run_registered(self, client_id: str | None, request, stream: ResponseStream):
+        """Run ``request`` to its end under the client's id (so ``stopInfer`` can reach it);
+        returns ``(client id, (events, stopped) or None when the client left)``."""
+        client_id, rec = self._register(client_id, request.request_id)
+        try:
+            return client_id, await self._run_to_end(request, rec, stream)
+        finally:
+            self.running.pop(client_id, None)
+
     async def generate(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
         check_model(self.app, params["model"])
         obj = parse_json_object(req.body)
@@ -189,11 +198,7 @@ class Triton:
         text = self._text_request(obj)
         make, details, perf = parse_parameters(obj)
         request = await build_request(self.llm, text, make)
-        client_id, rec = self._register(client_id, request.request_id)
-        try:
-            got = await self._run_to_end(request, rec, stream)
-        finally:
-            self.running.pop(client_id, None)
+        client_id, got = await self._run_registered(client_id, request, stream)
         if got is None:
             return None
         evs, stopped = got
@@ -290,11 +295,7 @@ class Triton:
         out_name = outputs[0].get("name", "output0") if isinstance(outputs[0], dict) else "output0"
         make, _details, _perf = parse_parameters(obj)
         request = await build_request(self.llm, ids, make)
-        client_id, rec = self._register(client_id, request.request_id)
-        try:
-            got = await self._run_to_end(request, rec, stream)
-        finally:
-            self.running.pop(client_id, None)
+        client_id, got = await self._run_registered(client_id, request, stream)
         if got is None:
             return None
         evs, _stopped = got
