@@ -214,3 +214,9 @@ def test_default_model_splits_digits(smol):
     ids = smol.encode("12345")
     assert len(ids) == 5
     assert [smol.token_text(i) for i in ids] == ["1", "2", "3", "4", "5"]
+
+
+def test_llama2_ids_of_the_mindie_example_decode():
+    tok = _vocab("ggml-vocab-llama-spm.gguf")
+    ids = [626, 263, 5176, 17739, 261, 2729, 297, 3681, 29889, 13]
+    assert tok.decode(ids) == "am a French photographer based in Paris.\n"
