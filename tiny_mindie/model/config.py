@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .gguf import GGUFFile, ModelFileError
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2")
 
 # Gemma 3: every ``GEMMA3_SWA_PATTERN``-th layer is global, the others use sliding-window
 # attention (llama.cpp ``hparams.set_swa_pattern(6)``; HF ``sliding_window_pattern = 6``); the
@@ -48,6 +48,8 @@ class ModelConfig:
     sliding_window: int = 0          # local layers: query at p sees keys p-window+1..p; 0 = none
     swa_pattern: int = 0             # layer i is global when (i + 1) % swa_pattern == 0; 0 = all global
     rope_theta_local: float = 0.0    # rotary base of the local (sliding-window) layers
+    # ---- Qwen2 ----
+    qkv_bias: bool = False           # q, k and v projections add a bias (``blk.N.attn_{q,k,v}.bias``)
 
     def is_local(self, layer: int) -> bool:
         """Whether ``layer`` uses sliding-window attention (and the local rotary base)."""
@@ -87,6 +89,10 @@ class ModelConfig:
                 mlp_act="gelu_tanh", qk_norm=True, post_norms=True,
                 sliding_window=int(f.get(p + "attention.sliding_window", 0)),
                 swa_pattern=GEMMA3_SWA_PATTERN, rope_theta_local=GEMMA3_ROPE_THETA_LOCAL)
+        elif arch == "qwen2":
+            # LLaMA's block plus q/k/v biases; llama.cpp's converter leaves Q/K rows in HF order
+            # and llama.cpp rotates qwen2 in NEOX mode (LLAMA_ROPE_TYPE_NEOX).
+            extra = dict(rope_neox=True, qkv_bias=True)
         return cls(
             architecture=arch,
             vocab_size=vocab,

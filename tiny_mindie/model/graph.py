@@ -34,6 +34,11 @@ layer, with ``h`` the residual stream::
     g, u = Split(MatMulNBits(x, [Wgate; Wup]))
     out  = MatMulNBits(silu(g) * u, Wdown)
 
+Qwen2 (``qwen2``) is the same graph plus an ``Add`` of the q/k/v biases after the fused QKV
+projection (the q bias scaled like the q weights), and ``rotary_interleaved=0``: llama.cpp's
+converter keeps Qwen2's Q/K rows in HF order, rotated in NEOX mode (pairs ``x[i], x[i + H/2]``)
+instead of LLaMA's adjacent pairs.
+
 (the first layer's norm is a plain ``SimplifiedLayerNormalization``); then the rows at
 ``logits_index`` are gathered, normalized (``output_norm``) and multiplied by the LM head.
 The attention scale ``1/sqrt(H)`` is folded into the query weights when it is a power of two
@@ -439,7 +444,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     """
     from onnx import TensorProto, helper
 
-    if config.architecture != "llama":
+    if config.architecture not in ("llama", "qwen2"):
         raise ModelFileError(f"the onnxruntime backend does not support architecture "
                              f"{config.architecture!r} yet; use --backend numpy")
     c = config
@@ -485,6 +490,13 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             if q_fold is not None:
                 wq = _scaled(wq, q_fold)
             qkv = _linear(g, x, [wq, wk, wv], p + ".attn_qkv", options.level("attn_qkv"))  # [T, (Nq+2Nkv) H]
+            if c.qkv_bias:                          # Qwen2: + [bq (scaled like Wq); bk; bv]
+                bq, bk, bv = (f.dequantize(f"{p}.attn_{t}.bias").reshape(-1) for t in "qkv")
+                if q_fold is not None:
+                    bq = bq * np.float32(q_fold)    # power of two: exact
+                b_qkv = np.concatenate([bq, bk, bv]).astype(np.float32)
+                qkv = g.op1("Add", [qkv, g.init(p + ".attn_qkv.bias", b_qkv)],
+                            name=p + "/attn_qkv_bias")                      # [T, (Nq+2Nkv) H]
             qkv = g.op1("Reshape", [qkv, qkv_shape])                        # [B, S, (Nq+2Nkv) H]
             attn = g.op("GroupQueryAttention",
                         [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k",
@@ -492,7 +504,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                         domain=MS_DOMAIN, name=p + "/GroupQueryAttention",
                         outputs=[p + "/attn_out", f"present_key.{i}", f"present_value.{i}"],
                         num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
-                        rotary_interleaved=1, scale=gqa_scale)[0]
+                        rotary_interleaved=0 if c.rope_neox else 1, scale=gqa_scale)[0]
             attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
             o = _linear(g, attn, [pack_weight(f, p + ".attn_output.weight")], p + ".attn_output",
                         options.level("attn_output"))                                                 # [T, D]

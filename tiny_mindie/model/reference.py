@@ -19,8 +19,10 @@ they write to and read from the :class:`KVCache`.
 Rotary layout: llama.cpp's converter stores LLaMA's Q and K projection rows permuted so that
 the rotary embedding turns *adjacent* pairs ``(x[2i], x[2i+1])`` (llama.cpp's "normal" rope
 mode). Hugging Face checkpoints instead pair ``x[i]`` with ``x[i + d/2]`` (``rotate_half``).
-This module reads GGUF, so :func:`rope` pairs adjacent elements -- except for Gemma 3, whose
-Q/K rows llama.cpp leaves in HF order and rotates in "NEOX" mode (:func:`rope_neox`).
+This module reads GGUF, so :func:`rope` pairs adjacent elements -- except for Gemma 3 and Qwen2,
+whose Q/K rows llama.cpp leaves in HF order and rotates in "NEOX" mode (:func:`rope_neox`).
+
+Qwen2 is LLaMA's :func:`block` with a bias added to each of the q, k and v projections.
 
 Gemma 3 (:func:`gemma3_block`) differs from LLaMA in: embeddings scaled by ``sqrt(d)``; an
 RMSNorm of every q and k head over ``head_dim`` before the rotation; RMSNorm of the attention and
@@ -194,11 +196,13 @@ class LayerWeights:
     k_norm: np.ndarray | None = None          # [hd], per key head
     post_attn_norm: np.ndarray | None = None  # [d], on the attention output
     post_ffn_norm: np.ndarray | None = None   # [d], on the MLP output
+    # Qwen2 only (None otherwise):
+    b_qkv: np.ndarray | None = None           # [(n_head + 2 * n_kv) * hd]: q, k, v biases
 
 
 def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin: np.ndarray,
           mask: np.ndarray, update_kv: KVUpdate) -> np.ndarray:
-    """One pre-norm LLaMA decoder layer.
+    """One pre-norm LLaMA decoder layer (also Qwen2: q/k/v biases and NEOX rope).
 
     x: float32 ``[B, n, d]``; cos, sin: ``[B, n, 1, rope_dim/2]`` at the tokens' positions;
     mask: ``[B, n, T]``; ``update_kv(k, v)`` stores the new keys/values in the cache and returns
@@ -207,9 +211,12 @@ def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin
     B, n, _ = x.shape
     H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     qkv = linear(rms_norm(x, w.attn_norm, cfg.rms_eps), w.w_qkv)  # [B, n, d] -> [B, n, (H + 2 KV) hd]
+    if w.b_qkv is not None:
+        qkv = qkv + w.b_qkv  # Qwen2
     q, k, v = np.split(qkv, [H * hd, (H + KV) * hd], axis=-1)
-    q = rope(q.reshape(B, n, H, hd), cos, sin)  # -> [B, n, H, hd]
-    k = rope(k.reshape(B, n, KV, hd), cos, sin)  # -> [B, n, KV, hd]
+    rot = rope_neox if cfg.rope_neox else rope
+    q = rot(q.reshape(B, n, H, hd), cos, sin)  # -> [B, n, H, hd]
+    k = rot(k.reshape(B, n, KV, hd), cos, sin)  # -> [B, n, KV, hd]
     k_all, v_all = update_kv(k, v.reshape(B, n, KV, hd))  # -> 2 x [B, KV, T, hd]
     x = x + linear(attention(q, k_all, v_all, mask), w.w_o)  # [B, n, H*hd] -> [B, n, d]
     return x + mlp(rms_norm(x, w.ffn_norm, cfg.rms_eps), w.w_gate_up, w.w_down)  # [B, n, d]
@@ -235,7 +242,7 @@ def gemma3_block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarr
     return x + rms_norm(m, w.post_ffn_norm, eps)  # [B, n, d]
 
 
-BLOCKS = {"llama": block, "gemma3": gemma3_block}
+BLOCKS = {"llama": block, "gemma3": gemma3_block, "qwen2": block}
 
 
 # ---- weights and cache ----------------------------------------------------------------------
@@ -283,6 +290,9 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
         if cfg.post_norms:
             extra.update(post_attn_norm=f.dequantize(p + "post_attention_norm.weight"),
                          post_ffn_norm=f.dequantize(p + "post_ffw_norm.weight"))
+        if cfg.qkv_bias:
+            extra.update(b_qkv=np.concatenate([f.dequantize(p + f"attn_{t}.bias").reshape(-1)
+                                               for t in "qkv"]).astype(np.float32))
         layers.append(LayerWeights(
             attn_norm=f.dequantize(p + "attn_norm.weight"),
             w_qkv=t(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),

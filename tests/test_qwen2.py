@@ -1,0 +1,318 @@
+"""Qwen2 (``qwen2``: LLaMA's block plus q/k/v biases, NEOX rope) on a tiny random model.
+
+No small Qwen2 GGUF ships in a registry package, so the test writes one with ``gguf``'s own
+writer (2 layers, d=64, 4 query heads and 2 KV heads of 16, MLP 128, 300 tokens of a byte-level
+BPE vocabulary), random weights stored as Q8_0 and Q4_0 (the Q4_0 ones exercise 4-bit
+MatMulNBits, mixed with 8-bit inside the fused QKV projection), F32 biases and norms, an untied
+LM head.
+
+Checks: the numpy reference against an independent float64 recomputation written the way Hugging
+Face ``Qwen2ForCausalLM`` computes (heads one by one, ``rotate_half``, biases added to the
+projections), and the ONNX Runtime backend against the reference (logits and greedy tokens, batch
+1 and 2 with different prompt lengths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+gguf_pkg = pytest.importorskip("gguf")
+
+from tiny_mindie.model.backend import SeqChunk  # noqa: E402
+from tiny_mindie.model.config import ModelConfig  # noqa: E402
+from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
+from tiny_mindie.model.graph import GraphOptions  # noqa: E402
+from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
+
+N_LAYERS, D, H, KV, HD, FFN, VOCAB = 2, 64, 4, 2, 16, 128, 300
+THETA, EPS, CTX = 1_000_000.0, 1e-6, 128
+MAX_SEQ_LEN = 64
+GREEDY_STEPS = 16
+
+# float32 reference vs float64 recomputation: only rounding differs (measured 4e-6; logits
+# span about -11..+13). Using adjacent-pair rope instead of NEOX moves them by ~5.7; dropping the
+# biases moves them too (test_biases_and_neox_matter).
+ATOL_VS_FLOAT64 = 1e-4
+# float-compute ONNX graph (accuracy_level 0) vs reference: every weight here packs exactly, so
+# only summation order differs (measured 3e-6).
+ATOL_FLOAT = 1e-3
+# default int8-activation graph vs reference (the same bounds as tests/test_ort_backend.py;
+# measured here: max 0.14, relative 0.011).
+MAX_ABS_INT8 = 1.5
+REL_INT8 = 0.25
+
+# tensors stored as Q4_0 (the rest of the matrices are Q8_0)
+Q4_0_TENSORS = {"blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.1.attn_v.weight",
+                "blk.1.ffn_gate.weight"}
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte -> printable character map, in byte order."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+        + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def write_tiny_qwen2(path: str, seed: int = 0) -> None:
+    """Write the tiny random Qwen2 GGUF to ``path``."""
+    Q = gguf_pkg.GGMLQuantizationType
+    rng = np.random.default_rng(seed)
+    w = gguf_pkg.GGUFWriter(path, "qwen2")
+    w.add_name("tiny-qwen2-random")
+    w.add_context_length(CTX)
+    w.add_embedding_length(D)
+    w.add_feed_forward_length(FFN)
+    w.add_block_count(N_LAYERS)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_rope_freq_base(THETA)
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_file_type(gguf_pkg.LlamaFileType.MOSTLY_Q8_0)
+
+    # tokenizer: 256 byte tokens, a few merges, specials up to VOCAB
+    tokens = _byte_tokens()
+    merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "o n", "Ġ s"]
+    tokens += [m.replace(" ", "") for m in merges]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    while len(tokens) < VOCAB - len(specials):
+        tokens.append(f"[PAD{len(tokens)}]")
+    tokens += specials
+    types = [1] * (VOCAB - len(specials) - 0) + [3] * len(specials)
+    for i, t in enumerate(tokens):
+        if t.startswith("[PAD"):
+            types[i] = 4                                    # user-defined
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(VOCAB - 3)
+    w.add_eos_token_id(VOCAB - 3)
+    w.add_add_bos_token(False)
+
+    def mat(name: str, out: int, inp: int, scale: float) -> None:
+        a = (rng.standard_normal((out, inp)) * scale).astype(np.float32)  # GGUF [out, in] rows
+        qt = Q.Q4_0 if name in Q4_0_TENSORS else Q.Q8_0
+        w.add_tensor(name, gguf_pkg.quants.quantize(a, qt), raw_dtype=qt)
+
+    def vec(name: str, n: int, mean: float, scale: float) -> None:
+        w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
+
+    mat("token_embd.weight", VOCAB, D, 1.0)
+    for i in range(N_LAYERS):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", D, 1.0, 0.1)
+        mat(p + "attn_q.weight", H * HD, D, D ** -0.5)
+        mat(p + "attn_k.weight", KV * HD, D, D ** -0.5)
+        mat(p + "attn_v.weight", KV * HD, D, D ** -0.5)
+        vec(p + "attn_q.bias", H * HD, 0.0, 0.5)
+        vec(p + "attn_k.bias", KV * HD, 0.0, 0.5)
+        vec(p + "attn_v.bias", KV * HD, 0.0, 0.5)
+        mat(p + "attn_output.weight", D, H * HD, (H * HD) ** -0.5)
+        vec(p + "ffn_norm.weight", D, 1.0, 0.1)
+        mat(p + "ffn_gate.weight", FFN, D, D ** -0.5)
+        mat(p + "ffn_up.weight", FFN, D, D ** -0.5)
+        mat(p + "ffn_down.weight", D, FFN, FFN ** -0.5)
+    vec("output_norm.weight", D, 1.0, 0.1)
+    mat("output.weight", VOCAB, D, 0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> GGUFFile:
+    path = str(tmp_path_factory.mktemp("qwen2") / "tiny-qwen2.gguf")
+    write_tiny_qwen2(path)
+    return GGUFFile(path)
+
+
+@pytest.fixture(scope="module")
+def config(model) -> ModelConfig:
+    return ModelConfig.from_gguf(model)
+
+
+@pytest.fixture(scope="module")
+def reference(model, config) -> NumpyBackend:
+    return NumpyBackend(model, config, num_slots=4, max_seq_len=MAX_SEQ_LEN)
+
+
+def _ort(model, config, tmp_path_factory, **graph):
+    from tiny_mindie.model.ort_backend import OrtBackend
+
+    be = OrtBackend(model, config, num_slots=4, max_seq_len=MAX_SEQ_LEN, threads=1,
+                    cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),
+                    graph_options=GraphOptions(**graph))
+    return be
+
+
+@pytest.fixture(scope="module")
+def ort_float(model, config, tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    be = _ort(model, config, tmp_path_factory, accuracy_level=0, lm_head_accuracy_level=0)
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def ort_default(model, config, tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    be = _ort(model, config, tmp_path_factory)
+    yield be
+    be.close()
+
+
+PROMPTS = [np.array([5, 77, 263, 100, 42, 9, 256, 31, 200, 150, 3], dtype=np.int64),
+           np.array([296, 12, 88, 260], dtype=np.int64)]
+
+
+# ---- an independent float64 recomputation in Hugging Face's layout -------------------------
+
+def hf_qwen2_logits(f: GGUFFile, ids: np.ndarray) -> np.ndarray:
+    """Logits float64 ``[n, vocab]`` of every position of ``ids``, the way HF Qwen2 computes."""
+    def W(name):  # GGUF [out, in] (HF's nn.Linear weight) as float64
+        return f.dequantize(name).astype(np.float64)
+
+    def norm(x, w):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * w
+
+    def rotate_half(x):
+        half = x.shape[-1] // 2
+        return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+    n = len(ids)
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    mask = np.where(j <= i, 0.0, -np.inf)
+    inv_freq = 1.0 / THETA ** (np.arange(0, HD, 2) / HD)
+    emb = np.concatenate([np.outer(np.arange(n), inv_freq)] * 2, axis=-1)  # [n, HD]
+    cos, sin = np.cos(emb), np.sin(emb)
+
+    x = W("token_embd.weight")[ids]
+    for layer in range(N_LAYERS):
+        p = f"blk.{layer}."
+        h = norm(x, W(p + "attn_norm.weight"))
+        q = h @ W(p + "attn_q.weight").T + W(p + "attn_q.bias")
+        k = h @ W(p + "attn_k.weight").T + W(p + "attn_k.bias")
+        v = h @ W(p + "attn_v.weight").T + W(p + "attn_v.bias")
+        heads = []
+        for hh in range(H):
+            kv = hh // (H // KV)
+            qj, kj = q[:, hh * HD:(hh + 1) * HD], k[:, kv * HD:(kv + 1) * HD]
+            vj = v[:, kv * HD:(kv + 1) * HD]
+            qj = qj * cos + rotate_half(qj) * sin
+            kj = kj * cos + rotate_half(kj) * sin
+            s = qj @ kj.T / np.sqrt(HD) + mask
+            e = np.exp(s - s.max(axis=-1, keepdims=True))
+            heads.append((e / e.sum(axis=-1, keepdims=True)) @ vj)
+        x = x + np.concatenate(heads, axis=-1) @ W(p + "attn_output.weight").T
+        h = norm(x, W(p + "ffn_norm.weight"))
+        g, u = h @ W(p + "ffn_gate.weight").T, h @ W(p + "ffn_up.weight").T
+        x = x + (g / (1.0 + np.exp(-g)) * u) @ W(p + "ffn_down.weight").T
+    return norm(x, W("output_norm.weight")) @ W("output.weight").T
+
+
+# ---- tests ----------------------------------------------------------------------------------
+
+def test_config(config, model):
+    assert config.architecture == "qwen2"
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
+            config.head_dim, config.intermediate_size, config.vocab_size) == (N_LAYERS, D, H, KV, HD, FFN, VOCAB)
+    assert config.rope_neox and config.qkv_bias and not config.tied_embeddings
+    assert config.rope_theta == THETA and config.rms_eps == pytest.approx(EPS)
+    assert model.raw("blk.0.ffn_down.weight").qtype == "Q4_0"
+    assert model.raw("blk.0.attn_q.weight").qtype == "Q8_0"
+
+
+def test_tokenizer_loads(model):
+    from tiny_mindie.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model)
+    ids = tok.encode("the cat")
+    assert all(0 <= t < VOCAB for t in ids)
+    assert tok.decode(ids) == "the cat"
+
+
+def test_reference_matches_float64(model, reference):
+    ids = PROMPTS[0]
+    want = hf_qwen2_logits(model, ids)
+    # whole prompt at once, then the same positions one token at a time through the cache
+    got = reference.forward([SeqChunk(0, 0, ids)])[0]
+    assert np.abs(got - want[-1]).max() < ATOL_VS_FLOAT64
+    reference.forward([SeqChunk(1, 0, ids[:3])])
+    for p in range(3, len(ids)):
+        got = reference.forward([SeqChunk(1, p, ids[p:p + 1])])[0]
+        assert np.abs(got - want[p]).max() < ATOL_VS_FLOAT64, p
+    assert np.abs(want[-1]).max() > 1.0            # the logits are not trivially small
+
+
+def test_biases_and_neox_matter(model, reference):
+    """Sanity of the float64 check itself: the tiny model is sensitive to what it tests."""
+    from tiny_mindie.model import reference as ref
+
+    ids = PROMPTS[0]
+    want = hf_qwen2_logits(model, ids)[-1]
+    w = reference.weights
+    saved = [l.b_qkv for l in w.layers]
+    try:
+        for l in w.layers:
+            l.b_qkv = None
+        no_bias = ref.prefill(w, ref.KVCache(w.cfg, 1, MAX_SEQ_LEN), 0, 0, ids)
+    finally:
+        for l, b in zip(w.layers, saved):
+            l.b_qkv = b
+    assert np.abs(no_bias - want).max() > 100 * ATOL_VS_FLOAT64
+    adjacent = NumpyBackend(model, dataclasses.replace(w.cfg, rope_neox=False), num_slots=1,
+                            max_seq_len=MAX_SEQ_LEN)
+    assert np.abs(adjacent.forward([SeqChunk(0, 0, ids)])[0] - want).max() > 100 * ATOL_VS_FLOAT64
+
+
+def _greedy(be, prompts: list[np.ndarray], slots: list[int], steps: int) -> tuple[list[list[int]], list[np.ndarray]]:
+    """Prefill each prompt (one batch), then decode ``steps`` greedy tokens for all rows."""
+    logits = be.forward([SeqChunk(s, 0, p) for s, p in zip(slots, prompts)])
+    out: list[list[int]] = [[] for _ in prompts]
+    all_logits = [logits.copy()]
+    pos = [len(p) for p in prompts]
+    for _ in range(steps):
+        nxt = logits.argmax(axis=-1)
+        for r, t in enumerate(nxt):
+            out[r].append(int(t))
+        logits = be.forward([SeqChunk(s, pos[r], np.array([nxt[r]], dtype=np.int64))
+                             for r, s in enumerate(slots)])
+        all_logits.append(logits.copy())
+        pos = [q + 1 for q in pos]
+    return out, all_logits
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_ort_float_matches_reference(reference, ort_float, batch):
+    prompts = PROMPTS[:batch]
+    slots = list(range(batch))
+    want_tok, want_logits = _greedy(reference, prompts, slots, GREEDY_STEPS)
+    got_tok, got_logits = _greedy(ort_float, prompts, slots, GREEDY_STEPS)
+    for step, (a, b) in enumerate(zip(got_logits, want_logits)):
+        assert np.abs(a - b).max() < ATOL_FLOAT, step
+    assert got_tok == want_tok
+    assert len(set(want_tok[0])) > 1                   # not a degenerate constant stream
+
+
+def test_ort_default_close_to_reference(reference, ort_default):
+    """The default graph (int8 activations inside MatMulNBits) stays within test_ort_backend's bounds."""
+    for slot, ids in enumerate(PROMPTS):
+        want = reference.forward([SeqChunk(slot, 0, ids)])[0]
+        got = ort_default.forward([SeqChunk(slot, 0, ids)])[0]
+        diff = got - want
+        assert np.abs(diff).max() < MAX_ABS_INT8
+        assert np.linalg.norm(diff) / np.linalg.norm(want - want.mean()) < REL_INT8
