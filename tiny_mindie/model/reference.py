@@ -404,17 +404,21 @@ def _logits(w: Weights, x: np.ndarray) -> np.ndarray:
 
 # ---- the two entry points -------------------------------------------------------------------
 
-def prefill(w: Weights, cache: KVCache, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
+def prefill(w: Weights, cache: KVCache, slot: int, start: int, token_ids: np.ndarray,
+            all_logits: bool = False) -> np.ndarray:
     """Run a chunk of one sequence: tokens at positions ``[start, start + n)`` of ``slot``.
 
     Attends causally over the slot's cached positions ``[0, start)`` and the chunk itself, and
     writes the chunk's keys/values into the cache. token_ids: int64 ``[n]``.
-    Returns float32 ``[vocab]``: logits of the chunk's last token.
+    Returns float32 ``[vocab]``: logits of the chunk's last token; with ``all_logits``,
+    ``[n, vocab]``: the next-token logits after every position (for likelihoods).
     """
     n = len(token_ids)
     positions = np.arange(start, start + n)[None]  # [1, n]
     x = _embed(w, token_ids)[None]  # [n] -> [1, n, d]
     x = _run_layers(w, x, positions, start + n, lambda i: partial(cache.write_chunk, i, slot, start))
+    if all_logits:
+        return _logits(w, x[0])  # [n, d] -> [n, vocab]
     return _logits(w, x[:, -1])[0]  # [1, d] -> [vocab]
 
 
