@@ -39,6 +39,15 @@ projection (the q bias scaled like the q weights), and ``rotary_interleaved=0``:
 converter keeps Qwen2's Q/K rows in HF order, rotated in NEOX mode (pairs ``x[i], x[i + H/2]``)
 instead of LLaMA's adjacent pairs.
 
+Gemma 3 (``gemma3``) adds: the embedding times ``sqrt(D)`` (a float32 ``Mul``, as the
+reference); q and k heads RMS-normalized over ``H`` (``SimplifiedLayerNormalization`` on
+``[T, N, H]``) before GroupQueryAttention, the power-of-two attention scale (1/16) folded into
+the q norm's weights instead of Wq; ``SimplifiedLayerNormalization`` of the attention and MLP
+outputs before each residual add; ``Gelu(approximate="tanh")`` instead of SiLU; NEOX rope; and on
+local layers (``(i + 1) % 6 != 0``) ``local_window_size = sliding_window`` (measured on
+onnxruntime 1.24: a query at ``p`` then sees the ``w`` keys ``p - w + 1 .. p``, the reference's
+``p - key < window``) with a second pair of cos/sin caches at the local rotary base (10000).
+
 (the first layer's norm is a plain ``SimplifiedLayerNormalization``); then the rows at
 ``logits_index`` are gathered, normalized (``output_norm``) and multiplied by the LM head.
 The attention scale ``1/sqrt(H)`` is folded into the query weights when it is a power of two
@@ -268,11 +277,14 @@ def concat_weights(ws: Sequence[NBitsWeight]) -> list[NBitsWeight]:
     return out
 
 
-def rope_cache(config: ModelConfig, positions: int) -> tuple[np.ndarray, np.ndarray]:
+def rope_cache(config: ModelConfig, positions: int,
+               theta: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin caches ``float32 [positions, rope_dim/2]``: ``angle[p, i] = p * theta**(-2i/d)``
-    (RoFormer eq. 15), computed in float64 then rounded."""
+    (RoFormer eq. 15), computed in float64 then rounded; ``theta`` defaults to
+    ``config.rope_theta`` (Gemma 3's local layers pass ``rope_theta_local``)."""
     d = config.rope_dim
-    inv_freq = config.rope_theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    theta = config.rope_theta if theta is None else theta
+    inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
     ang = np.arange(positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
@@ -432,6 +444,36 @@ def attention_scale_folding(head_dim: int) -> float | None:
     s = 1.0 / math.sqrt(head_dim)
     m, _ = math.frexp(s)
     return s if m == 0.5 else None
+
+
+def _power_of_two(s: float) -> float | None:
+    """``s`` when it is a power of two (so multiplying by it is exact), else ``None``."""
+    m, _ = math.frexp(s)
+    return s if m == 0.5 else None
+
+
+def _qk_norm(g: _Builder, f: GGUFFile, c: ModelConfig, p: str, qkv: str,
+             q_fold: float | None, eps: float) -> str:
+    """Gemma 3's q/k norm on the fused projection ``[T, (Nq + 2 Nkv) H]``: each q and k head
+    RMS-normalized over ``H`` (``SimplifiedLayerNormalization`` on ``[T, N, H]``), v untouched.
+    A power-of-two attention scale is folded into the q norm's weights (exact), since a scale
+    folded into Wq would be normalized away."""
+    hd = c.head_dim
+    q, k, v = g.op("Split", [qkv, g.const([c.num_heads * hd, c.num_kv_heads * hd,
+                                          c.num_kv_heads * hd])], 3, axis=-1)
+    wq = f.dequantize(p + ".attn_q_norm.weight").astype(np.float32)
+    if q_fold is not None:
+        wq = wq * np.float32(q_fold)
+    outs = []
+    for name, t, w, n in (("q", q, wq, c.num_heads), ("k", k, None, c.num_kv_heads)):
+        w = f.dequantize(p + ".attn_k_norm.weight").astype(np.float32) if w is None else w
+        t3 = g.op1("Reshape", [t, g.const([-1, n, hd])])                   # [T, N, H]
+        t3 = g.op1("SimplifiedLayerNormalization", [t3, g.init(f"{p}.attn_{name}_norm", w)],
+                   name=f"{p}/attn_{name}_norm", axis=-1, epsilon=eps)
+        outs.append(g.op1("Reshape", [t3, g.const([-1, n * hd])]))         # [T, N H]
+    return g.op1("Concat", outs + [v], axis=-1)                              # [T, (Nq+2Nkv) H]
+
+
 def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                 options: GraphOptions = GraphOptions()) -> str:
     """Write ``out_dir/model.onnx`` (+ ``model.onnx.data``) for the decoder in ``f``.
@@ -444,7 +486,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     """
     from onnx import TensorProto, helper
 
-    if config.architecture not in ("llama", "qwen2"):
+    if config.architecture not in ("llama", "qwen2", "gemma3"):
         raise ModelFileError(f"the onnxruntime backend does not support architecture "
                              f"{config.architecture!r} yet; use --backend numpy")
     c = config
@@ -455,6 +497,9 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         positions = options.max_positions or c.context_length
         cos, sin = rope_cache(c, positions)
         cos_name, sin_name = g.init("rope.cos", cos), g.init("rope.sin", sin)
+        if c.sliding_window:                        # Gemma 3: local layers' own rotary base
+            cos_l, sin_l = rope_cache(c, positions, c.rope_theta_local)
+            cos_l_name, sin_l_name = g.init("rope_local.cos", cos_l), g.init("rope_local.sin", sin_l)
 
         # token embedding: GatherBlockQuantized on the 8-bit blocks  [B, S] -> [T = B*S, D]
         emb = pack_weight(f, "token_embd.weight")
@@ -467,14 +512,17 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                   name="embed/GatherBlockQuantized", bits=8, block_size=BLOCK,
                   gather_axis=0, quantize_axis=2)                           # [B, S, nb, 32]
         h = g.op1("Reshape", [e, g.const([-1, c.hidden_size])])            # [T, D]
+        if c.embedding_scale != 1.0:                # Gemma: * sqrt(D), in float32 like the reference
+            h = g.op1("Mul", [h, g.const(np.float32(c.embedding_scale), np.float32)],
+                      name="embed/scale")
         # [B, S, (Nq + 2 Nkv) H]: the shape GroupQueryAttention wants its packed QKV in
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
                           axis=0)
 
         eps = float(c.rms_eps)
-        q_fold = attention_scale_folding(c.head_dim)
-        gqa_scale = 1.0 if q_fold is not None else 1.0 / math.sqrt(c.head_dim)
+        q_fold = _power_of_two(c.attn_scale)
+        gqa_scale = 1.0 if q_fold is not None else float(c.attn_scale)
         pending = None      # output of the previous block, still to be added to the residual h
         for i in range(c.num_layers):
             p = f"blk.{i}"
@@ -487,7 +535,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                                   domain=MS_DOMAIN, name=p + "/attn_norm", epsilon=eps)
             # attention: fused QKV projection, GQA with rotary and the in-place cache
             wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
-            if q_fold is not None:
+            if q_fold is not None and not c.qk_norm:
                 wq = _scaled(wq, q_fold)
             qkv = _linear(g, x, [wq, wk, wv], p + ".attn_qkv", options.level("attn_qkv"))  # [T, (Nq+2Nkv) H]
             if c.qkv_bias:                          # Qwen2: + [bq (scaled like Wq); bk; bv]
@@ -497,17 +545,28 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                 b_qkv = np.concatenate([bq, bk, bv]).astype(np.float32)
                 qkv = g.op1("Add", [qkv, g.init(p + ".attn_qkv.bias", b_qkv)],
                             name=p + "/attn_qkv_bias")                      # [T, (Nq+2Nkv) H]
+            if c.qk_norm:                           # Gemma 3: RMSNorm of every q and k head
+                qkv = _qk_norm(g, f, c, p, qkv, q_fold, eps)
             qkv = g.op1("Reshape", [qkv, qkv_shape])                        # [B, S, (Nq+2Nkv) H]
+            local = c.is_local(i)
+            window = {"local_window_size": c.sliding_window} if local else {}
             attn = g.op("GroupQueryAttention",
                         [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k",
-                         "total_sequence_length", cos_name, sin_name],
+                         "total_sequence_length", cos_l_name if local else cos_name,
+                         sin_l_name if local else sin_name],
                         domain=MS_DOMAIN, name=p + "/GroupQueryAttention",
                         outputs=[p + "/attn_out", f"present_key.{i}", f"present_value.{i}"],
                         num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
-                        rotary_interleaved=0 if c.rope_neox else 1, scale=gqa_scale)[0]
+                        rotary_interleaved=0 if c.rope_neox else 1, scale=gqa_scale,
+                        **window)[0]
             attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
             o = _linear(g, attn, [pack_weight(f, p + ".attn_output.weight")], p + ".attn_output",
                         options.level("attn_output"))                                                 # [T, D]
+            if c.post_norms:                        # Gemma 3: norm the attention output first
+                o = g.op1("SimplifiedLayerNormalization",
+                          [o, g.init(p + ".post_attention_norm",
+                                     f.dequantize(p + ".post_attention_norm.weight"))],
+                          name=p + "/post_attention_norm", axis=-1, epsilon=eps)
             norm_w = g.init(p + ".ffn_norm", f.dequantize(p + ".ffn_norm.weight"))
             x, _, _, h = g.op("SkipSimplifiedLayerNormalization", [h, o, norm_w], 4,
                               domain=MS_DOMAIN, name=p + "/ffn_norm", epsilon=eps)
@@ -516,9 +575,17 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                                 pack_weight(f, p + ".ffn_up.weight")],
                          p + ".ffn_gate_up", options.level("ffn_gate_up"))                            # [T, 2I]
             gate, up = g.op("Split", [gu], 2, axis=-1, num_outputs=2)        # 2 x [T, I]
-            act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
+            if c.mlp_act == "gelu_tanh":            # Gemma: GeGLU
+                act = g.op1("Mul", [g.op1("Gelu", [gate], approximate="tanh"), up])
+            else:
+                act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
             pending = _linear(g, act, [pack_weight(f, p + ".ffn_down.weight")], p + ".ffn_down",
                               options.level("ffn_down"))                                           # [T, D]
+            if c.post_norms:
+                pending = g.op1("SimplifiedLayerNormalization",
+                                [pending, g.init(p + ".post_ffw_norm",
+                                                 f.dequantize(p + ".post_ffw_norm.weight"))],
+                                name=p + "/post_ffw_norm", axis=-1, epsilon=eps)
 
         # the token whose logits are wanted, per row: [T, D] -> [B, D]; final norm; LM head
         last_h = g.op1("Gather", [h, "logits_index"], axis=0)

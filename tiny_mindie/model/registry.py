@@ -79,7 +79,7 @@ MODELS: dict[str, RegistryModel] = {
             size=253_113_024,
             licence="Gemma Terms of Use",
             description="Gemma 3 270M base (Google), gemma3 architecture, Q4_K_M, SentencePiece "
-                        "262,144 pieces (numpy backend only for now: --backend numpy)",
+                        "262,144 pieces, sliding-window attention",
             notice="Gemma is provided under and subject to the Gemma Terms of Use found at "
                    "ai.google.dev/gemma/terms; by pulling it you agree to them.",
         ),
