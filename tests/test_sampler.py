@@ -149,3 +149,25 @@ def test_large_vocab_typical_and_top_p_match_definitions():
     typical = set(order[:int((np.cumsum(p[order]) < 0.3).sum()) + 1].tolist())
     assert {sample(x, SamplingParams(do_sample=True, typical_p=0.3), empty, rng)[0]
             for _ in range(200)} <= typical
+
+
+def test_vocab_wide_nucleus_and_typical_sets_are_exact_on_a_zipf_distribution():
+    from tiny_mindie.engine.sampler import _probs, nucleus_of_vocab, typical_of_vocab
+    rng = np.random.default_rng(5)
+    v = 262_144
+    x = (-1.1 * np.log(np.arange(1, v + 1)) + rng.normal(0, 0.5, v)).astype(np.float32)
+    x = x[rng.permutation(v)]
+    p = _probs(x)
+    order = np.lexsort((np.arange(v), -x))                       # logit descending, ties by id
+    cum = np.cumsum(p[order], dtype=np.float64)
+    for top_p in (0.3, 0.9):
+        expected = order[:int(np.sum(cum < top_p)) + 1]
+        assert nucleus_of_vocab(x, p, top_p).tolist() == expected.tolist()
+    logp = np.log(p.astype(np.float64))
+    h = -(p * logp).sum()
+    dev = np.abs(-logp - h)
+    by_dev = np.lexsort((np.arange(v), dev))
+    cum = np.cumsum(p[by_dev], dtype=np.float64)
+    expected = set(by_dev[:int(np.sum(cum < 0.9)) + 1].tolist())
+    got = set(typical_of_vocab(x, p, 0.9).tolist())
+    assert len(got ^ expected) <= 2        # float32 vs float64 deviations may swap an edge id

@@ -5,9 +5,8 @@ asked (:mod:`.watermark`), then temperature, top-k, top-p, typical-p, each worki
 distribution the previous one left.
 
 Cost: the whole vocabulary is never sorted. Work over all ``V`` logits is a few O(V) float32
-passes (max, exp, sum, one ``argpartition``); sorting happens only inside a candidate pool
-(top-k, the nucleus, the typical set), which grows geometrically from 256 ids until it holds
-the mass it needs. With Gemma's 262,144-token vocabulary that keeps a sampled row near a
+passes (max, exp, sum, a strided threshold for top-k, a bucketed mass histogram for top-p and
+typical-p); sorting happens only inside the candidate set (top-k, the nucleus, the typical set). With Gemma's 262,144-token vocabulary that keeps a sampled row near a
 millisecond.
 
 Every request has its own ``numpy.random.Generator`` (PCG64) seeded from its ``seed``, and draws
@@ -22,7 +21,6 @@ import numpy as np
 from .request import SamplingParams
 from .watermark import apply_watermark
 
-FIRST_POOL = 256     # ids in the first candidate pool for top-p / typical-p without top-k
 
 
 def make_rng(seed: int) -> np.random.Generator:
@@ -115,15 +113,28 @@ def nucleus_candidates(logits: np.ndarray, ids: np.ndarray, top_p: float) -> np.
     return ids[:_prefix_reaching(np.exp(_log_softmax(logits[ids])), top_p)]
 
 
+def _lightest_prefix(key: np.ndarray, p: np.ndarray, target: float,
+                     per_unit: int = 16, buckets: int = 4096) -> np.ndarray:
+    """The ids with the smallest ``key`` (ties: lower id first), in that order, up to and
+    including the one where their mass ``p`` first reaches ``target``.
+
+    One O(V) pass buckets ``key`` (>= 0) into ``1/per_unit``-wide buckets and sums the mass of
+    each (``bincount``); only the buckets up to the one where the running mass reaches
+    ``target`` are sorted. key: float32 ``[V]``; p: float32 ``[V]`` probabilities.
+    """
+    b = np.minimum(key * np.float32(per_unit), buckets - 1).astype(np.int32)
+    mass = np.bincount(b, weights=p, minlength=buckets)
+    last = min(int(np.searchsorted(np.cumsum(mass), target)), buckets - 1)
+    cand = np.flatnonzero(b <= last)
+    cand = cand[np.lexsort((cand, key[cand]))]
+    cum = np.cumsum(p[cand], dtype=np.float64)
+    return cand[:min(int(np.sum(cum < target)) + 1, cand.shape[0])]
+
+
 def nucleus_of_vocab(logits: np.ndarray, p: np.ndarray, top_p: float) -> np.ndarray:
-    """Top-p over the whole vocabulary without sorting it: grow a top-logit pool (256, 1024,
-    ...) until it holds ``top_p`` of the mass ``p`` (float32 ``[V]`` probabilities)."""
-    v, k = logits.shape[0], FIRST_POOL
-    while True:
-        ids = top_k_candidates(logits, k)
-        if k >= v or p[ids].sum(dtype=np.float64) >= top_p:
-            return ids[:_prefix_reaching(p[ids].astype(np.float64), top_p)]
-        k *= 4
+    """Top-p over the whole vocabulary without sorting it (Holtzman et al. 2020): the most likely
+    ids, by logit descending, until their mass ``p`` reaches ``top_p``."""
+    return _lightest_prefix(np.max(logits) - logits, p, top_p)
 
 
 def typical_candidates(logits: np.ndarray, ids: np.ndarray, mass: float) -> np.ndarray:
@@ -142,22 +153,13 @@ def typical_candidates(logits: np.ndarray, ids: np.ndarray, mass: float) -> np.n
 
 def typical_of_vocab(logits: np.ndarray, p: np.ndarray, mass: float) -> np.ndarray:
     """Typical-p over the whole vocabulary without sorting it: the entropy is one O(V) pass;
-    the ids closest to it are taken with a growing ``argpartition`` on the deviation."""
-    v = logits.shape[0]
+    the ids closest to it, until their mass reaches ``mass``, sorted by logit descending."""
     with np.errstate(divide="ignore", invalid="ignore"):
         logp = np.log(p)
         entropy = -np.nansum(p * logp, dtype=np.float64)
         dev = np.abs(-logp - np.float32(entropy))
     dev[p == 0] = np.inf
-    k = FIRST_POOL
-    while True:
-        ids = smallest_ids(dev, min(k, v))
-        ids = ids[np.lexsort((ids, dev[ids]))]            # by deviation, ties by id
-        cum = np.cumsum(p[ids], dtype=np.float64)
-        if k >= v or cum[-1] >= mass:
-            kept = ids[:int(np.sum(cum < mass)) + 1]
-            return _sort_desc(logits, kept)
-        k *= 4
+    return _sort_desc(logits, _lightest_prefix(dev, p, mass))
 
 
 def _inverse_cdf(p: np.ndarray, u: float, block: int = 1024) -> tuple[int, float]:
