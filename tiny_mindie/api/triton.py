@@ -191,13 +191,18 @@ class Triton:
         finally:
             self.running.pop(client_id, None)
 
-    async def generate(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
+    async def _text_generation(self, req: Request, params: dict):
+        """The common front of generate and generate_stream: model check, body, parameters,
+        tokenized request. Returns ``(client id or None, request, details, perf_stat)``."""
         check_model(self.app, params["model"])
         obj = parse_json_object(req.body)
         client_id = _client_id(obj)
         text = self._text_request(obj)
         make, details, perf = parse_parameters(obj)
-        request = await build_request(self.llm, text, make)
+        return client_id, await build_request(self.llm, text, make), details, perf
+
+    async def generate(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        client_id, request, details, perf = await self._text_generation(req, params)
         client_id, got = await self._run_registered(client_id, request, stream)
         if got is None:
             return None
@@ -211,12 +216,7 @@ class Triton:
 
     async def generate_stream(self, req: Request, stream: ResponseStream,
                               params: dict) -> Response | None:
-        check_model(self.app, params["model"])
-        obj = parse_json_object(req.body)
-        client_id = _client_id(obj)
-        text = self._text_request(obj)
-        make, details, perf = parse_parameters(obj)
-        request = await build_request(self.llm, text, make)
+        client_id, request, details, perf = await self._text_generation(req, params)
         client_id, rec = self._register(client_id, request.request_id)
         events = self.llm.stream_async(request)
         base = {"id": client_id, "model_name": self.llm.model_name, "model_version": None}
