@@ -159,7 +159,6 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
         return be.forward([SeqChunk(0, pos, np.array([tok], np.int64))])[0]
 
     runner = _Runner(prefill, decode, prompt)
-    step_s: list[float] = []
 
     def stats(final=False, logits=None, step_s=None):
         res = dict(extra, backend=backend, load_s=load_s, open_s=t_open, rss_base_mb=base,
@@ -298,7 +297,7 @@ def run_interleaved(children: list[Child], prompt_len: int, gen: int, reps: int,
     runs = {c.name: {"prefill_s": [], "decode_s": [], "tokens": None} for c in children}
     for c in children:
         c.ask(op="warm")
-    for rep in range(reps):
+    for _ in range(reps):
         toks = {}
         for c in children:
             r = c.ask(op="prefill")

@@ -26,12 +26,14 @@ import json
 import os
 import re
 import ssl
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from tiny_mindie.config import load_config
+from tiny_mindie.server.tls import client_context, tls_files
 
 PROMPT = ("In the small harbour town the fishermen mended their nets while the gulls circled "
           "above the boats, and the old keeper of the lighthouse")
@@ -147,10 +149,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
         proc, port = start_server(args.backend, args.threads, home)
         try:
-            sec = os.path.join(home, "security")
-            ctx = ssl.create_default_context(cafile=os.path.join(sec, "ca", "ca.pem"))
-            ctx.load_cert_chain(os.path.join(sec, "certs", "client.pem"),
-                                os.path.join(sec, "keys", "client.key.pem"))
+            ctx = client_context(tls_files(load_config(os.path.join(home, "config.json"))))
             Client(port, ctx).stream({"inputs": "warm up", "stream": True,
                                       "parameters": {"max_new_tokens": 4}})
             rows = [run_level(n, port, ctx, args.rounds, args.new_tokens) for n in args.levels]

@@ -43,27 +43,34 @@ class Server:
     port: int
     home: str
     banner: str
+    config_path: str
 
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
     @property
+    def tls(self):
+        """The server's TLS files, resolved the way the server resolves them."""
+        from tiny_mindie.config import load_config
+        from tiny_mindie.server.tls import tls_files
+        return tls_files(load_config(self.config_path))
+
+    @property
     def ca(self) -> str:
-        return os.path.join(self.home, "security", "ca", "ca.pem")
+        return self.tls.ca[0]
 
     @property
     def client_cert(self) -> str:
-        return os.path.join(self.home, "security", "certs", "client.pem")
+        return self.tls.client_cert
 
     @property
     def client_key(self) -> str:
-        return os.path.join(self.home, "security", "keys", "client.key.pem")
+        return self.tls.client_key
 
     def ssl_context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.ca)
-        ctx.load_cert_chain(self.client_cert, self.client_key)
-        return ctx
+        from tiny_mindie.server.tls import client_context
+        return client_context(self.tls)
 
 
 TEST_CONFIG = {
@@ -97,7 +104,7 @@ def start_server(home: str, config: dict, extra_args: list[str] = (), timeout: f
             lines.extend(proc.stdout.readline() for _ in range(3))
             banner = "".join(lines)
             port = int(re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", banner).group(1))
-            return Server(proc, port, home, banner)
+            return Server(proc, port, home, banner, path)
     proc.kill()
     raise RuntimeError("server did not start:\n" + "".join(lines))
 

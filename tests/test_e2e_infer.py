@@ -185,8 +185,9 @@ def test_client_certificate_from_another_ca_is_refused(server, tmp_path):
     other = TLSFiles(ca=(f"{d}/ca.pem",), cert=f"{d}/s.pem", key=f"{d}/s.key", crls=(),
                      client_cert=f"{d}/c.pem", client_key=f"{d}/c.key")
     make_certificates(other)
-    ctx = ssl.create_default_context(cafile=server.ca)
-    ctx.load_cert_chain(other.client_cert, other.client_key)
+    from dataclasses import replace
+    from tiny_mindie.server.tls import client_context
+    ctx = client_context(replace(other, ca=(server.ca,)))   # trusts the server, wrong client CA
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
         request(server, "POST", "/infer", seed_body(False), ctx=ctx)
 
