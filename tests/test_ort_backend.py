@@ -258,6 +258,63 @@ def test_greedy_identical_at_batch_1_and_batch_4(ort, prompts):
     assert ort.swaps > 0        # the scattered slots really were regrouped
 
 
+class _RunSpy:
+    """Calls the real session and records which thread ran each call, and when."""
+
+    def __init__(self, session):
+        self.session, self.calls = session, []
+
+    def run_with_iobinding(self, binding):
+        import threading
+        import time
+        t0 = time.perf_counter()
+        self.session.run_with_iobinding(binding)
+        self.calls.append((threading.current_thread().name, t0, time.perf_counter()))
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_parallel_runs_give_the_tokens_of_single_runs(gguf, config, prompts):
+    """Three runs at once (decode rows split into groups, prompts prefilled beside decode rows
+    and beside each other) decode greedily exactly as every sequence alone, and the runs
+    really overlap in time on different threads."""
+    be = OrtBackend(gguf, config, num_slots=8, max_seq_len=MAX_SEQ_LEN, threads=1,
+                    parallel_runs=3)
+    try:
+        single = [_greedy_single(be, 0, p, 24) for p in prompts]
+        spy = be._session = _RunSpy(be._session)
+        slots = [5, 2, 7, 4]
+        toks = [[] for _ in prompts]
+        logits = be.forward([SeqChunk(slots[i], 0, p) for i, p in enumerate(prompts[:3])])
+        for i in range(3):
+            toks[i].append(int(logits[i].argmax()))
+        pos = [len(p) for p in prompts]
+        for step in range(40):
+            live = [i for i in range(4) if toks[i] and len(toks[i]) < 24]
+            chunks = [SeqChunk(slots[i], pos[i], np.array([toks[i][-1]])) for i in live]
+            if step == 3:                               # a prompt arrives mid-stream
+                chunks.append(SeqChunk(slots[3], 0, prompts[3]))
+            if not chunks:
+                break
+            logits = be.forward(chunks)
+            for row, i in enumerate(live):
+                toks[i].append(int(logits[row].argmax()))
+                pos[i] += 1
+            if step == 3:
+                toks[3].append(int(logits[-1].argmax()))
+        assert toks == single
+        assert len({name for name, _, _ in spy.calls}) >= 2
+        calls = sorted(spy.calls, key=lambda c: c[1])
+        assert any(b[1] < a[2] for a, b in zip(calls, calls[1:]))     # some runs overlapped
+    finally:
+        be.close()
+
+
+def test_parallel_runs_default_to_cores_per_thread_count(ort):
+    assert ort.parallel_runs == max(1, len(os.sched_getaffinity(0)) // ort.threads)
+
+
 def _chunked_vs_whole(be, slot, p):
     whole = be.forward([SeqChunk(slot, 0, p)])[0]
     be.forward([SeqChunk(slot, 0, p[:20])])

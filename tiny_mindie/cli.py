@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=BACKENDS,
                    help=f"model backend (default {DEFAULT_BACKEND}; numpy is the reference decoder)")
     s.add_argument("--threads", type=int, help="intra-op threads of the backend (0 = default)")
+    s.add_argument("--parallel-runs", type=int,
+                   help="onnxruntime runs executed at once, each on its own threads "
+                        "(BackendConfig.parallelRuns; 0 = CPUs // threads)")
     s.add_argument("--max-seq-len", type=int, help="prompt + output tokens per sequence (maxSeqLen)")
     s.add_argument("--no-tls", action="store_true",
                    help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
@@ -98,6 +101,8 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["backend.backend"] = args.backend
     if args.threads is not None:
         over["backend.intra_op_threads"] = args.threads
+    if args.parallel_runs is not None:
+        over["backend.parallel_runs"] = args.parallel_runs
     if args.max_seq_len is not None:
         over["model.max_seq_len"] = args.max_seq_len
         over["model.max_input_token_len"] = min(cfg.backend.model.max_input_token_len,
@@ -132,7 +137,8 @@ def serve(args: argparse.Namespace) -> int:
         ssl_ctx = server_context(files)
     llm = LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
               max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
-              threads=b.intra_op_threads, device_id=b.npu_device_ids[0],
+              threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
+              device_id=b.npu_device_ids[0],
               providers=list(b.execution_providers) or None,
               schedule=_schedule(cfg), max_iter_times=b.schedule.max_iter_times,
               token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,
@@ -175,12 +181,21 @@ def _schedule(cfg: Config):
                            max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size))
 
 
+def _threads(backend) -> str:
+    """`` (1 thread x 2 parallel runs)`` for backends that have intra-op threads."""
+    threads, runs = getattr(backend, "threads", None), getattr(backend, "parallel_runs", 1)
+    if not threads:
+        return ""
+    return f" ({threads} thread{'s' if threads > 1 else ''}" + (
+        f" x {runs} parallel runs)" if runs > 1 else ")")
+
+
 def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:
     scheme = "https" if files else "http"
     lines = [f"tiny_mindie {__version__} ready in {startup_s:.1f} s",
              f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
              f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x {llm.backend.max_seq_len} tokens)",
-             f"  backend  {llm.backend.name} on {llm.backend.device}"]
+             f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"]
     for lst in listeners:
         lines.append(f"  listens  {scheme}://{_hostport(lst.host, lst.bound_port)}  "
                      f"({', '.join(sorted(lst.planes))})")

@@ -74,6 +74,7 @@ class BackendConfig:
     npu_device_ids: tuple[int, ...] = (0,)
     backend: str = DEFAULT_BACKEND      # tiny_mindie: "onnxruntime" or "numpy"
     intra_op_threads: int = 0           # tiny_mindie: 0 = the backend's default
+    parallel_runs: int = 0              # tiny_mindie: onnxruntime runs at once; 0 = CPUs // threads
     kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
     execution_providers: tuple = ()     # tiny_mindie: onnxruntime EPs, names or [name, {options}]
     model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
@@ -231,6 +232,7 @@ def load_config(path: str | None = None) -> Config:
         npu_device_ids=tuple(flat),
         backend=_get(b, "backend", str, B.backend, W),
         intra_op_threads=_get(b, "intraOpThreads", int, B.intra_op_threads, W),
+        parallel_runs=_get(b, "parallelRuns", int, B.parallel_runs, W),
         kv_cache_mb=_get(b, "kvCacheMB", int, B.kv_cache_mb, W),
         execution_providers=_providers(b.get("executionProviders")),
         model=model, schedule=sched,
@@ -288,5 +290,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {b.backend!r}")
     if b.intra_op_threads < 0:
         raise ConfigError(f"intraOpThreads must be >= 0, got {b.intra_op_threads}")
+    if b.parallel_runs < 0:
+        raise ConfigError(f"parallelRuns must be >= 0, got {b.parallel_runs}")
     if b.kv_cache_mb < 1:
         raise ConfigError(f"kvCacheMB must be >= 1, got {b.kv_cache_mb}")

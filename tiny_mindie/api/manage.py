@@ -130,7 +130,8 @@ def effective_config(app) -> dict:
         },
         "BackendConfig": {
             "npuDeviceIds": [list(b.npu_device_ids)],
-            "backend": b.backend, "intraOpThreads": b.intra_op_threads, "kvCacheMB": b.kv_cache_mb,
+            "backend": b.backend, "intraOpThreads": b.intra_op_threads,
+            "parallelRuns": getattr(llm.backend, "parallel_runs", 1), "kvCacheMB": b.kv_cache_mb,
             "device": llm.backend.device, "kvSlots": engine.stats()["total_slots"],
             "ModelDeployConfig": {
                 "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,

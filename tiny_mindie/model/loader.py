@@ -23,7 +23,8 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
 
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
-               threads: int = 0, device_id: int = 0, providers: list | None = None,
+               threads: int = 0, parallel_runs: int = 0, device_id: int = 0,
+               providers: list | None = None,
                ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
@@ -34,6 +35,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
             MB hold, at most ``max_batch``.
         max_seq_len: tokens per sequence (capped by the model's trained context).
         threads: intra-op threads (0 = backend default).
+        parallel_runs: onnxruntime runs executed at once (0 = CPUs // threads).
         device_id: NPU device for the CANN execution provider.
         providers: onnxruntime execution providers to ask for, names or ``[name, {options}]``;
             ``None`` chooses (CANN when Ascend's runtime loads, else CPU).
@@ -55,7 +57,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         try:
             from .ort_backend import OrtBackend
             be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
-                            threads=threads, device_id=device_id,
+                            threads=threads, parallel_runs=parallel_runs, device_id=device_id,
                             providers=list(providers) if providers else None)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
             raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "

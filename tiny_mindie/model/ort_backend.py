@@ -24,10 +24,27 @@ out slots from a free list rarely trigger a swap.
 
 One :meth:`OrtBackend.forward` call is split into session runs:
 
-- all single-token chunks (decode) in one run, ``S = 1``, any number of rows;
+- the single-token chunks (decode), ``S = 1``, as one run over their rows, or split into up to
+  ``parallel_runs`` runs over consecutive groups of rows (see below);
 - each multi-token chunk (prefill) in its own run, ``B = 1``, ``S = n`` (no padding, so nothing
   can leak between rows); chunks longer than ``max_chunk_tokens`` are run in pieces (the
   attention scratch of a run is ``num_heads * S * max_seq_len`` floats).
+
+Parallel runs: an ``InferenceSession`` may be run from several threads at once (onnxruntime
+documents ``Run`` as thread-safe, and the Python binding releases the GIL during it), sharing
+the prepacked weights. With ``parallel_runs = L > 1`` the runs of one ``forward`` are spread over
+``L`` threads, each run on its own intra-op thread(s): a decode batch alone is split into ``L``
+runs over consecutive groups of rows; with prefill chunks present the decode rows stay one run,
+and it and the chunks go to the threads longest first, each to the least loaded one (costs in
+prompt tokens, :data:`DECODE_RUN_COST`), so new prompts are prefilled *beside* the running
+streams. Every run writes only its own KV rows and logits rows.
+Why: with one intra-op thread, decode at batch 8 is compute-bound (measured on 2 cores,
+SmolLM2-135M: batch 1 12.1 ms; batch 8 27.7 ms as one run, 18.5 ms as two runs of 4 at once).
+A second intra-op thread would also help, but it splits every operator, so each one waits for
+the slower core: with another process busy on one of the 2 cores, one stream fell from 78 to
+45 tok/s that way, while separate runs leave a single stream on its one core. Default
+``L = CPUs // threads`` (2 on a 2-core machine with the default single intra-op thread); 1 on
+other execution providers.
 
 GroupQueryAttention places a row's new tokens at ``[seqlens_k + 1 - S, seqlens_k + 1)``; for a
 chunk ``(start, n)`` run alone that is ``seqlens_k = start + n - 1``, and in a decode batch each
@@ -58,7 +75,8 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -209,11 +227,15 @@ def default_threads() -> int:
     every loaded point was as fast or much faster with 1, and far steadier. ``--threads 2``
     (or ``intraOpThreads``) still selects two, e.g. for the single-stream benchmark.
     """
+    return max(1, available_cpus() - 1)
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
     try:
-        n = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, n - 1)
+        return os.cpu_count() or 1
 
 
 def _zeroed_buffers(count: int, shape: tuple[int, ...]) -> tuple[mmap.mmap, list[np.ndarray]]:
@@ -225,6 +247,17 @@ def _zeroed_buffers(count: int, shape: tuple[int, ...]) -> tuple[mmap.mmap, list
     arrays = [np.frombuffer(buf, np.float32, int(np.prod(shape)), i * each).reshape(shape)
               for i in range(count)]
     return buf, arrays
+
+
+#: What a decode run costs beside prefill, in prompt tokens, on top of one per row: measured on
+#: one core (SmolLM2-135M) a decode run takes about 10 ms + 2.3 ms per row and a prompt chunk
+#: 2.2 ms per token, so lanes are balanced on ``tokens`` for prefill and ``4 + rows`` for decode.
+DECODE_RUN_COST = 4
+
+
+def _run_all(runs: Sequence[Callable[[], None]]) -> None:
+    for run in runs:
+        run()
 
 
 # ---- the backend -----------------------------------------------------------------------------
@@ -247,6 +280,8 @@ class OrtBackend(Backend):
         spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).
         release_pages: after loading, give back the weight-file pages onnxruntime read while
             prepacking (see :func:`release_file_pages`).
+        parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
+            threads on the CPU provider, 1 elsewhere); see the module docstring.
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
@@ -261,11 +296,12 @@ class OrtBackend(Backend):
                  providers: Sequence[Any] | None = None, cache_dir: str | None = None,
                  graph_options: GraphOptions = GraphOptions(), max_chunk_tokens: int = 256,
                  session_config: dict[str, str] | None = None, spinning: bool = True,
-                 release_pages: bool = True):
+                 release_pages: bool = True, parallel_runs: int = 0):
         import onnxruntime as ort
 
-        if num_slots < 1 or max_seq_len < 1:
-            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be >= 1")
+        if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
+            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be >= 1, "
+                             f"parallel_runs ({parallel_runs}) >= 0")
         if max_seq_len > (graph_options.max_positions or config.context_length):
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
                              f"({graph_options.max_positions or config.context_length})")
@@ -302,6 +338,11 @@ class OrtBackend(Backend):
         first = self.providers[0]
         self.device = "CPU" if first == CPU else (
             f"{first}:{device_id}" if first == CANN else first)
+        if first != CPU:
+            parallel_runs = 1
+        self.parallel_runs = parallel_runs or max(1, available_cpus() // self.threads)
+        self._pool = (ThreadPoolExecutor(self.parallel_runs - 1, thread_name_prefix="tiny_mindie-run")
+                      if self.parallel_runs > 1 else None)
         log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)",
                  self.device, "built" if self.built else "cached", t1 - t0, t2 - t1)
 
@@ -320,7 +361,8 @@ class OrtBackend(Backend):
 
     # ---- Backend interface ------------------------------------------------------------------
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:
-        """See :meth:`Backend.forward`. Decode rows run as one batch, prefill chunks one by one.
+        """See :meth:`Backend.forward`. Decode rows run as one batch (or ``parallel_runs``
+        groups of rows run at once), prefill chunks one by one beside them.
 
         Also raises ``ValueError`` for token ids outside ``[0, vocab_size)`` or not 1-D.
         """
@@ -328,19 +370,31 @@ class OrtBackend(Backend):
         out = np.empty((len(chunks), self.config.vocab_size), dtype=np.float32)
         with self._lock:
             decode = [i for i, a in enumerate(ids) if len(a) == 1]
-            if decode:
-                out[decode] = self._decode([chunks[i].slot for i in decode],
-                                           [chunks[i].start for i in decode],
-                                           np.concatenate([ids[i] for i in decode]))
-            for i, a in enumerate(ids):
-                if len(a) > 1:
-                    out[i] = self._prefill(chunks[i].slot, chunks[i].start, a)
+            prefill = [i for i, a in enumerate(ids) if len(a) > 1]
+            runs: list[tuple[int, Callable[[], None]]] = []     # (cost, run)
+            if decode:      # split over the lanes when decoding alone; else prefill shares them
+                runs += self._decode_runs([chunks[i].slot for i in decode],
+                                          [chunks[i].start for i in decode],
+                                          [ids[i][0] for i in decode], decode, out,
+                                          1 if prefill else self.parallel_runs)
+            runs += [(len(ids[i]), self._prefill_run(chunks[i].slot, chunks[i].start, ids[i], out, i))
+                     for i in prefill]
+            lanes: list[list[Callable[[], None]]] = [[] for _ in range(self.parallel_runs)]
+            load = [0] * self.parallel_runs
+            for cost, run in sorted(runs, key=lambda r: -r[0]):   # longest first, to the
+                k = load.index(min(load))                          # least loaded lane
+                lanes[k].append(run)
+                load[k] += cost
+            self._run_lanes(lanes)
         return out
 
     def kv_cache_bytes(self) -> int:
         return 2 * sum(k.nbytes for k in self._k)
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self._decode_bindings.clear()
         self._prefill_bindings.clear()
         self._session = None
@@ -348,36 +402,68 @@ class OrtBackend(Backend):
         self._kv_map = None             # unmapped once the last view is gone
 
     # ---- internals --------------------------------------------------------------------------
-    def _decode(self, slots: list[int], starts: list[int], tokens: np.ndarray) -> np.ndarray:
-        """One token for each of ``B`` slots in one run, over consecutive physical rows."""
-        B = len(slots)
+    def _run_lanes(self, lanes: list[list[Callable[[], None]]]) -> None:
+        """Run each lane's runs in order, the lanes at once (the first in this thread)."""
+        lanes = [lane for lane in lanes if lane]
+        futures = [self._pool.submit(_run_all, lane) for lane in lanes[1:]] if self._pool else []
+        try:
+            for lane in lanes[:1] if self._pool else lanes:
+                _run_all(lane)
+        finally:
+            for fut in futures:     # every run finishes before the buffers are touched again
+                fut.result()
+
+    def _decode_runs(self, slots: list[int], starts: list[int], tokens: list[int],
+                     out_rows: list[int], out: np.ndarray, groups: int
+                     ) -> list[tuple[int, Callable[[], None]]]:
+        """Runs giving one token to each of ``B`` slots: the slots' physical rows are made
+        consecutive, then split into up to ``groups`` runs of consecutive rows; each run writes
+        its logits to ``out[out_rows[j]]`` for its chunks ``j``. Returns ``(cost, run)`` pairs,
+        the cost in prompt-token equivalents (:data:`DECODE_RUN_COST` + rows)."""
         for s, st in zip(slots, starts):            # positions >= start are about to be rewritten
             self._used[s] = min(self._used[s], st)
-        r0 = self._arrange(slots)
-        rows = np.fromiter((self._phys[s] - r0 for s in slots), np.int64, B)   # chunk -> run row
-        binding, logits, ids, seqlens, total = self._decode_binding(r0, B)
-        ids[rows, 0] = tokens
-        seqlens[rows] = starts
+        self._arrange(slots)
+        order = sorted(range(len(slots)), key=lambda j: self._phys[slots[j]])
+        runs = []
+        for group in np.array_split(np.array(order), min(groups, len(slots))):
+            r0 = self._phys[slots[group[0]]]
+            entry = self._decode_binding(r0, len(group))   # made here, not in a worker thread
+            runs.append((DECODE_RUN_COST + len(group), lambda g=group, e=entry: self._run_decode(
+                e, [slots[j] for j in g], [starts[j] for j in g], [tokens[j] for j in g],
+                [out_rows[j] for j in g], out)))
+        return runs
+
+    def _run_decode(self, entry: tuple, slots: list[int], starts: list[int], tokens: list[int],
+                    out_rows: list[int], out: np.ndarray) -> None:
+        """One decode run over the consecutive physical rows of ``slots`` (in row order)."""
+        binding, logits, ids, seqlens, total = entry
+        ids[:, 0] = tokens
+        seqlens[:] = starts
         total[()] = max(starts) + 1
         self._session.run_with_iobinding(binding)
+        out[out_rows] = logits
         for s, st in zip(slots, starts):
             self._used[s] = st + 1
-        return logits[rows]
 
-    def _prefill(self, slot: int, start: int, tokens: np.ndarray) -> np.ndarray:
-        """One chunk of one sequence (``B = 1``, no padding), in pieces of ``max_chunk_tokens``."""
+    def _prefill_run(self, slot: int, start: int, tokens: np.ndarray, out: np.ndarray,
+                     out_row: int) -> Callable[[], None]:
+        """The run(s) of one prompt chunk (``B = 1``, no padding), in pieces of
+        ``max_chunk_tokens``; the last piece's logits go to ``out[out_row]``."""
         self._used[slot] = min(self._used[slot], start)
         binding, logits = self._prefill_binding(self._phys[slot])
-        for j in range(0, len(tokens), self.max_chunk_tokens):
-            piece = tokens[j:j + self.max_chunk_tokens]
-            end = start + j + len(piece)
-            binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
-            binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
-            binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
-            binding.bind_cpu_input("logits_index", np.array([len(piece) - 1], np.int64))
-            self._session.run_with_iobinding(binding)
-            self._used[slot] = end
-        return logits[0].copy()
+
+        def run() -> None:
+            for j in range(0, len(tokens), self.max_chunk_tokens):
+                piece = tokens[j:j + self.max_chunk_tokens]
+                end = start + j + len(piece)
+                binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
+                binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
+                binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
+                binding.bind_cpu_input("logits_index", np.array([len(piece) - 1], np.int64))
+                self._session.run_with_iobinding(binding)
+                self._used[slot] = end
+            out[out_row] = logits[0]
+        return run
 
     def _arrange(self, slots: list[int]) -> int:
         """Make the physical rows of ``slots`` consecutive (swapping rows); return the first."""
