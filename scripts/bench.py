@@ -30,6 +30,7 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
     python scripts/bench.py                     # default model from the registry
     python scripts/bench.py --model x.gguf --threads 2 --llama-python /work/benchvenv/bin/python
     python scripts/bench.py --concurrency           # then the HTTP sweep: 1, 4, 8, 16 clients
+    python scripts/bench.py --sampler               # only: the batch sampler's share of a decode step
 """
 
 from __future__ import annotations
@@ -196,6 +197,104 @@ def _sampler_share(logits, step_s: float, prompt: list[int]) -> dict:
     return out
 
 
+# ---- --sampler: the batch sampler's share of a batch-8 decode step -------------------------------
+
+SAMPLER_MODEL = "gemma3-270m"         # the largest vocabulary in the registry: 262,144 tokens
+SAMPLER_PROMPTS = (
+    "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
+    "The three laws of thermodynamics are", "My favourite recipe for pancakes", "In 1969, astronauts",
+    "The quick brown fox", "Translate to German: Good morning, how are you?")
+
+
+def _sampler_configs():
+    """``(label, [SamplingParams or (SamplingParams, top_n)] * 8)`` for the table."""
+    from tiny_mindie.engine.request import SamplingParams as P
+
+    mindie = P(do_sample=True, temperature=0.5, top_k=10, top_p=0.95, typical_p=0.5,
+               repetition_penalty=1.03)            # the README's /infer example
+    kinds = [("greedy", P()),
+             ("temperature 0.7", P(do_sample=True, temperature=0.7)),
+             ("MindIE example: T 0.5, top-k 10, top-p 0.95, typical 0.5, rep. 1.03", mindie),
+             ("top-p 0.9 alone", P(do_sample=True, top_p=0.9)),
+             ("typical-p 0.9 alone", P(do_sample=True, typical_p=0.9)),
+             ("watermark + temperature 0.7", P(do_sample=True, temperature=0.7, watermark=True))]
+    mixed = [p for _, p in kinds] + [
+        (P(do_sample=True, top_k=40, top_p=0.95), 5),                  # with top_logprobs 5
+        P(do_sample=True, top_p=0.95, presence_penalty=0.5, frequency_penalty=0.3)]
+    return [(label, [p] * 8) for label, p in kinds] + [("mixed: one row of each above, top-k 40 "
+                                                        "+ top_logprobs, penalties + top-p", mixed)]
+
+
+def sampler_table(model: str | None, reps: int) -> int:
+    """Time :func:`~tiny_mindie.engine.sampler.sample_batch` on real logits: Gemma 3 270M on the
+    onnxruntime backend with the server's default threads, 8 prompts prefilled into 8 slots.
+
+    Each repetition runs one batch-8 decode step (timed: the step's median is the reference),
+    then samples its ``[8, 262144]`` logits with one configuration (timed) and feeds the sampled
+    tokens to the next step -- so the sampler sees the cache state it sees in the server. Prints
+    ms per batch and percent of the decode step; the issue's goal is under 10 % each.
+    """
+    import numpy as np
+
+    sys.path.insert(0, ROOT)
+    from tiny_mindie.engine import sampler
+    from tiny_mindie.model.backend import SeqChunk
+    from tiny_mindie.model.config import ModelConfig
+    from tiny_mindie.model.gguf import GGUFFile
+    from tiny_mindie.model.ort_backend import OrtBackend
+    from tiny_mindie.model.registry import resolve
+    from tiny_mindie.model.tokenizer import load_tokenizer
+
+    path = resolve(model or SAMPLER_MODEL)
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    tok = load_tokenizer(f)
+    configs = _sampler_configs()
+    prompts = [tok.encode(t) for t in SAMPLER_PROMPTS]
+    steps_needed = reps + len(configs) * (reps + 1)
+    be = OrtBackend(f, cfg, num_slots=8, max_seq_len=max(map(len, prompts)) + steps_needed + 8)
+    seqs = [list(ids) for ids in prompts]
+    logits = be.forward([SeqChunk(i, 0, np.array(ids, np.int64)) for i, ids in enumerate(prompts)])
+    steps: list[float] = []
+
+    def step(next_ids):
+        for i, t in enumerate(next_ids):
+            seqs[i].append(int(t))
+        t0 = time.perf_counter()
+        out = be.forward([SeqChunk(i, len(s) - 1, np.array(s[-1:], np.int64)) for i, s in enumerate(seqs)])
+        steps.append(time.perf_counter() - t0)
+        return out
+
+    for _ in range(reps):                    # warm-up, and the first step times
+        logits = step(np.argmax(logits, axis=1))
+    results = []
+    for label, kinds in configs:
+        spec = [k if isinstance(k, tuple) else (k, 0) for k in kinds]
+        rngs = [sampler.make_rng(1000 + i) for i in range(8)]
+        times = []
+        for r in range(reps + 1):
+            rows = [sampler.SampleRow(p, np.array(s, np.int64), g, n, len(ids))
+                    for (p, n), s, g, ids in zip(spec, seqs, rngs, prompts)]
+            t0 = time.perf_counter()
+            out = sampler.sample_batch(logits, rows)
+            if r:                            # the first call sets up the scratch arrays
+                times.append(time.perf_counter() - t0)
+            logits = step([t for t, _, _ in out])
+        results.append((label, _median(times)))
+    be.close()
+    step_s = _median(steps)
+    print(f"model {os.path.basename(path)} (vocabulary {cfg.vocab_size}), onnxruntime on {be.device}, "
+          f"{getattr(be, 'threads', '?')} intra-op thread(s), {getattr(be, 'parallel_runs', 1)} parallel "
+          f"run(s), {os.cpu_count()} CPUs; batch-8 decode step: median {step_s * 1e3:.1f} ms over "
+          f"{len(steps)} steps (min {min(steps) * 1e3:.1f}); sampler: median of {reps} calls, each right "
+          f"after a decode step; load average {os.getloadavg()[0]:.2f}\n")
+    w = max(len(label) for label, _ in results)
+    print(f"{'sampler configuration (8 rows)':<{w}} {'ms / batch':>10} {'% of step':>9}")
+    for label, t in results:
+        print(f"{label:<{w}} {t * 1e3:>10.2f} {100 * t / step_s:>9.1f}")
+    return 0
+
+
 def child_llama(model: str, prompt: list[int], threads: int) -> None:
     import numpy as np
     from llama_cpp import Llama, llama_cpp
@@ -353,8 +452,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="*", metavar="N",
                     help="also run the HTTP concurrency sweep of scripts/loadtest.py with these "
                          "numbers of streaming clients (default levels: 1 4 8 16)")
+    ap.add_argument("--sampler", action="store_true",
+                    help="instead: the batch sampler's share of a batch-8 decode step (Gemma 3 "
+                         "270M unless --model, onnxruntime with the server's default threads; "
+                         "--reps repetitions, at least 10)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+
+    if args.sampler:
+        return sampler_table(args.model, max(10, args.reps))
 
     if args.child:
         p = json.loads(sys.stdin.readline())

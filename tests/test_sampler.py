@@ -1,13 +1,19 @@
-"""The sampler against brute-force definitions computed over the fully sorted vocabulary."""
+"""The sampler against brute-force definitions computed over the fully sorted vocabulary, and
+batch rows against the same rows sampled alone."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from tiny_mindie.engine import sampler
 from tiny_mindie.engine.request import SamplingParams
-from tiny_mindie.engine.sampler import (apply_repetition_penalty, make_rng, nucleus_candidates,
-                                        sample, top_k_candidates, typical_candidates)
+from tiny_mindie.engine.sampler import (SampleRow, _block_sums, _inverse_cdf, apply_presence_frequency,
+                                        apply_repetition_penalty, largest_ids, make_rng,
+                                        nucleus_candidates, nucleus_of_vocab, sample, sample_batch,
+                                        sample_with_top, top_k_candidates, typical_candidates,
+                                        typical_of_vocab)
+from tiny_mindie.engine.watermark import apply_watermark
 
 V = 5000
 
@@ -118,56 +124,191 @@ def test_logprob_is_of_the_final_distribution(logits):
 
 
 @pytest.mark.parametrize("k", [1, 5, 40, 300, 4999, 5000])
-def test_smallest_ids_is_exact_with_ties(k):
-    from tiny_mindie.engine.sampler import smallest_ids
+def test_largest_ids_is_exact_with_ties(k):
     a = np.random.default_rng(k).integers(0, 50, 200_000).astype(np.float32)   # many ties
-    got = np.sort(smallest_ids(a, k))
-    expected = np.sort(np.lexsort((np.arange(a.shape[0]), a))[:k])
+    got = np.sort(largest_ids(a, k))
+    expected = np.sort(np.lexsort((np.arange(a.shape[0]), -a))[:k])
     assert got.tolist() == expected.tolist()
 
 
 def test_inverse_cdf_matches_cumsum():
-    from tiny_mindie.engine.sampler import _inverse_cdf
     p = np.random.default_rng(1).random(262_144).astype(np.float32)
     cum = np.cumsum(p, dtype=np.float64)
+    sums = _block_sums(p[None])[0]
+    assert sums.sum() == pytest.approx(cum[-1])
     for u in (0.0, 1e-9, 0.25, 0.5, 0.999999, 0.9999999999):
-        j, total = _inverse_cdf(p, u)
-        assert total == pytest.approx(cum[-1])
+        j = _inverse_cdf(p, sums, u)
         assert j == min(int(np.searchsorted(cum, u * cum[-1], side="right")), p.shape[0] - 1)
 
 
-def test_large_vocab_typical_and_top_p_match_definitions():
-    x = np.random.default_rng(4).normal(0, 4, 100_000).astype(np.float32)
-    empty = np.array([], dtype=np.int64)
-    allowed = brute_top_p(x, 0.5)
-    rng = make_rng(3)
-    assert {sample(x, SamplingParams(do_sample=True, top_p=0.5), empty, rng)[0]
-            for _ in range(200)} <= allowed
+def test_inverse_cdf_never_returns_a_zero_weight_id():
+    p = np.zeros(5000, dtype=np.float32)          # an odd length: the last block is short
+    p[[3, 1500, 4100]] = [1.0, 2.0, 1.0]
+    sums = _block_sums(p[None])[0]
+    got = {_inverse_cdf(p, sums, u) for u in np.linspace(0, 1, 101)[:-1]} | {
+        _inverse_cdf(p, sums, 1 - 1e-17)}
+    assert got == {3, 1500, 4100}
+
+
+def weights(x):
+    w = np.exp(x - x.max()).astype(np.float32)
+    return w, float(w.sum(dtype=np.float64))
+
+
+def brute_typical(x, mass):
+    """Typical set by the definition, in float64: ids by |-log p - H| (ties: lower id)."""
     p = softmax(x.astype(np.float64))
-    h = -(p * np.log(p)).sum()
-    order = np.argsort(np.abs(-np.log(p) - h), kind="stable")
-    typical = set(order[:int((np.cumsum(p[order]) < 0.3).sum()) + 1].tolist())
-    assert {sample(x, SamplingParams(do_sample=True, typical_p=0.3), empty, rng)[0]
-            for _ in range(200)} <= typical
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logp = np.log(p)
+        dev = np.where(p > 0, np.abs(-logp - np.nansum(-p * logp)), np.inf)
+    order = np.lexsort((np.arange(x.shape[0]), dev))
+    return order[:int(np.sum(np.cumsum(p[order]) < mass)) + 1]
 
 
-def test_vocab_wide_nucleus_and_typical_sets_are_exact_on_a_zipf_distribution():
-    from tiny_mindie.engine.sampler import _probs, nucleus_of_vocab, typical_of_vocab
-    rng = np.random.default_rng(5)
+def zipf(v, seed, scale=1.1):
+    rng = np.random.default_rng(seed)
+    x = (-scale * np.log(np.arange(1, v + 1)) + rng.normal(0, 0.5, v)).astype(np.float32)
+    return x[rng.permutation(v)]
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.1, 3.0])      # flat (a huge nucleus) .. peaked
+def test_vocab_wide_nucleus_and_typical_sets_are_exact_on_a_zipf_distribution(scale):
     v = 262_144
-    x = (-1.1 * np.log(np.arange(1, v + 1)) + rng.normal(0, 0.5, v)).astype(np.float32)
-    x = x[rng.permutation(v)]
-    p = _probs(x)
+    x = zipf(v, 5, scale)
+    w, z = weights(x)
+    p = w / z
     order = np.lexsort((np.arange(v), -x))                       # logit descending, ties by id
     cum = np.cumsum(p[order], dtype=np.float64)
-    for top_p in (0.3, 0.9):
+    for top_p in (0.3, 0.9, 0.99):
         expected = order[:int(np.sum(cum < top_p)) + 1]
-        assert nucleus_of_vocab(x, p, top_p).tolist() == expected.tolist()
-    logp = np.log(p.astype(np.float64))
-    h = -(p * logp).sum()
-    dev = np.abs(-logp - h)
-    by_dev = np.lexsort((np.arange(v), dev))
-    cum = np.cumsum(p[by_dev], dtype=np.float64)
-    expected = set(by_dev[:int(np.sum(cum < 0.9)) + 1].tolist())
-    got = set(typical_of_vocab(x, p, 0.9).tolist())
-    assert len(got ^ expected) <= 2        # float32 vs float64 deviations may swap an edge id
+        assert nucleus_of_vocab(x, w, z, top_p).tolist() == expected.tolist()
+        assert nucleus_of_vocab(x, w, z, top_p, int(np.argmax(x))).tolist() == expected.tolist()
+    for mass in (0.2, 0.9):
+        got = set(typical_of_vocab(x, w, z, mass).tolist())
+        expected = set(brute_typical(x, mass).tolist())
+        assert len(got ^ expected) <= 2     # float32 vs float64 deviations may swap an edge id
+
+
+def test_vocab_wide_sets_break_ties_by_the_lower_id():
+    x = np.random.default_rng(6).integers(-12, 0, 100_000).astype(np.float32)   # many ties
+    w, z = weights(x)
+    order = np.lexsort((np.arange(x.shape[0]), -x))
+    cum = np.cumsum((w / z)[order], dtype=np.float64)
+    for top_p in (0.1, 0.5):
+        expected = order[:int(np.sum(cum < top_p)) + 1]
+        assert nucleus_of_vocab(x, w, z, top_p).tolist() == expected.tolist()
+    for mass in (0.1, 0.6):
+        assert typical_of_vocab(x, w, z, mass).tolist() == top_k_candidates(
+            x, x.shape[0])[np.isin(top_k_candidates(x, x.shape[0]), brute_typical(x, mass))].tolist()
+
+
+KINDS = {
+    "greedy": SamplingParams(),
+    "greedy, penalties": SamplingParams(repetition_penalty=1.3, presence_penalty=0.5,
+                                        frequency_penalty=0.3),
+    "temperature": SamplingParams(do_sample=True, temperature=0.7),
+    "top_k": SamplingParams(do_sample=True, top_k=40),
+    "top_k, top_p, typical_p": SamplingParams(do_sample=True, temperature=0.5, top_k=10, top_p=0.95,
+                                              typical_p=0.5, repetition_penalty=1.03),
+    "top_p": SamplingParams(do_sample=True, top_p=0.9),
+    "typical_p": SamplingParams(do_sample=True, typical_p=0.9),
+    "top_p, typical_p": SamplingParams(do_sample=True, temperature=1.3, top_p=0.8, typical_p=0.7),
+    "watermark": SamplingParams(do_sample=True, temperature=0.7, watermark=True),
+    "watermark, greedy": SamplingParams(watermark=True, repetition_penalty=1.2),
+}
+
+
+def row_for(kind, seed, logits_seen):
+    return SampleRow(KINDS[kind], logits_seen, make_rng(seed), top_n=3 if seed % 2 else 0,
+                     n_prompt=5)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_row_samples_the_same_alone_and_in_a_mixed_batch_of_eight(kind, split, monkeypatch):
+    if split:                                   # half the batch on the helper thread
+        monkeypatch.setattr(sampler, "PARALLEL_MIN", 0)
+        monkeypatch.setattr(sampler, "_CPUS", 2)
+    v = 20_000
+    gen = np.random.default_rng(7)
+    logits = np.stack([zipf(v, 10 + i, 0.8 + 0.1 * i) * 3 for i in range(8)])
+    seen = [gen.integers(0, v, 12) for _ in range(8)]
+    others = [k for k in KINDS if k != kind]
+    dense = [k for k in others if KINDS[k].top_k == 0]     # a batch computed in one slice
+    for pos, pool in ((0, others), (3, others), (7, others), (5, dense)):
+        kinds = [pool[(pos + i) % len(pool)] for i in range(8)]
+        kinds[pos] = kind
+        batch = [row_for(k, i, seen[i]) for i, k in enumerate(kinds)]
+        alone, single = row_for(kind, pos, seen[pos]), row_for(kind, pos, seen[pos])
+        for _ in range(5):                      # several steps: the generators stay in step
+            together = sample_batch(logits, batch)[pos]
+            assert together == sample_batch(logits[pos:pos + 1], [alone])[0]
+            assert together == sample_with_top(logits[pos], single.params, single.seen, single.rng,
+                                               single.top_n, single.n_prompt)
+
+
+def test_penalties_and_watermark_act_before_the_temperature():
+    x = zipf(30_000, 8) * 3
+    seen = np.random.default_rng(8).integers(0, 30_000, 40)
+    ref = x.copy()
+    apply_repetition_penalty(ref, seen, 1.3)
+    apply_presence_frequency(ref, seen[5:], 0.4, 0.2)
+    ref /= np.float32(0.7)
+    params = SamplingParams(do_sample=True, temperature=0.7, top_p=0.9, repetition_penalty=1.3,
+                            presence_penalty=0.4, frequency_penalty=0.2)
+    for seed in range(5):
+        got = sample_with_top(x, params, seen, make_rng(seed), 3, 5)
+        assert got == sample_with_top(ref, SamplingParams(do_sample=True, top_p=0.9), seen,
+                                      make_rng(seed), 3, 5)
+    marked = x.copy()
+    apply_watermark(marked, int(seen[-1]))
+    marked /= np.float32(0.7)
+    params = SamplingParams(do_sample=True, temperature=0.7, top_k=50, watermark=True)
+    for seed in range(5):
+        tok, lp, _ = sample_with_top(x, params, seen, make_rng(seed))
+        ref_tok, ref_lp, _ = sample_with_top(marked, SamplingParams(do_sample=True, top_k=50), seen,
+                                             make_rng(seed))
+        assert tok == ref_tok and lp == pytest.approx(ref_lp, abs=1e-5)
+
+
+def test_batch_logprobs_follow_the_definitions():
+    v = 262_144
+    x = np.stack([zipf(v, 20, 1.1) * 2, zipf(v, 21, 0.9) * 2, zipf(v, 22, 1.3) * 2])
+    params = [SamplingParams(do_sample=True, top_p=0.9), SamplingParams(do_sample=True, typical_p=0.9),
+              SamplingParams(do_sample=True, temperature=0.8)]
+    empty = np.array([], dtype=np.int64)
+    rows = [SampleRow(p, empty, make_rng(i)) for i, p in enumerate(params)]
+    for _ in range(20):
+        (t0, lp0, _), (t1, lp1, _), (t2, lp2, _) = sample_batch(x, rows)
+        nucleus = list(brute_top_p(x[0], 0.9))
+        assert t0 in nucleus
+        assert lp0 == pytest.approx(x[0, t0] - np.logaddexp.reduce(x[0, nucleus].astype(np.float64)))
+        typical = brute_typical(x[1], 0.9)
+        assert t1 in typical
+        assert lp1 == pytest.approx(x[1, t1] - np.logaddexp.reduce(x[1, typical].astype(np.float64)))
+        x2 = (x[2] / np.float32(0.8)).astype(np.float64)
+        assert lp2 == pytest.approx(x2[t2] - np.logaddexp.reduce(x2))
+
+
+def test_greedy_rows_draw_nothing_and_sampled_rows_draw_once():
+    x = np.random.default_rng(2).normal(0, 2, (2, 1000)).astype(np.float32)
+    empty = np.array([], dtype=np.int64)
+    g, s = make_rng(5), make_rng(5)
+    sample_batch(x, [SampleRow(SamplingParams(), empty, g),
+                     SampleRow(SamplingParams(do_sample=True, top_p=0.5), empty, s)])
+    assert g.random() == make_rng(5).random()
+    ref = make_rng(5)
+    ref.random()
+    assert s.random() == ref.random()
+
+
+def test_sample_batch_checks_its_rows_and_leaves_the_logits_alone():
+    x = np.random.default_rng(2).normal(0, 2, (2, 1000)).astype(np.float32)
+    before = x.copy()
+    row = SampleRow(SamplingParams(do_sample=True, temperature=0.5, watermark=True,
+                                   repetition_penalty=2.0), np.array([1, 2, 3]), make_rng(0))
+    sample_batch(x, [row, row])
+    assert np.array_equal(x, before)
+    with pytest.raises(ValueError):
+        sample_batch(x, [row])
+    assert sample_batch(x[:0], []) == []

@@ -2,8 +2,9 @@
 
 ``Engine.generate(request)`` is called on the event loop and returns an async iterator of
 :class:`TokenEvent`. The inference thread admits requests, runs ``backend.forward`` on the batch,
-samples each row with the request's own RNG, detokenizes, and hands events back to the loop with
-``call_soon_threadsafe``. numpy and ONNX Runtime release the GIL, so the loop stays responsive.
+samples the rows in one :func:`~.sampler.sample_batch` call (each row with its request's own
+RNG), detokenizes, and hands events back to the loop with ``call_soon_threadsafe``. numpy and
+ONNX Runtime release the GIL, so the loop stays responsive.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..model.tokenizer import Tokenizer
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics, current_tally
 from .request import GenerationError, GenerationRequest, TokenEvent
-from .sampler import make_rng, sample_with_top
+from .sampler import SampleRow, make_rng, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
 
 log = logging.getLogger("tiny_mindie.engine")
@@ -307,15 +308,29 @@ class Engine:
         logits = self.backend.forward(chunks)
         now = time.monotonic()
         with self._cond:
+            ready = []                # (row, sequence) of the rows that produce a token now
             for row, (seq, n) in enumerate(batch):
                 seq.n_cached += n
                 if seq.cancelled or seq.slot is None or seq.n_cached < len(seq.tokens):
                     continue  # cancelled meanwhile, or a prompt chunk with more to come
-                self._next_token(seq, logits[row], now)
+                ready.append((row, seq))
+        if not ready:
+            return
+        # one sampler call for the batch, outside the lock (only this thread touches the
+        # sequences' tokens and generators; a cancel() meanwhile is seen below)
+        if len(ready) < logits.shape[0]:
+            logits = logits[[row for row, _ in ready]]
+        sampled = sample_batch(logits, [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng,
+                                                  seq.req.top_logprobs, seq.n_prompt)
+                                        for _, seq in ready])
+        with self._cond:
+            for (_, seq), result in zip(ready, sampled):
+                if not seq.cancelled and seq.slot is not None:
+                    self._next_token(seq, result, now)
 
-    def _next_token(self, seq: _Sequence, logits: np.ndarray, now: float) -> None:
-        tok, logprob, top = sample_with_top(logits, seq.req.sampling, np.asarray(seq.tokens),
-                                            seq.rng, seq.req.top_logprobs, seq.n_prompt)
+    def _next_token(self, seq: _Sequence, sampled: tuple, now: float) -> None:
+        """Append the sampled ``(token, logprob, top)`` to ``seq`` and tell its client."""
+        tok, logprob, top = sampled
         seq.tokens.append(tok)
         first = seq.n_generated == 1
         prefill_ms = (now - seq.started) * 1000.0 if first else None
