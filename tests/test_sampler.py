@@ -189,6 +189,28 @@ def test_vocab_wide_nucleus_and_typical_sets_are_exact_on_a_zipf_distribution(sc
         assert len(got ^ expected) <= 2     # float32 vs float64 deviations may swap an edge id
 
 
+@pytest.mark.parametrize("temperature", [0.6, 1.7])
+def test_vocab_wide_sets_take_the_temperature_from_the_weights_alone(temperature):
+    """The sampler never writes ``logits / T`` out: the sets are found on the raw logits, with
+    the temperature only in the weights; they must be those of the definition on ``x / T``,
+    up to the order of ids that only the division made equal (then the larger raw logit comes
+    first instead of the lower id: the same probabilities in the same order)."""
+    v = 262_144
+    x = zipf(v, 9, 1.1) * 2
+    xt = x / np.float32(temperature)
+    w, z = weights(xt)
+    p = w / z
+    order = np.lexsort((np.arange(v), -xt))
+    cum = np.cumsum(p[order], dtype=np.float64)
+    for top_p in (0.5, 0.95):
+        expected = order[:int(np.sum(cum < top_p)) + 1]
+        got = nucleus_of_vocab(x, w, z, top_p)
+        assert xt[got].tolist() == xt[expected].tolist()
+    for mass in (0.3, 0.9):
+        got = set(typical_of_vocab(x, w, z, mass).tolist())
+        assert len(got ^ set(brute_typical(xt, mass).tolist())) <= 2
+
+
 def test_vocab_wide_sets_break_ties_by_the_lower_id():
     x = np.random.default_rng(6).integers(-12, 0, 100_000).astype(np.float32)   # many ties
     w, z = weights(x)

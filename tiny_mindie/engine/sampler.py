@@ -11,10 +11,14 @@ with ``B = 1``. A row's result depends only on its own logits and parameters: ev
 the batch is elementwise or a per-row reduction, so a row gives bit-identical results alone or
 beside others.
 
-Cost -- the vocabulary is never sorted. Over the whole ``[B, V]`` float32 array: the division
-by the per-row temperature (which is also the copy; none when no row has a temperature or a
-penalty), the argmax, and, for the rows that need the whole distribution (all but top-k),
-``exp(x - max)`` and its per-block sums. Per row, one or two more passes over ``V`` at most (a
+Cost -- the vocabulary is never sorted, and ``logits / T`` is never written out: ranking,
+thresholds and the typical-p centre work on the logits as they are (dividing by ``T > 0``
+keeps their order), the temperature enters once, in ``exp((x - max) / T)``, computed as
+``exp2(x * k - max * k)`` with ``k = log2(e) / T`` (numpy's ``exp2`` takes half the time of
+``exp``), and only small candidate pools are divided by ``T`` where their log-softmax is
+needed. Over the whole ``[B, V]`` float32 array: the argmax and, for the rows that need the
+whole distribution (all but top-k), that exponential and its per-block sums; a copy only for
+rows whose logits a penalty or the watermark changes. Per row, one or two more passes over ``V`` at most (a
 compare; the product-sum typical-p needs); the rest works on small candidate sets: a threshold
 from a strided sample of the row's logits keeps about a thousand ids, an exact check tells
 whether they hold enough probability (else the threshold is widened), and only they are
@@ -40,7 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from .request import SamplingParams
-from .watermark import DELTA, apply_watermark
+from .watermark import apply_watermark
 
 _BLOCK = 1024     # block width of the per-row block sums (two-level inverse CDF)
 _SAMPLE = 256     # about this many logits are sampled for top-p / typical-p thresholds
@@ -145,25 +149,25 @@ def _adjusts(row: SampleRow) -> bool:
                                   or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
 
 
-def _adjust(x: np.ndarray, logits: np.ndarray, t: np.float32, row: SampleRow, s: _Scratch) -> None:
-    """Penalties, then the watermark, for one row already divided by its temperature.
+def _adjust(x: np.ndarray, logits: np.ndarray, row: SampleRow, s: _Scratch) -> None:
+    """Penalties, then the watermark, on one row (before its temperature).
 
-    x: float32 ``[V]``, ``logits / t``, corrected in place. The penalties are recomputed from
-    ``logits`` on the seen ids only (a gathered copy, then divided by ``t``: the same float32
-    operations as penalising the whole row first); the watermark adds ``DELTA / t`` to the green
-    ids, which is adding ``DELTA`` before the temperature.
+    x: float32 ``[V]``, written: ``logits`` with the watermark's ``DELTA`` on the green ids
+    (the add is the copy) and the penalties recomputed from ``logits`` on the seen ids only (a
+    gathered copy: the same float32 operations as penalising the whole row first).
     """
     p, v = row.params, x.shape[0]
+    if p.watermark:
+        apply_watermark(logits, int(row.seen[-1]), mask=s.mask, work=s.u32, bias=s.tmp, out=x)
+    else:
+        np.copyto(x, logits)
     if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
         ids = np.unique(row.seen[row.seen < v])
         sub = logits[ids] if p.repetition_penalty == 1.0 else _ctrl(logits[ids], p.repetition_penalty)
         output = row.seen[row.n_prompt:]                 # sub is indexed 0..n-1 like ids
         apply_presence_frequency(sub, np.searchsorted(ids, output[output < v]),
                                  p.presence_penalty, p.frequency_penalty)
-        x[ids] = sub / t
-    if p.watermark:
-        apply_watermark(x, int(row.seen[-1]), delta=DELTA / float(t), mask=s.mask, work=s.u32,
-                        bias=s.tmp)
+        x[ids] = sub + s.tmp[ids] if p.watermark else sub     # s.tmp: the watermark's bias
 
 
 # ---- candidate sets --------------------------------------------------------------------------
@@ -249,21 +253,36 @@ def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | No
     ``-x`` (top-p), or ``|x - center|`` when ``center`` is given (typical-p).
     x, w: float32 ``[V]`` (``w >= 0``).
 
-    Without sorting ``V`` logits: the sorted logits of a strided sample (about ``_SAMPLE`` of
-    them) give thresholds ``t`` that keep about ``_FIRST``, then twice, four times ... as many
-    ids in ``{x >= t}`` (one compare). Every id with ``-x <= -t``, or with
-    ``|x - center| <= center - t``, is among them; once the weight of those reaches ``target``
-    the answer is a prefix of them in key order, and only they are sorted. For typical-p the
-    ids above ``center`` come along: fewer than ``exp(H)`` of them (each has ``p > exp(-H)``).
+    Without sorting ``V`` logits: a strided sample (about ``_SAMPLE`` ids) proposes a bound
+    ``r`` on the key, one compare over ``V`` collects every id with key ``<= r``, and an exact
+    check tells whether their weight reaches ``target``: then the answer is a prefix of them in
+    key order, and only they are sorted; else ``r`` is widened. Top-p: ``r`` keeps about
+    ``_FIRST``, then twice, four times ... as many ids (``x >= t`` for sampled logits ``t``).
+    Typical-p: the sampled ids nearest the centre, weighted by ``stride``, estimate the ``r``
+    that holds ``target`` (with a margin; at most the ``r`` that keeps about ``_FIRST`` ids, as
+    the few heavy ids are rarely sampled); ``r`` doubles when the check fails. The compare is
+    one-sided, ``x >= center - r``, and the ids above ``center + r`` are then dropped.
     """
     v = x.shape[0]
     stride = max(1, v // _SAMPLE)
-    ts = np.sort(x[::stride])[::-1]
     mask = _scratch(1, v).mask
-    i = min(max(0, -(-_FIRST // stride) - 1), ts.shape[0] - 1)
+    if center is None:
+        ts = np.sort(x[::stride])[::-1]
+        i = min(max(0, -(-_FIRST // stride) - 1), ts.shape[0] - 1)
+    else:
+        ks = np.abs(x[::stride].astype(np.float64) - center)
+        order = np.argsort(ks)
+        est = np.cumsum(w[::stride][order], dtype=np.float64) * stride
+        j = min(int(np.searchsorted(est, 1.5 * target)), -(-_FIRST // stride), order.shape[0] - 1)
+        r = max(float(ks[order[j]]), 1e-3)
     while True:
-        last = i >= ts.shape[0]
-        cand = np.arange(v) if last else np.flatnonzero(np.greater_equal(x, ts[i], out=mask))
+        if center is None:
+            last = i >= ts.shape[0]
+            cand = np.arange(v) if last else np.flatnonzero(np.greater_equal(x, ts[i], out=mask))
+        else:
+            t = np.float32(center - r)
+            cand = np.flatnonzero(np.greater_equal(x, t, out=mask))
+            last = cand.shape[0] == v
         wc = w[cand]
         if not wc.all():
             cand, wc = cand[wc > 0], wc[wc > 0]
@@ -272,15 +291,21 @@ def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | No
         else:
             key = np.abs(x[cand].astype(np.float64) - center)
             if not last:                     # only these are sure to be all the ids this close
-                sure = key <= center - float(ts[i])
+                sure = key <= center - float(t)
                 cand, wc, key = cand[sure], wc[sure], key[sure]
         if last or wc.sum(dtype=np.float64) >= target:
             break
-        i = 2 * i + 1
-    if cand.shape[0] > 64:          # the same check among the candidates: often 64 are enough
-        head = key <= np.partition(key, 63)[63]
+        if center is None:
+            i = 2 * i + 1
+        else:
+            r *= 2
+    for k in (64, 256, 1024):       # the same check among the candidates: often a few are enough
+        if cand.shape[0] <= k:
+            break
+        head = key <= np.partition(key, k - 1)[k - 1]
         if wc[head].sum(dtype=np.float64) >= target:
             cand, wc, key = cand[head], wc[head], key[head]
+            break
     order = np.argsort(key, kind="stable")          # cand is ascending: ties go to the lower id
     cum = np.cumsum(wc[order], dtype=np.float64)
     return cand[order[:min(int(np.searchsorted(cum, target)) + 1, cand.shape[0])]]
@@ -293,7 +318,8 @@ def nucleus_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, top_p: float,
 
     Args:
         logits: float32 ``[V]``.
-        w: float32 ``[V]``, ``exp(logits - max(logits))`` (unnormalised probabilities).
+        w: float32 ``[V]``, ``exp((logits - max(logits)) / T)`` (unnormalised probabilities at
+            a temperature ``T > 0``, 1 by default; only the order of ``logits`` is used).
         z: ``sum(w)``.
         best: ``argmax(logits)`` when known: when it alone reaches ``top_p`` (a peaked row, the
             common case) no further pass over the vocabulary is needed.
@@ -308,9 +334,10 @@ def typical_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, mass: float) -
     whose surprisal is closest to the entropy, until their probability reaches ``mass``;
     sorted by logit descending. ``logits``, ``w``, ``z`` as in :func:`nucleus_of_vocab`.
 
-    With ``p = w / z = exp(x - m) / z``: ``-log p = log z + m - x`` and the entropy
-    ``H = E_p[-log p] = log z + m - E_p[x]``, so ``|-log p - H| = |x - E_p[x]|``: the distance
-    of the logit to its mean -- one product-sum over the vocabulary, no logarithm.
+    With ``p = w / z = exp((x - m) / T) / z``: ``-log p = log z + (m - x) / T`` and the entropy
+    ``H = E_p[-log p] = log z + (m - E_p[x]) / T``, so ``|-log p - H| = |x - E_p[x]| / T``: the
+    distance of the logit to its mean (the same order at any ``T``) -- one product-sum over the
+    vocabulary, no logarithm.
     """
     return _sort_desc(logits, _head_prefix(logits, w, mass * z, center=_dot(w, logits) / z))
 
@@ -392,20 +419,27 @@ def _draw(ids: np.ndarray, weights: np.ndarray, u: float, n: int) -> tuple[int, 
         return int(ids[j]), float(np.log(weights[j] / total)), top
 
 
-def _sample_row(x: np.ndarray, w: np.ndarray, best: int, sums: np.ndarray, z: float,
-                row: SampleRow) -> tuple[int, float, Top | None]:
-    """One row of :func:`sample_batch`. x: float32 ``[V]`` its processed logits; w: float32
-    ``[V]`` ``exp(x - max)`` (as ``exp2((x - max) * log2(e))``), sums, z: their block sums and
-    total (all three set only for rows that are not top-k sampled); best: the argmax of x."""
+def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np.ndarray,
+                z: float, row: SampleRow) -> tuple[int, float, Top | None]:
+    """One row of :func:`sample_batch`. x: float32 ``[V]`` its processed logits *before* the
+    temperature ``t``; w: float32 ``[V]`` ``exp((x - max) / t)``; sums, z: its block sums and
+    total (``w``, ``sums``, ``z`` set only for rows that are not top-k sampled); best: the
+    argmax of x. Pools whose log-softmax is needed are divided by ``t`` here (``x[ids] / t``:
+    the same float32 values as ``(x / t)[ids]``)."""
     p, n = row.params, row.top_n
     if not p.do_sample:
         return best, float(np.log(np.float64(w[best]) / z)), _top_of_vocab(x, w, z, n)
     if p.top_k > 0:
-        ids = nucleus_candidates(x, top_k_candidates(x, p.top_k), p.top_p)
-        ids = typical_candidates(x, ids, p.typical_p)
-        return _draw(ids, np.exp(x[ids].astype(np.float64) - x[ids[0]]), row.rng.random(), n)
+        ids = top_k_candidates(x, p.top_k)
+        pool = x[ids] / t                                # by logit descending, like ids
+        pos = typical_candidates(pool, nucleus_candidates(pool, np.arange(ids.shape[0]), p.top_p),
+                                 p.typical_p)
+        return _draw(ids[pos], np.exp(pool[pos].astype(np.float64) - pool[pos[0]]),
+                     row.rng.random(), n)
     if p.top_p < 1.0:
-        ids = typical_candidates(x, nucleus_of_vocab(x, w, z, p.top_p, best), p.typical_p)
+        ids = nucleus_of_vocab(x, w, z, p.top_p, best)
+        if p.typical_p < 1.0:
+            ids = ids[typical_candidates(x[ids] / t, np.arange(ids.shape[0]), p.typical_p)]
     elif p.typical_p < 1.0:
         ids = typical_of_vocab(x, w, z, p.typical_p)
     else:   # plain sampling from the whole distribution: inverse CDF in vocabulary order
@@ -462,25 +496,28 @@ def _sample_rows(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[tuple[in
         return []
     s = _scratch(b, v)
     e = s.e[:b]
-    temp = np.array([[r.params.temperature if r.params.do_sample else 1.0] for r in rows], np.float32)
+    temp = np.array([r.params.temperature if r.params.do_sample else 1.0 for r in rows], np.float32)
     adjusted = [i for i, row in enumerate(rows) if _adjusts(row)]
-    if adjusted or np.any(temp != 1.0):
-        x = np.divide(logits, temp, out=s.x[:b])         # the copy, at each row's temperature
-        for i in adjusted:
-            _adjust(x[i], logits[i], temp[i, 0], rows[i], s)
-    else:
-        x = logits                                       # read only from here on
-    # exp(x - max) and its block sums, for every row but the top-k sampled ones (which only
-    # ever look at their k candidates): in one pass over the batch when that is all rows
+    x = logits                                           # read only
+    if adjusted:
+        x = s.x[:b]
+        for i, row in enumerate(rows):
+            if i in adjusted:
+                _adjust(x[i], logits[i], row, s)
+            else:
+                np.copyto(x[i], logits[i])
+    # exp((x - max) / T) and its block sums, for every row but the top-k sampled ones (which
+    # only ever look at their k candidates): in one pass over the batch when that is all rows
     full = [i for i, r in enumerate(rows) if not (r.params.do_sample and r.params.top_k > 0)]
     best = np.argmax(x, axis=1) if full else np.zeros(b, np.intp)
-    xmax = x[np.arange(b), best][:, None]
+    k = (_LOG2E / temp)[:, None]                         # float32 [b, 1]
+    mk = x[np.arange(b), best][:, None] * k              # the same product the row's max gets
     sums = np.zeros((b, -(-v // _BLOCK)))
     for g in [slice(0, b)] if len(full) == b else [slice(i, i + 1) for i in full]:
-        np.exp2(np.multiply(np.subtract(x[g], xmax[g], out=e[g]), _LOG2E, out=e[g]), out=e[g])
+        np.exp2(np.subtract(np.multiply(x[g], k[g], out=e[g]), mk[g], out=e[g]), out=e[g])
         sums[g] = _block_sums(e[g])
     z = sums.sum(axis=1)
-    return [_sample_row(x[i], e[i], int(best[i]), sums[i], float(z[i]), row)
+    return [_sample_row(x[i], temp[i], e[i], int(best[i]), sums[i], float(z[i]), row)
             for i, row in enumerate(rows)]
 
 

@@ -105,20 +105,24 @@ def green_mask(prev_token: int, vocab_size: int, key: int = KEY, *,
 
 def apply_watermark(logits: np.ndarray, prev_token: int, key: int = KEY, *, delta: float = DELTA,
                     mask: np.ndarray | None = None, work: np.ndarray | None = None,
-                    bias: np.ndarray | None = None) -> np.ndarray:
-    """Add ``delta`` to the green logits (in place) and return them.
+                    bias: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """``logits`` plus ``delta`` on the green ids, written to ``out`` (default: in place).
 
     Args:
         logits: float32 ``[vocab]``.
         prev_token: the token before the one being chosen.
         delta: the bias; ``DELTA / T`` on logits already divided by a temperature ``T``.
         mask, work: optional scratch arrays for :func:`green_mask`; bias: optional float32
-            ``[vocab]`` scratch (``delta`` or 0 per token: a masked ``np.add(where=)`` is many
-            times slower than this multiply and add).
+            ``[vocab]`` scratch, left holding ``delta`` or 0 per token (a masked
+            ``np.add(where=)`` is many times slower than this multiply and add).
+        out: float32 ``[vocab]`` for the result (the add then doubles as a copy).
+
+    Returns:
+        ``out`` (or ``logits``).
     """
     green = green_mask(prev_token, logits.shape[0], key, out=mask, work=work)
-    np.add(logits, np.multiply(green.view(np.uint8), np.float32(delta), out=bias), out=logits)
-    return logits
+    return np.add(logits, np.multiply(green.view(np.uint8), np.float32(delta), out=bias),
+                  out=logits if out is None else out)
 
 
 def z_score(token_ids: Sequence[int], vocab_size: int, key: int = KEY) -> tuple[float, int, int]:
