@@ -50,7 +50,8 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
 @pytest.mark.parametrize("obj,needle", [
     ({"ServerConfig": {"port": 80}}, "port must be in 1024..65535"),
     ({"ServerConfig": {"maxLinkNum": 0}}, "maxLinkNum"),
-    ({"ServerConfig": {"port": "1025"}}, "ServerConfig.port must be int"),
+    ({"ServerConfig": {"port": "1025"}}, "ServerConfig.port must be an integer, got \"1025\""),
+    ({"BackendConfig": {"parallelRuns": True}}, "parallelRuns must be an integer, got true"),
     ({"BackendConfig": {"ScheduleConfig": {"maxPrefillTokens": 10}}}, "maxPrefillTokens"),
     ({"BackendConfig": {"ScheduleConfig": {"maxPrefillBatchSize": 300}}}, "maxPrefillBatchSize"),
     ({"BackendConfig": {"npuDeviceIds": "0"}}, "npuDeviceIds"),
@@ -68,6 +69,18 @@ def test_cli_bad_config_exits_with_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "port must be in 1024..65535" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--parallel-runs", "x"], "argument --parallel-runs: invalid int value: 'x'"),
+    (["--port"], "argument --port: expected one argument"),
+    (["serve", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+])
+def test_cli_bad_flag_is_one_line(args, needle):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and needle in r.stderr and "--help" in r.stderr
+    assert "usage:" not in r.stderr
 
 
 def test_cli_missing_config_file(tmp_path):

@@ -134,3 +134,23 @@ def test_seeded_request_gives_the_same_text_alone_or_beside_seven_others(server)
         together = sse_events(mine.result()[2])[-1]["generated_text"]
         assert all(f.result()[0] == 200 for f in futures)
     assert together == alone
+
+
+def test_a_tiny_temperature_is_greedy_and_disturbs_no_one(server):
+    """Accepted but extreme values (temperature 1e-300 is > 0) once broke the whole sampling
+    step; now a temperature below 1e-5 decodes greedily, and the streams beside it finish."""
+    greedy = {"inputs": "The capital of France is", "parameters": {"max_new_tokens": 8}}
+    expected = json.loads(request(server, "POST", "/infer", greedy)[2])["generated_text"]
+    tiny = {"inputs": "The capital of France is",
+            "parameters": {"max_new_tokens": 8, "do_sample": True, "temperature": 1e-300,
+                           "top_p": 1e-300, "watermark": False, "seed": 5}}
+    others = [{"inputs": p, "stream": True, "parameters": {"seed": i, "temperature": 0.9,
+                                                           "max_new_tokens": 24}}
+              for i, p in enumerate(["Once upon a time", "def main():", "Dear diary,"])]
+    with ThreadPoolExecutor(4) as pool:
+        streams = [pool.submit(request, server, "POST", "/infer", b) for b in others]
+        status, _, raw = pool.submit(request, server, "POST", "/infer", tiny).result()
+        assert status == 200 and json.loads(raw)["generated_text"] == expected
+        for f in streams:
+            status, _, raw = f.result()
+            assert status == 200 and "error" not in sse_events(raw)[-1]

@@ -3,6 +3,9 @@ batch rows against the same rows sampled alone."""
 
 from __future__ import annotations
 
+import warnings
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -334,3 +337,50 @@ def test_sample_batch_checks_its_rows_and_leaves_the_logits_alone():
     with pytest.raises(ValueError):
         sample_batch(x, [row])
     assert sample_batch(x[:0], []) == []
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-6])
+def test_a_temperature_below_the_float32_range_is_greedy(temperature):
+    x = zipf(30_000, 11) * 3
+    seen = np.array([3, 4], np.int64)
+    for params in (SamplingParams(do_sample=True, temperature=temperature),
+                   SamplingParams(do_sample=True, temperature=temperature, top_p=1e-300, watermark=True),
+                   SamplingParams(do_sample=True, temperature=temperature, top_k=5, typical_p=0.2)):
+        greedy = SamplingParams(watermark=params.watermark)
+        rng = make_rng(1)
+        assert sample(x, params, seen, rng) == sample(x, greedy, seen, make_rng(2))
+        assert rng.random() == make_rng(1).random()        # greedy draws nothing
+
+
+@pytest.mark.parametrize("params", [SamplingParams(do_sample=True, temperature=1e308),
+                                    SamplingParams(repetition_penalty=1e-300),
+                                    SamplingParams(do_sample=True, repetition_penalty=1e300, top_p=0.5)])
+def test_extreme_accepted_values_sample_quietly(params):
+    x = zipf(30_000, 12) * 3
+    seen = np.arange(0, 30_000, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")               # no numpy RuntimeWarning reaches the log
+        tok, lp = sample(x, params, seen, make_rng(3))
+    assert 0 <= tok < 30_000 and np.isfinite(lp) and lp <= 0.0
+
+
+def test_a_row_that_breaks_the_sampler_fails_alone():
+    """The engine samples a batch in one call; should one row's data break it, the other rows
+    are sampled alone from their generators' states before the failed call (same tokens as if
+    nothing had happened) and only the broken row gets None."""
+    from tiny_mindie.engine.engine import Engine
+
+    v = 20_000
+    logits = np.stack([zipf(v, 20 + i) * 3 for i in range(3)])
+    params = SamplingParams(do_sample=True, temperature=0.8, repetition_penalty=1.2)
+    seen = np.array([1, 2, 3], np.int64)
+
+    def rows(bad):
+        return [SampleRow(params, seen, make_rng(1)), bad, SampleRow(params, seen, make_rng(3))]
+
+    clean = sample_batch(logits, rows(SampleRow(params, seen, make_rng(2))))
+    for bad in (SampleRow(params, np.array(["x"]), make_rng(2)),        # fails before any draw
+                SampleRow(params, seen, SimpleNamespace(bit_generator=make_rng(2).bit_generator))):
+        got = Engine._sample(logits, rows(bad))         # the second fails after row 0 drew
+        assert got[1] is None
+        assert got[0] == clean[0] and got[2] == clean[2]

@@ -24,14 +24,21 @@ EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
                 '"max_new_tokens": 20, "do_sample": true, "details": true}}')
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag ends with one line (and a pointer to --help), not the usage."""
+
+    def error(self, message: str):
+        self.exit(2, f"tiny_mindie: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m tiny_mindie",
         description="A small LLM inference server speaking Huawei MindIE Service's HTTP API. "
                     "Without a command it serves (the 'serve' command).",
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{serve,pull,list-models,watermark-detect}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{serve,pull,list-models,watermark-detect}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",

@@ -143,7 +143,9 @@ def _get(section: dict, key: str, kind, default, where: str):
             raise ConfigError(f"{where}.{key} must be a list of strings, got {v!r}")
         return tuple(v)
     if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
-        raise ConfigError(f"{where}.{key} must be {kind.__name__}, got {v!r}")
+        json_kind = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+        raise ConfigError(f"{where}.{key} must be {json_kind.get(kind, kind.__name__)}, "
+                          f"got {json.dumps(v)}")
     return v
 
 

@@ -320,13 +320,37 @@ class Engine:
         # sequences' tokens and generators; a cancel() meanwhile is seen below)
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
-        sampled = sample_batch(logits, [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng,
-                                                  seq.req.top_logprobs, seq.n_prompt)
-                                        for _, seq in ready])
+        rows = [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng, seq.req.top_logprobs,
+                          seq.n_prompt) for _, seq in ready]
+        sampled = self._sample(logits, rows)
         with self._cond:
             for (_, seq), result in zip(ready, sampled):
-                if not seq.cancelled and seq.slot is not None:
+                if seq.cancelled or seq.slot is None:
+                    continue
+                if result is None:
+                    self._finish(seq, GenerationError("internal", "Internal error in generation."))
+                else:
                     self._next_token(seq, result, now)
+
+    @staticmethod
+    def _sample(logits: np.ndarray, rows: list[SampleRow]) -> list[tuple | None]:
+        """:func:`sample_batch`; should it raise (a bug one request's parameters reach), each
+        row is sampled again alone from its generator's state before the batch, and only the
+        rows that fail alone get ``None``: one request never fails the others."""
+        states = [row.rng.bit_generator.state for row in rows]
+        try:
+            return sample_batch(logits, rows)
+        except Exception:
+            log.exception("sampling the batch failed; sampling its rows one by one")
+        out: list[tuple | None] = []
+        for i, (row, state) in enumerate(zip(rows, states)):
+            row.rng.bit_generator.state = state
+            try:
+                out.append(sample_batch(logits[i:i + 1], [row])[0])
+            except Exception:
+                log.exception("sampling failed for one request")
+                out.append(None)
+        return out
 
     def _next_token(self, seq: _Sequence, sampled: tuple, now: float) -> None:
         """Append the sampled ``(token, logprob, top)`` to ``seq`` and tell its client."""

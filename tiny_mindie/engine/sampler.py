@@ -50,6 +50,7 @@ _BLOCK = 1024     # block width of the per-row block sums (two-level inverse CDF
 _SAMPLE = 256     # about this many logits are sampled for top-p / typical-p thresholds
 _FIRST = 1024     # ids kept by the first such threshold (enough for most rows of a real model)
 _LOG2E = np.float32(np.log2(np.e))   # exp(d) = exp2(d * log2(e)): numpy's exp2 takes half the time
+MIN_TEMPERATURE = 1e-5   # a lower temperature is greedy decoding (see _samples)
 PARALLEL_MIN = 1 << 20   # logits in a batch from which half the rows go to a helper thread
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 _pool: ThreadPoolExecutor | None = None
@@ -77,6 +78,13 @@ class SampleRow:
     rng: np.random.Generator
     top_n: int = 0
     n_prompt: int = 0
+
+
+def _samples(p: SamplingParams) -> bool:
+    """Whether a row is sampled: ``do_sample`` and a temperature of at least
+    :data:`MIN_TEMPERATURE` (below it the distribution is its argmax to float32 precision, and
+    ``1 / T`` would overflow; vLLM draws the same line)."""
+    return p.do_sample and p.temperature >= MIN_TEMPERATURE
 
 
 def make_rng(seed: int) -> np.random.Generator:
@@ -126,9 +134,17 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     return logits
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+_LOGIT_MAX = 1e30   # penalised logits are kept within +-this: times log2(e) / MIN_TEMPERATURE
+                    # (1.4e5) they stay finite in float32
+
+
 def _ctrl(vals: np.ndarray, penalty: float) -> np.ndarray:
-    """The CTRL penalty of :func:`apply_repetition_penalty` on the values themselves."""
-    return np.where(vals > 0, vals / penalty, vals * penalty)
+    """The CTRL penalty of :func:`apply_repetition_penalty` on the values themselves, float32
+    ``[n]``; computed in float64 and kept within ``+-_LOGIT_MAX`` (any penalty > 0 is accepted,
+    and 1e300 must not turn a logit into an overflow)."""
+    v = vals.astype(np.float64)
+    return np.clip(np.where(v > 0, v / penalty, v * penalty), -_LOGIT_MAX, _LOGIT_MAX).astype(np.float32)
 
 
 def apply_presence_frequency(logits: np.ndarray, output: np.ndarray, presence: float,
@@ -427,7 +443,7 @@ def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np
     argmax of x. Pools whose log-softmax is needed are divided by ``t`` here (``x[ids] / t``:
     the same float32 values as ``(x / t)[ids]``)."""
     p, n = row.params, row.top_n
-    if not p.do_sample:
+    if not _samples(p):
         return best, float(np.log(np.float64(w[best]) / z)), _top_of_vocab(x, w, z, n)
     if p.top_k > 0:
         ids = top_k_candidates(x, p.top_k)
@@ -496,7 +512,8 @@ def _sample_rows(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[tuple[in
         return []
     s = _scratch(b, v)
     e = s.e[:b]
-    temp = np.array([r.params.temperature if r.params.do_sample else 1.0 for r in rows], np.float32)
+    temp = np.array([min(r.params.temperature, _F32_MAX) if _samples(r.params) else 1.0
+                     for r in rows], np.float32)
     adjusted = [i for i, row in enumerate(rows) if _adjusts(row)]
     x = logits                                           # read only
     if adjusted:
@@ -508,7 +525,7 @@ def _sample_rows(logits: np.ndarray, rows: Sequence[SampleRow]) -> list[tuple[in
                 np.copyto(x[i], logits[i])
     # exp((x - max) / T) and its block sums, for every row but the top-k sampled ones (which
     # only ever look at their k candidates): in one pass over the batch when that is all rows
-    full = [i for i, r in enumerate(rows) if not (r.params.do_sample and r.params.top_k > 0)]
+    full = [i for i, r in enumerate(rows) if not (_samples(r.params) and r.params.top_k > 0)]
     best = np.argmax(x, axis=1) if full else np.zeros(b, np.intp)
     k = (_LOG2E / temp)[:, None]                         # float32 [b, 1]
     mk = x[np.arange(b), best][:, None] * k              # the same product the row's max gets

@@ -281,7 +281,8 @@ class OrtBackend(Backend):
         release_pages: after loading, give back the weight-file pages onnxruntime read while
             prepacking (see :func:`release_file_pages`).
         parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
-            threads on the CPU provider, 1 elsewhere); see the module docstring.
+            threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
+            docstring.
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
@@ -340,7 +341,11 @@ class OrtBackend(Backend):
             f"{first}:{device_id}" if first == CANN else first)
         if first != CPU:
             parallel_runs = 1
-        self.parallel_runs = parallel_runs or max(1, available_cpus() // self.threads)
+        elif parallel_runs * self.threads > available_cpus():
+            log.warning("%d parallel runs x %d intra-op threads is more than the %d CPUs: the "
+                        "runs will only take turns", parallel_runs, self.threads, available_cpus())
+        # more runs than slots could never all be busy (a run has at least one row)
+        self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads), num_slots)
         self._pool = (ThreadPoolExecutor(self.parallel_runs - 1, thread_name_prefix="tiny_mindie-run")
                       if self.parallel_runs > 1 else None)
         log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)",
