@@ -275,8 +275,9 @@ def sampler_table(model: str | None, reps: int) -> int:
         for r in range(reps + 1):
             rows = [sampler.SampleRow(p, np.array(s, np.int64), g, n, len(ids))
                     for (p, n), s, g, ids in zip(spec, seqs, rngs, prompts)]
+            own = logits.copy()              # the engine hands over its own array, as here
             t0 = time.perf_counter()
-            out = sampler.sample_batch(logits, rows)
+            out = sampler.sample_batch(own, rows, overwrite=True)
             if r:                            # the first call sets up the scratch arrays
                 times.append(time.perf_counter() - t0)
             logits = step([t for t, _, _ in out])

@@ -384,3 +384,31 @@ def test_a_row_that_breaks_the_sampler_fails_alone():
         got = Engine._sample(logits, rows(bad))         # the second fails after row 0 drew
         assert got[1] is None
         assert got[0] == clean[0] and got[2] == clean[2]
+
+
+def test_overwrite_gives_the_same_tokens_and_restores_the_logits_on_an_error():
+    """The engine lets the sampler penalise its logits in place (no copy of a penalised row);
+    the tokens are the same as with a copy, and an exception leaves the array as it was."""
+    v = 20_000
+    logits = np.stack([zipf(v, 30 + i) * 3 for i in range(4)])
+    seen = np.random.default_rng(4).integers(0, v, 50)
+    params = [SamplingParams(do_sample=True, temperature=0.5, top_k=10, top_p=0.95, typical_p=0.5,
+                             repetition_penalty=1.03),
+              SamplingParams(repetition_penalty=1.3, presence_penalty=0.5),
+              SamplingParams(do_sample=True, top_p=0.9, frequency_penalty=0.4),
+              SamplingParams(do_sample=True, temperature=0.7)]
+
+    def rows(bad=False):
+        out = [SampleRow(p, seen, make_rng(i), 2, 10) for i, p in enumerate(params)]
+        if bad:      # a generator without random(): fails after the penalties were applied
+            out[2] = SampleRow(params[2], seen, SimpleNamespace(bit_generator=None))
+        return out
+
+    copy_mode = sample_batch(logits, rows())
+    own = logits.copy()
+    assert sample_batch(own, rows(), overwrite=True) == copy_mode
+    assert not np.array_equal(own, logits)                  # penalised in place
+    own = logits.copy()
+    with pytest.raises(AttributeError):
+        sample_batch(own, rows(bad=True), overwrite=True)
+    assert np.array_equal(own, logits)

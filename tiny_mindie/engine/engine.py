@@ -339,7 +339,7 @@ class Engine:
         rows that fail alone get ``None``: one request never fails the others."""
         states = [row.rng.bit_generator.state for row in rows]
         try:
-            return sample_batch(logits, rows)
+            return sample_batch(logits, rows, overwrite=True)   # restored if it raises
         except Exception:
             log.exception("sampling the batch failed; sampling its rows one by one")
         out: list[tuple | None] = []
