@@ -402,6 +402,23 @@ def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
     again.close()
 
 
+def test_building_a_graph_removes_older_builders_graphs_of_the_model(gguf, config, tmp_path):
+    """A builder version bump would leave the old graph (1.5x the GGUF) in the cache forever;
+    the new build removes it, and keeps graphs built with other options or of other models."""
+    key = GraphOptions().key()
+    digest = ort_backend.sha256_of(gguf.path)[:16]
+    stem = os.path.splitext(os.path.basename(gguf.path))[0]
+    old = tmp_path / f"{stem}-{digest}-b{graph_mod.BUILDER_VERSION - 1}-{key}"
+    other_options = tmp_path / f"{stem}-{digest}-b{graph_mod.BUILDER_VERSION - 1}-a0-h0-p0"
+    other_model = tmp_path / f"other-{digest}-b{graph_mod.BUILDER_VERSION - 1}-{key}"
+    for d in (old, other_options, other_model):
+        d.mkdir()
+        (d / "complete").write_text("")
+    path, built = ort_backend.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
+    assert built and os.path.isfile(path)
+    assert not old.exists() and other_options.exists() and other_model.exists()
+
+
 def test_default_threads_leave_a_core():
     n = len(os.sched_getaffinity(0))
     assert ort_backend.default_threads() == max(1, n - 1)

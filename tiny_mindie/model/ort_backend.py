@@ -8,7 +8,8 @@ provider pass ``providers=[...]`` (names or ``(name, options)`` pairs, as onnxru
 Graph cache: the built graph (``model.onnx`` + ``model.onnx.data``) is stored under
 ``<dir of the GGUF>/onnx-cache/<gguf stem>-<key>/`` (or ``cache_dir``; when that directory is
 not writable, ``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``), ``key`` being the
-GGUF's sha256, the builder version and the graph options; a warm start loads it.
+GGUF's sha256, the builder version and the graph options; a warm start loads it. Building a
+graph removes the model's graphs with the same options from older builder versions.
 
 KV cache and continuous batching
 --------------------------------
@@ -159,11 +160,22 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
                 os.rename(tmp, final)
             except OSError:                     # another process built it meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
+            _drop_outdated(root, f"{stem}-{digest[:16]}-b", f"-{options.key()}")
             return os.path.join(final, "model.onnx"), True
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
+
+
+def _drop_outdated(root: str, prefix: str, suffix: str) -> None:
+    """Remove this model's graphs built with the same options by an older builder: no version
+    of this code loads them again (a builder version bump leaves ~1.5x the GGUF behind)."""
+    for name in os.listdir(root):
+        version = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+        if version.isdigit() and int(version) < BUILDER_VERSION:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            log.info("removed the outdated graph %s", name)
 
 
 # ---- resident memory -------------------------------------------------------------------------
