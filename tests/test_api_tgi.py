@@ -90,6 +90,28 @@ def test_text_generation_client_stream(tgi_client):
     assert plain.generated_text == last.generated_text
 
 
+def test_text_generation_client_top_n_tokens(tgi_client):
+    """TGI >= 1.1's top_n_tokens: the most likely tokens of each step's distribution, in the
+    details and in every stream event; greedy, the chosen token is the first of them."""
+    r = tgi_client.generate(PROMPT, max_new_tokens=4, top_n_tokens=3)
+    tops = r.details.top_tokens
+    assert len(tops) == len(r.details.tokens) == 4
+    for tok, top in zip(r.details.tokens, tops):
+        assert len(top) == 3 and top[0].id == tok.id
+        assert top[0].logprob == pytest.approx(tok.logprob, abs=1e-5)
+        lps = [t.logprob for t in top]
+        assert lps == sorted(lps, reverse=True) and lps[-1] < lps[0] <= 0.0
+        assert len({t.id for t in top}) == 3
+    events = list(tgi_client.generate_stream(PROMPT, max_new_tokens=4, top_n_tokens=2, do_sample=True,
+                                             top_k=5, seed=3))
+    for e in events:
+        assert len(e.top_tokens) == 2
+        assert e.top_tokens[0].logprob >= e.top_tokens[1].logprob
+        assert e.token.logprob <= e.top_tokens[0].logprob + 1e-6
+    plain = tgi_client.generate(PROMPT, max_new_tokens=4)
+    assert plain.details.top_tokens is None                # only when asked
+
+
 def test_text_generation_client_validation_error(tgi_client):
     from text_generation.errors import ValidationError
     with pytest.raises(ValidationError, match="truncate"):
@@ -167,7 +189,7 @@ def test_truncate_keeps_the_last_prompt_tokens(server, tokenizer):
 
 @pytest.mark.parametrize("params, word", [
     ({"top_p": 1.0}, "top_p"), ({"temperature": 0}, "temperature"), ({"top_k": 0}, "top_k"),
-    ({"best_of": 2, "do_sample": True}, "best_of"), ({"top_n_tokens": 3}, "top_n_tokens"),
+    ({"best_of": 2, "do_sample": True}, "best_of"), ({"top_n_tokens": 6}, "top_n_tokens"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"), ({"max_new_tokens": 2.5}, "max_new_tokens"),
 ])
 def test_tgi_ranges_are_enforced(server, params, word):

@@ -10,7 +10,10 @@ What tiny_mindie fills in:
 * ``details.prefill`` (``decoder_input_details``): the prompt's ids and texts; every ``logprob``
   is null. The backends return logits for the last position of a chunk only, so the prompt's
   own log-probabilities would cost one forward pass per prompt token; they are not computed.
-* ``top_n_tokens`` (> 0) and ``best_of`` (> 1) are refused (``/info`` says ``max_best_of: 1``).
+* ``top_n_tokens`` (1 .. 5, TGI's default ``max_top_n_tokens``): the most likely tokens of the
+  distribution each token was sampled from, with their logprobs, in ``details.top_tokens``
+  (one list per generated token) and in each stream event's ``top_tokens`` (TGI >= 1.1).
+* ``best_of`` (> 1) is refused (``/info`` says ``max_best_of: 1``).
 * a matched ``stop`` string is kept at the end of the text, as TGI does.
 
 Errors have TGI's (and MindIE's) shape ``{"error", "error_type"}`` with MindIE's messages and
@@ -21,6 +24,7 @@ TGI's ``error_type`` names (``validation`` 422, ``generation`` 424, ``incomplete
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -37,6 +41,7 @@ from .native import (build_request, first_event, read_inputs, read_parameters,
 from .validate import get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
+MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
 INF = float("inf")
 MAX_STOP_SEQUENCES = 4      # TGI's default --max-stop-sequences
 
@@ -129,9 +134,7 @@ class TGIParams:
         if best_of not in (None, 1):
             raise invalid("Parameter best_of != 1 is not allowed for this endpoint "
                           "(max_best_of is 1).")
-        top_n = get_int(p, "top_n_tokens", None, 0, INT32_MAX)
-        if top_n not in (None, 0):
-            raise invalid("Parameter top_n_tokens != 0 is not allowed for this endpoint.")
+        self.top_n_tokens = get_int(p, "top_n_tokens", None, 0, MAX_TOP_N_TOKENS) or 0
         _refuse_set(p, "grammar")
         _refuse_set(p, "adapter_id")
         _refuse_set(p, "frequency_penalty", (None, 0, 0.0))
@@ -144,10 +147,13 @@ def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
 
 async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRequest:
     if params.truncate is None:
-        return await build_request(llm, prompt, params.make)
-    # TGI keeps the last `truncate` tokens of the prompt.
-    ids = await asyncio.to_thread(llm.encode, prompt)
-    return await build_request(llm, ids[-params.truncate:], params.make)
+        request = await build_request(llm, prompt, params.make)
+    else:   # TGI keeps the last `truncate` tokens of the prompt.
+        ids = await asyncio.to_thread(llm.encode, prompt)
+        request = await build_request(llm, ids[-params.truncate:], params.make)
+    if params.top_n_tokens:
+        request = dataclasses.replace(request, top_logprobs=params.top_n_tokens)
+    return request
 
 
 def _token_text(llm: LLM, ev: TokenEvent) -> tuple[str, bool]:
@@ -163,14 +169,22 @@ def _token(llm: LLM, ev: TokenEvent) -> dict:
     return {"id": ev.token_id, "text": text, "logprob": _logprob(ev.logprob), "special": special}
 
 
-def _prefill(llm: LLM, request: GenerationRequest) -> list[dict]:
+def _piece(llm: LLM, token_id: int, logprob: float | None) -> dict:
+    """A token by itself (a prompt token, an alternative): its own piece as text."""
     tok = llm.tokenizer
-    out = []
-    for i in request.prompt_ids:
-        text = (tok.token_text(i) if tok.is_special(i)
-                else tok.token_bytes(i).decode("utf-8", errors="replace"))
-        out.append({"id": i, "text": text, "logprob": None})
-    return out
+    special = tok.is_special(token_id)
+    text = (tok.token_text(token_id) if special
+            else tok.token_bytes(token_id).decode("utf-8", errors="replace"))
+    return {"id": token_id, "text": text, "logprob": _logprob(logprob), "special": special}
+
+
+def _prefill(llm: LLM, request: GenerationRequest) -> list[dict]:
+    return [{k: v for k, v in _piece(llm, i, None).items() if k != "special"}
+            for i in request.prompt_ids]
+
+
+def _top_tokens(llm: LLM, ev: TokenEvent) -> list[dict]:
+    return [_piece(llm, i, lp) for i, lp in ev.top_logprobs or ()]
 
 
 async def _collect(llm: LLM, request: GenerationRequest) -> list[TokenEvent]:
@@ -196,6 +210,8 @@ async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
             "prefill": _prefill(llm, request) if params.decoder_input_details else [],
             "tokens": [_token(llm, ev) for ev in events],
         }
+        if params.top_n_tokens:
+            out["details"]["top_tokens"] = [_top_tokens(llm, ev) for ev in events]
     return json_response(200, [out] if as_list else out)
 
 
@@ -210,6 +226,8 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
     try:
         while True:
             out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
+            if params.top_n_tokens:
+                out["top_tokens"] = _top_tokens(llm, ev)
             if ev.is_last:
                 text = ev.generated_text or ""
                 out["generated_text"] = prompt + text if params.return_full_text else text
