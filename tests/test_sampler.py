@@ -354,7 +354,10 @@ def test_a_temperature_below_the_float32_range_is_greedy(temperature):
 
 @pytest.mark.parametrize("params", [SamplingParams(do_sample=True, temperature=1e308),
                                     SamplingParams(repetition_penalty=1e-300),
-                                    SamplingParams(do_sample=True, repetition_penalty=1e300, top_p=0.5)])
+                                    SamplingParams(repetition_penalty=5e-324),
+                                    SamplingParams(do_sample=True, repetition_penalty=1e300, top_p=0.5),
+                                    SamplingParams(repetition_penalty=1.7976931348623157e308,
+                                                   watermark=True)])
 def test_extreme_accepted_values_sample_quietly(params):
     x = zipf(30_000, 12) * 3
     seen = np.arange(0, 30_000, 7)

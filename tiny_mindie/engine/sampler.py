@@ -149,7 +149,9 @@ def _ctrl(vals: np.ndarray, penalty: float) -> np.ndarray:
     ``[n]``; computed in float64 and kept within ``+-_LOGIT_MAX`` (any penalty > 0 is accepted,
     and 1e300 must not turn a logit into an overflow)."""
     v = vals.astype(np.float64)
-    return np.clip(np.where(v > 0, v / penalty, v * penalty), -_LOGIT_MAX, _LOGIT_MAX).astype(np.float32)
+    with np.errstate(over="ignore"):            # 1.7e308 or 5e-324 overflow float64 too: +-inf
+        out = np.where(v > 0, v / penalty, v * penalty)
+    return np.clip(out, -_LOGIT_MAX, _LOGIT_MAX).astype(np.float32)
 
 
 def apply_presence_frequency(logits: np.ndarray, output: np.ndarray, presence: float,
