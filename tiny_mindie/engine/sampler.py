@@ -17,16 +17,18 @@ keeps their order), the temperature enters once, in ``exp((x - max) / T)``, comp
 ``exp2(x * k - max * k)`` with ``k = log2(e) / T`` (numpy's ``exp2`` takes half the time of
 ``exp``), and only small candidate pools are divided by ``T`` where their log-softmax is
 needed. Over the whole ``[B, V]`` float32 array: the argmax and, for the rows that need the
-whole distribution (all but top-k), that exponential and its per-block sums; a copy only for
-rows whose logits a penalty or the watermark changes. Per row, one or two more passes over ``V`` at most (a
-compare; the product-sum typical-p needs); the rest works on small candidate sets: a threshold
-from a strided sample of the row's logits keeps about a thousand ids, an exact check tells
-whether they hold enough probability (else the threshold is widened), and only they are
-sorted (top-p skips even that when the most likely token alone reaches ``top_p``). Large
-scratch arrays are kept per thread and reused from step to step (on a VM a fresh 8 MB array
-costs more in page faults than the arithmetic done in it), and with two CPUs half the rows run
-on a helper thread. ``scripts/bench.py --sampler`` measures the share of a decode step
-(Gemma 3 270M: V = 262,144, batch 8).
+whole distribution (all but top-k), that exponential and its per-block sums. Penalties change
+the seen ids only (in place when the caller allows, else on a copy); the watermark's add writes
+a copy. Per row, one or two more passes over ``V`` at most (a compare; the product-sum
+typical-p needs); the rest works on small candidate sets: a threshold from a strided sample of
+the row's logits keeps about a thousand ids, an exact check tells whether they hold enough
+probability (else the threshold is widened), and only they are sorted (top-p skips even that
+when the most likely token alone reaches ``top_p``). Large scratch arrays are kept per thread
+and reused from step to step (on a VM a fresh 8 MB array costs more in page faults than the
+arithmetic done in it), and with two CPUs the rows that need the whole distribution are shared
+with a helper thread. These passes are memory-bound: ``scripts/bench.py --sampler`` measures
+the share of a decode step (Gemma 3 270M: V = 262,144, batch 8; 4-12 % depending on the
+parameters, typical-p alone the most).
 
 Every request has its own ``numpy.random.Generator`` (PCG64) seeded from its ``seed``, and draws
 exactly one uniform number per sampled token (none when greedy), so a seed fixes the output
@@ -51,7 +53,7 @@ _SAMPLE = 256     # about this many logits are sampled for top-p / typical-p thr
 _FIRST = 1024     # ids kept by the first such threshold (enough for most rows of a real model)
 _LOG2E = np.float32(np.log2(np.e))   # exp(d) = exp2(d * log2(e)): numpy's exp2 takes half the time
 MIN_TEMPERATURE = 1e-5   # a lower temperature is greedy decoding (see _samples)
-PARALLEL_MIN = 1 << 20   # logits in a batch from which half the rows go to a helper thread
+PARALLEL_MIN = 1 << 20   # dense logits in a batch from which a helper thread takes half
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
