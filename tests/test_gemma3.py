@@ -19,6 +19,7 @@ from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend, causal_mask, prefill
 from tiny_mindie.model.tokenizer import load_tokenizer
+from hf_math import rms_norm, rotate_half, weight64
 
 MAX_SEQ_LEN = 1024
 WINDOW = 512
@@ -72,18 +73,14 @@ def hf_gemma3_logits(f: GGUFFile, ids: np.ndarray, window: int = WINDOW) -> np.n
     """Logits float64 ``[vocab]`` of the last position of ``ids`` (see the module doc)."""
     d, H, KV, hd, eps = 640, 4, 1, 256, 1e-6
 
-    def W(name):  # GGUF [out, in] as float64
-        return f.dequantize(name).astype(np.float64)
+    def W(name):
+        return weight64(f, name)
 
     def norm(x, w_gguf):
         # HF Gemma3RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w). llama.cpp's converter stores
         # 1 + w in the GGUF, so w_hf = stored - 1.
         w_hf = w_gguf - 1.0
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (1.0 + w_hf)
-
-    def rotate_half(x):
-        half = x.shape[-1] // 2
-        return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return rms_norm(x, 1.0 + w_hf, eps)
 
     def gelu_tanh(x):
         return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))

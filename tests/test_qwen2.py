@@ -26,6 +26,7 @@ from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
 from tiny_mindie.model.graph import GraphOptions  # noqa: E402
 from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
+from hf_math import rms_norm, rotate_half, weight64  # noqa: E402
 
 N_LAYERS, D, H, KV, HD, FFN, VOCAB = 2, 64, 4, 2, 16, 128, 300
 THETA, EPS, CTX = 1_000_000.0, 1e-6, 128
@@ -183,15 +184,11 @@ PROMPTS = [np.array([5, 77, 263, 100, 42, 9, 256, 31, 200, 150, 3], dtype=np.int
 
 def hf_qwen2_logits(f: GGUFFile, ids: np.ndarray) -> np.ndarray:
     """Logits float64 ``[n, vocab]`` of every position of ``ids``, the way HF Qwen2 computes."""
-    def W(name):  # GGUF [out, in] (HF's nn.Linear weight) as float64
-        return f.dequantize(name).astype(np.float64)
+    def W(name):
+        return weight64(f, name)
 
     def norm(x, w):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + EPS) * w
-
-    def rotate_half(x):
-        half = x.shape[-1] // 2
-        return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return rms_norm(x, w, EPS)
 
     n = len(ids)
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]

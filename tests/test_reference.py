@@ -16,6 +16,7 @@ from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend
+from hf_math import rms_norm, rotate_half, weight64
 
 MAX_SEQ_LEN = 256
 
@@ -60,19 +61,15 @@ def hf_logits(f: GGUFFile, cfg: ModelConfig, ids: np.ndarray) -> np.ndarray:
     """Logits float64 ``[n, vocab]`` of every position of ``ids``, HF-style (see module doc)."""
     H, KV, hd, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_eps
 
-    def W(name):  # GGUF [out, in] as float64
-        return f.dequantize(name).astype(np.float64)
-
     def unpermute(w, n_head):
         # llama.cpp's converter: w.reshape(n_head, 2, hd/2, in).swapaxes(1, 2); undo it.
         return w.reshape(n_head, hd // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
 
-    def norm(x, w):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+    def W(name):
+        return weight64(f, name)
 
-    def rotate_half(x):
-        half = x.shape[-1] // 2
-        return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    def norm(x, w):
+        return rms_norm(x, w, eps)
 
     n = len(ids)
     inv_freq = 1.0 / cfg.rope_theta ** (np.arange(0, hd, 2) / hd)
