@@ -37,7 +37,6 @@ whatever else is in the batch.
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..model.backend import available_cpus
 from .request import SamplingParams
 from .watermark import apply_watermark
 
@@ -54,7 +54,7 @@ _FIRST = 1024     # ids kept by the first such threshold (enough for most rows o
 _LOG2E = np.float32(np.log2(np.e))   # exp(d) = exp2(d * log2(e)): numpy's exp2 takes half the time
 MIN_TEMPERATURE = 1e-5   # a lower temperature is greedy decoding (see _samples)
 PARALLEL_MIN = 1 << 20   # dense logits in a batch from which a helper thread takes half
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_CPUS = available_cpus()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
@@ -170,8 +170,12 @@ def apply_presence_frequency(logits: np.ndarray, output: np.ndarray, presence: f
 def _adjusts(row: SampleRow) -> bool:
     """Whether a penalty or the watermark changes this row's logits."""
     p = row.params
-    return row.seen.size > 0 and (p.repetition_penalty != 1.0 or p.watermark
-                                  or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0)
+    return row.seen.size > 0 and (p.watermark or _has_penalties(p))
+
+
+def _has_penalties(p: SamplingParams) -> bool:
+    """Whether the repetition, presence or frequency penalty is on."""
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
 def _penalised(logits: np.ndarray, row: SampleRow) -> tuple[np.ndarray, np.ndarray] | None:
@@ -179,7 +183,7 @@ def _penalised(logits: np.ndarray, row: SampleRow) -> tuple[np.ndarray, np.ndarr
     (int ``[n]``, float32 ``[n]``), computed from ``logits`` (float32 ``[V]``) on those ids
     only: the same float32 operations as penalising the whole row. ``None`` without penalties."""
     p, v = row.params, logits.shape[0]
-    if p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+    if not _has_penalties(p):
         return None
     ids = np.unique(row.seen[row.seen < v])
     sub = logits[ids] if p.repetition_penalty == 1.0 else _ctrl(logits[ids], p.repetition_penalty)

@@ -10,6 +10,7 @@ one sequence -- a whole prompt or a piece of it (prefill), or a single token (de
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Sequence
@@ -20,6 +21,15 @@ from .config import ModelConfig
 
 BACKENDS = ("onnxruntime", "numpy")
 DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the fallback
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)
+    -- what thread counts are sized by."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .backend import Backend, SeqChunk, check_chunks
+from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .graph import BUILDER_VERSION, GraphOptions, build_model
@@ -240,14 +240,6 @@ def default_threads() -> int:
     (or ``intraOpThreads``) still selects two, e.g. for the single-stream benchmark.
     """
     return max(1, available_cpus() - 1)
-
-
-def available_cpus() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _zeroed_buffers(count: int, shape: tuple[int, ...]) -> tuple[mmap.mmap, list[np.ndarray]]:
