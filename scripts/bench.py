@@ -438,7 +438,8 @@ def _median(xs):
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="GGUF file (default: the registry's default model)")
+    ap.add_argument("--model", help="a .gguf file or a registry name, e.g. gemma3-270m "
+                                    "(default: the registry's default model)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--gen-tokens", type=int, default=128)
@@ -471,11 +472,9 @@ def main(argv: list[str] | None = None) -> int:
             child_tiny(args.child[0], p["model"], p["prompt"], p["threads"], p.get("root", ROOT))
         return 0
 
-    model = args.model
-    if not model:
-        sys.path.insert(0, ROOT)
-        from tiny_mindie.model.registry import DEFAULT_MODEL, ensure_model
-        model = ensure_model(DEFAULT_MODEL)
+    sys.path.insert(0, ROOT)
+    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+    model = resolve(args.model or DEFAULT_MODEL)    # a .gguf path or a registry name, pulled if missing
     prompt = prompt_ids(model, args.prompt_tokens)
     payload = {"model": model, "prompt": prompt, "threads": args.threads}
     print(f"model {model} ({os.path.getsize(model) / 1e6:.1f} MB), prompt {len(prompt)} tokens, "
