@@ -227,6 +227,31 @@ def test_vocab_wide_sets_break_ties_by_the_lower_id():
             x, x.shape[0])[np.isin(top_k_candidates(x, x.shape[0]), brute_typical(x, mass))].tolist()
 
 
+
+def test_the_batched_first_round_gives_each_row_its_own_set():
+    """Top-p and typical-p rows of a batch get their sets from one shared first round
+    (``_vocab_sets``); flat rows (a nucleus of thousands, a centre below the largest sampled
+    logit) go on alone. Every row's set is the one it gets alone, and the definition's."""
+    v = 262_144
+    x = np.stack([zipf(v, 40, 1.1) * 2, zipf(v, 41, 0.3), zipf(v, 42, 1.1) * 2, zipf(v, 43, 0.3),
+                  zipf(v, 44, 3.0)])
+    w = np.stack([weights(r)[0] for r in x])
+    z = w.sum(axis=1, dtype=np.float64)
+    typical = np.array([True, True, False, False, True])
+    mass = np.array([0.9, 0.9, 0.95, 0.9, 0.5])
+    center = np.where(typical, [sampler._dot(w[i], x[i]) / z[i] for i in range(5)], np.nan)
+    assert not typical[1] or x[1, ::v // sampler._SAMPLE].max() >= center[1]      # one flat row
+    got = sampler._vocab_sets(x, w, np.arange(5), mass * z, center)
+    for i in range(5):
+        alone = (typical_of_vocab if typical[i] else nucleus_of_vocab)(x[i], w[i], z[i], mass[i])
+        if typical[i]:
+            assert sorted(got[i].tolist()) == sorted(alone.tolist())
+            assert len(set(alone.tolist()) ^ set(brute_typical(x[i], mass[i]).tolist())) <= 2
+        else:
+            assert got[i].tolist() == alone.tolist()
+            assert set(alone.tolist()) == brute_top_p(x[i], mass[i])
+    assert len(got[3]) > 1000                                   # the flat top-p row went on alone
+
 KINDS = {
     "greedy": SamplingParams(),
     "greedy, penalties": SamplingParams(repetition_penalty=1.3, presence_penalty=0.5,
@@ -390,16 +415,18 @@ def test_a_row_that_breaks_the_sampler_fails_alone():
 
 
 def test_overwrite_gives_the_same_tokens_and_restores_the_logits_on_an_error():
-    """The engine lets the sampler penalise its logits in place (no copy of a penalised row);
-    the tokens are the same as with a copy, and an exception leaves the array as it was."""
+    """The engine lets the sampler penalise and watermark its logits in place (no copy of the
+    batch); the tokens are the same as with a copy, and an exception leaves the array as it was."""
     v = 20_000
-    logits = np.stack([zipf(v, 30 + i) * 3 for i in range(4)])
+    logits = np.stack([zipf(v, 30 + i) * 3 for i in range(6)])
     seen = np.random.default_rng(4).integers(0, v, 50)
     params = [SamplingParams(do_sample=True, temperature=0.5, top_k=10, top_p=0.95, typical_p=0.5,
                              repetition_penalty=1.03),
               SamplingParams(repetition_penalty=1.3, presence_penalty=0.5),
               SamplingParams(do_sample=True, top_p=0.9, frequency_penalty=0.4),
-              SamplingParams(do_sample=True, temperature=0.7)]
+              SamplingParams(do_sample=True, temperature=0.7),
+              SamplingParams(do_sample=True, temperature=0.7, watermark=True),
+              SamplingParams(watermark=True, repetition_penalty=1.2, presence_penalty=0.3)]
 
     def rows(bad=False):
         out = [SampleRow(p, seen, make_rng(i), 2, 10) for i, p in enumerate(params)]
@@ -411,6 +438,8 @@ def test_overwrite_gives_the_same_tokens_and_restores_the_logits_on_an_error():
     own = logits.copy()
     assert sample_batch(own, rows(), overwrite=True) == copy_mode
     assert not np.array_equal(own, logits)                  # penalised in place
+    for i in (4, 5):                                        # the watermarked rows too
+        assert np.count_nonzero(own[i] != logits[i]) > v // 8
     own = logits.copy()
     with pytest.raises(AttributeError):
         sample_batch(own, rows(bad=True), overwrite=True)

@@ -13,22 +13,25 @@ beside others.
 
 Cost -- the vocabulary is never sorted, and ``logits / T`` is never written out: ranking,
 thresholds and the typical-p centre work on the logits as they are (dividing by ``T > 0``
-keeps their order), the temperature enters once, in ``exp((x - max) / T)``, computed as
-``exp2(x * k - max * k)`` with ``k = log2(e) / T`` (numpy's ``exp2`` takes half the time of
-``exp``), and only small candidate pools are divided by ``T`` where their log-softmax is
-needed. Over the whole ``[B, V]`` float32 array: the argmax and, for the rows that need the
+keeps their order), the temperature enters once, in the unnormalised probabilities
+``exp2(x * k - s)`` with ``k = log2(e) / T`` (numpy's ``exp2`` takes half the time of ``exp``)
+and a shift ``s``: ``max * k``, as usual, or 0 when ``max * k`` is in [0, 64] already (then
+nothing can overflow, and the pass that subtracts it is saved; only ratios of these weights
+are ever used), and only small candidate pools are divided by ``T`` where their log-softmax
+is needed. Over the whole ``[B, V]`` float32 array: the argmax and, for the rows that need the
 whole distribution (all but top-k), that exponential and its per-block sums. Penalties change
-the seen ids only (in place when the caller allows, else on a copy); the watermark's add writes
-a copy. Per row, one or two more passes over ``V`` at most (a compare; the product-sum
+the seen ids only, and the watermark's add the row (in place when the caller allows, else on a
+copy). Per row, one or two more passes over ``V`` at most (a compare; the product-sum
 typical-p needs); the rest works on small candidate sets: a threshold from a strided sample of
 the row's logits keeps about a thousand ids, an exact check tells whether they hold enough
 probability (else the threshold is widened), and only they are sorted (top-p skips even that
-when the most likely token alone reaches ``top_p``). Large scratch arrays are kept per thread
-and reused from step to step (on a VM a fresh 8 MB array costs more in page faults than the
-arithmetic done in it), and with two CPUs the rows that need the whole distribution are shared
-with a helper thread. These passes are memory-bound: ``scripts/bench.py --sampler`` measures
-the share of a decode step (Gemma 3 270M: V = 262,144, batch 8; 4-12 % depending on the
-parameters, typical-p alone the most).
+when the most likely token alone reaches ``top_p``); that first round is done for all the
+top-p and typical-p rows of a batch at once (:func:`_vocab_sets`). Large scratch arrays are
+kept per thread and reused from step to step (on a VM a fresh 8 MB array costs more in page
+faults than the arithmetic done in it), and with two CPUs the rows that need the whole
+distribution are shared with a helper thread. ``scripts/bench.py --sampler`` measures the
+share of a decode step (Gemma 3 270M: V = 262,144, batch 8; 4-10 % depending on the
+parameters, typical-p alone and a mixed batch the most).
 
 Every request has its own ``numpy.random.Generator`` (PCG64) seeded from its ``seed``, and draws
 exactly one uniform number per sampled token (none when greedy), so a seed fixes the output
@@ -100,14 +103,15 @@ def make_rng(seed: int) -> np.random.Generator:
 
 
 class _Scratch:
-    """Arrays reused from call to call: ``x``, ``e`` float32 ``[rows, V]``; ``tmp`` float32,
-    ``mask`` bool, ``u32`` uint32, each ``[V]``."""
+    """Arrays reused from call to call: ``x``, ``e`` float32, ``masks`` bool, each ``[rows, V]``;
+    ``tmp`` float32, ``mask`` bool (the first row of ``masks``), ``u32`` uint32, each ``[V]``."""
 
     def __init__(self, rows: int, vocab: int):
         self.x = np.empty((rows, vocab), np.float32)
         self.e = np.empty((rows, vocab), np.float32)
         self.tmp = np.empty(vocab, np.float32)
-        self.mask = np.empty(vocab, np.bool_)
+        self.masks = np.empty((rows, vocab), np.bool_)
+        self.mask = self.masks[0]
         self.u32 = np.empty(vocab, np.uint32)
 
 
@@ -197,7 +201,8 @@ def _adjust(x: np.ndarray, logits: np.ndarray, row: SampleRow, s: _Scratch) -> N
     """Penalties, then the watermark, on one row (before its temperature).
 
     x: float32 ``[V]``, written: ``logits`` with the watermark's ``DELTA`` on the green ids
-    (the add is the copy) and the penalised seen ids (:func:`_penalised`).
+    (the add is the copy) and the penalised seen ids (:func:`_penalised`); may be ``logits``
+    itself.
     """
     pen = _penalised(logits, row)
     if row.params.watermark:
@@ -285,8 +290,8 @@ def typical_candidates(logits: np.ndarray, ids: np.ndarray, mass: float) -> np.n
     return _sort_desc(logits, kept)
 
 
-def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | None = None
-                 ) -> np.ndarray:
+def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | None = None,
+                 start: float | None = None) -> np.ndarray:
     """Ids in order of a key (ties: lower id first), up to and including the one where their
     running weight ``w`` first reaches ``target``; ids of weight 0 are left out. The key is
     ``-x`` (top-p), or ``|x - center|`` when ``center`` is given (typical-p).
@@ -297,23 +302,32 @@ def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | No
     check tells whether their weight reaches ``target``: then the answer is a prefix of them in
     key order, and only they are sorted; else ``r`` is widened. Top-p: ``r`` keeps about
     ``_FIRST``, then twice, four times ... as many ids (``x >= t`` for sampled logits ``t``).
-    Typical-p: the sampled ids nearest the centre, weighted by ``stride``, estimate the ``r``
-    that holds ``target`` (with a margin; at most the ``r`` that keeps about ``_FIRST`` ids, as
-    the few heavy ids are rarely sampled); ``r`` doubles when the check fails. The compare is
-    one-sided, ``x >= center - r``, and the ids above ``center + r`` are then dropped.
+    Typical-p: the compare is one-sided, ``x >= center - r``, and the ids above ``center + r``
+    are then dropped; the first ``r`` reaches down to the largest sampled logit (the heavy ids
+    of a real model's row lie above it: about ``_FIRST`` ids to check), or, when that logit is
+    above the centre (a flat row), the sampled ids nearest the centre, weighted by ``stride``,
+    estimate the ``r`` that holds ``target`` (with a margin; at most the ``r`` that keeps about
+    ``_FIRST`` ids). ``r`` doubles when the check fails. ``start``: the first sample index
+    (top-p) or ``r`` (typical-p) to try instead, when :func:`_vocab_sets` tried a smaller one.
     """
     v = x.shape[0]
     stride = max(1, v // _SAMPLE)
     mask = _scratch(1, v).mask
     if center is None:
         ts = np.sort(x[::stride])[::-1]
-        i = min(max(0, -(-_FIRST // stride) - 1), ts.shape[0] - 1)
+        i = min(max(0, -(-_FIRST // stride) - 1), ts.shape[0] - 1) if start is None else int(start)
+    elif start is not None:
+        r = start
     else:
-        ks = np.abs(x[::stride].astype(np.float64) - center)
-        order = np.argsort(ks)
-        est = np.cumsum(w[::stride][order], dtype=np.float64) * stride
-        j = min(int(np.searchsorted(est, 1.5 * target)), -(-_FIRST // stride), order.shape[0] - 1)
-        r = max(float(ks[order[j]]), 1e-3)
+        top = float(x[::stride].max())
+        if top < center:
+            r = center - top
+        else:
+            ks = np.abs(x[::stride].astype(np.float64) - center)
+            order = np.argsort(ks)
+            est = np.cumsum(w[::stride][order], dtype=np.float64) * stride
+            j = min(int(np.searchsorted(est, 1.5 * target)), -(-_FIRST // stride), order.shape[0] - 1)
+            r = max(float(ks[order[j]]), 1e-3)
     while True:
         if center is None:
             last = i >= ts.shape[0]
@@ -338,7 +352,15 @@ def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | No
             i = 2 * i + 1
         else:
             r *= 2
-    for k in (64, 256, 1024):       # the same check among the candidates: often a few are enough
+    return _prefix_by_key(cand, wc, key, target)
+
+
+def _prefix_by_key(cand: np.ndarray, wc: np.ndarray, key: np.ndarray, target: float) -> np.ndarray:
+    """The ids ``cand`` (ascending; ``[n]``) in ``key`` order (ties: lower id), up to and
+    including the one where their running weight ``wc`` (float32 ``[n]``) first reaches
+    ``target``; all of them if it never does. Only a head of them is sorted when it is enough:
+    the ``k`` smallest keys for ``k`` = 64, 256, 1024 (a partition) are tried first."""
+    for k in (64, 256, 1024):
         if cand.shape[0] <= k:
             break
         head = key <= np.partition(key, k - 1)[k - 1]
@@ -350,6 +372,67 @@ def _head_prefix(x: np.ndarray, w: np.ndarray, target: float, center: float | No
     return cand[order[:min(int(np.searchsorted(cum, target)) + 1, cand.shape[0])]]
 
 
+def _vocab_sets(x: np.ndarray, w: np.ndarray, sel: np.ndarray, target: np.ndarray,
+                center: np.ndarray) -> list[np.ndarray]:
+    """:func:`_head_prefix` for several rows of a batch at once: their top-p (``center`` NaN)
+    or typical-p (``center`` = the row's ``E_p[x]``) sets over the whole vocabulary.
+
+    Args:
+        x, w: C-contiguous float32 ``[b, V]``, logits and their weights (``w >= 0``).
+        sel: int ``[R]``, the rows to do; target, center: float64 ``[R]``.
+
+    Returns:
+        ``R`` int arrays, as :func:`_head_prefix` returns them.
+
+    The first round of :func:`_head_prefix` for all ``R`` rows together: its compare row by row
+    into one ``[R, V]`` mask, then one ``nonzero``, one gather, one mass check (``bincount``)
+    over all the candidates, instead of a dozen numpy calls per row -- short calls that hold
+    the GIL, so a helper thread could not share them. Top-p rows start from the logit that
+    :func:`_head_prefix` starts from; typical-p rows from the largest sampled logit, when it is
+    below the centre. A row is still computed from its own data only (its candidates, its
+    weights in id order), so its set is the same in any batch. Rows whose first round falls
+    short go on alone in :func:`_head_prefix` with a wider bound.
+    """
+    v = x.shape[1]
+    n = sel.shape[0]
+    stride = max(1, v // _SAMPLE)
+    samp = x[sel, ::stride]                                     # float32 [R, S]
+    i0 = min(max(0, -(-_FIRST // stride) - 1), samp.shape[1] - 1)
+    typ = ~np.isnan(center)
+    t = np.where(typ, samp.max(axis=1),
+                 np.partition(samp, samp.shape[1] - 1 - i0, axis=1)[:, samp.shape[1] - 1 - i0])
+    c = np.where(typ, center, 0.0)
+    go = ~typ | (t < c)            # a typical-p row whose sample reaches above the centre: alone
+    bound = np.where(typ, c - t, np.inf)        # a typical-p id with a key up to this is sure
+    masks = _scratch(n, v).masks[:n]
+    for j in range(n):
+        if go[j]:
+            np.greater_equal(x[sel[j]], t[j], out=masks[j])
+        else:
+            masks[j].fill(False)
+    rows, cand = np.divmod(np.flatnonzero(masks), v)     # (2-D nonzero is 10x slower)
+    flat = sel[rows] * v + cand
+    wc = w.ravel()[flat]
+    xc = x.ravel()[flat].astype(np.float64)
+    key = np.where(typ[rows], np.abs(xc - c[rows]), -xc)
+    keep = (wc > 0) & (key <= bound[rows])
+    if not keep.all():
+        rows, cand, wc, key = rows[keep], cand[keep], wc[keep], key[keep]
+    mass = np.bincount(rows, weights=wc, minlength=n)
+    edges = np.searchsorted(rows, np.arange(n + 1))
+    out = []
+    for j in range(n):
+        if go[j] and mass[j] >= target[j]:
+            a, b = edges[j], edges[j + 1]
+            out.append(_prefix_by_key(cand[a:b], wc[a:b], key[a:b], target[j]))
+        elif typ[j]:
+            out.append(_head_prefix(x[sel[j]], w[sel[j]], target[j], center[j],
+                                    2 * bound[j] if go[j] else None))
+        else:
+            out.append(_head_prefix(x[sel[j]], w[sel[j]], target[j], start=2 * i0 + 1))
+    return out
+
+
 def nucleus_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, top_p: float,
                      best: int | None = None) -> np.ndarray:
     """Top-p over the whole vocabulary (Holtzman et al. 2020) without sorting it: the most likely
@@ -357,15 +440,17 @@ def nucleus_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, top_p: float,
 
     Args:
         logits: float32 ``[V]``.
-        w: float32 ``[V]``, ``exp((logits - max(logits)) / T)`` (unnormalised probabilities at
-            a temperature ``T > 0``, 1 by default; only the order of ``logits`` is used).
+        w: float32 ``[V]``, ``exp((logits - c) / T)`` for a constant ``c`` (unnormalised
+            probabilities at a temperature ``T > 0``, 1 by default; only the order of ``logits``
+            is used).
         z: ``sum(w)``.
         best: ``argmax(logits)`` when known: when it alone reaches ``top_p`` (a peaked row, the
             common case) no further pass over the vocabulary is needed.
     """
     if best is not None and w[best] >= top_p * z:
         return np.array([best])
-    return _head_prefix(logits, w, top_p * z)
+    return _vocab_sets(np.ascontiguousarray(logits)[None], np.ascontiguousarray(w)[None],
+                       np.zeros(1, np.intp), np.array([top_p * z]), np.array([np.nan]))[0]
 
 
 def typical_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, mass: float) -> np.ndarray:
@@ -378,7 +463,9 @@ def typical_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, mass: float) -
     distance of the logit to its mean (the same order at any ``T``) -- one product-sum over the
     vocabulary, no logarithm.
     """
-    return _sort_desc(logits, _head_prefix(logits, w, mass * z, center=_dot(w, logits) / z))
+    x, w = np.ascontiguousarray(logits), np.ascontiguousarray(w)
+    return _sort_desc(x, _vocab_sets(x[None], w[None], np.zeros(1, np.intp), np.array([mass * z]),
+                                     np.array([_dot(w, x) / z]))[0])
 
 
 # ---- drawing ---------------------------------------------------------------------------------
@@ -388,6 +475,8 @@ def _blocks(a: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     ``[rows, V % width]``."""
     rows, v = a.shape
     n = v // width
+    if n * width == v:              # a plain view (as_strided alone costs ~20 us of Python)
+        return a.reshape(rows, n, width), a[:, v:]
     full = np.lib.stride_tricks.as_strided(a, (rows, n, width),
                                            (a.strides[0], width * a.strides[1], a.strides[1]),
                                            writeable=False)
@@ -396,10 +485,10 @@ def _blocks(a: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _block_sums(w: np.ndarray) -> np.ndarray:
     """float64 ``[rows, ceil(V / _BLOCK)]``: sums of consecutive ``_BLOCK``-wide pieces of each
-    row of float32 ``w`` ``[rows, V]`` (numpy's pairwise float32 sum inside a block: relative
-    error about 1e-7, half the time of a float64 accumulation)."""
+    row of float32 ``w`` ``[rows, V]``: ``einsum``'s vectorised float32 sums (relative error
+    a few 1e-7 on real rows; numpy's pairwise ``sum`` along the last axis takes 3-4x longer)."""
     full, rest = _blocks(w, _BLOCK)
-    sums = full.sum(axis=2)
+    sums = np.einsum("rbi->rb", full)
     if rest.shape[1]:
         sums = np.concatenate([sums, rest.sum(axis=1)[:, None]], axis=1)
     return sums.astype(np.float64)
@@ -459,12 +548,14 @@ def _draw(ids: np.ndarray, weights: np.ndarray, u: float, n: int) -> tuple[int, 
 
 
 def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np.ndarray,
-                z: float, row: SampleRow) -> tuple[int, float, Top | None]:
+                z: float, row: SampleRow, vocab_set: np.ndarray | None
+                ) -> tuple[int, float, Top | None]:
     """One row of :func:`sample_batch`. x: float32 ``[V]`` its processed logits *before* the
-    temperature ``t``; w: float32 ``[V]`` ``exp((x - max) / t)``; sums, z: its block sums and
+    temperature ``t``; w: float32 ``[V]`` ``exp((x - c) / t)``, ``c`` the max or 0; sums, z: its block sums and
     total (``w``, ``sums``, ``z`` set only for rows that are not top-k sampled); best: the
-    argmax of x. Pools whose log-softmax is needed are divided by ``t`` here (``x[ids] / t``:
-    the same float32 values as ``(x / t)[ids]``)."""
+    argmax of x; vocab_set: the row's set from :func:`_whole_vocab_sets`, if it has one.
+    Pools whose log-softmax is needed are divided by ``t`` here (``x[ids] / t``: the same
+    float32 values as ``(x / t)[ids]``)."""
     p, n = row.params, row.top_n
     if not _samples(p):
         return best, float(np.log(np.float64(w[best]) / z)), _top_of_vocab(x, w, z, n)
@@ -476,11 +567,11 @@ def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np
         return _draw(ids[pos], np.exp(pool[pos].astype(np.float64) - pool[pos[0]]),
                      row.rng.random(), n)
     if p.top_p < 1.0:
-        ids = nucleus_of_vocab(x, w, z, p.top_p, best)
+        ids = vocab_set
         if p.typical_p < 1.0:
             ids = ids[typical_candidates(x[ids] / t, np.arange(ids.shape[0]), p.typical_p)]
     elif p.typical_p < 1.0:
-        ids = typical_of_vocab(x, w, z, p.typical_p)
+        ids = _sort_desc(x, vocab_set)
     else:   # plain sampling from the whole distribution: inverse CDF in vocabulary order
         j = _inverse_cdf(w, sums, row.rng.random())
         return j, float(np.log(np.float64(w[j]) / z)), _top_of_vocab(x, w, z, n)
@@ -494,9 +585,10 @@ def sample_batch(logits: np.ndarray, rows: Sequence[SampleRow], *, overwrite: bo
     Args:
         logits: float32 ``[B, V]`` next-token logits (not modified unless ``overwrite``).
         rows: ``B`` rows, in the order of ``logits``' rows.
-        overwrite: the penalties may be applied to ``logits`` in place, which saves copying a
-            penalised row (1 MB for a 262,144-token vocabulary); ``logits`` then holds them
-            afterwards, and is restored if this raises. (The engine passes its own array.)
+        overwrite: the penalties and the watermark may be applied to ``logits`` in place,
+            which saves copying the batch (8 MB for 8 rows of a 262,144-token vocabulary);
+            ``logits`` then holds them afterwards, and is restored if this raises. (The engine
+            passes its own array.)
 
     Returns:
         One ``(token_id, logprob, top)`` per row. ``logprob`` is the natural log of the chosen
@@ -545,7 +637,7 @@ def _sample_rows(logits: np.ndarray, rows: Sequence[SampleRow], overwrite: bool 
     b, v = logits.shape
     if b == 0:
         return []
-    saved: list[tuple[int, np.ndarray, np.ndarray]] = []   # penalised in place: (row, ids, old)
+    saved: list = []            # changed in place: (row, ids or slice, old values)
     try:
         return _sample_rows_into(logits, rows, overwrite, saved)
     except BaseException:
@@ -563,9 +655,14 @@ def _sample_rows_into(logits: np.ndarray, rows: Sequence[SampleRow], overwrite: 
     temp = np.array([min(r.params.temperature, _F32_MAX) if _samples(r.params) else 1.0
                      for r in rows], np.float32)
     adjusted = [i for i, row in enumerate(rows) if _adjusts(row)]
-    x = logits                                           # read only, unless penalised in place
-    if adjusted and overwrite and not any(rows[i].params.watermark for i in adjusted):
+    x = logits                                           # read only, unless changed in place
+    if adjusted and overwrite:
         for i in adjusted:
+            if rows[i].params.watermark:                 # the whole row changes: kept in s.x
+                np.copyto(s.x[i], logits[i])
+                saved.append((i, slice(None), s.x[i]))
+                _adjust(logits[i], logits[i], rows[i], s)
+                continue
             pen = _penalised(logits[i], rows[i])
             if pen is not None:
                 saved.append((i, pen[0], logits[i, pen[0]]))
@@ -577,19 +674,52 @@ def _sample_rows_into(logits: np.ndarray, rows: Sequence[SampleRow], overwrite: 
                 _adjust(x[i], logits[i], row, s)
             else:
                 np.copyto(x[i], logits[i])
-    # exp((x - max) / T) and its block sums, for every row but the top-k sampled ones (which
+    # exp2(x * k - shift) and its block sums, for every row but the top-k sampled ones (which
     # only ever look at their k candidates): in one pass over the batch when that is all rows
     full = [i for i, r in enumerate(rows) if not _top_k_sampled(r.params)]
     best = np.argmax(x, axis=1) if full else np.zeros(b, np.intp)
     k = (_LOG2E / temp)[:, None]                         # float32 [b, 1]
-    mk = x[np.arange(b), best][:, None] * k              # the same product the row's max gets
+    top = x[np.arange(b), best][:, None]
+    mk = top * k                                         # the same product the row's max gets
+    # no shift (0: subtracting it is exact) while the largest weight 2**mk stays <= 2**64 and
+    # the logits small enough that the typical-p product-sum w * x cannot overflow float32
+    shift = np.where((mk >= 0) & (mk <= 64) & (np.abs(top) <= 2**32), np.float32(0), mk)
     sums = np.zeros((b, -(-v // _BLOCK)))
     for g in [slice(0, b)] if len(full) == b else [slice(i, i + 1) for i in full]:
-        np.exp2(np.subtract(np.multiply(x[g], k[g], out=e[g]), mk[g], out=e[g]), out=e[g])
+        np.multiply(x[g], k[g], out=e[g])
+        if shift[g].any():
+            np.subtract(e[g], shift[g], out=e[g])
+        np.exp2(e[g], out=e[g])
         sums[g] = _block_sums(e[g])
     z = sums.sum(axis=1)
-    return [_sample_row(x[i], temp[i], e[i], int(best[i]), sums[i], float(z[i]), row)
+    sets = _whole_vocab_sets(x, e, best, z, rows)
+    return [_sample_row(x[i], temp[i], e[i], int(best[i]), sums[i], float(z[i]), row, sets.get(i))
             for i, row in enumerate(rows)]
+
+
+def _whole_vocab_sets(x: np.ndarray, w: np.ndarray, best: np.ndarray, z: np.ndarray,
+                      rows: Sequence[SampleRow]) -> dict[int, np.ndarray]:
+    """``{row: ids}`` for the rows that draw from the whole vocabulary's distribution with
+    top-p (:func:`nucleus_of_vocab`'s set) or else typical-p (:func:`typical_of_vocab`'s set,
+    not yet sorted by logit), the rows needing a pass over ``V`` found together
+    (:func:`_vocab_sets`). x, w: C-contiguous float32 ``[b, V]``; best, z: ``[b]``."""
+    out: dict[int, np.ndarray] = {}
+    todo: list[tuple[int, float, float]] = []       # (row, target, centre or NaN for top-p)
+    for i, row in enumerate(rows):
+        p = row.params
+        if not _samples(p) or p.top_k > 0:
+            continue
+        if p.top_p < 1.0:
+            if w[i, best[i]] >= p.top_p * z[i]:          # the most likely id alone is enough
+                out[i] = np.array([best[i]])
+            else:
+                todo.append((i, p.top_p * z[i], np.nan))
+        elif p.typical_p < 1.0:
+            todo.append((i, p.typical_p * z[i], _dot(w[i], x[i]) / z[i]))
+    if todo:
+        sel, target, center = (np.array(a) for a in zip(*todo))
+        out.update(zip(sel.tolist(), _vocab_sets(x, w, sel, target, center)))
+    return out
 
 
 def sample_with_top(logits: np.ndarray, params: SamplingParams, seen: np.ndarray,
