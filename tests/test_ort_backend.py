@@ -403,20 +403,25 @@ def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
 
 
 def test_building_a_graph_removes_older_builders_graphs_of_the_model(gguf, config, tmp_path):
-    """A builder version bump would leave the old graph (1.5x the GGUF) in the cache forever;
-    the new build removes it, and keeps graphs built with other options or of other models."""
+    """A builder version bump would leave the old graphs (1.5x the GGUF each) in the cache
+    forever; the new build removes the model's graphs of older builders, whatever options they
+    were built with, and keeps the current builder's graphs with other options and other
+    models' graphs."""
     key = GraphOptions().key()
     digest = ort_backend.sha256_of(gguf.path)[:16]
     stem = os.path.splitext(os.path.basename(gguf.path))[0]
-    old = tmp_path / f"{stem}-{digest}-b{graph_mod.BUILDER_VERSION - 1}-{key}"
-    other_options = tmp_path / f"{stem}-{digest}-b{graph_mod.BUILDER_VERSION - 1}-a0-h0-p0"
-    other_model = tmp_path / f"other-{digest}-b{graph_mod.BUILDER_VERSION - 1}-{key}"
-    for d in (old, other_options, other_model):
+    version = graph_mod.BUILDER_VERSION
+    old = tmp_path / f"{stem}-{digest}-b{version - 1}-{key}"
+    old_options = tmp_path / f"{stem}-{digest}-b{version - 1}-a4-h4-p0"    # an older key format
+    other_options = tmp_path / f"{stem}-{digest}-b{version}-a0-h0-l32-p0"
+    other_model = tmp_path / f"other-{digest}-b{version - 1}-{key}"
+    for d in (old, old_options, other_options, other_model):
         d.mkdir()
         (d / "complete").write_text("")
     path, built = ort_backend.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
     assert built and os.path.isfile(path)
-    assert not old.exists() and other_options.exists() and other_model.exists()
+    assert not old.exists() and not old_options.exists()
+    assert other_options.exists() and other_model.exists()
 
 
 def test_default_threads_leave_a_core():
@@ -479,3 +484,27 @@ def test_q5_0_packs_exactly_and_k_quants_requantize_within_the_bound(gemma_file)
                 assert np.linalg.norm(got - w) / np.linalg.norm(w) < 0.01, name
             seen.add(qtype)
     assert {"Q5_0", "Q4_K", "Q6_K"} <= seen
+
+
+def test_an_8bit_lm_head_is_requantized_to_blocks_of_128_within_half_a_step(gemma_file, gguf):
+    """Gemma's tied Q8_0 head (262,144 x 640) goes to blocks of 128 (``lm_head_weight``: twice
+    as fast in onnxruntime's int8 kernel); every weight stays within half a step of its block,
+    the embedding gather keeps the exact bytes, and heads that cannot take the larger block
+    (4-bit, or a row length it does not divide, as SmolLM2's 576) are left as they are."""
+    from tiny_mindie.model.graph import NBitsWeight, lm_head_weight, pack_weight, unpack_nbits
+    emb = pack_weight(gemma_file, "token_embd.weight")
+    assert emb.exact and emb.block == 32
+    n = 20_000                                     # a slice: the whole head is 671 MB as float32
+    part = NBitsWeight(8, n, emb.k, emb.data[:n], emb.scales[:n], None, None, True, 32)
+    head = lm_head_weight(part, 128)
+    assert head.block == 128 and not head.exact and head.scales.shape == (n, emb.k // 128)
+    w, got = unpack_nbits(part), unpack_nbits(head)
+    err = np.abs(got - w).reshape(n, -1, 128).max(-1)
+    bound = np.abs(w).reshape(n, -1, 128).max(-1) / 254
+    assert np.all(err <= bound * 1.001 + 1e-9)
+    assert 0 < np.linalg.norm(got - w) / np.linalg.norm(w) < 0.01
+    assert lm_head_weight(part, 32) is part
+    smol = pack_weight(gguf, "token_embd.weight")
+    assert smol.k % 128 and lm_head_weight(smol, 128) is smol
+    q4 = pack_weight(gguf, "blk.0.attn_q.weight")
+    assert q4.bits == 4 and lm_head_weight(q4, 128) is q4

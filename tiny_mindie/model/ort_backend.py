@@ -160,7 +160,7 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
                 os.rename(tmp, final)
             except OSError:                     # another process built it meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
-            _drop_outdated(root, f"{stem}-{digest[:16]}-b", f"-{options.key()}")
+            _drop_outdated(root, f"{stem}-{digest[:16]}-b")
             return os.path.join(final, "model.onnx"), True
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -168,11 +168,12 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
     raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
 
 
-def _drop_outdated(root: str, prefix: str, suffix: str) -> None:
-    """Remove this model's graphs built with the same options by an older builder: no version
-    of this code loads them again (a builder version bump leaves ~1.5x the GGUF behind)."""
+def _drop_outdated(root: str, prefix: str) -> None:
+    """Remove this model's graphs (entries ``prefix + version + "-" + options``) built by an
+    older builder, whatever their options: this code never loads them again (a builder version
+    bump would leave ~1.5x the GGUF behind for each)."""
     for name in os.listdir(root):
-        version = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+        version = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
         if version.isdigit() and int(version) < BUILDER_VERSION:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             log.info("removed the outdated graph %s", name)
