@@ -414,9 +414,14 @@ def test_a_row_that_breaks_the_sampler_fails_alone():
         assert got[0] == clean[0] and got[2] == clean[2]
 
 
-def test_overwrite_gives_the_same_tokens_and_restores_the_logits_on_an_error():
+@pytest.mark.parametrize("split", [False, True])
+def test_overwrite_gives_the_same_tokens_and_restores_the_logits_on_an_error(split, monkeypatch):
     """The engine lets the sampler penalise and watermark its logits in place (no copy of the
-    batch); the tokens are the same as with a copy, and an exception leaves the array as it was."""
+    batch); the tokens are the same as with a copy, and an exception leaves the array as it was
+    -- also the rows a helper thread finished without error (``split``)."""
+    if split:
+        monkeypatch.setattr(sampler, "PARALLEL_MIN", 0)
+        monkeypatch.setattr(sampler, "_CPUS", 2)
     v = 20_000
     logits = np.stack([zipf(v, 30 + i) * 3 for i in range(6)])
     seen = np.random.default_rng(4).integers(0, v, 50)
