@@ -551,9 +551,9 @@ def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np
                 z: float, row: SampleRow, vocab_set: np.ndarray | None
                 ) -> tuple[int, float, Top | None]:
     """One row of :func:`sample_batch`. x: float32 ``[V]`` its processed logits *before* the
-    temperature ``t``; w: float32 ``[V]`` ``exp((x - c) / t)``, ``c`` the max or 0; sums, z: its block sums and
-    total (``w``, ``sums``, ``z`` set only for rows that are not top-k sampled); best: the
-    argmax of x; vocab_set: the row's set from :func:`_whole_vocab_sets`, if it has one.
+    temperature ``t``; w: float32 ``[V]`` ``exp((x - c) / t)``, ``c`` the max or 0; sums, z:
+    its block sums and total (``w``, ``sums``, ``z`` set only for rows that are not top-k
+    sampled); best: the argmax of x; vocab_set: the row's set from :func:`_whole_vocab_sets`, if it has one.
     Pools whose log-softmax is needed are divided by ``t`` here (``x[ids] / t``: the same
     float32 values as ``(x / t)[ids]``)."""
     p, n = row.params, row.top_n
@@ -599,9 +599,10 @@ def sample_batch(logits: np.ndarray, rows: Sequence[SampleRow], *, overwrite: bo
 
     With two CPUs or more and at least ``PARALLEL_MIN`` logits in rows that need the whole
     distribution (all but the top-k sampled ones), the rows from about half of the work on
-    (:func:`_split`) are sampled on a helper thread meanwhile: numpy releases the GIL in its long loops, and rows never
-    share work, so the results are the same. (Top-k rows are mostly short Python steps: split
-    between threads they only take turns for the GIL, measured 1.8 -> 2.7 ms for eight.)
+    (:func:`_split`) are sampled on a helper thread meanwhile: numpy releases the GIL in its
+    long loops, and rows never share work, so the results are the same. (Top-k rows are mostly
+    short Python steps: split between threads they only take turns for the GIL, measured
+    1.8 -> 2.7 ms for eight.)
 
     Raises:
         ValueError: ``len(rows)`` is not ``B``.
