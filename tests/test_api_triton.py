@@ -221,3 +221,4 @@ def test_infer_token_route(server, tokenizer):
     assert err["error"].startswith("Not found input_id.")
     err = curl_json(server, "POST", "/infer_token", {"input_id": [-1]}, 422)
     assert err["error_type"] == "Input Validation Error"
+

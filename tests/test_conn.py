@@ -418,6 +418,37 @@ def test_stalled_request_gets_408(impatient_server):
     assert json.loads(body)["error_type"] == "Bad Request"
 
 
+def test_a_header_trickled_in_byte_by_byte_still_gets_408(impatient_server):
+    """The idle timeout (0.3 s here) bounds the whole header section, not the gap between two
+    bytes: a client sending a byte every 0.1 s must not hold the connection open forever."""
+    head = b"GET /echo HTTP/1.1\r\nX-Slow: " + b"a" * 100
+    with impatient_server.socket() as sock:
+        start = time.monotonic()
+        try:
+            for byte in head:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.1)
+                if time.monotonic() - start > 3:
+                    break
+        except OSError:                           # the server answered and closed: as wanted
+            pass
+        line, headers, body = split_response(recv_all(sock))
+    assert line == "HTTP/1.1 408 Request Timeout"
+    assert time.monotonic() - start < 3
+
+
+def test_a_slow_body_is_timed_per_read(impatient_server):
+    """Once the header is in, a body arriving in pieces closer together than the idle timeout is
+    read to the end, however long it takes in all."""
+    with impatient_server.socket() as sock:
+        sock.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: 8\r\nConnection: close\r\n\r\n")
+        for piece in (b"ab", b"cd", b"ef", b"gh"):
+            time.sleep(0.15)                      # 0.6 s in all, > the 0.3 s idle timeout
+            sock.sendall(piece)
+        line, headers, body = split_response(recv_all(sock))
+    assert line == "HTTP/1.1 200 OK" and b"abcdefgh" in body
+
+
 def test_client_gone_before_response_is_quiet(server, caplog):
     with caplog.at_level(logging.DEBUG):
         with server.socket() as sock:

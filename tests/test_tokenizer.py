@@ -220,3 +220,27 @@ def test_llama2_ids_of_the_mindie_example_decode():
     tok = _vocab("ggml-vocab-llama-spm.gguf")
     ids = [626, 263, 5176, 17739, 261, 2729, 297, 3681, 29889, 13]
     assert tok.decode(ids) == "am a French photographer based in Paris.\n"
+
+
+@pytest.mark.parametrize("name", ["ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-spm.gguf"])
+def test_encoding_megabytes_leaves_other_threads_running(name):
+    """The server tokenizes off its event loop; that only helps if the tokenizer lets go of the
+    GIL. A 5 MB text: the longest time another thread waits must be a small part of the whole
+    (it was all of it: ``tokenizers``' ``encode`` kept the GIL once a regex had read the text)."""
+    import threading
+
+    tok = _vocab(name)
+    text = "word " * 1_000_000
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (tok.encode(text), done.set()))
+    start = last = time.perf_counter()
+    worker.start()
+    gaps = []
+    while not done.is_set():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    worker.join()
+    total = time.perf_counter() - start
+    assert max(gaps) < 0.4 * total, (max(gaps), total)

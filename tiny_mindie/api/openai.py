@@ -132,6 +132,15 @@ def compile_template(source: str):
     return env.from_string(source)
 
 
+def chatml_stops(tok) -> tuple[str, ...]:
+    """Stop strings a chat prompted in the :data:`CHATML` fallback needs: ``<|im_end|>`` when
+    the vocabulary has no such end-of-generation token (Gemma 3's base model, whose GGUF carries
+    no template, writes the marker out as text and would go on with the next turn)."""
+    if any(tok.token_text(i) == "<|im_end|>" for i in tok.eog_ids):
+        return ()
+    return ("<|im_end|>",)
+
+
 def render_chat(llm: LLM, messages: list[dict], extra: dict) -> str:
     """The prompt text for ``messages`` (generation prompt added).
 
@@ -582,6 +591,8 @@ def routes(app) -> list:
         p, messages, extra = parse_chat(app, req.body)
         text = await asyncio.to_thread(render_chat, app.llm, messages, extra)
         p.prompts = [text]
+        if app.llm.tokenizer.chat_template is None:
+            p.params["stop"] += chatml_stops(app.llm.tokenizer)
         return await _answer(app.llm, stream, p, _Kind(True, app.llm.model_name), [])
 
     @_openai_errors

@@ -117,7 +117,7 @@ from .gguf import GGUFFile, ModelFileError, RawTensor
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 
 IR_VERSION = 10
 OPSET = 21
@@ -463,6 +463,22 @@ def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
     return g.op1("Concat", outs, axis=-1)
 
 
+def _even_rows(g: _Builder, x: str) -> tuple[str, str]:
+    """``x [B, D] -> [B + B % 2, D]`` (the last row repeated when ``B`` is odd), and ``B`` as an
+    int64 ``[1]`` for the Slice that drops the extra row again.
+
+    Why: for blocks larger than 32, onnxruntime's int8 MatMulNBits kernel (1.24, AVX2) computes
+    the rows of ``x`` in pairs and an odd last row by another path that rounds differently
+    (measured: up to 1.5e-5 on Gemma 3's logits). A row's logits would then depend on how many
+    rows share the run -- and a seeded request would not give the same text alone and in a
+    batch. In pairs, a row's result is the same whatever its partner (measured bit for bit).
+    """
+    rows = g.op1("Slice", [g.op1("Shape", [x]), g.const([0]), g.const([1])], name="lm_head/rows")
+    odd = g.op1("Mod", [rows, g.const([2])], name="lm_head/odd")
+    pads = g.op1("Concat", [g.const([0, 0]), odd, g.const([0])], axis=0, name="lm_head/pads")
+    return g.op1("Pad", [x, pads], mode="edge", name="lm_head/pad"), rows
+
+
 def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
     """``w * factor`` for a power-of-two ``factor``: scales and residuals multiplied, which is
     exact in float32 (barring under/overflow), so the weight stays bit-exact up to that factor."""
@@ -635,7 +651,11 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         head = lm_head_weight(emb if config.tied_embeddings else pack_weight(f, "output.weight"),
                               options.lm_head_block)
         head_name = "token_embd" if config.tied_embeddings else "output"
+        if head.block > BLOCK:
+            x, rows = _even_rows(g, x)
         logits = _linear(g, x, [head], head_name + ".lm_head", options.level("lm_head"))
+        if head.block > BLOCK:
+            logits = g.op1("Slice", [logits, g.const([0]), rows, g.const([0])], name="lm_head/unpad")
         g.op("Identity", [logits], outputs=["logits"])                       # [B, V]
 
         F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32

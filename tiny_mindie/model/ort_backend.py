@@ -9,7 +9,7 @@ Graph cache: the built graph (``model.onnx`` + ``model.onnx.data``) is stored un
 ``<dir of the GGUF>/onnx-cache/<gguf stem>-<key>/`` (or ``cache_dir``; when that directory is
 not writable, ``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``), ``key`` being the
 GGUF's sha256, the builder version and the graph options; a warm start loads it. Building a
-graph removes the model's graphs with the same options from older builder versions.
+graph removes the model's graphs from older builder versions (so does loading a cached one).
 
 KV cache and continuous batching
 --------------------------------
@@ -142,6 +142,7 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
     for root in roots:
         path = os.path.join(root, entry, "model.onnx")
         if os.path.isfile(os.path.join(root, entry, "complete")):
+            _drop_outdated(root, f"{stem}-{digest[:16]}-b")     # left by an older version, if any
             return path, False
     last_error: Exception | None = None
     for root in roots:

@@ -22,6 +22,7 @@ GGUF token types (``tokenizer.ggml.token_type``): 1 normal, 2 unknown, 3 control
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from collections.abc import Sequence
@@ -104,6 +105,11 @@ def _gpt2_byte_decoder() -> dict[str, int]:
             n += 1
     return {chr(c): b for b, c in chars.items()}
 
+
+# Token ids come from ``encode_batch`` (it lets go of the GIL while encoding; ``encode`` held it
+# for all of a 5 MB text, stalling every other request), one text at a time: no rayon pool,
+# and no "process just got forked" warning from a child process after it has run.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BYTE_DECODER = _gpt2_byte_decoder()
@@ -220,9 +226,9 @@ class Tokenizer:
         if _SURROGATE.search(text):  # lone surrogates (JSON may carry them) are not encodable
             text = _SURROGATE.sub("\ufffd", text)
         if self._hf is not None:
-            with self._hf_lock:
+            with self._hf_lock:      # encode_batch: see TOKENIZERS_PARALLELISM above
                 self._hf.encode_special_tokens = not parse_special
-                ids.extend(self._hf.encode(text, add_special_tokens=False).ids)
+                ids.extend(self._hf.encode_batch([text], add_special_tokens=False)[0].ids)
         else:
             ids.extend(self._spm_encode(text, parse_special))
         return ids

@@ -19,7 +19,8 @@ Behaviour on the wire:
   if the stream had already started, the connection is aborted instead (the client sees a
   truncated chunked body);
 * ``Date`` and ``Server`` on every response; an idle keep-alive connection is closed after
-  ``idle_timeout`` seconds, a request that stalls half-way gets 408.
+  ``idle_timeout`` seconds; a request gets 408 when its header section takes longer than that
+  in all, or its body stalls that long between two reads.
 """
 
 from __future__ import annotations
@@ -225,13 +226,23 @@ class _Connection:
 
     async def _read_request(self) -> Optional[Request]:
         """Next complete request, or ``None`` when the peer closed or idled out between
-        requests.  Raises HTTPError (bad input, or 408 when a request stalls)."""
+        requests.  Raises HTTPError (bad input, or 408 when a request stalls: ``idle_timeout``
+        between two reads of its body, or for its whole header section -- a client trickling
+        the header in a byte at a time would otherwise hold a connection forever)."""
         parser = self.parser
+        loop = asyncio.get_running_loop()
+        head_deadline: Optional[float] = None      # set by the first byte of the request
+        head_in = False
         while True:
             event = parser.next_event()
             if event is NEED_DATA:
+                if not head_in and head_deadline is None and parser.has_partial_request:
+                    head_deadline = loop.time() + self.idle_timeout
+                wait = self.idle_timeout if head_deadline is None else head_deadline - loop.time()
                 try:
-                    data = await asyncio.wait_for(self.reader.read(READ_SIZE), self.idle_timeout)
+                    if wait <= 0:
+                        raise asyncio.TimeoutError
+                    data = await asyncio.wait_for(self.reader.read(READ_SIZE), wait)
                 except asyncio.TimeoutError:
                     if parser.has_partial_request:
                         raise HTTPError(408, "Request timed out") from None
@@ -243,6 +254,7 @@ class _Connection:
                     return None
                 parser.feed(data)
             elif isinstance(event, RequestHead):
+                head_in, head_deadline = True, None      # the body's reads time out one by one
                 if event.expects_continue and (event.content_length is None
                                                or event.content_length <= self.max_body_bytes):
                     await self._write(CONTINUE_100)
