@@ -1,7 +1,10 @@
 """Float64 building blocks of the tests' independent Hugging Face-layout recomputations
-(test_reference, test_qwen2, test_gemma3): written once, used by each."""
+(test_reference, test_qwen2, test_gemma3), and the measurements the Gemma 3 tests of both
+backends share (test_gemma3, test_gemma3_ort): written once, used by each."""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -20,3 +23,33 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     """HF's rotary helper: ``[x1, x2] -> [-x2, x1]`` over the last axis (NEOX pairing)."""
     half = x.shape[-1] // 2
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+QUESTION = "Question: What is the capital of France?\nAnswer:"   # a base model answers " Paris"
+PARAGRAPH = os.path.join(os.path.dirname(__file__), "data", "english_paragraph.txt")
+
+
+def paragraph_ids(tok) -> np.ndarray:
+    """int64 ``[n]``: tests/data/english_paragraph.txt as ``tok`` encodes it (BOS included)."""
+    with open(PARAGRAPH, encoding="utf-8") as fh:
+        return np.array(tok.encode(fh.read().strip()), dtype=np.int64)
+
+
+def mean_nll(logits: np.ndarray, targets: np.ndarray) -> float:
+    """Average negative log-likelihood in nats of ``targets`` (int ``[n]``) under ``logits``
+    (``[n, V]``, row ``i`` predicting ``targets[i]``), in float64."""
+    x = logits.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
+    return float(np.mean(lse - x[np.arange(len(targets)), targets]))
+
+
+def greedy_tokens(backend, ids: np.ndarray, n: int, slot: int = 0) -> list[int]:
+    """The ``n`` tokens ``backend`` picks greedily after prefilling ``ids`` into ``slot``."""
+    from tiny_mindie.model.backend import SeqChunk
+    logits = backend.forward([SeqChunk(slot, 0, ids)])[0]
+    out: list[int] = []
+    for pos in range(len(ids), len(ids) + n):
+        out.append(int(logits.argmax()))
+        logits = backend.forward([SeqChunk(slot, pos, np.array(out[-1:]))])[0]
+    return out

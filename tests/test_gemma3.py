@@ -19,7 +19,8 @@ from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend, causal_mask, prefill
 from tiny_mindie.model.tokenizer import load_tokenizer
-from hf_math import rms_norm, rotate_half, weight64
+from hf_math import (QUESTION, greedy_tokens, mean_nll, paragraph_ids, rms_norm, rotate_half,
+                     weight64)
 
 MAX_SEQ_LEN = 1024
 WINDOW = 512
@@ -33,7 +34,6 @@ ATOL_VS_FLOAT64 = 5e-4
 # Same float32 model, different chunking / batching: only summation order differs (measured ~2e-5).
 ATOL_SAME_MODEL = 2e-4
 
-QUESTION = "Question: What is the capital of France?\nAnswer:"
 PARAGRAPH = (
     "The river rises in the hills north of the town and runs south through farmland for "
     "about forty miles before it reaches the sea. In the eighteenth century mills were built "
@@ -151,11 +151,7 @@ def test_sliding_window_mask():
 def test_greedy_completion_names_paris(backend, tok):
     ids = np.array(tok.encode(QUESTION), dtype=np.int64)
     assert ids[0] == tok.bos_id
-    logits = backend.forward([SeqChunk(0, 0, ids)])[0]
-    out = []
-    for pos in range(len(ids), len(ids) + 3):
-        out.append(int(logits.argmax()))
-        logits = backend.forward([SeqChunk(0, pos, np.array(out[-1:]))])[0]
+    out = greedy_tokens(backend, ids, 3)
     assert tok.decode(out).startswith(" Paris"), tok.decode(out)
 
 
@@ -205,11 +201,7 @@ def test_chunked_prefill_and_decode_equal_whole_prefill(backend, long_ids):
 
 def _mean_nll(backend: NumpyBackend, ids: np.ndarray) -> float:
     """Average negative log-likelihood (nats per token) of ``ids[1:]`` given their prefixes."""
-    logits = prefill(backend.weights, backend.cache, 0, 0, ids, all_logits=True)[:-1]
-    x = logits.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
-    return float(np.mean(lse - x[np.arange(len(ids) - 1), ids[1:]]))
+    return mean_nll(prefill(backend.weights, backend.cache, 0, 0, ids, all_logits=True)[:-1], ids[1:])
 
 
 def test_english_paragraph_likelihood(backend, tok):
@@ -221,9 +213,7 @@ def test_english_paragraph_likelihood(backend, tok):
     the other tests guard against (norm weights +1, wrong rope pairing, no window) wreck the
     predictions. Reported numbers are printed with ``-s``.
     """
-    import os
-    path = os.path.join(os.path.dirname(__file__), "data", "english_paragraph.txt")
-    ids = np.array(tok.encode(open(encoding="utf-8", file=path).read().strip()), dtype=np.int64)
+    ids = paragraph_ids(tok)
     assert ids[0] == tok.bos_id and len(ids) > 200
     nll = _mean_nll(backend, ids)
     rng = np.random.default_rng(0)

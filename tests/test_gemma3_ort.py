@@ -29,11 +29,11 @@ from tiny_mindie.model.graph import GraphOptions, quantize_8bit, unpack_nbits
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 from tiny_mindie.model.tokenizer import load_tokenizer
+from hf_math import QUESTION, greedy_tokens, mean_nll, paragraph_ids
 
 MAX_SEQ_LEN = 768
 LONG = 700                 # > 512: the local layers' window is active
 ATOL_FLOAT = 1e-3          # float graph vs reference on the same weights (measured <= 1.2e-4)
-QUESTION = "Question: What is the capital of France?\nAnswer:"
 EXACT = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
 
 
@@ -105,12 +105,7 @@ def test_float_graph_matches_reference(ort_float, reference, n):
 
 def test_default_graph_answers_paris(ort, gguf):
     tok = load_tokenizer(gguf)
-    ids = np.array(tok.encode(QUESTION), dtype=np.int64)
-    logits = ort.forward([SeqChunk(1, 0, ids)])[0]
-    out = []
-    for pos in range(len(ids), len(ids) + 3):
-        out.append(int(logits.argmax()))
-        logits = ort.forward([SeqChunk(1, pos, np.array(out[-1:]))])[0]
+    out = greedy_tokens(ort, np.array(tok.encode(QUESTION), dtype=np.int64), 3, slot=1)
     assert tok.decode(out).startswith(" Paris"), tok.decode(out)
 
 
@@ -120,23 +115,12 @@ def test_default_graph_likelihood_is_the_references(ort, reference, gguf):
     the mean NLL of the English paragraph must not notice: within 0.01 nats of the float
     reference's (measured: 2.8702 vs 2.8690 for the head alone; a 0.01 shift is a third of
     what requantizing every K-quant matrix to blocks of 128 would cost)."""
-    import os
-
     from tiny_mindie.model.reference import prefill
 
-    tok = load_tokenizer(gguf)
-    path = os.path.join(os.path.dirname(__file__), "data", "english_paragraph.txt")
-    ids = np.array(tok.encode(open(encoding="utf-8", file=path).read().strip()), dtype=np.int64)
+    ids = paragraph_ids(load_tokenizer(gguf))
     ref_logits = prefill(reference.weights, reference.cache, 0, 0, ids, all_logits=True)[:-1]
     ort_logits = _prefill_and_decode(ort, ids[:1], list(ids[1:-1]))
-
-    def mean_nll(logits):
-        x = logits.astype(np.float64)
-        m = x.max(axis=1, keepdims=True)
-        lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
-        return float(np.mean(lse - x[np.arange(len(ids) - 1), ids[1:]]))
-
-    ours, theirs = mean_nll(ort_logits), mean_nll(ref_logits)
+    ours, theirs = mean_nll(ort_logits, ids[1:]), mean_nll(ref_logits, ids[1:])
     print(f"\nmean NLL: default graph {ours:.4f}, float reference {theirs:.4f} nats/token")
     assert abs(ours - theirs) < 0.01
 
