@@ -25,6 +25,29 @@ def rotate_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, kv_heads: int,
+              cos: np.ndarray, sin: np.ndarray, mask: np.ndarray, scale: float,
+              q_norm=None, k_norm=None) -> np.ndarray:
+    """HF's eager grouped-query attention, float64: ``q [n, heads*hd]``, ``k, v
+    [n, kv_heads*hd]`` -> ``[n, heads*hd]``. Query head ``j`` reads K/V head
+    ``j // (heads // kv_heads)`` (``repeat_kv``); NEOX rope with ``cos, sin [n, hd]``; then
+    ``softmax(q k^T * scale + mask) v``. ``q_norm``/``k_norm``: per-head functions applied
+    before the rope (Gemma 3's q/k norms)."""
+    hd = q.shape[1] // heads
+    out = []
+    for j in range(heads):
+        kv = j // (heads // kv_heads)
+        qj, kj = q[:, j * hd:(j + 1) * hd], k[:, kv * hd:(kv + 1) * hd]
+        if q_norm is not None:
+            qj, kj = q_norm(qj), k_norm(kj)
+        qj = qj * cos + rotate_half(qj) * sin
+        kj = kj * cos + rotate_half(kj) * sin
+        s = qj @ kj.T * scale + mask
+        a = np.exp(s - s.max(axis=-1, keepdims=True))
+        out.append((a / a.sum(axis=-1, keepdims=True)) @ v[:, kv * hd:(kv + 1) * hd])
+    return np.concatenate(out, axis=-1)
+
+
 QUESTION = "Question: What is the capital of France?\nAnswer:"   # a base model answers " Paris"
 PARAGRAPH = os.path.join(os.path.dirname(__file__), "data", "english_paragraph.txt")
 

@@ -19,7 +19,7 @@ from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend, causal_mask, prefill
 from tiny_mindie.model.tokenizer import load_tokenizer
-from hf_math import (QUESTION, greedy_tokens, mean_nll, paragraph_ids, rms_norm, rotate_half,
+from hf_math import (QUESTION, attention, greedy_tokens, mean_nll, paragraph_ids, rms_norm,
                      weight64)
 
 MAX_SEQ_LEN = 1024
@@ -106,18 +106,9 @@ def hf_gemma3_logits(f: GGUFFile, ids: np.ndarray, window: int = WINDOW) -> np.n
         h = norm(x, W(p + "attn_norm.weight"))
         q, k, v = h @ W(p + "attn_q.weight").T, h @ W(p + "attn_k.weight").T, h @ W(p + "attn_v.weight").T
         qn, kn = W(p + "attn_q_norm.weight"), W(p + "attn_k_norm.weight")
-        heads = []
-        for hh in range(H):
-            kv = hh // (H // KV)
-            qj = norm(q[:, hh * hd:(hh + 1) * hd], qn)
-            kj = norm(k[:, kv * hd:(kv + 1) * hd], kn)
-            vj = v[:, kv * hd:(kv + 1) * hd]
-            qj = qj * cos + rotate_half(qj) * sin
-            kj = kj * cos + rotate_half(kj) * sin
-            s = qj @ kj.T * 256.0 ** -0.5 + mask  # query_pre_attn_scalar = 256
-            a = np.exp(s - s.max(axis=-1, keepdims=True))
-            heads.append((a / a.sum(axis=-1, keepdims=True)) @ vj)
-        attn = np.concatenate(heads, axis=-1) @ W(p + "attn_output.weight").T
+        attn = attention(q, k, v, H, KV, cos, sin, mask, 256.0 ** -0.5,   # query_pre_attn_scalar
+                         lambda t, w=qn: norm(t, w), lambda t, w=kn: norm(t, w))
+        attn = attn @ W(p + "attn_output.weight").T
         x = x + norm(attn, W(p + "post_attention_norm.weight"))
         h = norm(x, W(p + "ffn_norm.weight"))
         m = (gelu_tanh(h @ W(p + "ffn_gate.weight").T) * (h @ W(p + "ffn_up.weight").T)) @ W(p + "ffn_down.weight").T

@@ -26,7 +26,7 @@ from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
 from tiny_mindie.model.graph import GraphOptions  # noqa: E402
 from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
-from hf_math import rms_norm, rotate_half, weight64  # noqa: E402
+from hf_math import attention, rms_norm, weight64  # noqa: E402
 
 N_LAYERS, D, H, KV, HD, FFN, VOCAB = 2, 64, 4, 2, 16, 128, 300
 THETA, EPS, CTX = 1_000_000.0, 1e-6, 128
@@ -204,17 +204,8 @@ def hf_qwen2_logits(f: GGUFFile, ids: np.ndarray) -> np.ndarray:
         q = h @ W(p + "attn_q.weight").T + W(p + "attn_q.bias")
         k = h @ W(p + "attn_k.weight").T + W(p + "attn_k.bias")
         v = h @ W(p + "attn_v.weight").T + W(p + "attn_v.bias")
-        heads = []
-        for hh in range(H):
-            kv = hh // (H // KV)
-            qj, kj = q[:, hh * HD:(hh + 1) * HD], k[:, kv * HD:(kv + 1) * HD]
-            vj = v[:, kv * HD:(kv + 1) * HD]
-            qj = qj * cos + rotate_half(qj) * sin
-            kj = kj * cos + rotate_half(kj) * sin
-            s = qj @ kj.T / np.sqrt(HD) + mask
-            e = np.exp(s - s.max(axis=-1, keepdims=True))
-            heads.append((e / e.sum(axis=-1, keepdims=True)) @ vj)
-        x = x + np.concatenate(heads, axis=-1) @ W(p + "attn_output.weight").T
+        attn = attention(q, k, v, H, KV, cos, sin, mask, 1 / np.sqrt(HD))
+        x = x + attn @ W(p + "attn_output.weight").T
         h = norm(x, W(p + "ffn_norm.weight"))
         g, u = h @ W(p + "ffn_gate.weight").T, h @ W(p + "ffn_up.weight").T
         x = x + (g / (1.0 + np.exp(-g)) * u) @ W(p + "ffn_down.weight").T

@@ -16,7 +16,7 @@ from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend
-from hf_math import rms_norm, rotate_half, weight64
+from hf_math import attention, rms_norm, weight64
 
 MAX_SEQ_LEN = 256
 
@@ -86,18 +86,7 @@ def hf_logits(f: GGUFFile, cfg: ModelConfig, ids: np.ndarray) -> np.ndarray:
         q = h @ unpermute(W(p + "attn_q.weight"), H).T
         k = h @ unpermute(W(p + "attn_k.weight"), KV).T
         v = h @ W(p + "attn_v.weight").T
-        heads = []
-        for j in range(H):
-            kv = j // (H // KV)  # HF repeat_kv: query head j reads K/V head j // n_rep
-            qj = q[:, j * hd:(j + 1) * hd]
-            kj = k[:, kv * hd:(kv + 1) * hd]
-            vj = v[:, kv * hd:(kv + 1) * hd]
-            qj = qj * cos + rotate_half(qj) * sin
-            kj = kj * cos + rotate_half(kj) * sin
-            s = qj @ kj.T / np.sqrt(hd) + causal
-            a = np.exp(s - s.max(axis=-1, keepdims=True))
-            heads.append((a / a.sum(axis=-1, keepdims=True)) @ vj)
-        x = x + np.concatenate(heads, axis=-1) @ W(p + "attn_output.weight").T
+        x = x + attention(q, k, v, H, KV, cos, sin, causal, 1 / np.sqrt(hd)) @ W(p + "attn_output.weight").T
         h = norm(x, W(p + "ffn_norm.weight"))
         g = h @ W(p + "ffn_gate.weight").T
         u = h @ W(p + "ffn_up.weight").T
