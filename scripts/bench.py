@@ -146,7 +146,7 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
         be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads)
         extra = {"graph": "built" if be.built else "cached", "device": be.device,
                  "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"],
-                 "threads": threads}
+                 "threads": threads, "huge_mb": getattr(be, "huge_page_bytes", 0) / 1e6}
     else:
         from tiny_mindie.model.reference import NumpyBackend
         be = NumpyBackend(f, cfg, num_slots=4, max_seq_len=1024)
@@ -544,8 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r["backend"].startswith("onnxruntime"):
             print(f"\n{r['backend']}: device {r['device']}, {r['threads']} threads, graph {r['graph']} "
-                  f"({r['graph_s']:.2f} s, includes the GGUF sha256), session {r['session_s']:.2f} s, "
-                  f"GGUF open {r['open_s']:.2f} s")
+                  f"({r['graph_s']:.2f} s, includes the GGUF sha256), session {r['session_s']:.2f} s "
+                  f"({r.get('huge_mb', 0):.0f} MB put on huge pages), GGUF open {r['open_s']:.2f} s")
             own = r["rss_loaded_mb"] - r["rss_open_mb"]
             print(f"RSS: interpreter + libraries {r['rss_base_mb']:.0f} MB, + GGUFFile (metadata "
                   f"parsed by the gguf reader) {r['rss_open_mb'] - r['rss_base_mb']:.0f} MB, + this "

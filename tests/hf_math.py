@@ -58,13 +58,24 @@ def paragraph_ids(tok) -> np.ndarray:
         return np.array(tok.encode(fh.read().strip()), dtype=np.int64)
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 ``[n, V]`` log-probabilities of ``logits [n, V]``."""
+    x = logits.astype(np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
 def mean_nll(logits: np.ndarray, targets: np.ndarray) -> float:
     """Average negative log-likelihood in nats of ``targets`` (int ``[n]``) under ``logits``
     (``[n, V]``, row ``i`` predicting ``targets[i]``), in float64."""
-    x = logits.astype(np.float64)
-    m = x.max(axis=1, keepdims=True)
-    lse = m[:, 0] + np.log(np.exp(x - m).sum(axis=1))
-    return float(np.mean(lse - x[np.arange(len(targets)), targets]))
+    return float(-np.mean(log_softmax(logits)[np.arange(len(targets)), targets]))
+
+
+def mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
+    """Mean over rows of KL(P_ref || P) in nats, the next-token distributions of two
+    ``[n, V]`` logit arrays (the divergence llama.cpp's ``perplexity --kl-divergence`` reports)."""
+    p, q = log_softmax(ref_logits), log_softmax(logits)
+    return float(np.mean((np.exp(p) * (p - q)).sum(axis=1)))
 
 
 def greedy_tokens(backend, ids: np.ndarray, n: int, slot: int = 0) -> list[int]:

@@ -61,7 +61,9 @@ serves every row (measured on 2 cores: 115 tok/s at batch 1, 260 at 4, 320 at 8)
 Memory: onnxruntime repacks the quantized weights into its own buffers at load (about 130 MB
 for SmolLM2-135M Q4_1), memory-maps the weight file and keeps the mappings; see
 :func:`release_file_pages` for the pages it no longer needs. The KV buffers live in one
-anonymous mapping (untouched positions cost nothing); the heap is trimmed after prepacking.
+anonymous mapping (untouched positions cost nothing); the heap is trimmed after prepacking, and
+what the session allocated is moved to 2 MiB huge pages (:func:`use_huge_pages`: a decode step
+streams every weight, and fewer TLB misses make it 6-13 % faster).
 Threads: ``threads`` intra-op threads run each operator (default: all CPUs but one, see
 :func:`default_threads`); spinning (the default) keeps them hot between operators.
 """
@@ -212,6 +214,63 @@ def release_file_pages(path: str) -> int:
         return 0
 
 
+_MADV_HUGEPAGE = 14     # back this range with transparent huge pages from now on
+_MADV_COLLAPSE = 25     # Linux >= 6.1: ... and collapse its present pages into huge pages now
+_HUGE_PAGE = 2 << 20
+
+
+def anonymous_regions() -> set[tuple[int, int]]:
+    """``(start, end)`` addresses of this process's private anonymous mappings (heap
+    included) of at least one huge page (2 MiB), read from ``/proc/self/maps``; empty where
+    that file does not exist."""
+    regions = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) > 5 and fields[5] != "[heap]":
+                    continue                            # a file, the stack, vdso, ...
+                if fields[1][3] != "p":
+                    continue                            # shared
+                lo, hi = (int(a, 16) for a in fields[0].split("-"))
+                if hi - lo >= _HUGE_PAGE:
+                    regions.add((lo, hi))
+    except OSError:
+        pass
+    return regions
+
+
+def use_huge_pages(regions: set[tuple[int, int]]) -> int:
+    """Back ``regions`` (from :func:`anonymous_regions`) with 2 MiB transparent huge pages:
+    ``MADV_HUGEPAGE``, then ``MADV_COLLAPSE`` for the pages already there. Returns the bytes
+    collapsed (0 where the calls are unavailable: Linux < 6.1 leaves the collapsing to
+    ``khugepaged``, in the background; other systems nothing).
+
+    Why: a decode step streams every weight once (Gemma 3 270M: ~290 MB), and with 4 KiB
+    pages that is a TLB miss every 4 KiB and a hardware prefetcher that stops at every page
+    boundary. onnxruntime's prepacked weights live in ordinary ``malloc`` memory, which gets
+    huge pages only when asked (``/sys/kernel/mm/transparent_hugepage/enabled`` is usually
+    ``madvise``; ``MADV_COLLAPSE`` does not depend on that setting). Measured on Gemma 3 270M,
+    2 threads, one process, two sessions run in alternation: a batch-1 decode step 11.6 ms on
+    4 KiB pages, 9.4 ms on huge pages (faster in 30 of 30 rounds).
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    except (OSError, AttributeError):
+        return 0
+    total = 0
+    for lo, hi in sorted(regions):
+        lo = -(-lo // _HUGE_PAGE) * _HUGE_PAGE          # whole huge pages inside the region
+        hi = hi // _HUGE_PAGE * _HUGE_PAGE
+        if hi <= lo:
+            continue
+        libc.madvise(lo, hi - lo, _MADV_HUGEPAGE)
+        if libc.madvise(lo, hi - lo, _MADV_COLLAPSE) == 0:
+            total += hi - lo
+    return total
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
 
@@ -286,6 +345,8 @@ class OrtBackend(Backend):
         spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).
         release_pages: after loading, give back the weight-file pages onnxruntime read while
             prepacking (see :func:`release_file_pages`).
+        huge_pages: back onnxruntime's prepacked weights with huge pages
+            (:func:`use_huge_pages`).
         parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
             threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
             docstring.
@@ -303,7 +364,7 @@ class OrtBackend(Backend):
                  providers: Sequence[Any] | None = None, cache_dir: str | None = None,
                  graph_options: GraphOptions = GraphOptions(), max_chunk_tokens: int = 256,
                  session_config: dict[str, str] | None = None, spinning: bool = True,
-                 release_pages: bool = True, parallel_runs: int = 0):
+                 release_pages: bool = True, parallel_runs: int = 0, huge_pages: bool = True):
         import onnxruntime as ort
 
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
@@ -332,6 +393,7 @@ class OrtBackend(Backend):
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         for key, value in (session_config or {}).items():
             so.add_session_config_entry(key, str(value))
+        before = anonymous_regions() if huge_pages else set()
         self._session = ort.InferenceSession(self.graph_path, so,
                                              providers=select_providers(providers, device_id))
         if release_pages:
@@ -339,6 +401,8 @@ class OrtBackend(Backend):
             if self.built:                  # building read every tensor of the GGUF
                 release_file_pages(f.path)
             trim_heap()
+        # what the session allocated (the prepacked weights, mostly) goes to huge pages
+        self.huge_page_bytes = use_huge_pages(anonymous_regions() - before) if huge_pages else 0
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         self.providers = self._session.get_providers()
@@ -354,8 +418,9 @@ class OrtBackend(Backend):
         self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads), num_slots)
         self._pool = (ThreadPoolExecutor(self.parallel_runs - 1, thread_name_prefix="tiny_mindie-run")
                       if self.parallel_runs > 1 else None)
-        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)",
-                 self.device, "built" if self.built else "cached", t1 - t0, t2 - t1)
+        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of it on "
+                 "huge pages)", self.device, "built" if self.built else "cached", t1 - t0, t2 - t1,
+                 self.huge_page_bytes // 10**6)
 
         c = config
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
