@@ -133,7 +133,9 @@ def test_default_graph_likelihood_is_the_references(ort, reference, gguf):
 def test_default_graph_gives_a_row_the_same_logits_alone_and_in_any_batch(ort):
     """A seeded request must give the same text alone and beside others, so a row's logits may
     not depend on the batch -- also with the LM head in blocks of 128, whose kernel computes an
-    odd last row by another path (the graph pads the batch to even rows; see ``_even_rows``)."""
+    odd last row by another path (the graph pads the batch to even rows and leaves the extra
+    row in its output; see ``_even_rows``)."""
+    assert ort._even_rows
     prompts = [np.random.default_rng(40 + i).integers(100, 20000, 7 + 3 * i) for i in range(3)]
     alone = [ort.forward([SeqChunk(i, 0, p)])[0] for i, p in enumerate(prompts)]
     nxt = [np.array([int(a.argmax())]) for a in alone]

@@ -19,7 +19,10 @@ Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer leng
     past_key.{i}           float32 [B, Nkv, L, H]  layer i's key cache (i = 0 .. num_layers-1)
     past_value.{i}         float32 [B, Nkv, L, H]  layer i's value cache
 
-    logits                 float32 [B, V]          logits of the token at logits_index
+    logits                 float32 [B', V]         logits of the token at logits_index; B' = B, or
+                                                   B rounded up to even when the metadata entry
+                                                   ``tiny_mindie.logits_rows`` is ``even`` (the
+                                                   last row then repeats row B - 1: ignore it)
     present_key.{i}        float32 [B, Nkv, L, H]  bind to the SAME buffer as past_key.{i}
     present_value.{i}      float32 [B, Nkv, L, H]  bind to the SAME buffer as past_value.{i}
 
@@ -117,7 +120,12 @@ from .gguf import GGUFFile, ModelFileError, RawTensor
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 5
+BUILDER_VERSION = 6
+
+#: ``model.onnx`` metadata entries: the graph options' key, and ``"even"`` or ``"all"`` for the
+#: rows of the ``logits`` output (see the table above).
+GRAPH_OPTIONS_KEY = "tiny_mindie.graph_options"
+LOGITS_ROWS_KEY = "tiny_mindie.logits_rows"
 
 IR_VERSION = 10
 OPSET = 21
@@ -464,9 +472,11 @@ def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
     return g.op1("Concat", outs, axis=-1)
 
 
-def _even_rows(g: _Builder, x: str) -> tuple[str, str]:
-    """``x [B, D] -> [B + B % 2, D]`` (the last row repeated when ``B`` is odd), and ``B`` as an
-    int64 ``[1]`` for the Slice that drops the extra row again.
+def _even_rows(g: _Builder, x: str) -> str:
+    """``x [B, D] -> [B + B % 2, D]`` (the last row repeated when ``B`` is odd). The extra row
+    stays in the graph's ``logits`` output (metadata ``tiny_mindie.logits_rows = even``): the
+    caller binds a buffer of ``B + B % 2`` rows, so the LM head writes straight into it instead
+    of into a temporary that a Slice would copy (1 MB a row for Gemma 3).
 
     Why: for blocks larger than 32, onnxruntime's int8 MatMulNBits kernel (1.24, AVX2) computes
     the rows of ``x`` in pairs and an odd last row by another path that rounds differently
@@ -477,7 +487,7 @@ def _even_rows(g: _Builder, x: str) -> tuple[str, str]:
     rows = g.op1("Slice", [g.op1("Shape", [x]), g.const([0]), g.const([1])], name="lm_head/rows")
     odd = g.op1("Mod", [rows, g.const([2])], name="lm_head/odd")
     pads = g.op1("Concat", [g.const([0, 0]), odd, g.const([0])], axis=0, name="lm_head/pads")
-    return g.op1("Pad", [x, pads], mode="edge", name="lm_head/pad"), rows
+    return g.op1("Pad", [x, pads], mode="edge", name="lm_head/pad")
 
 
 def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
@@ -652,12 +662,11 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         head = lm_head_weight(emb if config.tied_embeddings else pack_weight(f, "output.weight"),
                               options.lm_head_block)
         head_name = "token_embd" if config.tied_embeddings else "output"
-        if head.block > BLOCK:
-            x, rows = _even_rows(g, x)
+        even_rows = head.block > BLOCK
+        if even_rows:
+            x = _even_rows(g, x)                                              # [B', D]
         logits = _linear(g, x, [head], head_name + ".lm_head", options.level("lm_head"))
-        if head.block > BLOCK:
-            logits = g.op1("Slice", [logits, g.const([0]), rows, g.const([0])], name="lm_head/unpad")
-        g.op("Identity", [logits], outputs=["logits"])                       # [B, V]
+        g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
 
         F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
         kv_shape = ["batch", c.num_kv_heads, "kv_len", c.head_dim]
@@ -665,7 +674,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                   helper.make_tensor_value_info("seqlens_k", I32, ["batch"]),
                   helper.make_tensor_value_info("total_sequence_length", I32, []),
                   helper.make_tensor_value_info("logits_index", I64, ["batch"])]
-        outputs = [helper.make_tensor_value_info("logits", F, ["batch", c.vocab_size])]
+        outputs = [helper.make_tensor_value_info("logits", F, ["logits_rows", c.vocab_size])]
         for i in range(c.num_layers):
             inputs += [helper.make_tensor_value_info(f"past_key.{i}", F, kv_shape),
                        helper.make_tensor_value_info(f"past_value.{i}", F, kv_shape)]
@@ -676,8 +685,10 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             graph, ir_version=IR_VERSION, producer_name="tiny_mindie",
             producer_version=str(BUILDER_VERSION),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
-        meta = model.metadata_props.add()
-        meta.key, meta.value = "tiny_mindie.graph_options", options.key()
+        for key, value in ((GRAPH_OPTIONS_KEY, options.key()),
+                           (LOGITS_ROWS_KEY, "even" if even_rows else "all")):
+            meta = model.metadata_props.add()
+            meta.key, meta.value = key, value
     finally:
         g.close()
     with open(model_path, "wb") as out:
