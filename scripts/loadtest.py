@@ -2,8 +2,8 @@
 """Concurrency sweep over HTTP: N streaming clients against a real server, real TLS.
 
 For each concurrency level N (default 1, 4, 8, 16) it starts N client threads at once; each sends
-``--rounds`` streaming ``/infer`` requests one after another (a prompt of about
-``--prompt-tokens`` tokens, ``--new-tokens`` generated, sampled with its own seed). It prints:
+``--rounds`` streaming ``/infer`` requests one after another (a fixed prompt of about 30
+tokens, ``--new-tokens`` generated, sampled with its own seed). It prints:
 
     agg tok/s   generated tokens of all clients / wall time of the level
     TTFT p50/p99   ms from sending the request to its first token event
@@ -11,8 +11,8 @@ For each concurrency level N (default 1, 4, 8, 16) it starts N client threads at
     vs 1        aggregate tok/s relative to the single-client level
 
 The server is started here (``python -m tiny_mindie --config ...``, a fresh config home with its
-own certificates) unless ``--url`` names a running one with ``--ca/--cert/--key``. Traffic goes
-to 127.0.0.1 only; every level is bounded by its request count.
+own certificates; ``--backend`` and ``--threads`` are passed on). Traffic goes to 127.0.0.1 only;
+every level is bounded by its request count.
 
     python scripts/loadtest.py                         # default backend, levels 1 4 8 16
     python scripts/loadtest.py --backend numpy --levels 1 8 --rounds 3

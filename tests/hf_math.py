@@ -71,11 +71,16 @@ def mean_nll(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(-np.mean(log_softmax(logits)[np.arange(len(targets)), targets]))
 
 
-def mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
-    """Mean over rows of KL(P_ref || P) in nats, the next-token distributions of two
+def kl_rows(ref_logits: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """float64 ``[n]``: KL(P_ref || P) in nats per row, the next-token distributions of two
     ``[n, V]`` logit arrays (the divergence llama.cpp's ``perplexity --kl-divergence`` reports)."""
     p, q = log_softmax(ref_logits), log_softmax(logits)
-    return float(np.mean((np.exp(p) * (p - q)).sum(axis=1)))
+    return (np.exp(p) * (p - q)).sum(axis=1)
+
+
+def mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
+    """Mean of :func:`kl_rows`."""
+    return float(np.mean(kl_rows(ref_logits, logits)))
 
 
 def greedy_tokens(backend, ids: np.ndarray, n: int, slot: int = 0) -> list[int]:

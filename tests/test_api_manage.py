@@ -62,7 +62,7 @@ def test_timed_health_runs_a_real_generation(server):
     assert time.monotonic() - t0 < 10
 
 
-@pytest.mark.parametrize("n", ["0", "601", "99999"])
+@pytest.mark.parametrize("n", ["0", "601", "99999", "9" * 5000, "0" * 5000])
 def test_timed_health_n_out_of_range_is_422(server, n):
     status, body = curl(server, f"/health/timed-{n}")
     assert status == 422
@@ -70,7 +70,8 @@ def test_timed_health_n_out_of_range_is_422(server, n):
     assert "[1, 600]" in json.loads(body)["error"]
 
 
-@pytest.mark.parametrize("path", ["/health/timed-", "/health/timed-x", "/health/other"])
+@pytest.mark.parametrize("path", ["/health/timed-", "/health/timed-x", "/health/other",
+                                  "/health/timed-%D9%A3"])          # an Arabic 3: not ASCII
 def test_other_health_paths_are_404(server, path):
     assert curl(server, path)[0] == 404
 

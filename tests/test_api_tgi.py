@@ -240,3 +240,20 @@ def test_vllm_form_streams_nul_delimited_json(server):
     assert len(chunks) == 4
     plain = json.loads(request(server, "POST", "/generate", {**body, "stream": False})[2])
     assert chunks[-1] == plain
+
+
+@pytest.mark.parametrize("ids, word", [([-1], "[0,49151]"), ([10**20], "[0,49151]"),
+                                       ([1.5], "list of token ids"), ("2", "list of token ids")])
+def test_vllm_stop_token_ids_must_be_token_ids(server, ids, word):
+    body = {"prompt": "hi", "max_tokens": 2, "stop_token_ids": ids}
+    status, _, raw = request(server, "POST", "/generate", body)
+    assert status == 422 and word in json.loads(raw)["error"]
+
+
+def test_vllm_stop_token_ids_stop_generation(server, tokenizer):
+    body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+    text = json.loads(request(server, "POST", "/generate", body)[2])["text"][0][len(PROMPT):]
+    first = tokenizer.encode(text, add_bos=False)[0]
+    stopped = json.loads(request(server, "POST", "/generate",
+                                 {**body, "stop_token_ids": [first]})[2])["text"][0]
+    assert stopped == PROMPT                          # vLLM leaves the stop token out

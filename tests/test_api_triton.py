@@ -206,6 +206,8 @@ def test_tokenizer_route(server, tokenizer):
     assert ans["token_number"] == len(ans["tokens"]) and "".join(ans["tokens"]) == PROMPT
     err = curl_json(server, "POST", "/v1/tokenizer", {"text": PROMPT}, 422)
     assert err["error"] == "Not found inputs."
+    err = curl_json(server, "POST", "/v1/tokenizer", {"inputs": "ab " * 20_000}, 424)  # 60 KB
+    assert "maximum input ids length" in err["error"]          # as /infer: not tokenized at all
 
 
 def test_infer_token_route(server, tokenizer):

@@ -138,6 +138,16 @@ def test_pull_into_a_fresh_cache_checks_sha256(tmp_path, model_path):
     assert r.returncode == 0 and "already in" in r.stdout
 
 
+def test_pull_of_a_model_already_there_still_shows_its_terms():
+    """The test suite pulls Gemma 3 itself (its output captured); a user's own ``pull``
+    afterwards must still show the terms of use."""
+    from tiny_mindie.model.registry import ensure_model
+    ensure_model("gemma3-270m")
+    r = run_cli("pull", "gemma3-270m")
+    assert r.returncode == 0 and "already in" in r.stdout
+    assert "ai.google.dev/gemma/terms" in r.stdout and "Gemma" in r.stdout
+
+
 def test_config_not_utf8_is_one_line(tmp_path):
     p = tmp_path / "config.json"
     p.write_bytes(b"\xff\xfe{}")

@@ -171,3 +171,27 @@ def test_long_prompt_is_prefilled_in_chunks_between_decode_steps(llm):
 def test_prompt_of_the_wrong_type_is_a_clear_type_error(llm):
     with pytest.raises(TypeError, match="prompt must be a str or a sequence of token ids"):
         llm.make_request(5)
+
+
+def test_encode_tail_is_the_end_of_the_whole_encoding_without_tokenizing_it_all(llm):
+    """TGI's ``truncate`` keeps a prompt's last tokens; for a long text only its end is
+    tokenized, and the ids are still those of the whole text's encoding."""
+    words = " ".join(f"word{i % 97}, x{i}y." for i in range(6000))      # ~80 KB, ~50k tokens
+    whole = llm.encode(words)
+    for n in (1, 3, 100, 1000):
+        assert llm.encode_tail(words, n) == whole[-n:]
+    short = "one two three"
+    assert llm.encode_tail(short, 2) == llm.encode(short)[-2:]
+    assert llm.encode_tail(short, 50) == llm.encode(short)             # BOS kept when all fits
+
+
+def test_a_text_longer_than_any_prompt_is_refused_before_tokenizing(llm, monkeypatch):
+    from tiny_mindie.engine.request import GenerationError
+
+    def never(*a, **k):
+        raise AssertionError("tokenized")
+    monkeypatch.setattr(llm.tokenizer, "encode", never)
+    with pytest.raises(GenerationError, match="is at least") as exc:
+        llm.check_text_length("ab " * 5_000_000)                       # 15 MB
+    assert exc.value.kind == "too_long"
+    llm.check_text_length("ab " * 50)                                   # fits: no error

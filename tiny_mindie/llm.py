@@ -119,6 +119,32 @@ class LLM:
         """Prompt ids for ``text``: special tokens parsed, BOS added when the model wants it."""
         return self.tokenizer.encode(text, parse_special=True)
 
+    def encode_tail(self, text: str, n: int) -> list[int]:
+        """The last ``n`` ids of :meth:`encode` (TGI's ``truncate``), tokenizing only the end of a
+        long text: a tail of ``(n + 64) * longest_token`` characters holds at least ``n + 64``
+        tokens, and cutting the text changes only the tokens next to the cut, 64 tokens before
+        the ones kept. (Tokenizing a 40 MB text whole took a minute and gigabytes.)"""
+        keep = (n + 64) * self._longest_token
+        if len(text) <= keep:
+            return self.encode(text)[-n:]
+        return self.tokenizer.encode(text[-keep:], add_bos=False, parse_special=True)[-n:]
+
+    def check_text_length(self, text: str) -> None:
+        """Refuse a text that holds more tokens than any prompt may, without tokenizing it:
+        every token covers at most ``longest_token`` bytes, so ``bytes // longest_token`` is a
+        lower bound of its token count (a huge text then costs nothing; tokenizing 40 MB took
+        a minute and gigabytes).
+
+        Raises:
+            GenerationError: ``"too_long"`` (HTTP 424) with MindIE's message.
+        """
+        at_least = len(text.encode("utf-8", "surrogatepass")) // self._longest_token
+        if at_least > self.engine.max_input_len:
+            raise GenerationError(
+                "too_long", "Failed to enqueue inferRequest. This model's maximum input ids "
+                f"length cannot be greater than {self.engine.max_input_len},the input ids "
+                f"length is at least {at_least}")
+
     def make_request(self, prompt: str | Sequence[int], *, max_new_tokens: int = 20,
                      do_sample: bool | None = None, temperature: float = 1.0, top_k: int = 0,
                      top_p: float = 1.0, typical_p: float = 1.0, repetition_penalty: float = 1.0,
@@ -141,14 +167,7 @@ class LLM:
                 and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
             raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
         if isinstance(prompt, str):
-            # Every token covers at most ``longest_token`` bytes, so a text this long holds more
-            # tokens than any prompt may; answer without tokenizing megabytes.
-            at_least = len(prompt.encode("utf-8", "surrogatepass")) // self._longest_token
-            if at_least > self.engine.max_input_len:
-                raise GenerationError(
-                    "too_long", "Failed to enqueue inferRequest. This model's maximum input ids "
-                    f"length cannot be greater than {self.engine.max_input_len},the input ids "
-                    f"length is at least {at_least}")
+            self.check_text_length(prompt)
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if do_sample is None:
             do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0

@@ -31,7 +31,7 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error
 from .native import build_request, until_done_or_gone
-from .validate import get_bool, get_float, get_int, parse_json_object
+from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -212,13 +212,11 @@ def _stop_strings(obj: dict) -> tuple[str, ...]:
 
 
 def _token_ids(llm: LLM, value, name: str) -> list[int]:
-    if (not isinstance(value, list)
-            or not all(isinstance(i, int) and not isinstance(i, bool) for i in value)):
-        raise bad(f"Parameter {name} must be a list of token ids.", name)
-    if not all(0 <= i < llm.tokenizer.vocab_size for i in value):
-        raise bad(f"Parameter {name} must hold token ids in [0,{llm.tokenizer.vocab_size - 1}].",
-                  name)
-    return list(value)
+    """:func:`check_token_ids` with OpenAI's 400."""
+    try:
+        return check_token_ids(value, name, llm.tokenizer.vocab_size)
+    except APIError as err:
+        raise bad(err.message, name) from None
 
 
 def _common(app, obj: dict, default_max_tokens: int) -> dict:

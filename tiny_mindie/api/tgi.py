@@ -38,7 +38,7 @@ from ..server.http import Request
 from .errors import APIError, from_generation_error, invalid
 from .native import (build_request, first_event, read_inputs, read_parameters,
                      until_done_or_gone)
-from .validate import get_bool, get_float, get_int, parse_json_object
+from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
@@ -149,8 +149,8 @@ async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRe
     if params.truncate is None:
         request = await build_request(llm, prompt, params.make)
     else:   # TGI keeps the last `truncate` tokens of the prompt.
-        ids = await asyncio.to_thread(llm.encode, prompt)
-        request = await build_request(llm, ids[-params.truncate:], params.make)
+        ids = await asyncio.to_thread(llm.encode_tail, prompt, params.truncate)
+        request = await build_request(llm, ids, params.make)
     if params.top_n_tokens:
         request = dataclasses.replace(request, top_logprobs=params.top_n_tokens)
     return request
@@ -287,10 +287,7 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
     )
     ids = obj.get("stop_token_ids")
     if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
-                                                for i in ids):
-            raise invalid("Parameter stop_token_ids must be a list of integers.")
-        make["stop_token_ids"] = ids
+        make["stop_token_ids"] = check_token_ids(ids, "stop_token_ids", llm.tokenizer.vocab_size)
     return prompt, make, n, get_bool(obj, "stream", False, "Field")
 
 

@@ -50,6 +50,15 @@ def get_bool(d: dict, name: str, default: bool | None, what: str = "Parameter") 
     return v
 
 
+def check_token_ids(value: Any, name: str, vocab_size: int, what: str = "Parameter") -> list[int]:
+    """``value`` as a list of token ids in ``[0, vocab_size)``; 422 when it is not one."""
+    if not isinstance(value, list) or not all(_is_int(i) for i in value):
+        raise invalid(f"{what} {name} must be a list of token ids.")
+    if not all(0 <= i < vocab_size for i in value):
+        raise invalid(f"{what} {name} must hold token ids in [0,{vocab_size - 1}].")
+    return list(value)
+
+
 def get_int(d: dict, name: str, default: int | None, lo: int, hi: int,
             what: str = "Parameter") -> int | None:
     """``d[name]`` as an integer in ``[lo, hi]``; a float is a type error (spec §2)."""

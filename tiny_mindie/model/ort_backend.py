@@ -447,9 +447,9 @@ class OrtBackend(Backend):
         self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads), num_slots)
         self._pool = (ThreadPoolExecutor(self.parallel_runs - 1, thread_name_prefix="tiny_mindie-run")
                       if self.parallel_runs > 1 else None)
-        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of it on "
-                 "huge pages)", self.device, "built" if self.built else "cached", t1 - t0, t2 - t1,
-                 self.huge_page_bytes // 10**6)
+        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of the "
+                 "process's memory on huge pages)", self.device, "built" if self.built else "cached",
+                 t1 - t0, t2 - t1, self.huge_page_bytes // 10**6)
 
         c = config
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)

@@ -138,7 +138,9 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print) 
         raise ModelFileError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     dest = model_file(m)
     if os.path.isfile(dest) and not force:
-        log(f"{m.name}: already in {dest}")
+        log(f"{m.name}: already in {dest} (licence {m.licence})")
+        if m.notice:                # e.g. pulled by the test suite, whose output nobody reads
+            log(f"  note: {m.notice}")
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     log(f"pulling {m.name} ({m.size / 1e6:.0f} MB, licence {m.licence}) "
