@@ -531,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['backend']:<{w}} {r['prefill_tps']:>13.1f} {r['decode_tps']:>12.1f} "
               f"{r['ttft_ms']:>8.1f} {r['load_s']:>7.2f} {r['rss_loaded_mb']:>11.1f} "
               f"{r['rss_peak_mb']:>11.1f} {pr:>13} {dr:>12}")
-    if ref:
+    if ref is None:
+        print("(no llama.cpp in this run, so no ratios: add it to --backends and give "
+              "--llama-python)")
+    else:
         print("\nsame-repetition ratios to llama.cpp (each repetition's backends ran interleaved):")
         for r in results:
             if r is ref:
