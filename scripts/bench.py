@@ -548,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["backend"].startswith("onnxruntime"):
             print(f"\n{r['backend']}: device {r['device']}, {r['threads']} threads, graph {r['graph']} "
                   f"({r['graph_s']:.2f} s, includes the GGUF sha256), session {r['session_s']:.2f} s "
-                  f"({r.get('huge_mb', 0):.0f} MB of the process on huge pages), GGUF open {r['open_s']:.2f} s")
+                  f"({r.get('huge_mb', 0):.0f} MB moved to huge pages), GGUF open {r['open_s']:.2f} s")
             own = r["rss_loaded_mb"] - r["rss_open_mb"]
             print(f"RSS: interpreter + libraries {r['rss_base_mb']:.0f} MB, + GGUFFile (metadata "
                   f"parsed by the gguf reader) {r['rss_open_mb'] - r['rss_base_mb']:.0f} MB, + this "

@@ -257,3 +257,8 @@ def test_vllm_stop_token_ids_stop_generation(server, tokenizer):
     stopped = json.loads(request(server, "POST", "/generate",
                                  {**body, "stop_token_ids": [first]})[2])["text"][0]
     assert stopped == PROMPT                          # vLLM leaves the stop token out
+
+
+def test_generate_with_both_inputs_and_prompt_is_a_conflict(server):
+    status, _, raw = request(server, "POST", "/generate", {"inputs": PROMPT, "prompt": PROMPT})
+    assert status == 422 and "Input conflict" in json.loads(raw)["error"]

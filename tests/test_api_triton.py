@@ -207,7 +207,9 @@ def test_tokenizer_route(server, tokenizer):
     err = curl_json(server, "POST", "/v1/tokenizer", {"text": PROMPT}, 422)
     assert err["error"] == "Not found inputs."
     err = curl_json(server, "POST", "/v1/tokenizer", {"inputs": "ab " * 20_000}, 424)  # 60 KB
-    assert "maximum input ids length" in err["error"]          # as /infer: not tokenized at all
+    assert "is at least" in err["error"]                        # as /infer: not tokenized at all
+    err = curl_json(server, "POST", "/v1/tokenizer", {"inputs": "x" * 20_000}, 424)  # 5000 tokens
+    assert "the input ids length is 5000" in err["error"]        # counted, over the 512 allowed
 
 
 def test_infer_token_route(server, tokenizer):

@@ -180,6 +180,14 @@ def test_encode_tail_is_the_end_of_the_whole_encoding_without_tokenizing_it_all(
     whole = llm.encode(words)
     for n in (1, 3, 100, 1000):
         assert llm.encode_tail(words, n) == whole[-n:]
+    for run in ("-" * 100_003, "a" * 100_003, "." * 100_001, "\n" * 100_002, " " * 99_999,
+                "ab" * 50_001, "=" * 100_003, "x " + "-" * 100_000,      # unbroken runs
+                words + " " + "-" * 50_000 + " the end"):                 # one across the cuts
+        whole = llm.encode(run)
+        for n in (1, 5, 100):
+            assert llm.encode_tail(run, n) == whole[-n:], (run[:3], len(run), n)
+    big = " ".join(f"w{i % 1013} and {i}," for i in range(90_000))     # over TAIL_LIMIT
+    assert len(big) > 1_000_000 and llm.encode_tail(big, 50) == llm.encode(big)[-50:]
     short = "one two three"
     assert llm.encode_tail(short, 2) == llm.encode(short)[-2:]
     assert llm.encode_tail(short, 50) == llm.encode(short)             # BOS kept when all fits

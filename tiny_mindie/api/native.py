@@ -202,25 +202,27 @@ async def tokenizer(req: Request, stream: ResponseStream, llm: LLM) -> Response:
     """``POST /v1/tokenizer`` ``{"inputs", "do_decode"?}`` -> ``{"token_number", "tokens"}``:
     the prompt's token ids as ``/infer`` would see them (BOS included when the model adds it),
     or with ``do_decode`` each token's text (control tokens as their piece, e.g. ``<s>``).
-    A text that could not be a prompt (more tokens than ``maxInputTokenLen`` for sure) gets
-    ``/infer``'s 424 without being tokenized."""
+    It answers exactly for the texts ``/infer`` accepts as prompts: one with more tokens than
+    ``maxInputTokenLen`` gets ``/infer``'s 424 (without being tokenized when its length alone
+    proves it)."""
     obj = parse_json_object(req.body)
     text = read_inputs(obj)
     decode = get_bool(obj, "do_decode", False, "Field")
-    try:
-        llm.check_text_length(text)
-    except GenerationError as err:
-        raise from_generation_error(err) from None
 
     def run() -> tuple[int, list]:          # in a worker thread: the event loop serves others
+        llm.check_text_length(text)
         ids = llm.encode(text)
+        llm.engine.check_prompt(len(ids))
         if not decode:
             return len(ids), ids
         tok = llm.tokenizer
         return len(ids), [tok.token_text(i) if tok.is_special(i)
                           else tok.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
 
-    count, tokens = await asyncio.to_thread(run)
+    try:
+        count, tokens = await asyncio.to_thread(run)
+    except GenerationError as err:
+        raise from_generation_error(err) from None
     return json_response(200, {"token_number": count, "tokens": tokens})
 
 

@@ -28,8 +28,10 @@ def parse_json_object(body: bytes) -> dict:
 
 
 def _fmt(v: Any) -> str:
-    return json.dumps(v, ensure_ascii=False) if isinstance(v, (str, list, dict)) else repr(v) \
+    """``v`` as JSON would show it, cut to 60 characters (a 4000-digit number is not echoed)."""
+    s = json.dumps(v, ensure_ascii=False) if isinstance(v, (str, list, dict)) else repr(v) \
         if not isinstance(v, bool) else ("true" if v else "false")
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def _is_int(v: Any) -> bool:
@@ -68,7 +70,7 @@ def get_int(d: dict, name: str, default: int | None, lo: int, hi: int,
     if not _is_int(v):
         raise invalid(f"{what} {name} must be an integer, got {_fmt(v)}.")
     if not lo <= v <= hi:
-        raise invalid(f"{what} {name} must be in [{lo},{hi}], got {v}.")
+        raise invalid(f"{what} {name} must be in [{lo},{hi}], got {_fmt(v)}.")
     return v
 
 

@@ -62,7 +62,7 @@ Memory: onnxruntime repacks the quantized weights into its own buffers at load (
 for SmolLM2-135M Q4_1), memory-maps the weight file and keeps the mappings; see
 :func:`release_file_pages` for the pages it no longer needs. The KV buffers live in one
 anonymous mapping (untouched positions cost nothing); the heap is trimmed after prepacking, and
-the process's populated memory, the prepacked weights above all, is moved to 2 MiB huge pages
+the memory the session wrote, its prepacked weights above all, is moved to 2 MiB huge pages
 (:func:`use_huge_pages`: a decode step streams every weight, and with fewer TLB misses and
 prefetcher stops it is 6-13 % faster).
 Threads: ``threads`` intra-op threads run each operator (default: all CPUs but one, see
@@ -215,8 +215,7 @@ def release_file_pages(path: str) -> int:
         return 0
 
 
-_MADV_HUGEPAGE = 14     # back this range with transparent huge pages from now on
-_MADV_COLLAPSE = 25     # Linux >= 6.1: ... and collapse its present pages into huge pages now
+_MADV_COLLAPSE = 25     # Linux >= 6.1: collapse this range's present pages into huge pages now
 _PAGE = mmap.PAGESIZE
 _HUGE_PAGE = 2 << 20
 
@@ -268,12 +267,23 @@ def populated_huge_ranges(lo: int, hi: int) -> list[tuple[int, int]]:
     return out
 
 
-def use_huge_pages() -> int:
-    """Move this process's fully populated private anonymous memory to 2 MiB transparent huge
-    pages (``MADV_HUGEPAGE`` + ``MADV_COLLAPSE`` on every aligned 2 MiB piece whose pages are
-    all present: collapsing a sparse piece would fill its holes). Returns the bytes collapsed
-    (0 where unavailable: before Linux 6.1 ``khugepaged`` may still collapse them later, in the
-    background; other systems do nothing). Resident memory does not grow.
+def populated_pieces() -> set[int]:
+    """Start addresses of the aligned 2 MiB pieces of this process's private anonymous memory
+    whose pages are all present (:func:`populated_huge_ranges` of :func:`anonymous_regions`)."""
+    return {a for region in anonymous_regions() for lo, hi in populated_huge_ranges(*region)
+            for a in range(lo, hi, _HUGE_PAGE)}
+
+
+def use_huge_pages(before: set[int]) -> int:
+    """Collapse into 2 MiB transparent huge pages the pieces of private anonymous memory that are
+    fully populated now and were not in ``before`` (:func:`populated_pieces` taken before a load):
+    the memory the load wrote, and nothing of the embedding program's. Returns the bytes
+    collapsed; 0 where ``MADV_COLLAPSE`` is missing (Linux < 6.1, other systems).
+
+    Only ``MADV_COLLAPSE``, no ``MADV_HUGEPAGE``: the pages are collapsed once, now, and nothing
+    asks the kernel to fill the pieces' holes later (with ``MADV_HUGEPAGE`` a later fault in a
+    piece the program had partly freed would bring back a whole 2 MiB). A piece with holes is
+    never collapsed (that would fill them), so resident memory does not grow.
 
     Why: a decode step streams every weight once (Gemma 3 270M: ~290 MB, its LM head 173 MB in
     one piece), and on 4 KiB pages that is a TLB miss every 4 KiB and a hardware prefetcher
@@ -289,13 +299,13 @@ def use_huge_pages() -> int:
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):
         return 0
-    total = 0
-    for region in anonymous_regions():
-        for lo, hi in populated_huge_ranges(*region):
-            libc.madvise(lo, hi - lo, _MADV_HUGEPAGE)
-            if libc.madvise(lo, hi - lo, _MADV_COLLAPSE) == 0:
-                total += hi - lo
-    return total
+    ranges: list[list[int]] = []
+    for a in sorted(populated_pieces() - before):
+        if ranges and ranges[-1][1] == a:
+            ranges[-1][1] = a + _HUGE_PAGE
+        else:
+            ranges.append([a, a + _HUGE_PAGE])
+    return sum(hi - lo for lo, hi in ranges if libc.madvise(lo, hi - lo, _MADV_COLLAPSE) == 0)
 
 
 def trim_heap() -> None:
@@ -420,6 +430,9 @@ class OrtBackend(Backend):
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         for key, value in (session_config or {}).items():
             so.add_session_config_entry(key, str(value))
+        if huge_pages:      # freed heap pages out first, so memory the session reuses is new
+            trim_heap()
+        before = populated_pieces() if huge_pages else set()
         self._session = ort.InferenceSession(self.graph_path, so,
                                              providers=select_providers(providers, device_id))
         if release_pages:
@@ -427,8 +440,8 @@ class OrtBackend(Backend):
             if self.built:                  # building read every tensor of the GGUF
                 release_file_pages(f.path)
             trim_heap()
-        # the prepacked weights (most of the process's anonymous memory) go to huge pages
-        self.huge_page_bytes = use_huge_pages() if huge_pages else 0
+        # what the session wrote (its prepacked weights above all) goes to huge pages
+        self.huge_page_bytes = use_huge_pages(before) if huge_pages else 0
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have a padding row (see graph.py, output ``logits``)
@@ -447,9 +460,9 @@ class OrtBackend(Backend):
         self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads), num_slots)
         self._pool = (ThreadPoolExecutor(self.parallel_runs - 1, thread_name_prefix="tiny_mindie-run")
                       if self.parallel_runs > 1 else None)
-        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of the "
-                 "process's memory on huge pages)", self.device, "built" if self.built else "cached",
-                 t1 - t0, t2 - t1, self.huge_page_bytes // 10**6)
+        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of it moved "
+                 "to huge pages)", self.device, "built" if self.built else "cached", t1 - t0,
+                 t2 - t1, self.huge_page_bytes // 10**6)
 
         c = config
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
