@@ -29,8 +29,8 @@ from .model.loader import load_model
 from .model.registry import DEFAULT_MODEL, resolve
 
 MAX_SEED = 2**63 - 1
-#: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole when its tails disagree
-#: (a 1 MB text costs ~0.3 s and ~200 MB while it is tokenized).
+#: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole (exactly); a 1 MB text
+#: costs ~0.3 s and ~200 MB while it is tokenized.
 TAIL_LIMIT = 1_000_000
 _WORD_START = re.compile(r"(?<=\S) (?=\S)")
 
@@ -125,19 +125,21 @@ class LLM:
         return self.tokenizer.encode(text, parse_special=True)
 
     def encode_tail(self, text: str, n: int) -> list[int]:
-        """The last ``n`` ids of :meth:`encode` (TGI's ``truncate``), tokenizing only the end of a
-        long text (tokenizing 40 MB whole took a minute and gigabytes).
+        """The last ``n`` ids of :meth:`encode` (TGI's ``truncate``).
 
-        The text is cut just before a word (a single space between two non-space characters),
-        where tokenizers start a new token, at least ``L = (n + 64) * longest_token`` characters
-        from its end (so at least ``n + 64`` tokens follow); the ids after a second such cut
-        about ``3 L`` further back must agree. Where there is no such word start (one unbroken
-        run, 100,000 dashes) or the two disagree, the whole text is tokenized if it is under
-        :data:`TAIL_LIMIT` characters; beyond that the longer tail's ids are used: a valid
-        tokenization of the same characters, whose last tokens may differ from the whole text's.
+        A text of up to :data:`TAIL_LIMIT` characters (or ``5 L``, below) is tokenized whole:
+        exact. Only the end of a longer one is (tokenizing 40 MB whole took a minute and
+        gigabytes): it is cut just
+        before a word (a single space between two non-space characters) at least
+        ``L = (n + 64) * longest_token`` characters from its end (so at least ``n + 64`` tokens
+        follow), and again about ``3 L`` further back; when both tails end in the same ``n``
+        ids those are the answer (ordinary text: the whole text's ids, tested), else the longer
+        tail's. That is a valid tokenization of the same characters, but behind a long unbroken
+        run (or, for SentencePiece vocabularies, pieces that span a space) its last ids can
+        differ from what tokenizing the whole text would give.
         """
         keep = (n + 64) * self._longest_token
-        if len(text) <= 5 * keep:
+        if len(text) <= max(TAIL_LIMIT, 5 * keep):
             return self.encode(text)[-n:]
 
         def tail(start: int) -> list[int]:
@@ -151,8 +153,6 @@ class LLM:
             near, far = tail(cuts[0]), tail(cuts[1])
             if near == far:
                 return near
-        if len(text) <= TAIL_LIMIT:
-            return self.encode(text)[-n:]
         return tail(len(text) - 5 * keep if cuts[1] is None else cuts[1])
 
     def check_text_length(self, text: str) -> None:
