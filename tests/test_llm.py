@@ -175,8 +175,8 @@ def test_prompt_of_the_wrong_type_is_a_clear_type_error(llm):
 
 def test_encode_tail_is_the_end_of_the_whole_encoding_without_tokenizing_it_all(llm):
     """TGI's ``truncate`` keeps a prompt's last tokens: exactly those of the whole text's
-    encoding up to 1 MB (runs of one character included); past it only the end is tokenized,
-    and for ordinary text the ids are still the whole encoding's."""
+    encoding up to 250,000 characters (runs of one character included); past it only the end
+    is tokenized, and for ordinary text the ids are still the whole encoding's."""
     words = " ".join(f"word{i % 97}, x{i}y." for i in range(6000))      # ~80 KB, ~50k tokens
     whole = llm.encode(words)
     for n in (1, 3, 100, 1000):
@@ -189,7 +189,7 @@ def test_encode_tail_is_the_end_of_the_whole_encoding_without_tokenizing_it_all(
             assert llm.encode_tail(run, n) == whole[-n:], (run[:3], len(run), n)
     big = " ".join(f"w{i % 1013} and {i}," for i in range(90_000))     # over TAIL_LIMIT: cut
     assert len(big) > 1_000_000 and llm.encode_tail(big, 50) == llm.encode(big)[-50:]
-    run = "-" * 1_100_000                           # past the limit, no word to cut before:
+    run = "-" * 300_000                             # past the limit, no word to cut before:
     assert len(llm.encode_tail(run, 7)) == 7        # a valid tokenization of the end (not checked)
     short = "one two three"
     assert llm.encode_tail(short, 2) == llm.encode(short)[-2:]

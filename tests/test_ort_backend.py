@@ -561,7 +561,8 @@ needs_collapse = pytest.mark.skipif(not sys.platform.startswith("linux") or not 
 def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
     """Memory fully written after the snapshot ends up on 2 MiB pages with its bytes unchanged;
     memory with one page written per 2 MiB stays as it is (collapsing it would fill the holes:
-    +2 MiB each), and so does memory that was populated before (the embedding program's)."""
+    +2 MiB each), so does memory only read (the kernel's zero page: collapsing it would allocate
+    it) and memory that was populated before (the embedding program's)."""
     _, older, olo = _private_anonymous(16 << 20)
     older[:] = 3
     before = ort_backend.populated_pieces()
@@ -570,12 +571,16 @@ def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
     dense[:] = pattern
     _, sparse, slo = _private_anonymous(16 << 20)
     sparse[::2 << 20] = 7
+    _, read, rlo = _private_anonymous(16 << 20)
+    assert read.sum() == 0                                       # read only: the zero page
     ranges = ort_backend.populated_huge_ranges(lo, lo + dense.size)
     assert sum(b - a for a, b in ranges) >= 14 << 20            # the aligned 2 MiB pieces inside
     assert ort_backend.populated_huge_ranges(slo, slo + sparse.size) == []
+    assert ort_backend.populated_huge_ranges(rlo, rlo + read.size) == []
     assert ort_backend.use_huge_pages(before) >= 14 << 20
     assert _anon_huge_kib(lo, lo + dense.size) >= 14 << 10
     assert _anon_huge_kib(slo, slo + sparse.size) == 0
+    assert _anon_huge_kib(rlo, rlo + read.size) == 0
     assert _anon_huge_kib(olo, olo + older.size) == 0
     assert (dense == pattern).all() and (older == 3).all()
 

@@ -240,9 +240,15 @@ def anonymous_regions() -> list[tuple[int, int]]:
     return regions
 
 
+#: pagemap bits 63 (present) and 56 (mapped by this process alone): a page that was only read
+#: is present too, but as the kernel's shared zero page, and collapsing it would allocate memory
+_OWN_PAGE = np.uint64((1 << 63) | (1 << 56))
+
+
 def populated_huge_ranges(lo: int, hi: int) -> list[tuple[int, int]]:
-    """The aligned 2 MiB pieces of ``[lo, hi)`` whose every 4 KiB page is in memory (present
-    bit of ``/proc/self/pagemap``), merged into ranges; empty where pagemap is unreadable."""
+    """The aligned 2 MiB pieces of ``[lo, hi)`` whose every 4 KiB page is in memory and this
+    process's own (written, not the shared zero page: bits 63 and 56 of ``/proc/self/pagemap``),
+    merged into ranges; empty where pagemap is unreadable."""
     lo = -(-lo // _HUGE_PAGE) * _HUGE_PAGE
     hi = hi // _HUGE_PAGE * _HUGE_PAGE
     per = _HUGE_PAGE // _PAGE                   # pages per huge page
@@ -253,10 +259,11 @@ def populated_huge_ranges(lo: int, hi: int) -> list[tuple[int, int]]:
             for start in range(lo, hi, step):
                 n = min(step, hi - start) // _PAGE
                 fh.seek(start // _PAGE * 8)
-                present = np.frombuffer(fh.read(n * 8), "<u8") >> np.uint64(63)
-                if len(present) != n:
+                entries = np.frombuffer(fh.read(n * 8), "<u8")
+                if len(entries) != n:
                     return out
-                for i in np.flatnonzero(present.reshape(-1, per).all(axis=1)):
+                own = (entries & _OWN_PAGE) == _OWN_PAGE
+                for i in np.flatnonzero(own.reshape(-1, per).all(axis=1)):
                     a = start + int(i) * _HUGE_PAGE
                     if out and out[-1][1] == a:
                         out[-1] = (out[-1][0], a + _HUGE_PAGE)
@@ -277,8 +284,10 @@ def populated_pieces() -> set[int]:
 def use_huge_pages(before: set[int]) -> int:
     """Collapse into 2 MiB transparent huge pages the pieces of private anonymous memory that are
     fully populated now and were not in ``before`` (:func:`populated_pieces` taken before a load):
-    the memory the load wrote, and nothing of the embedding program's. Returns the bytes
-    collapsed; 0 where ``MADV_COLLAPSE`` is missing (Linux < 6.1, other systems).
+    the memory the load wrote, and nothing the embedding program wrote before (what its other
+    threads write during the load is collapsed too: fully written, so it costs no memory).
+    Returns the bytes collapsed; 0 where ``MADV_COLLAPSE`` is missing (Linux < 6.1, other
+    systems).
 
     Only ``MADV_COLLAPSE``, no ``MADV_HUGEPAGE``: the pages are collapsed once, now, and nothing
     asks the kernel to fill the pieces' holes later (with ``MADV_HUGEPAGE`` a later fault in a
