@@ -547,10 +547,9 @@ def _private_anonymous(size: int) -> tuple[mmap.mmap, np.ndarray, int]:
 def _collapse_works() -> bool:
     buf, data, a = _private_anonymous(8 << 20)
     data[:] = 1
-    libc = ctypes.CDLL(None)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise = ort_backend._madvise()
     lo = -(-a // (2 << 20)) * (2 << 20)
-    return libc.madvise(lo, 2 << 20, ort_backend._MADV_COLLAPSE) == 0
+    return madvise is not None and madvise(lo, 2 << 20, ort_backend._MADV_COLLAPSE) == 0
 
 
 needs_collapse = pytest.mark.skipif(not sys.platform.startswith("linux") or not _collapse_works(),
@@ -573,10 +572,10 @@ def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
     sparse[::2 << 20] = 7
     _, read, rlo = _private_anonymous(16 << 20)
     assert read.sum() == 0                                       # read only: the zero page
-    ranges = ort_backend.populated_huge_ranges(lo, lo + dense.size)
-    assert sum(b - a for a, b in ranges) >= 14 << 20            # the aligned 2 MiB pieces inside
-    assert ort_backend.populated_huge_ranges(slo, slo + sparse.size) == []
-    assert ort_backend.populated_huge_ranges(rlo, rlo + read.size) == []
+    pieces = ort_backend.own_huge_pieces(lo, lo + dense.size)
+    assert len(pieces) * (2 << 20) >= 14 << 20                  # the aligned 2 MiB pieces inside
+    assert ort_backend.own_huge_pieces(slo, slo + sparse.size) == []
+    assert ort_backend.own_huge_pieces(rlo, rlo + read.size) == []
     assert ort_backend.use_huge_pages(before) >= 14 << 20
     assert _anon_huge_kib(lo, lo + dense.size) >= 14 << 10
     assert _anon_huge_kib(slo, slo + sparse.size) == 0

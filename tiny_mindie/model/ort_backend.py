@@ -189,6 +189,26 @@ _MADV_PAGEOUT = 21      # Linux >= 5.4: reclaim these pages now (content is kept
                         # are re-read on the next touch, dirty ones would go to swap)
 
 
+def _mappings():
+    """``(start, end, permissions, path)`` of each mapping of this process, from
+    ``/proc/self/maps`` (``path`` empty for anonymous memory). Raises OSError without it."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            lo, hi = (int(a, 16) for a in fields[0].split("-"))
+            yield lo, hi, fields[1], fields[5].rstrip("\n") if len(fields) > 5 else ""
+
+
+def _madvise():
+    """libc's ``madvise(addr, length, advice) -> 0 or -1``, or None where it cannot be loaded."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise
+    except (OSError, AttributeError):
+        return None
+
+
 def release_file_pages(path: str) -> int:
     """Ask the kernel to reclaim the pages of ``path`` mapped in this process; returns bytes asked.
 
@@ -198,20 +218,14 @@ def release_file_pages(path: str) -> int:
     (the embedding rows looked up, norm weights, rotary tables) is faulted in again on demand.
     A no-op where the call is unavailable.
     """
+    madvise = _madvise()
+    if madvise is None:
+        return 0
     try:
         real = os.path.realpath(path)
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        total = 0
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                if not line.rstrip().endswith(real):
-                    continue
-                lo, hi = (int(a, 16) for a in line.split()[0].split("-"))
-                if libc.madvise(lo, hi - lo, _MADV_PAGEOUT) == 0:
-                    total += hi - lo
-        return total
-    except (OSError, AttributeError, ValueError):
+        return sum(hi - lo for lo, hi, _, name in _mappings()
+                   if name == real and madvise(lo, hi - lo, _MADV_PAGEOUT) == 0)
+    except (OSError, ValueError):
         return 0
 
 
@@ -222,22 +236,14 @@ _HUGE_PAGE = 2 << 20
 
 def anonymous_regions() -> list[tuple[int, int]]:
     """``(start, end)`` addresses of this process's private anonymous mappings (heap included)
-    of at least one huge page (2 MiB), from ``/proc/self/maps``; empty where it does not exist."""
-    regions = []
+    of at least one huge page (2 MiB), from ``/proc/self/maps``; empty where it does not exist.
+    Shared and non-read-write mappings (reservations) are left out."""
     try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split()
-                if len(fields) > 5 and fields[5] != "[heap]":
-                    continue                            # a file, the stack, vdso, ...
-                if fields[1][:2] != "rw" or fields[1][3] != "p":
-                    continue                            # shared, or not read-write (a reservation)
-                lo, hi = (int(a, 16) for a in fields[0].split("-"))
-                if hi - lo >= _HUGE_PAGE:
-                    regions.append((lo, hi))
+        return [(lo, hi) for lo, hi, perms, name in _mappings()
+                if name in ("", "[heap]") and perms[:2] == "rw" and perms[3] == "p"
+                and hi - lo >= _HUGE_PAGE]
     except OSError:
-        pass
-    return regions
+        return []
 
 
 #: pagemap bits 63 (present) and 56 (mapped by this process alone): a page that was only read
@@ -245,15 +251,15 @@ def anonymous_regions() -> list[tuple[int, int]]:
 _OWN_PAGE = np.uint64((1 << 63) | (1 << 56))
 
 
-def populated_huge_ranges(lo: int, hi: int) -> list[tuple[int, int]]:
-    """The aligned 2 MiB pieces of ``[lo, hi)`` whose every 4 KiB page is in memory and this
-    process's own (written, not the shared zero page: bits 63 and 56 of ``/proc/self/pagemap``),
-    merged into ranges; empty where pagemap is unreadable."""
+def own_huge_pieces(lo: int, hi: int) -> list[int]:
+    """Start addresses of the aligned 2 MiB pieces of ``[lo, hi)`` whose every 4 KiB page is in
+    memory and this process's own (written, not the shared zero page: bits 63 and 56 of
+    ``/proc/self/pagemap``); empty where pagemap is unreadable."""
     lo = -(-lo // _HUGE_PAGE) * _HUGE_PAGE
     hi = hi // _HUGE_PAGE * _HUGE_PAGE
     per = _HUGE_PAGE // _PAGE                   # pages per huge page
     step = 128 * _HUGE_PAGE                     # read pagemap 256 MiB of addresses at a time
-    out: list[tuple[int, int]] = []
+    out: list[int] = []
     try:
         with open("/proc/self/pagemap", "rb") as fh:
             for start in range(lo, hi, step):
@@ -262,23 +268,16 @@ def populated_huge_ranges(lo: int, hi: int) -> list[tuple[int, int]]:
                 entries = np.frombuffer(fh.read(n * 8), "<u8")
                 if len(entries) != n:
                     return out
-                own = (entries & _OWN_PAGE) == _OWN_PAGE
-                for i in np.flatnonzero(own.reshape(-1, per).all(axis=1)):
-                    a = start + int(i) * _HUGE_PAGE
-                    if out and out[-1][1] == a:
-                        out[-1] = (out[-1][0], a + _HUGE_PAGE)
-                    else:
-                        out.append((a, a + _HUGE_PAGE))
+                own = ((entries & _OWN_PAGE) == _OWN_PAGE).reshape(-1, per).all(axis=1)
+                out += (start + np.flatnonzero(own) * _HUGE_PAGE).tolist()
     except (OSError, ValueError):
         pass
     return out
 
 
 def populated_pieces() -> set[int]:
-    """Start addresses of the aligned 2 MiB pieces of this process's private anonymous memory
-    whose pages are all present (:func:`populated_huge_ranges` of :func:`anonymous_regions`)."""
-    return {a for region in anonymous_regions() for lo, hi in populated_huge_ranges(*region)
-            for a in range(lo, hi, _HUGE_PAGE)}
+    """:func:`own_huge_pieces` of all :func:`anonymous_regions`."""
+    return {a for region in anonymous_regions() for a in own_huge_pieces(*region)}
 
 
 def use_huge_pages(before: set[int]) -> int:
@@ -303,18 +302,16 @@ def use_huge_pages(before: set[int]) -> int:
     sessions run in alternation: a batch-1 decode step 11.6 ms on 4 KiB pages, 9.4 ms on huge
     pages (faster in 30 of 30 rounds); the LM head alone 5.3 -> 4.2 ms.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    except (OSError, AttributeError):
+    madvise = _madvise()
+    if madvise is None:
         return 0
-    ranges: list[list[int]] = []
+    ranges: list[list[int]] = []                # consecutive pieces: one call each run
     for a in sorted(populated_pieces() - before):
         if ranges and ranges[-1][1] == a:
             ranges[-1][1] = a + _HUGE_PAGE
         else:
             ranges.append([a, a + _HUGE_PAGE])
-    return sum(hi - lo for lo, hi in ranges if libc.madvise(lo, hi - lo, _MADV_COLLAPSE) == 0)
+    return sum(hi - lo for lo, hi in ranges if madvise(lo, hi - lo, _MADV_COLLAPSE) == 0)
 
 
 def trim_heap() -> None:
