@@ -29,7 +29,8 @@ from tiny_mindie.model.graph import GraphOptions, quantize_8bit, unpack_nbits
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 from tiny_mindie.model.tokenizer import load_tokenizer
-from hf_math import QUESTION, greedy_tokens, mean_kl, mean_nll, paragraph_ids
+from batching import assert_rows_batch_invariant
+from hf_math import MIN_MARGIN, QUESTION, greedy_margins, mean_kl, mean_nll, paragraph_ids
 
 MAX_SEQ_LEN = 768
 LONG = 700                 # > 512: the local layers' window is active
@@ -49,9 +50,8 @@ class RequantizedGGUF(GGUFFile):
 
 
 @pytest.fixture(scope="module")
-def path() -> str:
-    from tiny_mindie.model.registry import ensure_model
-    return ensure_model("gemma3-270m")
+def path(gemma_path) -> str:
+    return gemma_path
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +105,9 @@ def test_float_graph_matches_reference(ort_float, reference, n):
 
 def test_default_graph_answers_paris(ort, gguf):
     tok = load_tokenizer(gguf)
-    out = greedy_tokens(ort, np.array(tok.encode(QUESTION), dtype=np.int64), 3, slot=1)
-    assert tok.decode(out).startswith(" Paris"), tok.decode(out)
+    out, margins = greedy_margins(ort, np.array(tok.encode(QUESTION), dtype=np.int64), 3, slot=1)
+    assert tok.decode(out[:1]) == " Paris", tok.decode(out)
+    assert margins[0] > MIN_MARGIN, margins           # not borderline: the same on any CPU
 
 
 def test_default_graph_likelihood_is_the_references(ort, reference, gguf):
@@ -130,19 +131,14 @@ def test_default_graph_likelihood_is_the_references(ort, reference, gguf):
     assert kl < 0.01
 
 
-def test_default_graph_gives_a_row_the_same_logits_alone_and_in_any_batch(ort):
+def test_default_graph_gives_a_row_the_same_logits_alone_and_in_any_batch(gguf, config):
     """A seeded request must give the same text alone and beside others, so a row's logits may
     not depend on the batch -- also with the LM head in blocks of 128, whose kernel computes an
-    odd last row by another path (the graph pads the batch to even rows and leaves the extra
-    row in its output; see ``_even_rows``)."""
-    assert ort._even_rows
-    prompts = [np.random.default_rng(40 + i).integers(100, 20000, 7 + 3 * i) for i in range(3)]
-    alone = [ort.forward([SeqChunk(i, 0, p)])[0] for i, p in enumerate(prompts)]
-    nxt = [np.array([int(a.argmax())]) for a in alone]
-    step_alone = [ort.forward([SeqChunk(i, len(p), nxt[i])])[0] for i, p in enumerate(prompts)]
-    for rows in ([0, 1], [0, 1, 2], [2, 0]):               # even, odd, another order
-        for i, p in enumerate(prompts):                       # prefill again, then one batched step
-            ort.forward([SeqChunk(i, 0, p)])
-        got = ort.forward([SeqChunk(i, len(prompts[i]), nxt[i]) for i in rows])
-        for j, i in enumerate(rows):
-            assert np.array_equal(got[j], step_alone[i]), (rows, i, np.abs(got[j] - step_alone[i]).max())
+    odd last row by another path on some CPUs (the graph pads every matrix product to a
+    multiple of 2 or 4 rows; see ``graph._pad_rows``)."""
+    be = OrtBackend(gguf, config, num_slots=5, max_seq_len=64, threads=1, parallel_runs=2)
+    try:
+        assert be.rows_per_decode_run == 0
+        assert_rows_batch_invariant(be, config.vocab_size, batch_sizes=(1, 2, 3, 4))
+    finally:
+        be.close()

@@ -19,15 +19,17 @@ Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer leng
     past_key.{i}           float32 [B, Nkv, L, H]  layer i's key cache (i = 0 .. num_layers-1)
     past_value.{i}         float32 [B, Nkv, L, H]  layer i's value cache
 
-    logits                 float32 [B', V]         logits of the token at logits_index; B' = B, or
-                                                   B rounded up to even when the metadata entry
-                                                   ``tiny_mindie.logits_rows`` is ``even`` (the
-                                                   last row then repeats row B - 1: ignore it)
+    logits                 float32 [B', V]         logits of the token at logits_index; B' is B
+                                                   rounded up to a multiple of the metadata
+                                                   entry ``tiny_mindie.logits_row_multiple``
+                                                   (rows past B repeat row B - 1: ignore them)
     present_key.{i}        float32 [B, Nkv, L, H]  bind to the SAME buffer as past_key.{i}
     present_value.{i}      float32 [B, Nkv, L, H]  bind to the SAME buffer as past_value.{i}
 
-Inside, activations are 2-D, ``[T, D]`` with ``T = B * S`` (``logits_index`` indexes ``T``); per
-layer, with ``h`` the residual stream::
+Inside, activations are 2-D, ``[T, D]`` with ``T = B * S`` (``logits_index`` indexes ``T``),
+padded to ``T'`` rows, the next multiple of ``GraphOptions.row_multiple``, for every matrix
+product (the padding rows repeat the last one; only GroupQueryAttention sees the ``T`` real rows,
+see :func:`_pad_rows` for why); per layer, with ``h`` the residual stream::
 
     x, h = SkipSimplifiedLayerNormalization(h, previous block's output, attn_norm)   # h += .., x = norm(h)
     qkv  = MatMulNBits(x, [Wq/sqrt(H); Wk; Wv]) (+ Q4_1 residual, see below)   # [T, (Nq + 2 Nkv) H]
@@ -110,7 +112,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+import platform
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -120,12 +123,12 @@ from .gguf import GGUFFile, ModelFileError, RawTensor
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 6
+BUILDER_VERSION = 7
 
 #: ``model.onnx`` metadata entries: the graph options' key, and ``"even"`` or ``"all"`` for the
 #: rows of the ``logits`` output (see the table above).
 GRAPH_OPTIONS_KEY = "tiny_mindie.graph_options"
-LOGITS_ROWS_KEY = "tiny_mindie.logits_rows"
+LOGITS_ROWS_KEY = "tiny_mindie.logits_row_multiple"
 
 IR_VERSION = 10
 OPSET = 21
@@ -252,7 +255,7 @@ def lm_head_weight(w: NBitsWeight, block: int) -> NBitsWeight:
     a second rounding of a Q8_0 weight (within half a step of its block of 128); measured on
     Gemma 3 270M, the mean NLL of tests/data/english_paragraph.txt moves from 2.8690 to 2.8702
     nats, and a batch-1 decode step takes 12.8 instead of 15.7 ms (same host, alternating
-    order; with the even-row padding of :func:`_even_rows`, which such a head needs).
+    order; with the rows padded to even, see :func:`_pad_rows`).
     """
     if w.bits != 8 or block <= w.block or w.k % block:
         return w
@@ -409,6 +412,12 @@ class _Builder:
         return self.op(op_type, inputs, 1, **kw)[0]
 
 
+def default_row_multiple() -> int:
+    """Rows every matrix product is padded to a multiple of on this machine (see
+    :func:`_pad_rows`): 2 on x86-64, 4 elsewhere (aarch64 and the rest)."""
+    return 2 if platform.machine().lower() in ("x86_64", "amd64", "x64") else 4
+
+
 @dataclass(frozen=True)
 class GraphOptions:
     """Choices that change the built graph (part of the cache key).
@@ -421,6 +430,9 @@ class GraphOptions:
         lm_head_block: an 8-bit LM head is requantized to blocks of this size when larger than
             its own (:func:`lm_head_weight`); 32 keeps a Q8_0 head exact.
         max_positions: rows of the rotary cos/sin caches (positions a sequence can reach).
+        row_multiple: every matrix product runs on a multiple of this many rows
+            (:func:`_pad_rows`), so a row's logits do not depend on its batch; 1 turns the
+            padding off. Default: :func:`default_row_multiple`.
     """
 
     accuracy_level: int = 4
@@ -428,6 +440,7 @@ class GraphOptions:
     lm_head_block: int = 128
     max_positions: int = 0          # 0: the model's context_length
     overrides: tuple[tuple[str, int], ...] = ()   # (matrix kind, accuracy level), e.g. ("ffn_down", 0)
+    row_multiple: int = field(default_factory=default_row_multiple)
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -440,7 +453,7 @@ class GraphOptions:
     def key(self) -> str:
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}{extra}")
+                f"-p{self.max_positions}-r{self.row_multiple}{extra}")
 
 
 def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
@@ -472,22 +485,32 @@ def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
     return g.op1("Concat", outs, axis=-1)
 
 
-def _even_rows(g: _Builder, x: str) -> str:
-    """``x [B, D] -> [B + B % 2, D]`` (the last row repeated when ``B`` is odd). The extra row
-    stays in the graph's ``logits`` output (metadata ``tiny_mindie.logits_rows = even``): the
-    caller binds a buffer of ``B + B % 2`` rows, so the LM head writes straight into it instead
-    of into a temporary that a Slice would copy (1 MB a row for Gemma 3).
+def _row_pads(g: _Builder, x: str, multiple: int) -> tuple[str, str]:
+    """``(rows, pads)`` for ``x [T, D]``: ``rows`` int64 ``[1]`` holds ``T``; ``pads`` is the
+    ``Pad`` input that adds ``(-T) mod multiple`` rows at the end."""
+    rows = g.op1("Slice", [g.op1("Shape", [x]), g.const([0]), g.const([1])])
+    extra = g.op1("Mod", [g.op1("Sub", [g.const([multiple]), g.op1("Mod", [rows, g.const([multiple])])]),
+                          g.const([multiple])])
+    return rows, g.op1("Concat", [g.const([0, 0]), extra, g.const([0])], axis=0)
 
-    Why: for blocks larger than 32, onnxruntime's int8 MatMulNBits kernel (1.24, AVX2) computes
-    the rows of ``x`` in pairs and an odd last row by another path that rounds differently
-    (measured: up to 1.5e-5 on Gemma 3's logits). A row's logits would then depend on how many
-    rows share the run -- and a seeded request would not give the same text alone and in a
-    batch. In pairs, a row's result is the same whatever its partner (measured bit for bit).
+
+def _pad_rows(g: _Builder, x: str, pads: str) -> str:
+    """``x [T, D] -> [T', D]``, ``T'`` the next multiple of the row multiple (the last row
+    repeated into the new ones; ``pads`` from :func:`_row_pads`).
+
+    Why: onnxruntime's ``MatMulNBits`` kernels (MLAS, 1.24, int8 activations) compute a row by
+    other arithmetic depending on how many rows share the call, and a row's logits would then
+    depend on the batch it runs in (so would a seeded or greedy answer). Read in MLAS's sources
+    and measured on an AVX2 CPU: with 4-bit weights a call of exactly one row takes a GEMV
+    kernel (``CountM == 1``; signed 4-bit products, no block-sum correction) that rounds
+    otherwise than the two-row kernel every larger M uses (a row's logits moved by 0.46 over
+    30 layers); an AVX-512 CPU computed an odd last row of 8-bit blocks of 128 by another path
+    than rows in pairs; NEON computes rows in tiles of 4 and the rows left over otherwise. With
+    every call a multiple of 2 rows on x86-64 (4 elsewhere) every row goes through the same
+    kernel whatever the batch: bit for bit the same logits alone and in any batch (tested).
+    MLAS quantizes the activations per row, so the repeated rows change nothing for the others.
     """
-    rows = g.op1("Slice", [g.op1("Shape", [x]), g.const([0]), g.const([1])], name="lm_head/rows")
-    odd = g.op1("Mod", [rows, g.const([2])], name="lm_head/odd")
-    pads = g.op1("Concat", [g.const([0, 0]), odd, g.const([0])], axis=0, name="lm_head/pads")
-    return g.op1("Pad", [x, pads], mode="edge", name="lm_head/pad")
+    return g.op1("Pad", [x, pads], mode="edge")
 
 
 def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
@@ -581,6 +604,10 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         if c.embedding_scale != 1.0:                # Gemma: * sqrt(D), in float32 like the reference
             h = g.op1("Mul", [h, g.const(np.float32(c.embedding_scale), np.float32)],
                       name="embed/scale")
+        m = options.row_multiple
+        if m > 1:           # every matrix product gets T' rows, a multiple of m (see _pad_rows)
+            tokens, pads = _row_pads(g, h, m)
+            h = _pad_rows(g, h, pads)                                       # [T', D]
         # [B, S, (Nq + 2 Nkv) H]: the shape GroupQueryAttention wants its packed QKV in
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
@@ -611,6 +638,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                 b_qkv = np.concatenate([bq, bk, bv]).astype(np.float32)
                 qkv = g.op1("Add", [qkv, g.init(p + ".attn_qkv.bias", b_qkv)],
                             name=p + "/attn_qkv_bias")                      # [T, (Nq+2Nkv) H]
+            if m > 1:                               # attention sees the T real rows only
+                qkv = g.op1("Slice", [qkv, g.const([0]), tokens, g.const([0])])  # [T, ...]
             if c.qk_norm:                           # Gemma 3: RMSNorm of every q and k head
                 qkv = _qk_norm(g, f, c, p, qkv, q_fold, eps)
             qkv = g.op1("Reshape", [qkv, qkv_shape])                        # [B, S, (Nq+2Nkv) H]
@@ -626,6 +655,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                         rotary_interleaved=0 if c.rope_neox else 1, scale=gqa_scale,
                         **window)[0]
             attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
+            if m > 1:
+                attn = _pad_rows(g, attn, pads)                              # [T', Nq H]
             o = _linear(g, attn, [pack_weight(f, p + ".attn_output.weight")], p + ".attn_output",
                         options.level("attn_output"))                                                 # [T, D]
             if c.post_norms:                        # Gemma 3: norm the attention output first
@@ -662,9 +693,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         head = lm_head_weight(emb if config.tied_embeddings else pack_weight(f, "output.weight"),
                               options.lm_head_block)
         head_name = "token_embd" if config.tied_embeddings else "output"
-        even_rows = head.block > BLOCK
-        if even_rows:
-            x = _even_rows(g, x)                                              # [B', D]
+        if m > 1:
+            x = _pad_rows(g, x, _row_pads(g, x, m)[1])                      # [B', D]
         logits = _linear(g, x, [head], head_name + ".lm_head", options.level("lm_head"))
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
 
@@ -686,7 +716,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             producer_version=str(BUILDER_VERSION),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
         for key, value in ((GRAPH_OPTIONS_KEY, options.key()),
-                           (LOGITS_ROWS_KEY, "even" if even_rows else "all")):
+                           (LOGITS_ROWS_KEY, str(m))):
             meta = model.metadata_props.add()
             meta.key, meta.value = key, value
     finally:

@@ -393,6 +393,8 @@ class OrtBackend(Backend):
         parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
             threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
             docstring.
+        check_batching: run :meth:`check_batch_invariance` after loading, and if it fails run
+            every decode row alone (``rows_per_decode_run = 1``).
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
@@ -407,7 +409,8 @@ class OrtBackend(Backend):
                  providers: Sequence[Any] | None = None, cache_dir: str | None = None,
                  graph_options: GraphOptions = GraphOptions(), max_chunk_tokens: int = 256,
                  session_config: dict[str, str] | None = None, spinning: bool = True,
-                 release_pages: bool = True, parallel_runs: int = 0, huge_pages: bool = True):
+                 release_pages: bool = True, parallel_runs: int = 0, huge_pages: bool = True,
+                 check_batching: bool = True):
         import onnxruntime as ort
 
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
@@ -450,9 +453,9 @@ class OrtBackend(Backend):
         self.huge_page_bytes = use_huge_pages(before) if huge_pages else 0
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
-        # the graph's logits may have a padding row (see graph.py, output ``logits``)
-        self._even_rows = (self._session.get_modelmeta().custom_metadata_map
-                           .get(LOGITS_ROWS_KEY) == "even")
+        # the graph's logits may have padding rows (see graph.py, output ``logits``)
+        self._row_multiple = int(self._session.get_modelmeta().custom_metadata_map
+                                 .get(LOGITS_ROWS_KEY, "1"))
         self.providers = self._session.get_providers()
         first = self.providers[0]
         self.device = "CPU" if first == CPU else (
@@ -482,6 +485,15 @@ class OrtBackend(Backend):
         self._prefill_bindings: dict[int, tuple] = {}
         self._lock = threading.Lock()
         self.swaps = 0                                  # row swaps done (for tests / metrics)
+        self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
+        if check_batching:
+            t3 = time.perf_counter()
+            if not self.check_batch_invariance():
+                self.rows_per_decode_run = 1
+                log.warning("onnxruntime computes a decode row differently alone and in a batch "
+                            "on this CPU: decode rows run one per session run, so that every "
+                            "answer stays the same under any load (slower with many streams)")
+            self.load_seconds["batch check"] = time.perf_counter() - t3
 
     # ---- Backend interface ------------------------------------------------------------------
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:
@@ -525,6 +537,35 @@ class OrtBackend(Backend):
         self._k = self._v = []
         self._kv_map = None             # unmapped once the last view is gone
 
+    def check_batch_invariance(self) -> bool:
+        """Whether a decode row gets bit for bit the same logits alone and in batches of 2 ..
+        ``n`` rows laid out as :meth:`forward` lays them out (``n = min(num_slots, 2 m + 1)``,
+        ``m`` the graph's row multiple): decodes fixed token ids after a fixed 4-token prompt
+        in ``n`` slots, then forgets them (slot layout reset, KV pages given back).
+
+        The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
+        CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
+        """
+        n = min(self.num_slots, 2 * self._row_multiple + 1)
+        if n < 2:
+            return True
+        vocab = self.config.vocab_size
+        prompt = np.arange(1, 5, dtype=np.int64) % vocab
+        tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]
+        try:
+            self.forward([SeqChunk(s, 0, prompt) for s in range(n)])
+            alone = [self.forward([SeqChunk(s, len(prompt), tokens[s])])[0] for s in range(n)]
+            return all(np.array_equal(row, alone[s])
+                       for b in range(2, n + 1)
+                       for s, row in enumerate(self.forward([SeqChunk(s, len(prompt), tokens[s])
+                                                             for s in range(b)])))
+        finally:
+            self._phys = list(range(self.num_slots))
+            self._slot_at = list(range(self.num_slots))
+            self._used = [0] * self.num_slots
+            self.swaps = 0
+            self._kv_map.madvise(mmap.MADV_REMOVE)      # shared anonymous: pages freed, zeros again
+
     # ---- internals --------------------------------------------------------------------------
     def _run_lanes(self, lanes: list[list[Callable[[], None]]]) -> None:
         """Run each lane's runs in order, the lanes at once (the first in this thread)."""
@@ -548,6 +589,8 @@ class OrtBackend(Backend):
             self._used[s] = min(self._used[s], st)
         self._arrange(slots)
         order = sorted(range(len(slots)), key=lambda j: self._phys[slots[j]])
+        if self.rows_per_decode_run == 1:          # see check_batch_invariance
+            groups = len(slots)
         runs = []
         for group in np.array_split(np.array(order), min(groups, len(slots))):
             r0 = self._phys[slots[group[0]]]
@@ -628,7 +671,7 @@ class OrtBackend(Backend):
     def _bind_kv(self, binding, r0: int, B: int) -> np.ndarray:
         """Bind the KV buffers of physical rows ``[r0, r0 + B)`` in place (past and present share
         memory) and a logits buffer; returns the logits buffer's first ``B`` rows ``[B, vocab]``
-        (the buffer has one more when the graph pads to an even number of rows)."""
+        (the buffer has ``B`` rounded up to the graph's row multiple)."""
         c = self.config
         shape = [B, c.num_kv_heads, self.max_seq_len, c.head_dim]
         off = r0 * self._row_bytes
@@ -637,7 +680,8 @@ class OrtBackend(Backend):
                 ptr = buf.ctypes.data + off
                 binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
                 binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-        logits = np.empty((B + B % 2 if self._even_rows else B, c.vocab_size), np.float32)
+        m = self._row_multiple
+        logits = np.empty((-(-B // m) * m, c.vocab_size), np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         return logits[:B]
 
