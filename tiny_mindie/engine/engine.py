@@ -297,7 +297,7 @@ class Engine:
     def _plan(self) -> list[tuple[_Sequence, int]]:
         """This step's rows: ``(sequence, tokens to feed)``; decode rows feed 1 token."""
         decode = [(s, 1) for s in self._running if s.n_cached == len(s.tokens) - 1 and s.n_generated]
-        prefill = plan_prefill(((s, s.n_prompt - s.n_cached) for s in self._running
+        prefill = plan_prefill(((s, s.n_cached, s.n_prompt - s.n_cached) for s in self._running
                                 if s.n_cached < s.n_prompt), self.limits.schedule)
         return decode + prefill
 

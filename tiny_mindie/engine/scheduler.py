@@ -91,23 +91,34 @@ class SlotPool:
         return len(self._free)
 
 
-def plan_prefill(pending: Iterable[tuple[T, int]], limits: SchedulerLimits) -> list[tuple[T, int]]:
+def plan_prefill(pending: Iterable[tuple[T, int, int]], limits: SchedulerLimits) -> list[tuple[T, int]]:
     """Split this step's prefill budget among sequences that still have prompt tokens.
 
+    A prompt is cut at fixed positions, the multiples of ``max_prefill_tokens``: a step gives a
+    sequence whole pieces ``[k * C, min((k + 1) * C, prompt length))``, never part of one. So
+    where a prompt is cut depends on its length alone, not on what else is waiting, and the
+    backend computes its KV cache and its first logits the same way under any load (a prompt
+    cut elsewhere would be computed in other chunk shapes, and a one-token chunk by the decode
+    kernels: other rounding, another answer).
+
     Args:
-        pending: ``(sequence, prompt tokens not yet in the KV cache)`` in admission order.
+        pending: ``(sequence, prompt tokens already in the KV cache, prompt tokens not yet)`` in
+            admission order.
 
     Returns:
         ``(sequence, tokens to process now)`` for at most ``max_prefill_batch_size`` sequences
-        and at most ``max_prefill_tokens`` tokens in all; the first sequence always gets at
-        least one token, so progress is guaranteed.
+        and at most ``max_prefill_tokens`` tokens in all (one piece each); the first sequence
+        always gets its next piece, so progress is guaranteed. A later sequence whose piece
+        does not fit in what is left waits, and smaller pieces behind it may use the rest.
     """
+    chunk = max(1, limits.max_prefill_tokens)
     plan: list[tuple[T, int]] = []
-    budget = limits.max_prefill_tokens
-    for seq, remaining in pending:
+    budget = chunk
+    for seq, done, remaining in pending:
         if len(plan) >= limits.max_prefill_batch_size or budget <= 0:
             break
-        n = min(remaining, budget)
-        plan.append((seq, n))
-        budget -= n
+        n = min(remaining, chunk - done % chunk)        # up to the next cut
+        if n <= budget:
+            plan.append((seq, n))
+            budget -= n
     return plan
