@@ -1,8 +1,11 @@
 """The tokenizer against llama.cpp's reference tokenizations and the default model's vocabulary.
 
-Conformance vectors: ``shared/testdata/tokenizers/`` (see its README). All five vocabularies
-reproduce every reference tokenization: GPT-2, Qwen2 and LLaMA-3 byte-level BPE, and the
-LLaMA-2 and Phi-3 SentencePiece vocabularies.
+Conformance vectors: llama.cpp's ``models/ggml-vocab-*.gguf`` and their ``.inp``/``.out``
+reference tokenizations, taken from PyPI's ``llama-cpp-python==0.3.36`` sdist, fetched and cached
+on first use by the ``vocab_dir`` fixture (tests/testdata.py; ``$TINY_MINDIE_TESTDATA`` may name a
+local copy). Tests using them skip, with the reason, when they cannot be had. All five
+vocabularies reproduce every reference tokenization: GPT-2, Qwen2 and LLaMA-3 byte-level BPE, and
+the LLaMA-2 and Phi-3 SentencePiece vocabularies.
 """
 
 from __future__ import annotations
@@ -15,23 +18,19 @@ import pytest
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError
 from tiny_mindie.model.tokenizer import Tokenizer, load_tokenizer
 
-SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared")
-TESTDATA = os.environ.get("TINY_MINDIE_TESTDATA", os.path.join(SHARED, "testdata"))
-VOCABS = os.path.join(TESTDATA, "tokenizers")
-
 BYTE_LEVEL = ["ggml-vocab-gpt-2.gguf", "ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf"]
 SENTENCEPIECE = ["ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"]
 
 MIXED_TEXT = "Crème brûlée, naïve façade — 你好，世界！ 🤖🎉👍🏽 Ελληνικά Привет 12345\n\tend"
 
 
-def _vectors(name: str) -> list[tuple[str, list[int]]]:
-    """The (text, expected ids) pairs of one vocabulary, as the README describes them."""
-    with open(os.path.join(VOCABS, name + ".inp"), encoding="utf-8", newline="") as fh:
+def _vectors(vocab_dir: str, name: str) -> list[tuple[str, list[int]]]:
+    """The (text, expected ids) pairs of one vocabulary, as tests/testdata.py describes them."""
+    with open(os.path.join(vocab_dir, name + ".inp"), encoding="utf-8", newline="") as fh:
         texts = fh.read().split("\n__ggml_vocab_test__\n")
     assert texts[-1] == ""
     texts = texts[:-1]
-    with open(os.path.join(VOCABS, name + ".out"), encoding="utf-8", newline="") as fh:
+    with open(os.path.join(vocab_dir, name + ".out"), encoding="utf-8", newline="") as fh:
         lines = fh.read().split("\n")
     assert len(texts) == 46 and all(not line for line in lines[46:])
     return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
@@ -40,25 +39,26 @@ def _vectors(name: str) -> list[tuple[str, list[int]]]:
 _cache: dict[str, Tokenizer] = {}
 
 
-def _vocab(name: str) -> Tokenizer:
+def _vocab(vocab_dir: str, name: str) -> Tokenizer:
     """The tokenizer of one test vocabulary, loaded once per session (opening a GGUF is slow)."""
-    if name not in _cache:
-        _cache[name] = load_tokenizer(GGUFFile(os.path.join(VOCABS, name)))
-    return _cache[name]
+    path = os.path.join(vocab_dir, name)
+    if path not in _cache:
+        _cache[path] = load_tokenizer(GGUFFile(path))
+    return _cache[path]
 
 
 # ---- conformance ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", BYTE_LEVEL + SENTENCEPIECE)
-def test_reference_tokenizations(name):
-    tok = _vocab(name)
-    for text, expected in _vectors(name):
+def test_reference_tokenizations(name, vocab_dir):
+    tok = _vocab(vocab_dir, name)
+    for text, expected in _vectors(vocab_dir, name):
         assert tok.encode(text, add_bos=False, parse_special=False) == expected, repr(text)
 
 
 @pytest.mark.parametrize("name", BYTE_LEVEL + SENTENCEPIECE)
-def test_round_trip(name):
-    tok = _vocab(name)
-    for text, _ in _vectors(name):
+def test_round_trip(name, vocab_dir):
+    tok = _vocab(vocab_dir, name)
+    for text, _ in _vectors(vocab_dir, name):
         ids = tok.encode(text, add_bos=False, parse_special=False)
         assert tok.decode(ids) == text, repr(text)
     ids = tok.encode(MIXED_TEXT, add_bos=False)
@@ -66,24 +66,24 @@ def test_round_trip(name):
 
 
 @pytest.mark.parametrize("name", BYTE_LEVEL)
-def test_token_bytes_match_text_byte_level(name):
-    tok = _vocab(name)
-    for text, expected in _vectors(name):
+def test_token_bytes_match_text_byte_level(name, vocab_dir):
+    tok = _vocab(vocab_dir, name)
+    for text, expected in _vectors(vocab_dir, name):
         assert b"".join(tok.token_bytes(i) for i in expected) == text.encode("utf-8"), repr(text)
 
 
 @pytest.mark.parametrize("name", SENTENCEPIECE)
-def test_token_bytes_match_text_sentencepiece(name):
+def test_token_bytes_match_text_sentencepiece(name, vocab_dir):
     # token_bytes keeps the dummy-prefix space that decode() drops
-    tok = _vocab(name)
-    for text, expected in _vectors(name):
+    tok = _vocab(vocab_dir, name)
+    for text, expected in _vectors(vocab_dir, name):
         want = (" " + text).encode("utf-8") if text else b""
         assert b"".join(tok.token_bytes(i) for i in expected) == want, repr(text)
 
 
 # ---- special tokens and settings per vocabulary ---------------------------------------------------
-def test_gpt2_vocab_settings():
-    tok = _vocab("ggml-vocab-gpt-2.gguf")
+def test_gpt2_vocab_settings(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-gpt-2.gguf")
     assert tok.vocab_size == 50257 and tok.kind == "gpt2" and tok.pre == "gpt-2"
     assert tok.bos_id == tok.eos_id == 50256 and tok.add_bos is False
     assert tok.eog_ids == frozenset({50256})
@@ -92,8 +92,8 @@ def test_gpt2_vocab_settings():
     assert tok.encode("hi", add_bos=True) == [50256, 5303]
 
 
-def test_qwen2_specials():
-    tok = _vocab("ggml-vocab-qwen2.gguf")
+def test_qwen2_specials(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-qwen2.gguf")
     im_start, im_end = tok.token_to_id("<|im_start|>"), tok.token_to_id("<|im_end|>")
     assert tok.is_special(im_start) and tok.token_bytes(im_end) == b""
     assert {im_end, tok.token_to_id("<|endoftext|>")} <= tok.eog_ids
@@ -108,15 +108,15 @@ def test_qwen2_specials():
     assert not tok.is_special(pad) and tok.token_bytes(pad) == b"[PAD151646]"
 
 
-def test_llama3_defaults_to_bos():
-    tok = _vocab("ggml-vocab-llama-bpe.gguf")
+def test_llama3_defaults_to_bos(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-llama-bpe.gguf")
     assert tok.add_bos is True and tok.bos_id == 128000
     assert tok.encode("Hello")[0] == 128000 and tok.encode("Hello", add_bos=False)[0] != 128000
     assert {128001, tok.token_to_id("<|eot_id|>")} <= tok.eog_ids
 
 
-def test_llama_spm_specials():
-    tok = _vocab("ggml-vocab-llama-spm.gguf")
+def test_llama_spm_specials(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-llama-spm.gguf")
     assert tok.kind == "llama" and tok.add_bos is True
     assert (tok.bos_id, tok.eos_id) == (1, 2) and 2 in tok.eog_ids
     # the ids the MindIE seed example uses (README)
@@ -129,21 +129,21 @@ def test_llama_spm_specials():
     assert tok.encode("") == [1] and tok.encode("", add_bos=False) == []
 
 
-def test_phi3_eog():
-    tok = _vocab("ggml-vocab-phi-3.gguf")
+def test_phi3_eog(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-phi-3.gguf")
     assert {32000, tok.token_to_id("<|end|>")} <= tok.eog_ids
     assert tok.is_special(tok.token_to_id("<|end|>"))
     assert tok.encode("<|user|>\nhi<|end|>", add_bos=False)[0] == tok.token_to_id("<|user|>")
 
 
 @pytest.mark.parametrize("name", ["ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-spm.gguf"])
-def test_lone_surrogate_encodes_as_replacement_char(name):
-    tok = _vocab(name)
+def test_lone_surrogate_encodes_as_replacement_char(name, vocab_dir):
+    tok = _vocab(vocab_dir, name)
     assert tok.encode("a\ud800b", add_bos=False) == tok.encode("a\ufffdb", add_bos=False)
 
 
-def test_out_of_range_ids():
-    tok = _vocab("ggml-vocab-gpt-2.gguf")
+def test_out_of_range_ids(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-gpt-2.gguf")
     for bad in (-1, tok.vocab_size):
         with pytest.raises(IndexError):
             tok.token_bytes(bad)
@@ -216,20 +216,20 @@ def test_default_model_splits_digits(smol):
     assert [smol.token_text(i) for i in ids] == ["1", "2", "3", "4", "5"]
 
 
-def test_llama2_ids_of_the_mindie_example_decode():
-    tok = _vocab("ggml-vocab-llama-spm.gguf")
+def test_llama2_ids_of_the_mindie_example_decode(vocab_dir):
+    tok = _vocab(vocab_dir, "ggml-vocab-llama-spm.gguf")
     ids = [626, 263, 5176, 17739, 261, 2729, 297, 3681, 29889, 13]
     assert tok.decode(ids) == "am a French photographer based in Paris.\n"
 
 
 @pytest.mark.parametrize("name", ["ggml-vocab-gpt-2.gguf", "ggml-vocab-llama-spm.gguf"])
-def test_encoding_megabytes_leaves_other_threads_running(name):
+def test_encoding_megabytes_leaves_other_threads_running(name, vocab_dir):
     """The server tokenizes off its event loop; that only helps if the tokenizer lets go of the
     GIL. A 5 MB text: the longest time another thread waits must be a small part of the whole
     (it was all of it: ``tokenizers``' ``encode`` kept the GIL once a regex had read the text)."""
     import threading
 
-    tok = _vocab(name)
+    tok = _vocab(vocab_dir, name)
     text = "word " * 1_000_000
     done = threading.Event()
     worker = threading.Thread(target=lambda: (tok.encode(text), done.set()))
