@@ -85,6 +85,7 @@ def test_priority_one_overtakes_thirty_waiting_priority_five(llm):
 def test_a_client_that_stops_reading_is_cut_off(llm):
     """Events are buffered up to a bound; past it the request is cancelled, never the batch slowed."""
     import asyncio
+    import time
     from dataclasses import replace
 
     from tiny_mindie.engine.engine import Engine
@@ -96,7 +97,12 @@ def test_a_client_that_stops_reading_is_cut_off(llm):
         req = llm.make_request("1, 2, 3, 4, 5,", max_new_tokens=40, do_sample=False)
         agen = engine.generate(req)
         first = await agen.__anext__()
-        await asyncio.sleep(1.5)            # a slow reader: the engine keeps generating
+        # a slow reader: the engine keeps generating until the request leaves the batch (cut
+        # off past 4 unread events, or -- wrongly -- done with all 40 tokens); however slow the
+        # machine is, wait for that rather than for a fixed time
+        deadline = time.monotonic() + 60
+        while engine.stats()["running"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         got = [first]
         with pytest.raises(GenerationError) as err:
             async for ev in agen:
