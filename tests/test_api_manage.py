@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from conftest import TEST_CONFIG, start_server
+from helpers import TEST_CONFIG, start_server
+
+pytestmark = pytest.mark.e2e            # every test needs a server; some start their own
 
 MODEL = "smollm2-135m-instruct"
 STOPPED = "The service has been stopped."

@@ -18,7 +18,7 @@ import types
 import pytest
 import requests
 
-from test_e2e_infer import request, sse_events
+from helpers import request, sse_events
 
 PROMPT = "The capital of France is"
 

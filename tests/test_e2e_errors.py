@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from test_e2e_infer import request, seed_body
+from helpers import request, seed_body
 
 VALIDATION = "Input Validation Error"
 

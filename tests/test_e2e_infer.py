@@ -11,37 +11,7 @@ import subprocess
 
 import pytest
 
-SEED_PARAMS = {"temperature": 0.5, "top_k": 10, "top_p": 0.95, "max_new_tokens": 20,
-               "do_sample": True, "seed": None, "repetition_penalty": 1.03, "details": True,
-               "typical_p": 0.5, "watermark": False, "priority": 5, "timeout": 10}
-
-
-def seed_body(stream: bool, **params) -> dict:
-    return {"inputs": "My name is Olivier and I", "stream": stream,
-            "parameters": {**SEED_PARAMS, **params}}
-
-
-def request(server, method: str, path: str, body=None, headers=None, ctx=None):
-    """One request with Python's http.client over TLS; returns (status, headers, body bytes)."""
-    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx or server.ssl_context(),
-                                       timeout=120)
-    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
-    conn.request(method, path, body=data,
-                 headers={"Content-Type": "application/json", **(headers or {})})
-    resp = conn.getresponse()
-    out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
-    conn.close()
-    return out
-
-
-def sse_events(raw: bytes) -> list[dict]:
-    """Parse an SSE body into the JSON objects of its ``data:`` lines."""
-    events = []
-    for block in raw.decode("utf-8").split("\n\n"):
-        if block.strip():
-            assert block.startswith("data: "), block
-            events.append(json.loads(block[len("data: "):]))
-    return events
+from helpers import request, seed_body, sse_events
 
 
 def curl(server, body: dict, *extra: str) -> subprocess.CompletedProcess:

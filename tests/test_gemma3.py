@@ -43,10 +43,8 @@ PARAGRAPH = (
 
 
 @pytest.fixture(scope="module")
-def gguf() -> GGUFFile:
-    from tiny_mindie.model.registry import ensure_model
-
-    return GGUFFile(ensure_model("gemma3-270m"))
+def gguf(gemma_path) -> GGUFFile:
+    return GGUFFile(gemma_path)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_e2e_infer import request, sse_events
+from helpers import request, sse_events
 
 P = "tiny_mindie:"
 MODEL = "smollm2-135m-instruct"
@@ -45,6 +45,16 @@ def delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before[k] for k in before}
 
 
+def idle(samples: dict) -> bool:
+    """No request in flight: every one received has its outcome counted, none runs or waits.
+    The tests that count exactly start from there (an earlier test's abandoned request may
+    still be counted a moment after that test ended)."""
+    c = counters(samples)
+    return (c["received"] == c["success"] + sum(c[r] for r in REASONS)
+            and value(samples, "num_requests_running") == 0
+            and value(samples, "num_requests_waiting") == 0)
+
+
 def test_exposition_parses_with_every_series(server):
     types, samples = scrape(server)
     for name in ("request_received", "request_success", "request_failed", "prompt_tokens",
@@ -69,7 +79,7 @@ def test_successful_requests_move_request_and_token_counters_exactly(server, tok
     prompt = "My name is Olivier and I"
     n_prompt = len(tokenizer.encode(prompt, parse_special=True))
     params = {"max_new_tokens": 6, "do_sample": False, "details": True}
-    _, before = scrape(server)
+    before = _wait_for(server, idle)
 
     status, _, body = request(server, "POST", "/infer", {"inputs": prompt, "parameters": params})
     assert status == 200
@@ -101,7 +111,7 @@ def _wait_for(server, pred, timeout: float = 10.0) -> dict:
 
 
 def test_failures_are_counted_once_by_reason(server):
-    _, before = scrape(server)
+    before = _wait_for(server, idle)
     base = counters(before)
 
     # validation: bad JSON, a parameter out of range (422 from the API layer)
@@ -139,7 +149,7 @@ def test_failures_are_counted_once_by_reason(server):
 
 
 def test_non_generation_routes_are_not_counted(server):
-    _, before = scrape(server)
+    before = _wait_for(server, idle)
     for path in ("/health", "/v1/status", "/metrics", f"/v2/models/{MODEL}/getSlotCount"):
         assert request(server, "GET", path)[0] == 200
     assert request(server, "GET", "/health/timed-10")[0] == 200   # a real generation, not a request

@@ -21,6 +21,9 @@ import pytest
 
 gguf_pkg = pytest.importorskip("gguf")
 
+# A model test, though a tiny one (under a second): it writes a model file and runs inference.
+pytestmark = pytest.mark.model
+
 from tiny_mindie.model.backend import SeqChunk  # noqa: E402
 from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402

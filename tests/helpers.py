@@ -1,0 +1,131 @@
+"""Helpers for the end-to-end tests: start a real ``python -m tiny_mindie`` server process and
+talk to it over mutual TLS.
+
+Shared here, not in a test module, so that no test module imports another (each may be run alone
+or in any order). The ``server`` fixture in conftest.py starts one :class:`Server` per session;
+tests that stop a server start their own with :func:`start_server` and :data:`TEST_CONFIG`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+# ---- a server process ------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """A running ``python -m tiny_mindie`` process and how to reach it."""
+
+    proc: subprocess.Popen
+    port: int
+    home: str
+    banner: str
+    config_path: str
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def tls(self):
+        """The server's TLS files, resolved the way the server resolves them."""
+        from tiny_mindie.config import load_config
+        from tiny_mindie.server.tls import tls_files
+        return tls_files(load_config(self.config_path))
+
+    @property
+    def ca(self) -> str:
+        return self.tls.ca[0]
+
+    @property
+    def client_cert(self) -> str:
+        return self.tls.client_cert
+
+    @property
+    def client_key(self) -> str:
+        return self.tls.client_key
+
+    def ssl_context(self) -> ssl.SSLContext:
+        from tiny_mindie.server.tls import client_context
+        return client_context(self.tls)
+
+
+TEST_CONFIG = {
+    "ServerConfig": {"ipAddress": "127.0.0.1", "managementIpAddress": "127.0.0.1", "port": 0,
+                     "managementPort": 0, "metricsPort": 0, "httpsEnabled": True,
+                     "tokenTimeout": 600, "e2eTimeout": 600, "maxRequestLength": 1},
+    "BackendConfig": {"npuDeviceIds": [[0]], "kvCacheMB": 512,
+                      "ModelDeployConfig": {"maxSeqLen": 1024, "maxInputTokenLen": 512,
+                                            "ModelConfig": [{"modelName": "smollm2-135m-instruct",
+                                                             "modelWeightPath": "smollm2-135m-instruct"}]},
+                      "ScheduleConfig": {"maxPrefillTokens": 512, "maxPrefillBatchSize": 8,
+                                         "maxBatchSize": 8, "maxIterTimes": 256}},
+}
+
+
+def start_server(home: str, config: dict, extra_args: list[str] = (), timeout: float = 180) -> Server:
+    """Start the server from a config file in ``home`` and wait for its banner."""
+    path = os.path.join(home, "config.json")
+    with open(path, "w") as fh:
+        json.dump(config, fh)
+    proc = subprocess.Popen([sys.executable, "-m", "tiny_mindie", "--config", path, *extra_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("try it:"):
+            lines.extend(proc.stdout.readline() for _ in range(3))
+            banner = "".join(lines)
+            port = int(re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", banner).group(1))
+            return Server(proc, port, home, banner, path)
+    proc.kill()
+    raise RuntimeError("server did not start:\n" + "".join(lines))
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+SEED_PARAMS = {"temperature": 0.5, "top_k": 10, "top_p": 0.95, "max_new_tokens": 20,
+               "do_sample": True, "seed": None, "repetition_penalty": 1.03, "details": True,
+               "typical_p": 0.5, "watermark": False, "priority": 5, "timeout": 10}
+
+
+def seed_body(stream: bool, **params) -> dict:
+    """MindIE's documented ``/infer`` example request, with ``params`` overriding its parameters."""
+    return {"inputs": "My name is Olivier and I", "stream": stream,
+            "parameters": {**SEED_PARAMS, **params}}
+
+
+def request(server, method: str, path: str, body=None, headers=None, ctx=None):
+    """One request with Python's http.client over TLS; returns (status, headers, body bytes)."""
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx or server.ssl_context(),
+                                       timeout=120)
+    data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
+    conn.request(method, path, body=data,
+                 headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    out = resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    conn.close()
+    return out
+
+
+def sse_events(raw: bytes) -> list[dict]:
+    """Parse an SSE body into the JSON objects of its ``data:`` lines."""
+    events = []
+    for block in raw.decode("utf-8").split("\n\n"):
+        if block.strip():
+            assert block.startswith("data: "), block
+            events.append(json.loads(block[len("data: "):]))
+    return events
