@@ -264,14 +264,6 @@ def test_greedy_identical_at_batch_1_and_batch_4(ort, prompts):
     assert ort.swaps > 0        # the scattered slots really were regrouped
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return set(next(line for line in fh if line.startswith("flags")).split(":")[1].split())
-    except (OSError, StopIteration):
-        return set()
-
-
 @pytest.mark.parametrize("threads, runs", [(1, 1), (1, 2), (2, 1)])
 def test_a_row_gets_the_same_logits_alone_and_in_any_batch(gguf, config, threads, runs):
     """Batches of 1, 2, 3, 4 and 8 rows, as one session run, split into two runs at once, or
@@ -292,9 +284,9 @@ def test_a_graph_whose_rows_depend_on_the_batch_is_caught_and_run_row_by_row(ggu
     run, which keeps every row's logits the same alone and in a batch. (On CPUs whose kernels
     do not depend on M the check passes and nothing changes: the rows are still the same.)"""
     be = OrtBackend(gguf, config, num_slots=9, max_seq_len=64, threads=1, cache_dir=str(tmp_path),
-                    graph_options=GraphOptions(row_multiple=1))
+                    graph_options=GraphOptions(row_multiples=()))
     try:
-        flags = _cpu_flags()
+        flags = graph_mod.cpu_flags()
         if "avx2" in flags and "avx512bw" not in flags:
             assert be.rows_per_decode_run == 1
         assert_rows_batch_invariant(be, config.vocab_size)
@@ -504,9 +496,12 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
     scale = next(a.f for a in gqa[0].attribute if a.name == "scale")
     assert scale == (1.0 if graph_mod.attention_scale_folding(64) else 0.125)
-    meta = {p.key: p.value for p in m.metadata_props}      # rows padded to a multiple of 2 or 4
-    assert meta[graph_mod.LOGITS_ROWS_KEY] == str(graph_mod.default_row_multiple()) == \
-        str(ort._row_multiple)
+    meta = {p.key: p.value for p in m.metadata_props}      # the 8-bit head's row multiple
+    assert meta[graph_mod.LOGITS_ROWS_KEY] == str(GraphOptions().row_multiple(8)) == \
+        str(ort._logits_row_multiple)
+    pads = sum(n.op_type == "Pad" for n in m.graph.node)      # 4-bit layer matrices are padded
+    assert pads == (4 * 30 if GraphOptions().row_multiple(4) > 1 else 0) + \
+        (GraphOptions().row_multiple(8) > 1)
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,10 @@ Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer leng
     present_key.{i}        float32 [B, Nkv, L, H]  bind to the SAME buffer as past_key.{i}
     present_value.{i}      float32 [B, Nkv, L, H]  bind to the SAME buffer as past_value.{i}
 
-Inside, activations are 2-D, ``[T, D]`` with ``T = B * S`` (``logits_index`` indexes ``T``),
-padded to ``T'`` rows, the next multiple of ``GraphOptions.row_multiple``, for every matrix
-product (the padding rows repeat the last one; only GroupQueryAttention sees the ``T`` real rows,
-see :func:`_pad_rows` for why); per layer, with ``h`` the residual stream::
+Inside, activations are 2-D, ``[T, D]`` with ``T = B * S`` (``logits_index`` indexes ``T``);
+a MatMulNBits whose kernels compute a row otherwise depending on the number of rows gets its
+input padded to a multiple of rows and its output cut back (:func:`_pad_rows`, and
+``GraphOptions.row_multiples`` for which); per layer, with ``h`` the residual stream::
 
     x, h = SkipSimplifiedLayerNormalization(h, previous block's output, attn_norm)   # h += .., x = norm(h)
     qkv  = MatMulNBits(x, [Wq/sqrt(H); Wk; Wv]) (+ Q4_1 residual, see below)   # [T, (Nq + 2 Nkv) H]
@@ -255,7 +255,7 @@ def lm_head_weight(w: NBitsWeight, block: int) -> NBitsWeight:
     a second rounding of a Q8_0 weight (within half a step of its block of 128); measured on
     Gemma 3 270M, the mean NLL of tests/data/english_paragraph.txt moves from 2.8690 to 2.8702
     nats, and a batch-1 decode step takes 12.8 instead of 15.7 ms (same host, alternating
-    order; with the rows padded to even, see :func:`_pad_rows`).
+    order).
     """
     if w.bits != 8 or block <= w.block or w.k % block:
         return w
@@ -412,10 +412,30 @@ class _Builder:
         return self.op(op_type, inputs, 1, **kw)[0]
 
 
-def default_row_multiple() -> int:
-    """Rows every matrix product is padded to a multiple of on this machine (see
-    :func:`_pad_rows`): 2 on x86-64, 4 elsewhere (aarch64 and the rest)."""
-    return 2 if platform.machine().lower() in ("x86_64", "amd64", "x64") else 4
+def cpu_flags() -> set[str]:
+    """The CPU feature flags of ``/proc/cpuinfo`` (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def default_row_multiples() -> tuple[tuple[int, int], ...]:
+    """``((bits, multiple), ...)``: the rows a MatMulNBits call with weights of ``bits`` bits is
+    padded to a multiple of on this CPU (see :func:`_pad_rows`); 1 where its kernels give a row
+    the same arithmetic whatever the number of rows.
+
+    x86-64: 4-bit 2 (AVX2 and AVX-VNNI take a one-row kernel at M = 1); 8-bit 1, or 2 with
+    AVX-512 (an odd last row was computed by another path there). Elsewhere (aarch64: NEON
+    computes 4-bit rows in tiles of 4 and the rows left over otherwise): 4-bit 4, 8-bit 1.
+    """
+    if platform.machine().lower() in ("x86_64", "amd64", "x64"):
+        return (4, 2), (8, 2 if "avx512f" in cpu_flags() else 1)
+    return (4, 4), (8, 1)
 
 
 @dataclass(frozen=True)
@@ -430,9 +450,10 @@ class GraphOptions:
         lm_head_block: an 8-bit LM head is requantized to blocks of this size when larger than
             its own (:func:`lm_head_weight`); 32 keeps a Q8_0 head exact.
         max_positions: rows of the rotary cos/sin caches (positions a sequence can reach).
-        row_multiple: every matrix product runs on a multiple of this many rows
-            (:func:`_pad_rows`), so a row's logits do not depend on its batch; 1 turns the
-            padding off. Default: :func:`default_row_multiple`.
+        row_multiples: ``((bits, multiple), ...)``: a matrix product with weights of ``bits``
+            bits runs on a multiple of ``multiple`` rows (:func:`_pad_rows`), so a row's logits
+            do not depend on its batch; 1, or bits not listed, runs the rows as they are.
+            Default: :func:`default_row_multiples` (for this CPU).
     """
 
     accuracy_level: int = 4
@@ -440,7 +461,7 @@ class GraphOptions:
     lm_head_block: int = 128
     max_positions: int = 0          # 0: the model's context_length
     overrides: tuple[tuple[str, int], ...] = ()   # (matrix kind, accuracy level), e.g. ("ffn_down", 0)
-    row_multiple: int = field(default_factory=default_row_multiple)
+    row_multiples: tuple[tuple[int, int], ...] = field(default_factory=default_row_multiples)
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -453,12 +474,21 @@ class GraphOptions:
     def key(self) -> str:
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}-r{self.row_multiple}{extra}")
+                f"-p{self.max_positions}-r{''.join(f'{b}x{m}' for b, m in self.row_multiples)}{extra}")
+
+    def row_multiple(self, bits: int) -> int:
+        """Rows a product with ``bits``-bit weights is padded to a multiple of (1: none)."""
+        return dict(self.row_multiples).get(bits, 1)
 
 
 def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
-            accuracy_level: int) -> str:
+            options: GraphOptions, kind: str, rows: str, keep_padding: bool = False) -> str:
     """``x [T, K] -> [T, sum(N)]`` with MatMulNBits, plus ``blocksum(x) @ mins.T`` for Q4_1.
+
+    ``rows`` holds ``T``; MatMulNBits runs on ``x`` padded to the row multiple of its weights'
+    bits (:func:`_pad_rows`), and its output is cut back to ``T`` rows unless ``keep_padding``
+    (then every weight must have the same multiple). ``kind`` names the matrices for
+    ``options.level``.
 
     The block sums ``blocksum(x) [T, K/32]`` are a ``ReduceSum`` over ``x`` viewed as
     ``[T, K/32, 32]`` (the Reshape is free: no copy); the correction and the addition are one
@@ -468,13 +498,19 @@ def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
     outs = []
     for j, w in enumerate(concat_weights(ws)):
         p = f"{prefix}.{j}" if len(ws) > 1 else prefix
-        inputs = [x, g.init(p + ".qweight", w.data), g.init(p + ".scales", w.scales.reshape(-1))]
+        m = options.row_multiple(w.bits)
+        inputs = [_pad_rows(g, x, rows, m), g.init(p + ".qweight", w.data),
+                  g.init(p + ".scales", w.scales.reshape(-1))]
         if w.zero_points is not None:
             inputs.append(g.init(p + ".qzeros", w.zero_points.reshape(-1)))
         y = g.op1("MatMulNBits", inputs, domain=MS_DOMAIN, name=p + "/MatMulNBits",
-                  K=w.k, N=w.n, bits=w.bits, block_size=w.block, accuracy_level=accuracy_level)
+                  K=w.k, N=w.n, bits=w.bits, block_size=w.block,
+                  accuracy_level=options.level(kind))                             # [T', N]
+        if m > 1 and not keep_padding:
+            y = g.op1("Slice", [y, g.const([0]), rows, g.const([0])])           # [T, N]
         if w.mins is not None:
-            xb = g.op1("Reshape", [x, g.const([-1, w.k // BLOCK, BLOCK])], name=p + "/blocks")
+            xb = g.op1("Reshape", [inputs[0] if keep_padding else x, g.const([-1, w.k // BLOCK, BLOCK])],
+                       name=p + "/blocks")
             bs = g.op1("ReduceSum", [xb, g.const([-1])], name=p + "/blocksum",
                        keepdims=0)                                              # [T, K/32]
             y = g.op1("Gemm", [bs, g.init(p + ".mins_t", np.ascontiguousarray(w.mins.T)), y],
@@ -485,32 +521,42 @@ def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
     return g.op1("Concat", outs, axis=-1)
 
 
-def _row_pads(g: _Builder, x: str, multiple: int) -> tuple[str, str]:
-    """``(rows, pads)`` for ``x [T, D]``: ``rows`` int64 ``[1]`` holds ``T``; ``pads`` is the
-    ``Pad`` input that adds ``(-T) mod multiple`` rows at the end."""
-    rows = g.op1("Slice", [g.op1("Shape", [x]), g.const([0]), g.const([1])])
-    extra = g.op1("Mod", [g.op1("Sub", [g.const([multiple]), g.op1("Mod", [rows, g.const([multiple])])]),
-                          g.const([multiple])])
-    return rows, g.op1("Concat", [g.const([0, 0]), extra, g.const([0])], axis=0)
+def _row_pads(g: _Builder, rows: str, multiple: int) -> str:
+    """The ``Pad`` input that adds ``(-T) mod multiple`` rows at the end of a ``[T, D]`` tensor
+    (``rows``: int64 ``[1]`` holding ``T``); made once per ``(rows, multiple)``."""
+    key = ("row_pads", rows, multiple)
+    if key not in g._consts:
+        m = g.const([multiple])
+        extra = g.op1("Mod", [g.op1("Sub", [m, g.op1("Mod", [rows, m])]), m])
+        g._consts[key] = g.op1("Concat", [g.const([0, 0]), extra, g.const([0])], axis=0)
+    return g._consts[key]
 
 
-def _pad_rows(g: _Builder, x: str, pads: str) -> str:
-    """``x [T, D] -> [T', D]``, ``T'`` the next multiple of the row multiple (the last row
-    repeated into the new ones; ``pads`` from :func:`_row_pads`).
+def _rows(g: _Builder, x: str) -> str:
+    """int64 ``[1]``: the number of rows of ``x``."""
+    return g.op1("Slice", [g.op1("Shape", [x]), g.const([0]), g.const([1])])
+
+
+def _pad_rows(g: _Builder, x: str, rows: str, multiple: int) -> str:
+    """``x [T, K] -> [T', K]``, ``T'`` the next multiple of ``multiple`` (the last row repeated
+    into the new ones; ``rows`` holds ``T``).
 
     Why: onnxruntime's ``MatMulNBits`` kernels (MLAS, 1.24, int8 activations) compute a row by
     other arithmetic depending on how many rows share the call, and a row's logits would then
     depend on the batch it runs in (so would a seeded or greedy answer). Read in MLAS's sources
-    and measured on an AVX2 CPU: with 4-bit weights a call of exactly one row takes a GEMV
-    kernel (``CountM == 1``; signed 4-bit products, no block-sum correction) that rounds
-    otherwise than the two-row kernel every larger M uses (a row's logits moved by 0.46 over
-    30 layers); an AVX-512 CPU computed an odd last row of 8-bit blocks of 128 by another path
-    than rows in pairs; NEON computes rows in tiles of 4 and the rows left over otherwise. With
-    every call a multiple of 2 rows on x86-64 (4 elsewhere) every row goes through the same
-    kernel whatever the batch: bit for bit the same logits alone and in any batch (tested).
-    MLAS quantizes the activations per row, so the repeated rows change nothing for the others.
+    and measured: on AVX2, with 4-bit weights a call of exactly one row takes a GEMV kernel
+    (``CountM == 1``: signed 4-bit products, no block-sum correction) that rounds otherwise than
+    the two-row kernel of every larger M (a decode row's logits moved by 0.46 over 30 layers);
+    its 8-bit kernels compute every row alike. NEON computes 4-bit rows in tiles of 4 and the
+    rows left over otherwise (measured under qemu-aarch64: 0.63 at batch 8). On AVX-512 an odd
+    last row of 8-bit blocks of 128 was computed by another path than rows in pairs. MLAS
+    quantizes the activations per row, so the repeated rows change nothing for the others.
+    The cost, measured on AVX2: the two-row 4-bit kernel is ~20 % slower than the GEMV for one
+    row, which is what a single stream pays (see :func:`default_row_multiples`).
     """
-    return g.op1("Pad", [x, pads], mode="edge")
+    if multiple <= 1:
+        return x
+    return g.op1("Pad", [x, _row_pads(g, rows, multiple)], mode="edge")
 
 
 def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
@@ -604,10 +650,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         if c.embedding_scale != 1.0:                # Gemma: * sqrt(D), in float32 like the reference
             h = g.op1("Mul", [h, g.const(np.float32(c.embedding_scale), np.float32)],
                       name="embed/scale")
-        m = options.row_multiple
-        if m > 1:           # every matrix product gets T' rows, a multiple of m (see _pad_rows)
-            tokens, pads = _row_pads(g, h, m)
-            h = _pad_rows(g, h, pads)                                       # [T', D]
+        tokens = _rows(g, h)                        # T, for the row padding of _linear
         # [B, S, (Nq + 2 Nkv) H]: the shape GroupQueryAttention wants its packed QKV in
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
@@ -630,7 +673,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
             if q_fold is not None and not c.qk_norm:
                 wq = _scaled(wq, q_fold)
-            qkv = _linear(g, x, [wq, wk, wv], p + ".attn_qkv", options.level("attn_qkv"))  # [T, (Nq+2Nkv) H]
+            qkv = _linear(g, x, [wq, wk, wv], p + ".attn_qkv", options, "attn_qkv", tokens)  # [T, (Nq+2Nkv) H]
             if c.qkv_bias:                          # Qwen2: + [bq (scaled like Wq); bk; bv]
                 bq, bk, bv = (f.dequantize(f"{p}.attn_{t}.bias").reshape(-1) for t in "qkv")
                 if q_fold is not None:
@@ -638,8 +681,6 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                 b_qkv = np.concatenate([bq, bk, bv]).astype(np.float32)
                 qkv = g.op1("Add", [qkv, g.init(p + ".attn_qkv.bias", b_qkv)],
                             name=p + "/attn_qkv_bias")                      # [T, (Nq+2Nkv) H]
-            if m > 1:                               # attention sees the T real rows only
-                qkv = g.op1("Slice", [qkv, g.const([0]), tokens, g.const([0])])  # [T, ...]
             if c.qk_norm:                           # Gemma 3: RMSNorm of every q and k head
                 qkv = _qk_norm(g, f, c, p, qkv, q_fold, eps)
             qkv = g.op1("Reshape", [qkv, qkv_shape])                        # [B, S, (Nq+2Nkv) H]
@@ -655,10 +696,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                         rotary_interleaved=0 if c.rope_neox else 1, scale=gqa_scale,
                         **window)[0]
             attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
-            if m > 1:
-                attn = _pad_rows(g, attn, pads)                              # [T', Nq H]
             o = _linear(g, attn, [pack_weight(f, p + ".attn_output.weight")], p + ".attn_output",
-                        options.level("attn_output"))                                                 # [T, D]
+                        options, "attn_output", tokens)                                             # [T, D]
             if c.post_norms:                        # Gemma 3: norm the attention output first
                 o = g.op1("SimplifiedLayerNormalization",
                           [o, g.init(p + ".post_attention_norm",
@@ -670,14 +709,14 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             # gated MLP: down(silu(gate(x)) * up(x))
             gu = _linear(g, x, [pack_weight(f, p + ".ffn_gate.weight"),
                                 pack_weight(f, p + ".ffn_up.weight")],
-                         p + ".ffn_gate_up", options.level("ffn_gate_up"))                            # [T, 2I]
+                         p + ".ffn_gate_up", options, "ffn_gate_up", tokens)                          # [T, 2I]
             gate, up = g.op("Split", [gu], 2, axis=-1, num_outputs=2)        # 2 x [T, I]
             if c.mlp_act == "gelu_tanh":            # Gemma: GeGLU
                 act = g.op1("Mul", [g.op1("Gelu", [gate], approximate="tanh"), up])
             else:
                 act = g.op1("Mul", [g.op1("Mul", [gate, g.op1("Sigmoid", [gate])]), up])
             pending = _linear(g, act, [pack_weight(f, p + ".ffn_down.weight")], p + ".ffn_down",
-                              options.level("ffn_down"))                                           # [T, D]
+                              options, "ffn_down", tokens)                                         # [T, D]
             if c.post_norms:
                 pending = g.op1("SimplifiedLayerNormalization",
                                 [pending, g.init(p + ".post_ffw_norm",
@@ -693,9 +732,9 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         head = lm_head_weight(emb if config.tied_embeddings else pack_weight(f, "output.weight"),
                               options.lm_head_block)
         head_name = "token_embd" if config.tied_embeddings else "output"
-        if m > 1:
-            x = _pad_rows(g, x, _row_pads(g, x, m)[1])                      # [B', D]
-        logits = _linear(g, x, [head], head_name + ".lm_head", options.level("lm_head"))
+        head_rows = options.row_multiple(head.bits)         # logits keep the padding rows
+        logits = _linear(g, x, [head], head_name + ".lm_head", options, "lm_head", _rows(g, x),
+                         keep_padding=True)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
 
         F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
@@ -716,7 +755,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             producer_version=str(BUILDER_VERSION),
             opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
         for key, value in ((GRAPH_OPTIONS_KEY, options.key()),
-                           (LOGITS_ROWS_KEY, str(m))):
+                           (LOGITS_ROWS_KEY, str(head_rows))):
             meta = model.metadata_props.add()
             meta.key, meta.value = key, value
     finally:

@@ -420,6 +420,7 @@ class OrtBackend(Backend):
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
                              f"({graph_options.max_positions or config.context_length})")
         self.config = config
+        self._graph_options = graph_options
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
         self.max_chunk_tokens = max(1, max_chunk_tokens)
@@ -454,7 +455,7 @@ class OrtBackend(Backend):
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
-        self._row_multiple = int(self._session.get_modelmeta().custom_metadata_map
+        self._logits_row_multiple = int(self._session.get_modelmeta().custom_metadata_map
                                  .get(LOGITS_ROWS_KEY, "1"))
         self.providers = self._session.get_providers()
         first = self.providers[0]
@@ -540,13 +541,13 @@ class OrtBackend(Backend):
     def check_batch_invariance(self) -> bool:
         """Whether a decode row gets bit for bit the same logits alone and in batches of 2 ..
         ``n`` rows laid out as :meth:`forward` lays them out (``n = min(num_slots, 2 m + 1)``,
-        ``m`` the graph's row multiple): decodes fixed token ids after a fixed 4-token prompt
+        ``m`` the graph's largest row multiple): decodes fixed token ids after a fixed 4-token prompt
         in ``n`` slots, then forgets them (slot layout reset, KV pages given back).
 
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
-        n = min(self.num_slots, 2 * self._row_multiple + 1)
+        n = min(self.num_slots, 2 * max([m for _, m in self._graph_options.row_multiples] + [1]) + 1)
         if n < 2:
             return True
         vocab = self.config.vocab_size
@@ -680,7 +681,7 @@ class OrtBackend(Backend):
                 ptr = buf.ctypes.data + off
                 binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
                 binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-        m = self._row_multiple
+        m = self._logits_row_multiple
         logits = np.empty((-(-B // m) * m, c.vocab_size), np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         return logits[:B]
