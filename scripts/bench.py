@@ -18,17 +18,31 @@ same-repetition ratios to llama.cpp are printed too. The machine this was writte
 2-vCPU VM whose load comes and goes within seconds; measured one after the other, a backend's
 speed there varied up to 3x between runs, interleaved the ratios hold within about +-10 %.
 
-llama.cpp runs through ``llama-cpp-python`` when it can be imported, either here or in the
-interpreter given by ``--llama-python`` (or ``$LLAMA_CPP_PYTHON``); it is a benchmark-only
-dependency that compiles from source, best kept in its own virtualenv. The same number of
-threads is given to every backend.
+The speed anchor is llama.cpp's own ``llama-bench`` binary on the same GGUF (backend
+``llama-bench``, binary from ``--llama-bench`` or ``$LLAMA_BENCH``): each prefill is one
+``llama-bench -p N -n 0 -r 1`` and each decode segment one ``-n k -d pos`` (k tokens decoded
+after ``pos`` tokens of context), timed by llama-bench itself (model load and the context
+prefill of ``-d`` excluded). Build it from the ``llama-cpp-python==0.3.36`` source
+distribution, never as a dependency of this project::
+
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d /tmp/sd
+    tar xzf /tmp/sd/llama_cpp_python-0.3.36.tar.gz -C /tmp/sd
+    cd /tmp/sd/llama_cpp_python-0.3.36/vendor/llama.cpp
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
+    cmake --build build -j2 --target llama-bench llama-server      # ~20 min on 2 cores
+
+Backend ``llama.cpp`` is the same library through ``llama-cpp-python`` in this interpreter or
+the one given by ``--llama-python`` (or ``$LLAMA_CPP_PYTHON``): a Python call per token makes
+it ~40 % slower than llama-bench on a small model, so it serves as a correctness oracle (its
+greedy tokens are printed), not as the anchor. The same number of threads is given to every
+backend.
 
 The sampler's share of a decode step is measured on the onnxruntime backend's logits: greedy
 and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repetition penalty
 1.1), each as a percentage of one batch-1 decode step.
 
-    python scripts/bench.py                     # default model from the registry
-    python scripts/bench.py --model x.gguf --threads 2 --llama-python /work/benchvenv/bin/python
+    python scripts/bench.py --llama-bench PATH  # default model from the registry
+    python scripts/bench.py --model gemma3-270m --threads 2 --backends onnxruntime,llama-bench
     python scripts/bench.py --concurrency           # then the HTTP sweep: 1, 4, 8, 16 clients
     python scripts/bench.py --sampler               # only: the batch sampler's share of a decode step
 """
@@ -338,6 +352,53 @@ def child_llama(model: str, prompt: list[int], threads: int) -> None:
     _Runner(prefill, decode, prompt).serve(stats)
 
 
+def child_llama_bench(binary: str, model: str, prompt: list[int], threads: int) -> None:
+    """llama.cpp's ``llama-bench`` behind the child protocol (see the module docstring): one
+    binary run per command, its own timing of that command's work."""
+    def bench(*args: str) -> dict:
+        proc = subprocess.run([binary, "-m", model, "-t", str(threads), "-r", "1", "-o", "json",
+                               *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"llama-bench failed: {proc.stderr.strip()[-500:]}")
+        (res,) = json.loads(proc.stdout)
+        return res
+
+    t0 = time.perf_counter()
+    first = bench("-p", "1", "-n", "0")
+    load_s = time.perf_counter() - t0 - first["avg_ns"] / 1e9     # roughly: process + model load
+    pos = 0
+
+    def peak() -> float:
+        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e6
+
+    def stats(final=False):
+        return dict(backend="llama-bench", load_s=load_s, rss_base_mb=0.0, rss_loaded_mb=peak(),
+                    rss_peak_mb=peak(), version=f"{first.get('build_commit', '?')} "
+                    f"(build {first.get('build_number', '?')})", cpu=first.get("cpu_info", "?"))
+
+    ready = stats()
+    ready["ready"] = True
+    print(json.dumps(ready), flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["op"] == "warm":
+            bench("-p", str(len(prompt)), "-n", "0")
+            out = {}
+        elif cmd["op"] == "prefill":
+            out = {"s": bench("-p", str(len(prompt)), "-n", "0")["avg_ns"] / 1e9, "tokens": []}
+            pos = len(prompt)
+        elif cmd["op"] == "decode":
+            out = {"s": bench("-p", "0", "-n", str(cmd["n"]), "-d", str(pos))["avg_ns"] / 1e9,
+                   "tokens": []}
+            pos += cmd["n"]
+        elif cmd["op"] == "finish":
+            print(json.dumps(stats(final=True)), flush=True)
+            return
+        else:
+            raise ValueError(cmd["op"])
+        print(json.dumps(out), flush=True)
+
+
 # ---- parent ------------------------------------------------------------------------------------
 
 def prompt_ids(model: str, n: int) -> list[int]:
@@ -449,9 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="repetitions (medians are reported)")
     ap.add_argument("--segment", type=int, default=16,
                     help="decode tokens a backend runs before the next one takes its turn")
-    ap.add_argument("--backends", default="onnxruntime,numpy,llama.cpp",
+    ap.add_argument("--backends", default="onnxruntime,numpy,llama-bench",
                     help="comma-separated; 'onnxruntime@DIR' runs the tiny_mindie source tree in "
                          "DIR (e.g. an older commit unpacked with git archive) for an A/B")
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"),
+                    help="llama.cpp's llama-bench binary (the speed anchor; default $LLAMA_BENCH)")
     ap.add_argument("--llama-python", help="interpreter that can import llama_cpp")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--concurrency", type=int, nargs="*", metavar="N",
@@ -471,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         p = json.loads(sys.stdin.readline())
         if args.child[0] == "llama.cpp":
             child_llama(p["model"], p["prompt"], p["threads"])
+        elif args.child[0] == "llama-bench":
+            child_llama_bench(p["llama_bench"], p["model"], p["prompt"], p["threads"])
         else:
             child_tiny(args.child[0], p["model"], p["prompt"], p["threads"], p.get("root", ROOT))
         return 0
@@ -494,6 +559,13 @@ def main(argv: list[str] | None = None) -> int:
                     print("llama.cpp: llama-cpp-python not importable (give --llama-python); skipped")
                     continue
                 children.append(Child(python, name, payload))
+            elif name == "llama-bench":
+                if not args.llama_bench or not os.access(args.llama_bench, os.X_OK):
+                    print("llama-bench: no binary (give --llama-bench or $LLAMA_BENCH; how to "
+                          "build it: see this script's docstring); skipped")
+                    continue
+                children.append(Child(sys.executable, name,
+                                      dict(payload, llama_bench=os.path.abspath(args.llama_bench))))
             else:
                 children.append(Child(sys.executable, name, payload))
         t0 = time.perf_counter()
@@ -519,12 +591,15 @@ def main(argv: list[str] | None = None) -> int:
                 c.proc.kill()
                 c.proc.wait()
 
-    ref = next((r for r in results if r["backend"] == "llama.cpp"), None)
+    ref = next((r for r in results if r["backend"] == "llama-bench"),
+               next((r for r in results if r["backend"] == "llama.cpp"), None))
     size_mb = os.path.getsize(model) / 1e6
     print(f"(interleaved run took {wall:.0f} s, load average now {os.getloadavg()[0]:.2f})\n")
     w = max(12, *(len(r["backend"]) for r in results))
     print(f"{'backend':<{w}} {'prefill tok/s':>13} {'decode tok/s':>12} {'TTFT ms':>8} {'load s':>7} "
           f"{'RSS load MB':>11} {'RSS peak MB':>11} {'prefill/llama':>13} {'decode/llama':>12}")
+    if ref is not None:
+        print(f"(ratios to {ref['backend']}; llama-bench's RSS is its peak, load included)")
     for r in results:
         pr = f"{r['prefill_tps'] / ref['prefill_tps']:.2f}" if ref else "-"
         dr = f"{r['decode_tps'] / ref['decode_tps']:.2f}" if ref else "-"
@@ -532,10 +607,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ttft_ms']:>8.1f} {r['load_s']:>7.2f} {r['rss_loaded_mb']:>11.1f} "
               f"{r['rss_peak_mb']:>11.1f} {pr:>13} {dr:>12}")
     if ref is None:
-        print("(no llama.cpp in this run, so no ratios: add it to --backends and give "
-              "--llama-python)")
+        print("(no llama.cpp in this run, so no ratios: add llama-bench to --backends and give "
+              "--llama-bench)")
     else:
-        print("\nsame-repetition ratios to llama.cpp (each repetition's backends ran interleaved):")
+        print(f"\nsame-repetition ratios to {ref['backend']} (each repetition's backends ran "
+              "interleaved):")
         for r in results:
             if r is ref:
                 continue
@@ -560,11 +636,14 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['sampler_sampled_ms']:.3f} ms ({100 * r['sampler_sampled_share']:.1f} %)")
         if r["backend"] == "llama.cpp":
             print(f"llama.cpp: llama-cpp-python {r['version']}")
-    same = {tuple(r["tokens"][:8]) for r in results}
+        if r["backend"] == "llama-bench":
+            print(f"llama-bench: llama.cpp {r['version']}, CPU {r['cpu']}")
+    greedy = [r for r in results if r["tokens"]]          # llama-bench gives no tokens
+    same = {tuple(r["tokens"][:8]) for r in greedy}
     print("decode tok/s of each repetition: " + ", ".join(
         f"{r['backend']} {' '.join(f'{x:.1f}' for x in r['decode_tps_all'])}" for r in results))
     print(f"first greedy tokens agree across backends: {len(same) == 1} "
-          + " ".join(f"{r['backend']}={r['tokens'][:8]}" for r in results))
+          + " ".join(f"{r['backend']}={r['tokens'][:8]}" for r in greedy))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
