@@ -473,8 +473,9 @@ class GraphOptions:
 
     def key(self) -> str:
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
+        rows = ".".join(f"{b}x{m}" for b, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}-r{''.join(f'{b}x{m}' for b, m in self.row_multiples)}{extra}")
+                f"-p{self.max_positions}-r{rows}{extra}")
 
     def row_multiple(self, bits: int) -> int:
         """Rows a product with ``bits``-bit weights is padded to a multiple of (1: none)."""
@@ -509,8 +510,8 @@ def _linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str,
         if m > 1 and not keep_padding:
             y = g.op1("Slice", [y, g.const([0]), rows, g.const([0])])           # [T, N]
         if w.mins is not None:
-            xb = g.op1("Reshape", [inputs[0] if keep_padding else x, g.const([-1, w.k // BLOCK, BLOCK])],
-                       name=p + "/blocks")
+            xb = g.op1("Reshape", [inputs[0] if keep_padding else x,
+                                   g.const([-1, w.k // BLOCK, BLOCK])], name=p + "/blocks")
             bs = g.op1("ReduceSum", [xb, g.const([-1])], name=p + "/blocksum",
                        keepdims=0)                                              # [T, K/32]
             y = g.op1("Gemm", [bs, g.init(p + ".mins_t", np.ascontiguousarray(w.mins.T)), y],
@@ -673,7 +674,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
             wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
             if q_fold is not None and not c.qk_norm:
                 wq = _scaled(wq, q_fold)
-            qkv = _linear(g, x, [wq, wk, wv], p + ".attn_qkv", options, "attn_qkv", tokens)  # [T, (Nq+2Nkv) H]
+            qkv = _linear(g, x, [wq, wk, wv], p + ".attn_qkv", options, "attn_qkv",
+                          tokens)                                           # [T, (Nq+2Nkv) H]
             if c.qkv_bias:                          # Qwen2: + [bq (scaled like Wq); bk; bv]
                 bq, bk, bv = (f.dequantize(f"{p}.attn_{t}.bias").reshape(-1) for t in "qkv")
                 if q_fold is not None:

@@ -87,7 +87,8 @@ import numpy as np
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .graph import BUILDER_VERSION, LOGITS_ROWS_KEY, GraphOptions, build_model
+from .graph import (BUILDER_VERSION, LOGITS_ROWS_KEY, GraphOptions, build_model,
+                    default_row_multiples)
 from .registry import cache_root, sha256_of
 
 log = logging.getLogger(__name__)
@@ -489,7 +490,10 @@ class OrtBackend(Backend):
         self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
         if check_batching:
             t3 = time.perf_counter()
-            if not self.check_batch_invariance():
+            if self.check_batch_invariance():
+                log.info("decode rows checked: the same logits alone and in batches (%.2f s)",
+                         time.perf_counter() - t3)
+            else:
                 self.rows_per_decode_run = 1
                 log.warning("onnxruntime computes a decode row differently alone and in a batch "
                             "on this CPU: decode rows run one per session run, so that every "
@@ -540,14 +544,16 @@ class OrtBackend(Backend):
 
     def check_batch_invariance(self) -> bool:
         """Whether a decode row gets bit for bit the same logits alone and in batches of 2 ..
-        ``n`` rows laid out as :meth:`forward` lays them out (``n = min(num_slots, 2 m + 1)``,
-        ``m`` the graph's largest row multiple): decodes fixed token ids after a fixed 4-token prompt
-        in ``n`` slots, then forgets them (slot layout reset, KV pages given back).
+        ``n`` rows laid out as :meth:`forward` lays them out: ``n = min(num_slots, 2 m + 1)``,
+        ``m`` the largest row multiple of the graph or of this CPU's default (its kernels' row
+        tile). Decodes fixed token ids after a fixed 4-token prompt in ``n`` slots, then
+        forgets them (slot layout reset, KV pages given back).
 
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
-        n = min(self.num_slots, 2 * max([m for _, m in self._graph_options.row_multiples] + [1]) + 1)
+        m = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
+        n = min(self.num_slots, 2 * m + 1)
         if n < 2:
             return True
         vocab = self.config.vocab_size
