@@ -5,6 +5,7 @@ own, since they stop them."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -106,6 +107,8 @@ def test_config_is_the_effective_one_without_key_contents(server):
     s = ans["ServerConfig"]
     assert s["httpsEnabled"] is True and s["maxRequestLength"] == 1
     assert s["tlsPk"] == server.client_key.replace("client.key.pem", "server.key.pem")
+    assert ans["BackendConfig"]["batchInvariant"] is (os.environ.get("TINY_MINDIE_TEST_BACKEND")
+                                                      != "numpy")
     md = ans["BackendConfig"]["ModelDeployConfig"]
     assert md["maxInputTokenLen"] == 512 and md["ModelConfig"][0]["modelName"] == MODEL
     assert "PRIVATE KEY" not in body and "BEGIN" not in body

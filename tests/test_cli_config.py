@@ -38,12 +38,14 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
         "BackendConfig": {"npuDeviceIds": [[3]], "ModelDeployConfig": {
             "maxSeqLen": 100, "maxInputTokenLen": 200,
             "ModelConfig": [{"modelName": "m", "modelWeightPath": "/x.gguf"}]},
-            "parallelRuns": 3, "ScheduleConfig": {"maxPrefillTokens": 99}}}))
+            "parallelRuns": 3, "batchInvariant": False,
+            "ScheduleConfig": {"maxPrefillTokens": 99}}}))
     assert (cfg.server.port, cfg.server.management_port, cfg.server.metrics_port) == (2000, 2001, 2002)
     assert cfg.path(cfg.server.tls_cert) == str(tmp_path / "certs" / "s.pem")
     assert cfg.max_input_len == 99          # min(maxInputTokenLen, maxSeqLen - 1)
     assert cfg.backend.npu_device_ids == (3,)
-    assert cfg.backend.parallel_runs == 3
+    assert cfg.backend.parallel_runs == 3 and cfg.backend.batch_invariant is False
+    assert load_config(write(tmp_path, {})).backend.batch_invariant is True
     assert cfg.backend.model.model_name == "m"
 
 
@@ -57,6 +59,7 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
     ({"BackendConfig": {"npuDeviceIds": "0"}}, "npuDeviceIds"),
     ({"BackendConfig": {"backend": "tensorflow"}}, "backend must be one of"),
     ({"BackendConfig": {"parallelRuns": -1}}, "parallelRuns must be >= 0"),
+    ({"BackendConfig": {"batchInvariant": "no"}}, "batchInvariant must be true or false, got \"no\""),
     ("{broken", "not valid JSON"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, obj, needle):

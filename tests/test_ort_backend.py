@@ -294,6 +294,28 @@ def test_a_graph_whose_rows_depend_on_the_batch_is_caught_and_run_row_by_row(ggu
         be.close()
 
 
+def test_batch_invariance_can_be_turned_off(model_path):
+    """``batchInvariant: false`` (for a lone stream's speed): no padded products, no start-up
+    check, and the backend says its rows are not batch-invariant."""
+    import onnx
+
+    from tiny_mindie.model.loader import load_model
+
+    *_, be = load_model(model_path, num_slots=2, max_seq_len=64, threads=1,
+                        batch_invariant=False)
+    try:
+        assert be.batch_invariant is False and "batch check" not in be.load_seconds
+        m = onnx.load(be.graph_path, load_external_data=False)
+        assert not any(n.op_type == "Pad" for n in m.graph.node)
+    finally:
+        be.close()
+    *_, be = load_model(model_path, num_slots=2, max_seq_len=64, threads=1)
+    try:
+        assert be.batch_invariant is True and "batch check" in be.load_seconds
+    finally:
+        be.close()
+
+
 class _RunSpy:
     """Calls the real session and records which thread ran each call, and when."""
 

@@ -145,7 +145,7 @@ def serve(args: argparse.Namespace) -> int:
     llm = LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
               max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
               threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
-              device_id=b.npu_device_ids[0],
+              batch_invariant=b.batch_invariant, device_id=b.npu_device_ids[0],
               providers=list(b.execution_providers) or None,
               schedule=_schedule(cfg), max_iter_times=b.schedule.max_iter_times,
               token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,

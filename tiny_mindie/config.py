@@ -76,6 +76,7 @@ class BackendConfig:
     intra_op_threads: int = 0           # tiny_mindie: 0 = the backend's default
     parallel_runs: int = 0              # tiny_mindie: onnxruntime runs at once; 0 = CPUs // threads
     kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
+    batch_invariant: bool = True        # tiny_mindie: a row's logits the same alone and in a batch
     execution_providers: tuple = ()     # tiny_mindie: onnxruntime EPs, names or [name, {options}]
     model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -236,6 +237,7 @@ def load_config(path: str | None = None) -> Config:
         intra_op_threads=_get(b, "intraOpThreads", int, B.intra_op_threads, W),
         parallel_runs=_get(b, "parallelRuns", int, B.parallel_runs, W),
         kv_cache_mb=_get(b, "kvCacheMB", int, B.kv_cache_mb, W),
+        batch_invariant=_get(b, "batchInvariant", bool, B.batch_invariant, W),
         execution_providers=_providers(b.get("executionProviders")),
         model=model, schedule=sched,
     )

@@ -58,6 +58,7 @@ class Backend(ABC):
         config: the model's architecture parameters.
         num_slots: number of sequences the KV cache holds at once.
         max_seq_len: positions per slot (prompt + generated tokens).
+        batch_invariant: a row's logits are bit for bit the same alone and in any batch.
     """
 
     name: str
@@ -65,6 +66,7 @@ class Backend(ABC):
     config: ModelConfig
     num_slots: int
     max_seq_len: int
+    batch_invariant: bool = False
 
     @abstractmethod
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:

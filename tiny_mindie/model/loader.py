@@ -23,8 +23,8 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
 
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
-               threads: int = 0, parallel_runs: int = 0, device_id: int = 0,
-               providers: list | None = None,
+               threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
+               device_id: int = 0, providers: list | None = None,
                ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
@@ -36,6 +36,11 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         max_seq_len: tokens per sequence (capped by the model's trained context).
         threads: intra-op threads (0 = backend default).
         parallel_runs: onnxruntime runs executed at once (0 = CPUs // threads).
+        batch_invariant: onnxruntime: pad the matrix products whose kernels need it and check
+            at start-up that a row gets the same logits alone and in a batch (see
+            ``graph._pad_rows``); ``False`` leaves both out (a lone stream of a 4-bit model
+            decodes faster on AVX2, but a row's logits may then change with the batch). The
+            numpy backend is not batch-invariant either way.
         device_id: NPU device for the CANN execution provider.
         providers: onnxruntime execution providers to ask for, names or ``[name, {options}]``;
             ``None`` chooses (CANN when Ascend's runtime loads, else CPU).
@@ -55,10 +60,14 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         be: Backend = NumpyBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len)
     elif backend == "onnxruntime":
         try:
+            from .graph import GraphOptions
             from .ort_backend import OrtBackend
             be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
                             threads=threads, parallel_runs=parallel_runs, device_id=device_id,
-                            providers=list(providers) if providers else None)
+                            providers=list(providers) if providers else None,
+                            graph_options=GraphOptions() if batch_invariant
+                            else GraphOptions(row_multiples=()),
+                            check_batching=batch_invariant)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
             raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "
                                  f"project's dependencies or use --backend numpy") from None

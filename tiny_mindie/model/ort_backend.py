@@ -47,6 +47,12 @@ the slower core: with another process busy on one of the 2 cores, one stream fel
 ``L = CPUs // threads`` (2 on a 2-core machine with the default single intra-op thread); 1 on
 other execution providers.
 
+Batch invariance: a decode row must get the same logits in a run of one row and in a run of
+many (else a seeded or greedy answer would change with the load). The graph pads the matrix
+products whose kernels need it (see ``graph._pad_rows``); after loading,
+:meth:`OrtBackend.check_batch_invariance` checks it on this CPU, and if a row differs, decode
+rows run one per session run (``rows_per_decode_run = 1``): the same answers, slower under load.
+
 GroupQueryAttention places a row's new tokens at ``[seqlens_k + 1 - S, seqlens_k + 1)``; for a
 chunk ``(start, n)`` run alone that is ``seqlens_k = start + n - 1``, and in a decode batch each
 row has its own ``seqlens_k = start``. Positions a chunk writes past ``start + n`` never exist
@@ -457,7 +463,7 @@ class OrtBackend(Backend):
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
         self._logits_row_multiple = int(self._session.get_modelmeta().custom_metadata_map
-                                 .get(LOGITS_ROWS_KEY, "1"))
+                                        .get(LOGITS_ROWS_KEY, "1"))
         self.providers = self._session.get_providers()
         first = self.providers[0]
         self.device = "CPU" if first == CPU else (
@@ -488,6 +494,7 @@ class OrtBackend(Backend):
         self._lock = threading.Lock()
         self.swaps = 0                                  # row swaps done (for tests / metrics)
         self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
+        self.batch_invariant = check_batching           # by the graph, or row by row (below)
         if check_batching:
             t3 = time.perf_counter()
             if self.check_batch_invariance():
@@ -552,8 +559,8 @@ class OrtBackend(Backend):
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
-        m = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
-        n = min(self.num_slots, 2 * m + 1)
+        tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
+        n = min(self.num_slots, 2 * tile + 1)
         if n < 2:
             return True
         vocab = self.config.vocab_size
@@ -571,7 +578,8 @@ class OrtBackend(Backend):
             self._slot_at = list(range(self.num_slots))
             self._used = [0] * self.num_slots
             self.swaps = 0
-            self._kv_map.madvise(mmap.MADV_REMOVE)      # shared anonymous: pages freed, zeros again
+            if hasattr(mmap, "MADV_REMOVE"):            # shared anonymous: pages freed, zeros again
+                self._kv_map.madvise(mmap.MADV_REMOVE)
 
     # ---- internals --------------------------------------------------------------------------
     def _run_lanes(self, lanes: list[list[Callable[[], None]]]) -> None:
