@@ -4,7 +4,8 @@
 JSON -> validated :class:`GenerationRequest` (one per prompt and choice) -> engine -> OpenAI's
 JSON objects or SSE chunks ending with ``data: [DONE]``. Chat prompts are the GGUF's
 ``tokenizer.chat_template`` rendered with jinja2's sandbox, as Hugging Face's
-``apply_chat_template`` does.
+``apply_chat_template`` does; only the template's own control tokens are parsed in it, the
+client's text stays plain text (:func:`encode_chat`).
 
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
@@ -141,12 +142,19 @@ def chatml_stops(tok) -> tuple[str, ...]:
     return ("<|im_end|>",)
 
 
-def render_chat(llm: LLM, messages: list[dict], extra: dict) -> str:
+def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = None) -> str:
     """The prompt text for ``messages`` (generation prompt added).
 
     When the template writes the BOS token itself and the tokenizer adds one too, the written
     one is dropped, so the prompt never starts with two (HF tokenizes the rendered text without
     special tokens; here ``encode`` adds BOS by the GGUF's rule).
+
+    Args:
+        llm: the model (its tokenizer's template, BOS and EOS).
+        messages: the validated messages.
+        extra: the template's extra keyword arguments (``chat_template_kwargs``).
+        mark: when given, every client string (messages but their roles, ``extra``) goes
+            through ``Tokenizer.shield`` with it first; see :func:`encode_chat`.
 
     Raises:
         OpenAIError: 400 when the template refuses the conversation or fails to render.
@@ -156,6 +164,14 @@ def render_chat(llm: LLM, messages: list[dict], extra: dict) -> str:
     tok = llm.tokenizer
     bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
     eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+    if mark is not None:
+        try:
+            messages = [{_shielded(k, tok, mark): v if k == "role" else _shielded(v, tok, mark)
+                         for k, v in m.items()} for m in messages]
+            extra = _shielded(extra, tok, mark)
+        except ValueError as exc:
+            raise bad(f"Cannot keep the messages' text apart from the template: {exc}.",
+                      "messages") from None
     kwargs = {**extra, "messages": messages, "add_generation_prompt": True,
               "bos_token": bos, "eos_token": eos}
     kwargs.setdefault("tools", None)
@@ -169,6 +185,71 @@ def render_chat(llm: LLM, messages: list[dict], extra: dict) -> str:
     if bos and tok.add_bos and text.startswith(bos):
         text = text[len(bos):]
     return text
+
+
+def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
+    """The prompt ids for ``messages``: the template's control tokens (``<|im_start|>``) as
+    their ids, the client's text -- contents, names, tool calls and results,
+    ``chat_template_kwargs`` -- as plain text even where it spells a control token, so that a
+    message cannot forge a turn. A chat whose strings spell none tokenizes exactly as
+    ``llm.tokenizer.encode(render_chat(...), parse_special=True)``.
+
+    Raises:
+        OpenAIError: 400 as :func:`render_chat`.
+        GenerationError: ``"too_long"`` (HTTP 424) when the rendered text cannot fit.
+    """
+    tok = llm.tokenizer
+    mark = _free_mark([*_strings(messages), *_strings(extra), tok.chat_template or CHATML])
+    text = render_chat(llm, messages, extra, mark)
+    llm.check_text_length(text)
+    return tok.encode_shielded(text, mark)
+
+
+def _strings(obj):
+    """Every string in ``obj`` (JSON values: dict keys included), depth first."""
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _strings(v)
+
+
+def _shielded(obj, tok, mark: str):
+    """``obj`` (JSON values) with each string, dict keys included, through ``tok.shield``."""
+    if isinstance(obj, str):
+        return tok.shield(obj, mark)
+    if isinstance(obj, dict):
+        return {_shielded(k, tok, mark): _shielded(v, tok, mark) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_shielded(v, tok, mark) for v in obj]
+    return obj
+
+
+# Marks for Tokenizer.shield: CJK Extension B ideographs (printable, so a template's repr() of a
+# message keeps them, caseless, not whitespace), then plane 15's private use characters.
+_MARKS = (range(0x20000, 0x2A6E0), range(0xF0000, 0xFFFFE))
+
+
+def _free_mark(strings: list[str]) -> str:
+    """A character in none of ``strings``: the first of :data:`_MARKS` unless a string has it,
+    else the first one no string has (one pass over the text either way).
+
+    Raises:
+        OpenAIError: 400 when the strings hold every candidate (over 108,000 characters).
+    """
+    first = chr(_MARKS[0][0])
+    if not any(first in s for s in strings):
+        return first
+    used = set().union(*map(set, strings))
+    for block in _MARKS:
+        for cp in block:
+            if chr(cp) not in used:
+                return chr(cp)
+    raise bad("The messages use too many distinct characters.", "messages")
 
 
 # ---- request parsing ---------------------------------------------------------------------
@@ -587,8 +668,11 @@ def routes(app) -> list:
     @_openai_errors
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         p, messages, extra = parse_chat(app, req.body)
-        text = await asyncio.to_thread(render_chat, app.llm, messages, extra)
-        p.prompts = [text]
+        try:
+            ids = await asyncio.to_thread(encode_chat, app.llm, messages, extra)
+        except GenerationError as err:
+            raise from_generation_error(err) from None
+        p.prompts = [ids]
         if app.llm.tokenizer.chat_template is None:
             p.params["stop"] += chatml_stops(app.llm.tokenizer)
         return await _answer(app.llm, stream, p, _Kind(True, app.llm.model_name), [])

@@ -15,12 +15,17 @@ Special tokens follow llama.cpp: control tokens (type 3) and unknown tokens (typ
 out of the text only when ``parse_special=True``; user-defined tokens (type 4) always are. Control
 tokens contribute no text when decoded (unless ``skip_special=False``).
 
+Client text inside a chat template (:meth:`Tokenizer.shield`, :meth:`Tokenizer.encode_shielded`):
+the template's own control tokens are parsed, while any written in the client's strings stay
+plain text, so a message cannot forge a turn.
+
 GGUF token types (``tokenizer.ggml.token_type``): 1 normal, 2 unknown, 3 control,
 4 user-defined, 5 unused, 6 byte.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -193,6 +198,9 @@ class Tokenizer:
         self._hf_lock = threading.Lock()  # guards hf.encode_special_tokens, a shared flag
         self._spm = spm
         self._add_space_prefix = add_space_prefix
+        # what parse_special=True reads out of a text: control and unknown tokens
+        self._control_texts = [t for t, ty in zip(tokens, token_types)
+                               if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
         if spm is not None:
             self._spm_special = _alternation(
                 [t for t, ty in zip(tokens, token_types)
@@ -250,6 +258,113 @@ class Tokenizer:
                 ids.extend(self._spm.encode(frag))
                 prev_special = False
         return ids
+
+    # ---- client text inside a chat template ---------------------------------------------------
+    def shield(self, text: str, mark: str) -> str:
+        """``text``, a client's string about to be rendered into a chat template, with ``mark``
+        inserted wherever a control token could be read in it, so that
+        :meth:`encode_shielded` of the rendered template parses the template's own control
+        tokens and keeps those of the client as plain text.
+
+        The mark goes inside every control or unknown token written in ``text`` (``<|im_end|>``
+        -> ``<`` mark ``|im_end|>``), and at an end of ``text`` -- or of ``text.strip()``, for
+        templates that ``trim`` it -- that could make one token with the text next to it
+        (``"...<|im"``): no control token can be read across a mark. A mark stays where it is
+        through what templates do with a string (concatenation, ``trim``, case changes,
+        ``tojson``); slicing through a marked token only cuts it further. A string that could
+        only be the middle of a token (``name`` in ``<repo_name>``) gets no mark: templates
+        compare such words (``type == 'text'``), and none writes a token's two ends around a
+        client's string (only around the message role, which is not the client's text).
+
+        Args:
+            text: the client's string.
+            mark: one character found in no client string and not in the template.
+
+        Returns:
+            ``text`` itself when it needs no mark (ordinary text), else the marked copy.
+
+        Raises:
+            ValueError: ``text`` holds a one-character control token, which a mark cannot
+                split (no vocabulary known here has one).
+        """
+        guard = self._guard
+        if not text or guard is None:
+            return text
+        cuts: set[int] = set()
+        pos = 0
+        while (m := guard.pattern.search(text, pos)) is not None:   # tokens written whole
+            if m.end() - m.start() < 2:
+                raise ValueError(f"the text holds the one-character control token "
+                                 f"{m.group()!r}, which cannot be kept as plain text")
+            pos = m.start() + 1
+            cuts.add(pos)
+        longest = guard.longest
+        core_end = len(text.rstrip())
+        core_start = len(text) - len(text.lstrip())
+        for end in {len(text), core_end}:             # ends with the start of a token: "<|im"
+            if any(text[end - j:end] in guard.prefixes
+                   for j in range(1, min(end, longest - 1) + 1)):
+                cuts.add(end)
+        for start in {0, core_start}:                 # starts with the end of one: "_end|>"
+            if any(text[start:start + j] in guard.suffixes
+                   for j in range(1, min(len(text) - start, longest - 1) + 1)):
+                cuts.add(start)
+        if not cuts:
+            return text
+        out, last = [], 0
+        for k in sorted(cuts):
+            out += (text[last:k], mark)
+            last = k
+        out.append(text[last:])
+        return "".join(out)
+
+    def encode_shielded(self, text: str, mark: str, *, add_bos: bool | None = None) -> list[int]:
+        """Ids of a rendered chat template whose client strings went through :meth:`shield`
+        with ``mark``: control tokens written whole in ``text`` (the template's) become their
+        ids; everything else, ``mark`` removed, is plain text.
+
+        Without ``mark`` in ``text`` this is ``encode(text, parse_special=True)``. With it, the
+        ids are the same except where a mark breaks a token, because ``encode`` too cuts the
+        text at special and user-defined tokens and encodes each piece between them alone.
+
+        Args:
+            text: the rendered template.
+            mark: the character given to :meth:`shield`.
+            add_bos: as in :meth:`encode`.
+        """
+        if not mark or mark not in text:
+            return self.encode(text, add_bos=add_bos, parse_special=True)
+        ids: list[int] = []
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids.append(self.bos_id)
+        pattern = self._spm_special if self._spm is not None else self._hf_added
+        parts = pattern.split(text) if pattern is not None else [text]
+        plain = self._encode_plain([p.replace(mark, "") for p in parts[0::2]])
+        for i, piece in enumerate(plain):
+            ids.extend(piece)
+            if 2 * i + 1 < len(parts):
+                ids.append(self.token_to_id(parts[2 * i + 1]))
+        return ids
+
+    def _encode_plain(self, texts: list[str]) -> list[list[int]]:
+        """``encode(t, add_bos=False, parse_special=False)`` of each text, in one batch."""
+        texts = [_SURROGATE.sub("\ufffd", t) for t in texts]
+        if self._hf is None:
+            return [self._spm_encode(t, False) if t else [] for t in texts]
+        with self._hf_lock:
+            self._hf.encode_special_tokens = True
+            return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
+
+    @functools.cached_property
+    def _hf_added(self) -> re.Pattern[str] | None:
+        """Byte-level BPE: the tokens ``encode`` cuts the text at (control, unknown and
+        user-defined: Hugging Face's added tokens), longest first, as one capture group."""
+        return _alternation([t for t, ty in zip(self._tokens, self._types)
+                             if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)])
+
+    @functools.cached_property
+    def _guard(self) -> "_Guard | None":
+        return _Guard(self._control_texts) if self._control_texts else None
 
     # ---- decoding -------------------------------------------------------------------------
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
@@ -324,6 +439,17 @@ class Tokenizer:
     def __repr__(self) -> str:
         return (f"Tokenizer(kind={self.kind!r}, pre={self.pre!r}, vocab_size={self.vocab_size}, "
                 f"bos_id={self.bos_id}, eos_id={self.eos_id}, add_bos={self.add_bos})")
+
+
+class _Guard:
+    """What :meth:`Tokenizer.shield` looks for: control-token texts whole (``pattern``), their
+    starts and ends (proper prefixes and suffixes) and the longest one's length."""
+
+    def __init__(self, texts: list[str]):
+        self.pattern = _alternation(texts)
+        self.prefixes = {t[:j] for t in texts for j in range(1, len(t))}
+        self.suffixes = {t[j:] for t in texts for j in range(1, len(t))}
+        self.longest = max(len(t) for t in texts)
 
 
 def _alternation(texts: list[str]) -> re.Pattern[str] | None:
