@@ -4,10 +4,11 @@
 tokens (``<|im_start|>``, ``<start_of_turn>``); what a client wrote -- contents, names, tool calls,
 ``chat_template_kwargs`` -- is encoded as plain text even where it spells one
 (``Tokenizer.shield`` / ``Tokenizer.encode_shielded``, ``api.openai.encode_chat``). Chats that
-spell none tokenize exactly as before. Raw-prompt routes keep parsing control tokens.
+spell none tokenize exactly as before. Raw-prompt routes keep parsing control tokens unless
+``BackendConfig.ModelDeployConfig.parseSpecialTokens`` is false.
 
 Unit tests use a tiny byte-level vocabulary written here; model tests the real SmolLM2 and
-Gemma 3 vocabularies; e2e tests the shared server.
+Gemma 3 vocabularies; e2e tests the shared server and one started with the option off.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from helpers import request
+from helpers import TEST_CONFIG, request, start_server
 from tiny_mindie.api.openai import CHATML, OpenAIError, encode_chat, render_chat
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer import load_tokenizer
@@ -329,3 +330,43 @@ def test_chat_usage_counts_typed_markers_as_text(server, tokenizer):
                                                      "decoder_input_details": True}})
     im_start = tokenizer.token_to_id("<|im_start|>")
     assert sum(t["id"] == im_start for t in out["details"]["prefill"]) == 4
+    status, _, raw = request(server, "GET", "/v1/config")
+    assert json.loads(raw)["BackendConfig"]["ModelDeployConfig"]["parseSpecialTokens"] is True
+
+
+@pytest.mark.e2e
+def test_parse_special_tokens_off(tmp_path, tokenizer):
+    config = copy.deepcopy(TEST_CONFIG)
+    config["BackendConfig"]["ModelDeployConfig"]["parseSpecialTokens"] = False
+    srv = start_server(str(tmp_path), config)
+    try:
+        prompt = "<|im_start|>user\nhi<|im_end|>\n"
+        plain = len(tokenizer.encode(prompt, parse_special=False))
+        assert plain > len(tokenizer.encode(prompt)) == 6
+        assert _post(srv, "/v1/tokenizer", {"inputs": prompt})["token_number"] == plain
+        out = _post(srv, "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1})
+        assert out["usage"]["prompt_tokens"] == plain
+        status, _, raw = request(srv, "GET", "/v1/config")
+        assert status == 200
+        assert json.loads(raw)["BackendConfig"]["ModelDeployConfig"]["parseSpecialTokens"] is False
+        # chat prompts still get the template's control tokens
+        assert _chat_usage(srv, README_CHAT[1]["content"]) == \
+            len(encode_chat(as_llm(tokenizer), README_CHAT[1:], {}))
+    finally:
+        srv.proc.terminate()
+        srv.proc.wait(timeout=30)
+
+
+def test_config_key_parse_special_tokens(tmp_path):
+    from tiny_mindie.config import ConfigError, load_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"BackendConfig": {"ModelDeployConfig": {}}}))
+    assert load_config(str(path)).backend.model.parse_special_tokens is True
+    path.write_text(json.dumps({"BackendConfig": {"ModelDeployConfig":
+                                                  {"parseSpecialTokens": False}}}))
+    assert load_config(str(path)).backend.model.parse_special_tokens is False
+    path.write_text(json.dumps({"BackendConfig": {"ModelDeployConfig":
+                                                  {"parseSpecialTokens": "no"}}}))
+    with pytest.raises(ConfigError, match="parseSpecialTokens must be true or false"):
+        load_config(str(path))

@@ -147,6 +147,7 @@ def serve(args: argparse.Namespace) -> int:
               threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
               batch_invariant=b.batch_invariant, device_id=b.npu_device_ids[0],
               providers=list(b.execution_providers) or None,
+              parse_special_tokens=b.model.parse_special_tokens,
               schedule=_schedule(cfg), max_iter_times=b.schedule.max_iter_times,
               token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,
               model_name=b.model.model_name, log=_say)

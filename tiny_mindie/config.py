@@ -50,6 +50,7 @@ class ModelDeployConfig:
     max_seq_len: int = 2560
     max_input_token_len: int = 2048
     truncation: bool = False
+    parse_special_tokens: bool = True   # tiny_mindie: raw prompts' <|im_start|> etc. as tokens
     model_name: str = "smollm2-135m-instruct"
     model_weight_path: str = "smollm2-135m-instruct"   # a .gguf path or a registry name
 
@@ -211,6 +212,7 @@ def load_config(path: str | None = None) -> Config:
         max_seq_len=_get(md, "maxSeqLen", int, M.max_seq_len, W),
         max_input_token_len=_get(md, "maxInputTokenLen", int, M.max_input_token_len, W),
         truncation=_get(md, "truncation", bool, M.truncation, W),
+        parse_special_tokens=_get(md, "parseSpecialTokens", bool, M.parse_special_tokens, W),
         model_name=name,
         model_weight_path=_get(mc, "modelWeightPath", str, M.model_weight_path, W + ".ModelConfig[0]"),
     )

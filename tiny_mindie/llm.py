@@ -75,6 +75,8 @@ class LLM:
             :func:`tiny_mindie.model.loader.load_model`).
         device_id, providers: the NPU and the onnxruntime execution providers (see
             :func:`tiny_mindie.model.loader.load_model`).
+        parse_special_tokens: whether control tokens written in a text prompt
+            (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
         log: where progress lines go (``print`` by default; ``None`` for silence).
 
@@ -86,11 +88,12 @@ class LLM:
                  max_seq_len: int = 2560, max_input_len: int = 2048, num_slots: int | None = None,
                  kv_cache_mb: int = 1024, threads: int = 0, parallel_runs: int = 0,
                  batch_invariant: bool = True, device_id: int = 0,
-                 providers: list | None = None,
+                 providers: list | None = None, parse_special_tokens: bool = True,
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, log=print):
         say = log or (lambda _msg: None)
+        self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
         t0 = time.monotonic()
         say(f"loading {self.model_path} on the {backend} backend ...")
@@ -124,8 +127,10 @@ class LLM:
 
     # ---- requests -----------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """Prompt ids for ``text``: special tokens parsed, BOS added when the model wants it."""
-        return self.tokenizer.encode(text, parse_special=True)
+        """Prompt ids for ``text``, BOS added when the model wants it: control tokens written in
+        it are parsed when :attr:`parse_special_tokens` (the default), else plain text. (Chat
+        prompts are encoded otherwise: :func:`tiny_mindie.api.openai.encode_chat`.)"""
+        return self.tokenizer.encode(text, parse_special=self.parse_special_tokens)
 
     def encode_tail(self, text: str, n: int) -> list[int]:
         """The last ``n`` ids of :meth:`encode` (TGI's ``truncate``).
@@ -146,7 +151,8 @@ class LLM:
             return self.encode(text)[-n:]
 
         def tail(start: int) -> list[int]:
-            return self.tokenizer.encode(text[start:], add_bos=False, parse_special=True)[-n:]
+            return self.tokenizer.encode(text[start:], add_bos=False,
+                                         parse_special=self.parse_special_tokens)[-n:]
 
         cuts = []
         for back in (keep, 4 * keep):           # a word start in [end - back - keep, end - back]

@@ -136,7 +136,7 @@ def effective_config(app) -> dict:
             "device": llm.backend.device, "kvSlots": engine.stats()["total_slots"],
             "ModelDeployConfig": {
                 "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,
-                "truncation": b.model.truncation,
+                "truncation": b.model.truncation, "parseSpecialTokens": llm.parse_special_tokens,
                 "ModelConfig": [{"modelName": llm.model_name, "modelWeightPath": llm.model_path,
                                  "worldSize": 1}],
             },
