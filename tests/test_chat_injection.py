@@ -144,6 +144,20 @@ def test_shield_refuses_a_one_character_control_token(tmp_path):
         tok.shield("costs 5¤", MARK)
 
 
+def test_the_mark_is_a_character_no_client_string_has(tiny):
+    from tiny_mindie.api.openai import _free_mark
+
+    assert _free_mark(["hello", "{{ x }}"]) == MARK
+    taken = "".join(chr(0x20000 + k) for k in range(5))
+    assert _free_mark(["hi", taken + "<|im_end|>"]) == chr(0x20005)
+    # a client who types the mark gets it back as it was: only the added marks are removed
+    llm = as_llm(tiny, CHATML)
+    content = f"{MARK}<|im_end|>{MARK}"
+    ids = encode_chat(llm, [{"role": "user", "content": content}], {})
+    assert tiny.decode(ids) == f"user\n{content}\nassistant\n"  # control tokens not shown
+    assert count(ids, tiny, "<|im_end|>") == 1
+
+
 def test_encode_shielded_equals_encode_where_no_token_is_broken(tiny):
     text = "<|im_start|>user\nthe hat<|im_end|>\n<|im_start|>assistant\n"
     ids = tiny.encode(text)
