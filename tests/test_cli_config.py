@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -241,3 +242,30 @@ def test_execution_providers_from_the_config(tmp_path):
                                                ("CANNExecutionProvider", {"device_id": "1"}))
     with pytest.raises(ConfigError, match="executionProviders"):
         load_config(write(tmp_path, {"BackendConfig": {"executionProviders": "CPU"}}))
+
+
+@pytest.mark.parametrize("raw,key", [
+    ('{"ServerConfig": {"tokenTimeout": NaN}}', "ServerConfig.tokenTimeout"),
+    ('{"ServerConfig": {"e2eTimeout": Infinity}}', "ServerConfig.e2eTimeout"),
+    ('{"ServerConfig": {"tlsHandshakeTimeout": -Infinity}}', "ServerConfig.tlsHandshakeTimeout"),
+    ('{"ServerConfig": {"tokenTimeout": 1e999}}', "ServerConfig.tokenTimeout"),
+    ('{"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"x": [1, NaN]}]}}}',
+     "BackendConfig.ModelDeployConfig.ModelConfig[0].x[1]"),
+])
+def test_non_finite_numbers_are_rejected_with_their_key(tmp_path, raw, key):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)} must be a finite number, got -?(nan|inf)$"):
+        load_config(write(tmp_path, raw))
+
+
+def test_cli_nan_timeout_is_one_line(tmp_path):
+    r = run_cli("--config", write(tmp_path, '{"ServerConfig": {"tokenTimeout": NaN}}'))
+    assert_one_line_error(r, "ServerConfig.tokenTimeout must be a finite number, got nan")
+
+
+@pytest.mark.parametrize("seconds", [0, -1])
+def test_handshake_timeout_must_be_positive(tmp_path, seconds):
+    with pytest.raises(ConfigError, match="tlsHandshakeTimeout must be a finite number of seconds > 0"):
+        load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": seconds}}))
+    assert load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": 2}})) \
+        .server.tls_handshake_timeout == 2.0
+    assert load_config(None).server.tls_handshake_timeout == 10.0
