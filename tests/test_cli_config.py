@@ -389,6 +389,14 @@ def test_bad_tls_file_is_named_with_what_is_wrong(tmp_path, key, value, expected
     assert "Traceback" not in r.stderr
 
 
+def test_unresolvable_listen_address_is_named(tmp_path):
+    r = run_cli("--host", "no.such.host.invalid", "--port", "0", "--no-tls",
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("tiny_mindie: error: cannot listen on no.such.host.invalid:0: the "
+                               "address 'no.such.host.invalid' cannot be resolved (")
+
+
 @pytest.mark.parametrize("raw,key", [
     ('{"ServerConfig": {"tokenTimeout": NaN}}', "ServerConfig.tokenTimeout"),
     ('{"ServerConfig": {"e2eTimeout": Infinity}}', "ServerConfig.e2eTimeout"),
