@@ -6,12 +6,14 @@ the CA's key kept by the first run, issue another client certificate or revoke o
     python scripts/make_certs.py [--dir DIR] [--host NAME_OR_IP ...] [--force]
     python scripts/make_certs.py [--dir DIR] --client NAME      # another client certificate
     python scripts/make_certs.py [--dir DIR] --revoke CERT.pem  # add CERT to the CRL
+    python scripts/make_certs.py [--dir DIR] --crl              # re-sign the CRL (new dates)
 
 The first form writes DIR/security/ca/{ca.pem,ca.key.pem}, DIR/security/certs/{server,client}.pem,
 DIR/security/keys/{server,client}.key.pem (keys mode 0600) and DIR/security/certs/server_crl.pem.
 ``--client NAME`` writes DIR/security/certs/NAME.pem and DIR/security/keys/NAME.key.pem.
-``--revoke`` re-signs the CRL with CERT's serial added (the entries already there are kept); a
-running server reads its CRL at start-up, so restart it. DIR defaults to the config home
+``--revoke`` re-signs the CRL with CERT's serial added (the entries already there are kept);
+``--crl`` re-signs it as it is (or writes an empty one). A running server reads its CRL at
+start-up, so restart it. DIR defaults to the config home
 (``$TINY_MINDIE_HOME`` or ``~/.config/tiny_mindie``), where ``python -m tiny_mindie`` looks.
 """
 
@@ -32,6 +34,8 @@ def main() -> int:
     ap.add_argument("--client", metavar="NAME", help="issue another client certificate (CN=NAME)")
     ap.add_argument("--revoke", metavar="CERT", action="append", default=[],
                     help="revoke this certificate (PEM file): add it to the CRL")
+    ap.add_argument("--crl", action="store_true",
+                    help="write the CRL again, signed by the CA key, keeping its entries")
     args = ap.parse_args()
     files = tls_files(replace(load_config(None), home=os.path.abspath(args.dir)))
     try:
@@ -43,10 +47,10 @@ def main() -> int:
                 return 1
             serial = issue_certificate(files.ca[0], files.ca_key, cert, key, args.client)
             print(f"{'client certificate':20} {cert} (serial {serial:x})\n{'client key':20} {key}")
-        if args.revoke:
+        if args.revoke or args.crl:
             n = issue_crl(files.crls[0], files.ca[0], files.ca_key, tuple(args.revoke))
             print(f"{'CRL':20} {files.crls[0]} ({n} revoked; restart the server to apply it)")
-        if args.client or args.revoke:
+        if args.client or args.revoke or args.crl:
             return 0
     except ConfigError as exc:
         print(f"make_certs: {exc}", file=sys.stderr)

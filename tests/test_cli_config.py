@@ -275,7 +275,7 @@ def test_first_run_keeps_the_ca_key_and_makes_an_empty_crl(tmp_path):
     r = run_cli("--port", "0", "--model", str(tmp_path / "no-model.gguf"),
                 env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2 and "model file not found" in r.stderr
-    assert "a CRL" not in r.stdout and "and an empty CRL in" in r.stdout
+    assert "created a CA and its key, a server and a client certificate and an empty CRL in" in r.stdout
     sec = tmp_path / "security"
     assert (sec / "ca" / "ca.key.pem").stat().st_mode & 0o777 == 0o600
     from cryptography import x509
@@ -286,7 +286,9 @@ def test_first_run_keeps_the_ca_key_and_makes_an_empty_crl(tmp_path):
 def test_a_named_crl_that_is_missing_is_an_error(tmp_path):
     default_tls_set(tmp_path)
     r = serve_until_model(tmp_path, {"tlsCrlFiles": ["typo_crl.pem"]})
-    assert_one_line_error(r, f"TLS file not found: {tmp_path}/security/certs/typo_crl.pem (TLS CRL file)")
+    assert_one_line_error(r, f"TLS CRL file not found: {tmp_path}/security/certs/typo_crl.pem (fix "
+                             f"tlsCrlPath / tlsCrlFiles, make one with scripts/make_certs.py --crl, "
+                             f"or set \"tlsCrlFiles\": [] to check no CRL)")
 
 
 def test_no_crl_when_none_is_named(tmp_path):
@@ -422,3 +424,29 @@ def test_handshake_timeout_must_be_positive(tmp_path, seconds):
     assert load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": 2}})) \
         .server.tls_handshake_timeout == 2.0
     assert load_config(None).server.tls_handshake_timeout == 10.0
+
+
+def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
+    from cryptography import x509
+    script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
+                                           "make_certs.py"), "--dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def make(*args):
+        return subprocess.run([*script, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    assert make().returncode == 0
+    sec = tmp_path / "security"
+    assert make("--client", "alice").returncode == 0
+    alice = x509.load_pem_x509_certificate((sec / "certs" / "alice.pem").read_bytes())
+    r = make("--revoke", str(sec / "certs" / "alice.pem"))
+    assert r.returncode == 0 and "(1 revoked; restart the server to apply it)" in r.stdout
+    r = make("--crl")                                  # re-signed, the entry kept
+    assert r.returncode == 0 and "(1 revoked;" in r.stdout
+    crl = x509.load_pem_x509_crl((sec / "certs" / "server_crl.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(alice.serial_number) is not None
+    assert len(crl) == 1
+    other = tmp_path / "other"
+    assert subprocess.run([*script[:-1], str(other)], capture_output=True, env=env).returncode == 0
+    r = make("--revoke", str(other / "security" / "certs" / "client.pem"))   # another CA's
+    assert r.returncode == 2 and "was not issued by the CA" in r.stderr

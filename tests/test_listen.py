@@ -128,30 +128,29 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
 @pytest.mark.parametrize("loop", LOOPS)
 def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certificate(pki, loop, caplog):
     files, _ = pki
-    srv = Listening(server_context(files), limit=8, handshake_timeout=1.0, loop=loop)
+    srv = Listening(server_context(files), limit=8, handshake_timeout=2.0, loop=loop)
     silent = []
     try:
         with caplog.at_level(logging.INFO, logger="tiny_mindie.server"):
+            t_connect = time.monotonic()
             for _ in range(40):      # 5x the limit, no certificate, not a byte sent
                 silent.append(socket.create_connection(("127.0.0.1", srv.port)))
             time.sleep(0.3)
             assert srv.slots.open <= 8
             assert server_side_established(srv.port) <= 8      # the others were closed at once
-            t0 = time.monotonic()
             assert srv.get(client_context(files)) == (200, {"ok": True})
-            served_in = time.monotonic() - t0
-            assert served_in < 0.9, served_in                 # before any handshake timed out
+            served_at = time.monotonic() - t_connect
+            assert served_at < 1.8, served_at                  # before any handshake timed out
             # Every silent socket is closed: most to make room, the last ones at the deadline.
-            t0 = time.monotonic()
-            assert all(closed_by_server(s, 3.0) for s in silent)
-            assert time.monotonic() - t0 < 2.5
+            assert all(closed_by_server(s, 4.0) for s in silent)
+            assert time.monotonic() - t_connect < 3.5
             deadline = time.monotonic() + 2
             while srv.slots.open and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert srv.slots.open == 0 and not srv.slots.handshaking
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "connection limit (8) reached: closed the connection from 127.0.0.1:" in logged
-        assert "no TLS handshake within 1 s" in logged
+        assert "no TLS handshake within 2 s" in logged
         # One line per kind at most in the window (rate-limited), not one per socket.
         assert sum("connection limit" in r.getMessage() for r in caplog.records) == 1
     finally:

@@ -407,6 +407,10 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     _read_private_key(files.key, "TLS private key")
     cas = [c for ca in files.ca for c in _read_certificates(ca, "TLS CA file")]
     for crl in files.crls:
+        if not os.path.exists(crl):
+            raise ConfigError(f"TLS CRL file not found: {crl} (fix tlsCrlPath / tlsCrlFiles, make "
+                              f"one with scripts/make_certs.py --crl, or set \"tlsCrlFiles\": [] "
+                              f"to check no CRL)")
         for warning in check_crls(crl, cas):
             log.warning("%s", warning)
 
