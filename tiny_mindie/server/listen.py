@@ -48,7 +48,7 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 class RateLimitedLog:
     """Log one kind of event at most once per ``every`` seconds: the first at once, the others of
-    the window as one line with their count when the window ends."""
+    the window as one line with their count when the window ends (called on an event loop)."""
 
     def __init__(self, level: int, every: float = LOG_EVERY_SECONDS, logger: logging.Logger = log):
         self.level, self.every, self.logger = level, every, logger
@@ -116,6 +116,8 @@ def raise_open_files_limit() -> int:
     """Raise this process's soft limit of open descriptors (RLIMIT_NOFILE) to its hard limit,
     logging it; returns the soft limit in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
     target = hard
     if hard == resource.RLIM_INFINITY:      # Linux caps descriptors at fs.nr_open
         try:

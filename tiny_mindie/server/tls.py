@@ -18,7 +18,7 @@ import os
 import re
 import ssl
 import _ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import Config, ConfigError, ServerConfig
 
@@ -107,13 +107,8 @@ def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
         missing = [p for p in needed if not os.path.exists(p)]
         raise ConfigError(f"TLS files incomplete: {', '.join(missing)} missing "
                           f"(remove the others to have new ones created, or use --no-tls)")
-    make_certificates(files if with_crls else _without_crls(files), hosts)
+    make_certificates(files if with_crls else replace(files, crls=()), hosts)
     return True
-
-
-def _without_crls(files: TLSFiles) -> TLSFiles:
-    from dataclasses import replace
-    return replace(files, crls=())
 
 
 def _utcnow() -> datetime.datetime:
@@ -273,7 +268,7 @@ def issue_crl(path: str, ca_cert: str, ca_key: str, revoke: tuple[str, ...] = ()
     revoked: dict[int, datetime.datetime] = {}
     if keep_revoked and os.path.exists(path):
         for old in _read_crls(path):
-            if old.issuer == ca.subject and old.is_signature_valid(ca.public_key()):
+            if old.issuer == ca.subject and _signed_by(old, ca):
                 revoked.update((r.serial_number, r.revocation_date_utc) for r in old)
     for cert_path in revoke:
         for cert in _read_certificates(cert_path, "certificate to revoke"):
@@ -333,6 +328,7 @@ def _read_private_key(path: str, what: str):
                           f"(keep it readable by the server's user only)") from None
     except (ValueError, UnsupportedAlgorithm):
         raise ConfigError(f"{what} {path} is not a PEM private key") from None
+
 
 _CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.S)
 
