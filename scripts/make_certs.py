@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
-"""Create a CA, a server certificate (localhost, 127.0.0.1, 127.0.0.2, ::1 and --host names)
-and a client certificate for mutual TLS, in MindIE's ``security/`` layout.
+"""Create a CA, a server certificate (localhost, 127.0.0.1, 127.0.0.2, ::1 and --host names),
+a client certificate and an empty CRL for mutual TLS, in MindIE's ``security/`` layout; or, with
+the CA's key kept by the first run, issue another client certificate or revoke one.
 
     python scripts/make_certs.py [--dir DIR] [--host NAME_OR_IP ...] [--force]
+    python scripts/make_certs.py [--dir DIR] --client NAME      # another client certificate
+    python scripts/make_certs.py [--dir DIR] --revoke CERT.pem  # add CERT to the CRL
+    python scripts/make_certs.py [--dir DIR] --crl              # re-sign the CRL (new dates)
 
-Writes DIR/security/ca/ca.pem, DIR/security/certs/{server,client}.pem and
-DIR/security/keys/{server,client}.key.pem (keys mode 0600). DIR defaults to the config home
+The first form writes DIR/security/ca/{ca.pem,ca.key.pem}, DIR/security/certs/{server,client}.pem,
+DIR/security/keys/{server,client}.key.pem (keys mode 0600) and DIR/security/certs/server_crl.pem.
+``--client NAME`` writes DIR/security/certs/NAME.pem and DIR/security/keys/NAME.key.pem.
+``--revoke`` re-signs the CRL with CERT's serial added (the entries already there are kept);
+``--crl`` re-signs it as it is (or writes an empty one). A running server reads its CRL at
+start-up, so restart it. DIR defaults to the config home
 (``$TINY_MINDIE_HOME`` or ``~/.config/tiny_mindie``), where ``python -m tiny_mindie`` looks.
 """
 
@@ -14,8 +22,8 @@ import os
 import sys
 from dataclasses import replace
 
-from tiny_mindie.config import config_home, load_config
-from tiny_mindie.server.tls import make_certificates, tls_files
+from tiny_mindie.config import ConfigError, config_home, load_config
+from tiny_mindie.server.tls import issue_certificate, issue_crl, make_certificates, tls_files
 
 
 def main() -> int:
@@ -23,15 +31,39 @@ def main() -> int:
     ap.add_argument("--dir", default=config_home(), help="folder that gets security/ (default: %(default)s)")
     ap.add_argument("--host", action="append", default=[], help="extra DNS name or IP for the server certificate")
     ap.add_argument("--force", action="store_true", help="overwrite existing files")
+    ap.add_argument("--client", metavar="NAME", help="issue another client certificate (CN=NAME)")
+    ap.add_argument("--revoke", metavar="CERT", action="append", default=[],
+                    help="revoke this certificate (PEM file): add it to the CRL")
+    ap.add_argument("--crl", action="store_true",
+                    help="write the CRL again, signed by the CA key, keeping its entries")
     args = ap.parse_args()
     files = tls_files(replace(load_config(None), home=os.path.abspath(args.dir)))
+    try:
+        if args.client:
+            cert = os.path.join(os.path.dirname(files.client_cert), f"{args.client}.pem")
+            key = os.path.join(os.path.dirname(files.client_key), f"{args.client}.key.pem")
+            if (os.path.exists(cert) or os.path.exists(key)) and not args.force:
+                print(f"make_certs: {cert} exists; use --force to replace", file=sys.stderr)
+                return 1
+            serial = issue_certificate(files.ca[0], files.ca_key, cert, key, args.client)
+            print(f"{'client certificate':20} {cert} (serial {serial:x})\n{'client key':20} {key}")
+        if args.revoke or args.crl:
+            n = issue_crl(files.crls[0], files.ca[0], files.ca_key, tuple(args.revoke))
+            print(f"{'CRL':20} {files.crls[0]} ({n} revoked; restart the server to apply it)")
+        if args.client or args.revoke or args.crl:
+            return 0
+    except ConfigError as exc:
+        print(f"make_certs: {exc}", file=sys.stderr)
+        return 2
     existing = [p for p in (*files.ca, files.cert, files.key) if os.path.exists(p)]
     if existing and not args.force:
         print(f"make_certs: {existing[0]} exists; use --force to replace", file=sys.stderr)
         return 1
     make_certificates(files, tuple(args.host))
-    for label, path in (("CA", files.ca[0]), ("server certificate", files.cert), ("server key", files.key),
-                        ("client certificate", files.client_cert), ("client key", files.client_key)):
+    for label, path in (("CA", files.ca[0]), ("CA key", files.ca_key),
+                        ("server certificate", files.cert), ("server key", files.key),
+                        ("client certificate", files.client_cert), ("client key", files.client_key),
+                        ("CRL", files.crls[0])):
         print(f"{label:20} {path}")
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -241,3 +242,211 @@ def test_execution_providers_from_the_config(tmp_path):
                                                ("CANNExecutionProvider", {"device_id": "1"}))
     with pytest.raises(ConfigError, match="executionProviders"):
         load_config(write(tmp_path, {"BackendConfig": {"executionProviders": "CPU"}}))
+
+
+# ---- start-up errors of the TLS files, the listen address and numbers -------------------------
+
+def default_tls_set(home):
+    """A first run's TLS files (CA and its key, server and client pairs, empty CRL) in
+    ``home``/security, where a config file in ``home`` finds them by default."""
+    from dataclasses import replace as dc_replace
+
+    from tiny_mindie.server.tls import make_certificates, tls_files
+    files = tls_files(dc_replace(load_config(None), home=str(home)))
+    make_certificates(files)
+    return files
+
+
+def serve_until_model(tmp_path, server_config: dict, *args):
+    """Run the server on a config in ``tmp_path`` and a model file that does not exist: TLS is
+    checked before the model is loaded, so a run that gets past TLS stops at the model."""
+    return run_cli("--config", write(tmp_path, {"ServerConfig": {"port": 0, **server_config}}),
+                   "--model", str(tmp_path / "no-model.gguf"), *args)
+
+
+def assert_one_line_error(r, expected: str) -> None:
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.strip() == f"tiny_mindie: error: {expected}"
+
+
+def test_first_run_keeps_the_ca_key_and_makes_an_empty_crl(tmp_path):
+    from tiny_mindie.server.tls import check_crls
+    r = run_cli("--port", "0", "--model", str(tmp_path / "no-model.gguf"),
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "model file not found" in r.stderr
+    assert "created a CA and its key, a server and a client certificate and an empty CRL in" in r.stdout
+    sec = tmp_path / "security"
+    assert (sec / "ca" / "ca.key.pem").stat().st_mode & 0o777 == 0o600
+    from cryptography import x509
+    ca = x509.load_pem_x509_certificate((sec / "ca" / "ca.pem").read_bytes())
+    assert check_crls(str(sec / "certs" / "server_crl.pem"), [ca]) == []   # issuer, signature, dates
+
+
+def test_a_named_crl_that_is_missing_is_an_error(tmp_path):
+    default_tls_set(tmp_path)
+    r = serve_until_model(tmp_path, {"tlsCrlFiles": ["typo_crl.pem"]})
+    assert_one_line_error(r, f"TLS CRL file not found: {tmp_path}/security/certs/typo_crl.pem (fix "
+                             f"tlsCrlPath / tlsCrlFiles, make one with scripts/make_certs.py --crl, "
+                             f"or set \"tlsCrlFiles\": [] to check no CRL)")
+
+
+def test_no_crl_when_none_is_named(tmp_path):
+    default_tls_set(tmp_path)
+    r = serve_until_model(tmp_path, {"tlsCrlFiles": []})
+    assert r.returncode == 2 and "model file not found" in r.stderr     # TLS passed
+
+
+def test_crl_signed_by_another_key_is_an_error(tmp_path):
+    files = default_tls_set(tmp_path)
+    other = default_tls_set(tmp_path / "other")      # the same CA name, another key
+    os.replace(other.crls[0], files.crls[0])
+    r = serve_until_model(tmp_path, {})
+    assert_one_line_error(r, f"TLS CRL file {files.crls[0]} is not signed by the CA "
+                             f"CN=tiny_mindie CA,O=tiny_mindie (its signature does not verify with "
+                             f"the CA's key)")
+
+
+def test_crl_of_another_ca_is_an_error(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import datetime as dt
+    files = default_tls_set(tmp_path)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    crl = (x509.CertificateRevocationListBuilder()
+           .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Someone Else CA")]))
+           .last_update(now).next_update(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
+    from cryptography.hazmat.primitives.serialization import Encoding
+    with open(files.crls[0], "wb") as fh:
+        fh.write(crl.public_bytes(Encoding.PEM))
+    r = serve_until_model(tmp_path, {})
+    assert_one_line_error(r, f"TLS CRL file {files.crls[0]} is issued by CN=Someone Else CA, "
+                             f"which is not a CA of tlsCaFile")
+
+
+def test_expired_crl_is_a_loud_warning(tmp_path):
+    import datetime as dt
+
+    from tiny_mindie.server.tls import issue_crl
+    files = default_tls_set(tmp_path)
+    issue_crl(files.crls[0], files.ca[0], files.ca_key,
+              last_update=dt.datetime(2025, 12, 1, tzinfo=dt.timezone.utc),
+              next_update=dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.timezone.utc))
+    r = serve_until_model(tmp_path, {})
+    assert r.returncode == 2 and "model file not found" in r.stderr     # it starts
+    assert (f"WARNING tiny_mindie.tls: TLS CRL file {files.crls[0]} expired on 2026-01-02 03:04 "
+            f"UTC: EVERY client certificate of CN=tiny_mindie CA,O=tiny_mindie will be refused") \
+        in r.stderr
+
+
+def _drop_file_access_override() -> None:
+    """preexec_fn: take CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH out of the bounding set, so
+    that root, after exec, is refused a file of mode 000 like anyone else."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):   # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:   # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_unreadable_certificate_is_named(tmp_path):
+    files = default_tls_set(tmp_path)
+    os.chmod(files.cert, 0)
+    preexec = None
+    if os.geteuid() == 0:   # root reads a mode-000 file unless it drops its override capability
+        preexec = _drop_file_access_override
+        try:
+            probe = subprocess.run([sys.executable, "-c", f"open({files.cert!r}).read()"],
+                                   preexec_fn=preexec, capture_output=True, timeout=30)
+        except subprocess.SubprocessError as exc:
+            pytest.skip(f"running as root and cannot drop CAP_DAC_OVERRIDE: {exc}")
+        if probe.returncode == 0:
+            pytest.skip("running as root and a mode-000 file is still readable without "
+                        "CAP_DAC_OVERRIDE")
+    r = subprocess.run([sys.executable, "-m", "tiny_mindie", "--config",
+                        write(tmp_path, {"ServerConfig": {"port": 0}}),
+                        "--model", str(tmp_path / "no-model.gguf")],
+                       capture_output=True, text=True, timeout=60, preexec_fn=preexec)
+    assert_one_line_error(r, f"cannot read TLS certificate {files.cert}: Permission denied")
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("tlsCert", "security/certs", "cannot read TLS certificate {home}/security/certs: Is a directory"),
+    ("tlsCaFile", ["sub"], "cannot read TLS CA file {home}/security/ca/sub: Is a directory"),
+    ("tlsPk", "security/certs/server.pem", "TLS private key {home}/security/certs/server.pem is not a PEM private key"),
+    ("tlsCert", "garbage.pem", "TLS certificate {home}/garbage.pem is not a PEM certificate (no valid -----BEGIN CERTIFICATE----- block)"),
+    ("tlsCrlFiles", ["../../garbage.pem"], "TLS CRL file {home}/garbage.pem is not a PEM CRL (no -----BEGIN X509 CRL----- block)"),
+    ("tlsPk", "other/security/keys/server.key.pem", "cannot load TLS certificate {home}/security/certs/server.pem with key {home}/other/security/keys/server.key.pem: key values mismatch"),
+])
+def test_bad_tls_file_is_named_with_what_is_wrong(tmp_path, key, value, expected):
+    default_tls_set(tmp_path)
+    default_tls_set(tmp_path / "other")
+    (tmp_path / "security" / "ca" / "sub").mkdir()
+    (tmp_path / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n")
+    r = serve_until_model(tmp_path, {key: value})
+    assert_one_line_error(r, expected.format(home=tmp_path))
+    assert "Traceback" not in r.stderr
+
+
+def test_unresolvable_listen_address_is_named(tmp_path):
+    r = run_cli("--host", "no.such.host.invalid", "--port", "0", "--no-tls",
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
+    assert r.stderr.startswith("tiny_mindie: error: cannot listen on no.such.host.invalid:0: the "
+                               "address 'no.such.host.invalid' cannot be resolved (")
+
+
+@pytest.mark.parametrize("raw,key", [
+    ('{"ServerConfig": {"tokenTimeout": NaN}}', "ServerConfig.tokenTimeout"),
+    ('{"ServerConfig": {"e2eTimeout": Infinity}}', "ServerConfig.e2eTimeout"),
+    ('{"ServerConfig": {"tlsHandshakeTimeout": -Infinity}}', "ServerConfig.tlsHandshakeTimeout"),
+    ('{"ServerConfig": {"tokenTimeout": 1e999}}', "ServerConfig.tokenTimeout"),
+    ('{"BackendConfig": {"ModelDeployConfig": {"ModelConfig": [{"x": [1, NaN]}]}}}',
+     "BackendConfig.ModelDeployConfig.ModelConfig[0].x[1]"),
+])
+def test_non_finite_numbers_are_rejected_with_their_key(tmp_path, raw, key):
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)} must be a finite number, got -?(nan|inf)$"):
+        load_config(write(tmp_path, raw))
+
+
+def test_cli_nan_timeout_is_one_line(tmp_path):
+    r = run_cli("--config", write(tmp_path, '{"ServerConfig": {"tokenTimeout": NaN}}'))
+    assert_one_line_error(r, "ServerConfig.tokenTimeout must be a finite number, got nan")
+
+
+@pytest.mark.parametrize("seconds", [0, -1])
+def test_handshake_timeout_must_be_positive(tmp_path, seconds):
+    with pytest.raises(ConfigError, match="tlsHandshakeTimeout must be a finite number of seconds > 0"):
+        load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": seconds}}))
+    assert load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": 2}})) \
+        .server.tls_handshake_timeout == 2.0
+    assert load_config(None).server.tls_handshake_timeout == 10.0
+
+
+def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
+    from cryptography import x509
+    script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
+                                           "make_certs.py"), "--dir", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def make(*args):
+        return subprocess.run([*script, *args], capture_output=True, text=True, timeout=60, env=env)
+
+    assert make().returncode == 0
+    sec = tmp_path / "security"
+    assert make("--client", "alice").returncode == 0
+    alice = x509.load_pem_x509_certificate((sec / "certs" / "alice.pem").read_bytes())
+    r = make("--revoke", str(sec / "certs" / "alice.pem"))
+    assert r.returncode == 0 and "(1 revoked; restart the server to apply it)" in r.stdout
+    r = make("--crl")                                  # re-signed, the entry kept
+    assert r.returncode == 0 and "(1 revoked;" in r.stdout
+    crl = x509.load_pem_x509_crl((sec / "certs" / "server_crl.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(alice.serial_number) is not None
+    assert len(crl) == 1
+    other = tmp_path / "other"
+    assert subprocess.run([*script[:-1], str(other)], capture_output=True, env=env).returncode == 0
+    r = make("--revoke", str(other / "security" / "certs" / "client.pem"))   # another CA's
+    assert r.returncode == 2 and "was not issued by the CA" in r.stderr

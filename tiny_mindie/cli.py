@@ -126,7 +126,8 @@ def serve(args: argparse.Namespace) -> int:
     ``/stopService``."""
     from .llm import LLM
     from .server.app import App, check_ports_free, start_listeners
-    from .server.tls import ensure_certificates, server_context, tls_files, uses_default_paths
+    from .server.tls import (ensure_certificates, server_context, tls_files, uses_default_crl,
+                             uses_default_paths)
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -138,8 +139,10 @@ def serve(args: argparse.Namespace) -> int:
     if s.https_enabled:
         files = tls_files(cfg)
         hosts = tuple({s.ip_address, s.management_ip_address} - {"0.0.0.0", "::", ""})
-        if ensure_certificates(files, hosts, may_create=uses_default_paths(cfg)):
-            _say(f"created a CA, a server and a client certificate in "
+        if ensure_certificates(files, hosts, may_create=uses_default_paths(cfg),
+                               with_crls=uses_default_crl(cfg)):
+            _say(f"created a CA and its key, a server and a client certificate"
+                 f"{' and an empty CRL' if uses_default_crl(cfg) and files.crls else ''} in "
                  f"{os.path.dirname(os.path.dirname(files.ca[0]))} (first run)")
         ssl_ctx = server_context(files)
     llm = LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,

@@ -10,6 +10,7 @@ the config home is ``$TINY_MINDIE_HOME``, else ``$XDG_CONFIG_HOME/tiny_mindie``
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,6 +42,7 @@ class ServerConfig:
     token_timeout: float = 600.0
     e2e_timeout: float = 600.0
     max_request_length: int = 40     # MB
+    tls_handshake_timeout: float = 10.0   # tiny_mindie: seconds a new connection has for its TLS handshake
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,21 @@ def _get(section: dict, key: str, kind, default, where: str):
     return v
 
 
+def _reject_non_finite(v, where: str) -> None:
+    """Python's ``json`` reads ``NaN``, ``Infinity`` and numbers too large for a float (``1e999``)
+    although JSON has no such values; none of them means anything in a config.
+
+    Raises:
+        ConfigError: naming the first key that holds one.
+    """
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"{where} must be a finite number, got {v}")
+    items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else ()
+    for k, x in items:
+        _reject_non_finite(x, f"{where}[{k}]" if isinstance(k, int) else
+                           f"{where}.{k}" if where else str(k))
+
+
 def _section(d: dict, key: str, where: str) -> dict:
     v = d.get(key, {})
     if not isinstance(v, dict):
@@ -177,6 +194,7 @@ def load_config(path: str | None = None) -> Config:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
+    _reject_non_finite(raw, "")
     s = _section(raw, "ServerConfig", "")
     b = _section(raw, "BackendConfig", "")
     md = _section(b, "ModelDeployConfig", "BackendConfig")
@@ -205,6 +223,7 @@ def load_config(path: str | None = None) -> Config:
         token_timeout=_get(s, "tokenTimeout", float, S.token_timeout, W),
         e2e_timeout=_get(s, "e2eTimeout", float, S.e2e_timeout, W),
         max_request_length=_get(s, "maxRequestLength", int, S.max_request_length, W),
+        tls_handshake_timeout=_get(s, "tlsHandshakeTimeout", float, S.tls_handshake_timeout, W),
     )
     W = "BackendConfig.ModelDeployConfig"
     name = _get(mc, "modelName", str, M.model_name, W + ".ModelConfig[0]")
@@ -274,8 +293,10 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {port}")
     if not 1 <= s.max_link_num <= 4096:
         raise ConfigError(f"ServerConfig.maxLinkNum must be in 1..4096, got {s.max_link_num}")
-    if s.token_timeout <= 0 or s.e2e_timeout <= 0:
-        raise ConfigError("ServerConfig.tokenTimeout and e2eTimeout must be > 0 seconds")
+    for key, seconds in (("tokenTimeout", s.token_timeout), ("e2eTimeout", s.e2e_timeout),
+                         ("tlsHandshakeTimeout", s.tls_handshake_timeout)):
+        if not (math.isfinite(seconds) and seconds > 0):   # NaN fails both
+            raise ConfigError(f"ServerConfig.{key} must be a finite number of seconds > 0, got {seconds}")
     if not 1 <= s.max_request_length <= 100:
         raise ConfigError(f"ServerConfig.maxRequestLength must be in 1..100 MB, got {s.max_request_length}")
     if m.max_seq_len < 2:

@@ -2,12 +2,12 @@
 
 Routes belong to a plane -- business (inference), management (health, status) or metrics --
 and each plane listens on its configured address and port; planes with the same port share one
-listener. Every listener speaks HTTP/1.1 over mutual TLS (or plain TCP with ``--no-tls``).
+listener. Every listener speaks HTTP/1.1 over mutual TLS (or plain TCP with ``--no-tls``); how
+connections are accepted and counted is :mod:`.listen`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import ssl
@@ -19,6 +19,8 @@ from ..config import Config
 from ..llm import LLM
 from .conn import Response, ResponseStream, json_response, serve_connection
 from .http import Request
+from .listen import (LISTEN_BACKLOG, ConnectionSlots, RefusalLogs, TCPListener, bind,
+                     connection_limit)
 from .routing import BUSINESS, MANAGEMENT, METRICS, Route
 
 log = logging.getLogger("tiny_mindie.server")
@@ -79,12 +81,12 @@ class App:
 
 @dataclass
 class Listener:
-    """One bound socket: which planes it serves, where, and whether over TLS."""
+    """One listening address: which planes it serves, where, and whether over TLS."""
 
     host: str
     port: int
     planes: frozenset[str]
-    server: asyncio.base_events.Server | None = None
+    server: TCPListener | None = None
 
     @property
     def bound_port(self) -> int:
@@ -109,57 +111,54 @@ def check_ports_free(cfg: Config) -> None:
     """Fail fast, before the slow model load, when a listen address cannot be bound.
 
     Raises:
+        ConfigError: a listen address cannot be resolved.
         OSError: the address is in use or not available on this machine.
     """
-    import socket
     for lst in plan_listeners(cfg):
-        if lst.port == 0:
-            continue
-        for family, kind, proto, _, addr in socket.getaddrinfo(lst.host, lst.port,
-                                                               type=socket.SOCK_STREAM):
-            with socket.socket(family, kind, proto) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(addr)
-                except OSError as exc:
-                    raise OSError(exc.errno, f"cannot listen on {lst.host}:{lst.port}: "
-                                             f"{exc.strerror}") from None
+        for sock in bind(lst.host, lst.port, backlog=1):
+            sock.close()
 
 
 async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None) -> list[Listener]:
     """Bind every listener and start accepting; returns them with their bound ports.
 
-    Connections beyond ``maxLinkNum`` get a 503 JSON answer and are closed (MindIE drops them
-    silently).
+    At most ``maxLinkNum`` connections are open at once, counted from ``accept()`` (TLS
+    handshakes included) and capped by the open files limit, which is first raised to its hard
+    limit; a TLS handshake has ``tlsHandshakeTimeout`` seconds. See :mod:`.listen` for who is
+    closed when the slots are full. Without TLS, a connection beyond the limit gets a 503 JSON
+    answer and is closed (MindIE drops it silently).
 
     Raises:
         OSError: an address is in use or cannot be bound.
     """
-    max_body = cfg.server.max_request_length * 1024 * 1024
-    limit = cfg.server.max_link_num
-    active = 0
+    s = cfg.server
+    max_body = s.max_request_length * 1024 * 1024
+    slots = ConnectionSlots(connection_limit(s.max_link_num))
+    logs = RefusalLogs()
     busy = json_response(503, APIError(503, "Too many connections, try again later.").body(),
                          [("Connection", "close")])
 
     async def refuse(req: Request, stream: ResponseStream) -> Response:
         return busy
 
+    async def refuse_connection(reader, writer) -> None:
+        await serve_connection(reader, writer, refuse, max_body_bytes=max_body,
+                               idle_timeout=s.tls_handshake_timeout)
+
     listeners = plan_listeners(cfg)
-    for lst in listeners:
-        handle = app.handler_for(lst.planes)
+    try:
+        for lst in listeners:
+            handle = app.handler_for(lst.planes)
 
-        async def on_connect(reader, writer, handle=handle):
-            nonlocal active
-            over = active >= limit
-            active += 1
-            try:
-                await serve_connection(reader, writer, refuse if over else handle,
-                                       max_body_bytes=max_body)
-            except asyncio.CancelledError:   # server shutting down
-                pass
-            finally:
-                active -= 1
+            async def serve(reader, writer, handle=handle) -> None:
+                await serve_connection(reader, writer, handle, max_body_bytes=max_body)
 
-        lst.server = await asyncio.start_server(on_connect, lst.host, lst.port, ssl=ssl_ctx,
-                                                backlog=min(4096, limit), limit=2**20)
+            lst.server = TCPListener(bind(lst.host, lst.port, backlog=LISTEN_BACKLOG),
+                                     serve, refuse_connection, slots=slots, ssl_ctx=ssl_ctx,
+                                     handshake_timeout=s.tls_handshake_timeout, logs=logs)
+    except BaseException:
+        for lst in listeners:
+            if lst.server:
+                lst.server.close()
+        raise
     return listeners

@@ -1,0 +1,169 @@
+"""A real server process against connections that never authenticate: silent sockets beyond
+``maxLinkNum`` and beyond the process's descriptors, revoked certificates, and what it logs."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import resource
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from helpers import TEST_CONFIG, Server, request
+from tiny_mindie.config import load_config
+from tiny_mindie.server.tls import (client_context, issue_certificate, issue_crl,
+                                    make_certificates, tls_files)
+
+pytestmark = pytest.mark.e2e
+
+HANDSHAKE_TIMEOUT = 1.5
+
+
+def launch(home: str, server_config: dict, nofile: tuple[int, int] | None = None) -> Server:
+    """Start ``python -m tiny_mindie`` on TEST_CONFIG with ``server_config`` over it, the TLS
+    files of ``home``/security, and (when given) RLIMIT_NOFILE (soft, hard); its output is kept
+    in ``server.log`` by a thread."""
+    config = {**TEST_CONFIG, "ServerConfig": {**TEST_CONFIG["ServerConfig"], **server_config}}
+    path = os.path.join(home, "config.json")
+    with open(path, "w") as fh:
+        json.dump(config, fh)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tiny_mindie", "--config", path], cwd=home, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, nofile)) if nofile else None)
+    log: list[str] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        log.append(line)
+        if line.startswith("try it:"):
+            port = int(re.search(r"listens\s+https://127\.0\.0\.1:(\d+)", "".join(log)).group(1))
+            threading.Thread(target=lambda: log.extend(iter(proc.stdout.readline, "")),
+                             daemon=True).start()
+            srv = Server(proc, port, home, "".join(log), path)
+            srv.log = log
+            return srv
+    proc.kill()
+    raise RuntimeError("server did not start:\n" + "".join(log))
+
+
+def stop(srv: Server) -> None:
+    srv.proc.terminate()
+    try:
+        srv.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+
+
+def pki(home: str):
+    """The server's TLS files in ``home``, plus a second client certificate that the CRL revokes."""
+    files = tls_files(replace(load_config(None), home=home))
+    make_certificates(files)
+    revoked = replace(files, client_cert=f"{home}/revoked.pem", client_key=f"{home}/revoked.key.pem")
+    issue_certificate(files.ca[0], files.ca_key, revoked.client_cert, revoked.client_key,
+                      "revoked client")
+    issue_crl(files.crls[0], files.ca[0], files.ca_key, (revoked.client_cert,))
+    return files, revoked
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    """A server with 4 connection slots, a 1.5 s handshake deadline and a CRL."""
+    home = str(tmp_path_factory.mktemp("guarded"))
+    files, revoked = pki(home)
+    srv = launch(home, {"maxLinkNum": 4, "tlsHandshakeTimeout": HANDSHAKE_TIMEOUT})
+    srv.revoked = revoked
+    yield srv
+    stop(srv)
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def wait_for_log(srv: Server, needle: str, timeout: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [line for line in list(srv.log) if needle in line]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} not in the server log:\n{''.join(srv.log[-30:])}")
+
+
+def descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_silent_sockets_beyond_max_link_num_do_not_lock_out_a_client(guarded):
+    silent = [socket.create_connection(("127.0.0.1", guarded.port)) for _ in range(50)]
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        status, _, body = request(guarded, "GET", "/health")
+        served_in = time.monotonic() - t0
+        assert status == 200, body
+        assert served_in < HANDSHAKE_TIMEOUT * 0.6, served_in     # no waiting for a deadline
+        t0 = time.monotonic()
+        assert all(closed_by_server(s, HANDSHAKE_TIMEOUT + 2) for s in silent)
+        assert time.monotonic() - t0 < HANDSHAKE_TIMEOUT + 1.5
+    finally:
+        for s in silent:
+            s.close()
+    wait_for_log(guarded, "connection limit (4) reached: closed the connection from 127.0.0.1:")
+    wait_for_log(guarded, f"no TLS handshake within {HANDSHAKE_TIMEOUT:g} s")
+
+
+def test_revoked_certificate_is_refused_while_a_good_one_is_served(guarded):
+    with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+        request(guarded, "GET", "/health", ctx=client_context(guarded.revoked))
+    line = wait_for_log(guarded, "refused TLS client")
+    assert "certificate revoked (verify code 23)" in line
+    assert "client certificate 'CN=revoked client,O=tiny_mindie'" in line
+    assert request(guarded, "GET", "/health")[0] == 200
+
+
+def test_more_silent_sockets_than_the_server_has_descriptors(tmp_path):
+    """RLIMIT_NOFILE soft 100, hard 160: the server raises its soft limit to 160, caps its
+    connections below that (maxLinkNum is 1000), and 300 silent sockets still leave room for a
+    client with a certificate."""
+    pki(str(tmp_path))
+    srv = launch(str(tmp_path), {"tlsHandshakeTimeout": HANDSHAKE_TIMEOUT}, nofile=(100, 160))
+    silent = []
+    try:
+        assert "open files limit (RLIMIT_NOFILE) raised from 100 to 160" in srv.banner
+        cap = int(re.search(r"maxLinkNum 1000 does not fit the open files limit \(160 descriptors, "
+                            r"\d+ in use\): at most (\d+) connections", srv.banner).group(1))
+        assert 50 < cap < 160
+        most = 0
+        for _ in range(300):
+            silent.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+            most = max(most, descriptors(srv.proc.pid))
+        time.sleep(0.2)
+        most = max(most, descriptors(srv.proc.pid))
+        t0 = time.monotonic()
+        assert request(srv, "GET", "/health")[0] == 200
+        assert time.monotonic() - t0 < HANDSHAKE_TIMEOUT * 0.6
+        assert most < 160, most
+        assert not [line for line in srv.log if "accept() failed" in line]
+    finally:
+        for s in silent:
+            s.close()
+        stop(srv)

@@ -1,0 +1,309 @@
+"""The listener (server/listen.py) on real sockets and real mutual TLS, in-process: connections
+counted from accept, the handshake deadline, revocation, and the log lines of refusals."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import http.client
+import json
+import logging
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from tiny_mindie.server.conn import json_response, serve_connection
+from tiny_mindie.server.listen import (ConnectionSlots, RateLimitedLog, RefusalLogs, TCPListener,
+                                       bind)
+from tiny_mindie.server.tls import (TLSFiles, client_context, issue_certificate, issue_crl,
+                                    make_certificates, server_context)
+
+LOOPS = ["asyncio", "uvloop"]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA with a server pair, a good client, a revoked client (in the CRL) and a CRL."""
+    d = str(tmp_path_factory.mktemp("pki"))
+    files = TLSFiles(ca=(f"{d}/ca.pem",), cert=f"{d}/server.pem", key=f"{d}/server.key.pem",
+                     crls=(f"{d}/crl.pem",), client_cert=f"{d}/client.pem",
+                     client_key=f"{d}/client.key.pem")
+    make_certificates(files)
+    revoked = replace(files, client_cert=f"{d}/revoked.pem", client_key=f"{d}/revoked.key.pem")
+    issue_certificate(files.ca[0], files.ca_key, revoked.client_cert, revoked.client_key,
+                      "revoked client")
+    assert issue_crl(files.crls[0], files.ca[0], files.ca_key, (revoked.client_cert,)) == 1
+    return files, revoked
+
+
+class Listening:
+    """A TCPListener serving ``{"ok": true}`` on an event loop of its own thread."""
+
+    def __init__(self, ssl_ctx, limit: int, handshake_timeout: float, loop: str = "asyncio"):
+        if loop == "uvloop":
+            uvloop = pytest.importorskip("uvloop")
+            self.loop = uvloop.new_event_loop()
+        else:
+            self.loop = asyncio.new_event_loop()
+        self.slots = ConnectionSlots(limit)
+        self.max_open = 0
+        ready = threading.Event()
+
+        async def serve(reader, writer):
+            self.max_open = max(self.max_open, self.slots.open)
+            await serve_connection(reader, writer, ok, max_body_bytes=2**20)
+
+        async def ok(req, stream):
+            return json_response(200, {"ok": True})
+
+        async def start():
+            self.listener = TCPListener(bind("127.0.0.1", 0, 128), serve, serve, slots=self.slots,
+                                        ssl_ctx=ssl_ctx, handshake_timeout=handshake_timeout,
+                                        logs=RefusalLogs(every=60))
+            self.port = self.listener.sockets[0].getsockname()[1]
+            ready.set()
+
+        def run():
+            asyncio.set_event_loop(self.loop)
+            self.loop.create_task(start())
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def stop(self):
+        async def shutdown():
+            self.listener.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def get(self, ctx, timeout: float = 10.0):
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=ctx, timeout=timeout)
+        try:
+            conn.request("GET", "/")
+            resp = conn.getresponse()
+            return resp.status, json.loads(resp.read())
+        finally:
+            conn.close()
+
+
+def server_side_established(port: int) -> int:
+    """Server-side TCP sockets of ``port`` in state ESTABLISHED (accepted or in the backlog),
+    as the kernel counts them (/proc/net/tcp)."""
+    n = 0
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if int(local.split(":")[1], 16) == port and state == "01":
+                n += 1
+    return n
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """The server closed ``sock`` (EOF or reset) within ``within`` seconds."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certificate(pki, loop, caplog):
+    files, _ = pki
+    srv = Listening(server_context(files), limit=8, handshake_timeout=2.0, loop=loop)
+    silent = []
+    try:
+        with caplog.at_level(logging.INFO, logger="tiny_mindie.server"):
+            t_connect = time.monotonic()
+            for _ in range(40):      # 5x the limit, no certificate, not a byte sent
+                silent.append(socket.create_connection(("127.0.0.1", srv.port)))
+            time.sleep(0.3)
+            assert srv.slots.open <= 8
+            assert server_side_established(srv.port) <= 8      # the others were closed at once
+            assert srv.get(client_context(files)) == (200, {"ok": True})
+            served_at = time.monotonic() - t_connect
+            assert served_at < 1.8, served_at                  # before any handshake timed out
+            # Every silent socket is closed: most to make room, the last ones at the deadline.
+            assert all(closed_by_server(s, 4.0) for s in silent)
+            assert time.monotonic() - t_connect < 3.5
+            deadline = time.monotonic() + 2
+            while srv.slots.open and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert srv.slots.open == 0 and not srv.slots.handshaking
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "connection limit (8) reached: closed the connection from 127.0.0.1:" in logged
+        assert "no TLS handshake within 2 s" in logged
+        # One line per kind at most in the window (rate-limited), not one per socket.
+        assert sum("connection limit" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        for s in silent:
+            s.close()
+        srv.stop()
+
+
+def test_authenticated_connections_fill_the_slots_then_new_ones_are_closed_at_once(pki, caplog):
+    files, _ = pki
+    srv = Listening(server_context(files), limit=2, handshake_timeout=5.0)
+    ctx = client_context(files)
+    held = []
+    try:
+        for _ in range(2):       # two keep-alive connections past their handshake
+            c = http.client.HTTPSConnection("127.0.0.1", srv.port, context=ctx, timeout=5)
+            c.request("GET", "/")
+            assert c.getresponse().read() == b'{"ok":true}'
+            held.append(c)
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            s = socket.create_connection(("127.0.0.1", srv.port))
+            t0 = time.monotonic()
+            assert closed_by_server(s, 2.0) and time.monotonic() - t0 < 1.0
+            s.close()
+        assert "every connection past its handshake: closed the new connection" in caplog.text
+        assert srv.slots.established == 2
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while srv.slots.established > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert srv.get(ctx) == (200, {"ok": True})       # a freed slot serves again
+    finally:
+        for c in held:
+            c.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_revoked_certificate_is_refused_and_logged_with_its_subject(pki, loop, caplog):
+    files, revoked = pki
+    srv = Listening(server_context(files), limit=16, handshake_timeout=5.0, loop=loop)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            assert srv.get(client_context(files)) == (200, {"ok": True})
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                srv.get(client_context(revoked))
+            time.sleep(0.2)
+        line = next(r.getMessage() for r in caplog.records if "refused TLS client" in r.getMessage())
+        assert "certificate revoked (verify code 23)" in line
+        assert "client certificate 'CN=revoked client,O=tiny_mindie'" in line
+        assert srv.get(client_context(files)) == (200, {"ok": True})
+    finally:
+        srv.stop()
+
+
+def test_client_without_certificate_is_refused_and_logged(pki, caplog):
+    files, _ = pki
+    srv = Listening(server_context(files), limit=16, handshake_timeout=5.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                srv.get(ssl.create_default_context(cafile=files.ca[0]))
+            time.sleep(0.2)
+        assert "refused TLS client 127.0.0.1:" in caplog.text
+        assert "peer did not return a certificate" in caplog.text
+    finally:
+        srv.stop()
+
+
+def test_expired_crl_warns_at_start_and_every_client_is_refused(pki, tmp_path, caplog):
+    files, _ = pki
+    now = datetime.datetime.now(datetime.timezone.utc)
+    expired = str(tmp_path / "expired_crl.pem")
+    issue_crl(expired, files.ca[0], files.ca_key, last_update=now - datetime.timedelta(days=2),
+              next_update=now - datetime.timedelta(days=1))
+    with caplog.at_level(logging.WARNING, logger="tiny_mindie.tls"):
+        ctx = server_context(replace(files, crls=(expired,)))
+    assert f"TLS CRL file {expired} expired on" in caplog.text
+    assert "EVERY client certificate of CN=tiny_mindie CA,O=tiny_mindie will be refused" in caplog.text
+    srv = Listening(ctx, limit=4, handshake_timeout=5.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                srv.get(client_context(files))       # the good client: refused, as warned
+            time.sleep(0.2)
+        assert "CRL has expired (verify code 12)" in caplog.text
+    finally:
+        srv.stop()
+
+
+def test_rate_limited_log_says_how_many_it_held_back(caplog):
+    async def main():
+        say = RateLimitedLog(logging.WARNING, every=0.3)
+        for i in range(5):
+            say(f"event {i}")
+        await asyncio.sleep(0.5)
+        say("event 5")        # a new window: held until its end
+        await asyncio.sleep(0.5)
+
+    with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records] == [
+        "event 0", "event 4 (4 like this in the last 0.3 s)", "event 5 (1 like this in the last 0.3 s)"]
+
+
+def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(tmp_path):
+    """A listener whose process may open 40 descriptors, with slots for 1000 connections: accept()
+    fails with EMFILE; that is logged once (rate-limited, with a count), the connections wait in
+    the backlog, and they are served once descriptors are free again."""
+    script = textwrap.dedent("""
+        import asyncio, logging, resource, sys
+        from tiny_mindie.server.conn import json_response, serve_connection
+        from tiny_mindie.server.listen import ConnectionSlots, RefusalLogs, TCPListener, bind
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+
+        async def ok(req, stream):
+            return json_response(200, {"ok": True})
+
+        async def serve(reader, writer):
+            await serve_connection(reader, writer, ok, max_body_bytes=1024, idle_timeout=60)
+
+        async def main():
+            lst = TCPListener(bind("127.0.0.1", 0, 256), serve, serve, slots=ConnectionSlots(1000),
+                              ssl_ctx=None, handshake_timeout=1, logs=RefusalLogs(every=0.5))
+            print(lst.sockets[0].getsockname()[1], flush=True)
+            await asyncio.sleep(30)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    socks = []
+    try:
+        port = int(proc.stdout.readline())
+        for _ in range(60):           # more than the process has descriptors
+            socks.append(socket.create_connection(("127.0.0.1", port)))
+        time.sleep(1.0)               # EMFILE, again and again, in the accept loop
+        for s in socks:
+            s.close()
+        socks = []
+        time.sleep(0.3)
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.1 200")    # recovered
+        s.close()
+    finally:
+        for s in socks:
+            s.close()
+        proc.terminate()
+        err = proc.communicate(timeout=10)[1]
+    lines = [ln for ln in err.splitlines() if "accept() failed" in ln]
+    assert lines and lines[0].startswith("ERROR accept() failed: Too many open files (EMFILE)"), err
+    assert "new connections wait in the listen backlog" in lines[0]
+    assert len(lines) <= 4, err          # ~1.3 s at one line per 0.5 s, not one per failure
+    assert any("like this in the last" in ln for ln in lines), err
