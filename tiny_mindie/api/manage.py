@@ -125,6 +125,7 @@ def effective_config(app) -> dict:
             "tlsCaPath": cfg.path(s.tls_ca_path), "tlsCaFile": list(s.tls_ca_files),
             "tlsCert": cfg.path(s.tls_cert), "tlsPk": cfg.path(s.tls_pk),
             "tlsCrlPath": cfg.path(s.tls_crl_path), "tlsCrlFiles": list(s.tls_crl_files),
+            "tlsHandshakeTimeout": s.tls_handshake_timeout,
             "tokenTimeout": s.token_timeout, "e2eTimeout": s.e2e_timeout,
             "maxRequestLength": s.max_request_length,
         },

@@ -405,9 +405,11 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     cas = [c for ca in files.ca for c in _read_certificates(ca, "TLS CA file")]
     for crl in files.crls:
         if not os.path.exists(crl):
-            raise ConfigError(f"TLS CRL file not found: {crl} (fix tlsCrlPath / tlsCrlFiles, make "
-                              f"one with scripts/make_certs.py --crl, or set \"tlsCrlFiles\": [] "
-                              f"to check no CRL)")
+            make = ("make one with scripts/make_certs.py --crl" if os.path.exists(files.ca_key)
+                    else f"no CA key at {files.ca_key} to make one: this folder predates kept CA "
+                         f"keys; remove it to have a new CA, certificates and CRL made")
+            raise ConfigError(f"TLS CRL file not found: {crl} (fix tlsCrlPath / tlsCrlFiles, "
+                              f"{make}, or set \"tlsCrlFiles\": [] to check no CRL)")
         for warning in check_crls(crl, cas):
             log.warning("%s", warning)
 
