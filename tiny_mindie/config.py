@@ -41,6 +41,7 @@ class ServerConfig:
     token_timeout: float = 600.0
     e2e_timeout: float = 600.0
     max_request_length: int = 40     # MB
+    max_stream_backlog_kb: int = 64   # tiny_mindie: KB a stream's client may leave unread; 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,7 @@ def load_config(path: str | None = None) -> Config:
         token_timeout=_get(s, "tokenTimeout", float, S.token_timeout, W),
         e2e_timeout=_get(s, "e2eTimeout", float, S.e2e_timeout, W),
         max_request_length=_get(s, "maxRequestLength", int, S.max_request_length, W),
+        max_stream_backlog_kb=_get(s, "maxStreamBacklogKB", int, S.max_stream_backlog_kb, W),
     )
     W = "BackendConfig.ModelDeployConfig"
     name = _get(mc, "modelName", str, M.model_name, W + ".ModelConfig[0]")
@@ -276,6 +278,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("ServerConfig.tokenTimeout and e2eTimeout must be > 0 seconds")
     if not 1 <= s.max_request_length <= 100:
         raise ConfigError(f"ServerConfig.maxRequestLength must be in 1..100 MB, got {s.max_request_length}")
+    if s.max_stream_backlog_kb < 0:
+        raise ConfigError(f"ServerConfig.maxStreamBacklogKB must be >= 0, got {s.max_stream_backlog_kb}")
     if m.max_seq_len < 2:
         raise ConfigError(f"maxSeqLen must be >= 2, got {m.max_seq_len}")
     if m.max_input_token_len < 1:

@@ -127,6 +127,7 @@ def effective_config(app) -> dict:
             "tlsCrlPath": cfg.path(s.tls_crl_path), "tlsCrlFiles": list(s.tls_crl_files),
             "tokenTimeout": s.token_timeout, "e2eTimeout": s.e2e_timeout,
             "maxRequestLength": s.max_request_length,
+            "maxStreamBacklogKB": s.max_stream_backlog_kb,
         },
         "BackendConfig": {
             "npuDeviceIds": [list(b.npu_device_ids)],
