@@ -43,8 +43,9 @@ def utf8(text: str) -> bytes:
     ``json.loads`` makes from a client's ``"\\ud800"``) written as the escape ``\\ud800``.
 
     That is JSON's own escape for it, so JSON text stays valid JSON and parses back to the
-    same string (``json.dumps`` escapes every backslash, so the escape cannot be mistaken
-    for part of another one). Never raises."""
+    same string, as ``ensure_ascii`` output would (a pair's two halves, if a string holds them
+    apart, read back as the one character they make); ``json.dumps`` escapes every backslash,
+    so the escape cannot join another one. Never raises."""
     return text.encode("utf-8", "backslashreplace")
 
 
