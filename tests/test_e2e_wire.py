@@ -245,3 +245,5 @@ def test_a_stream_read_as_it_comes_is_not_cut_off(one_slot_server):
     assert status == 200
     assert sse_events(body)[-1]["details"]["generated_tokens"] == 400
     assert delta(before, settled(one_slot_server))["success"] == 1
+    status, _, body = request(one_slot_server, "GET", "/v1/config")
+    assert status == 200 and json.loads(body)["ServerConfig"]["maxStreamBacklogKB"] == 8
