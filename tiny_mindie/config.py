@@ -43,6 +43,7 @@ class ServerConfig:
     e2e_timeout: float = 600.0
     max_request_length: int = 40     # MB
     tls_handshake_timeout: float = 10.0   # tiny_mindie: seconds a new connection has for its TLS handshake
+    max_stream_backlog_kb: int = 64   # tiny_mindie: KB a stream's client may leave unread; 0 = no limit
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,7 @@ def load_config(path: str | None = None) -> Config:
         e2e_timeout=_get(s, "e2eTimeout", float, S.e2e_timeout, W),
         max_request_length=_get(s, "maxRequestLength", int, S.max_request_length, W),
         tls_handshake_timeout=_get(s, "tlsHandshakeTimeout", float, S.tls_handshake_timeout, W),
+        max_stream_backlog_kb=_get(s, "maxStreamBacklogKB", int, S.max_stream_backlog_kb, W),
     )
     W = "BackendConfig.ModelDeployConfig"
     name = _get(mc, "modelName", str, M.model_name, W + ".ModelConfig[0]")
@@ -299,6 +301,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"ServerConfig.{key} must be a finite number of seconds > 0, got {seconds}")
     if not 1 <= s.max_request_length <= 100:
         raise ConfigError(f"ServerConfig.maxRequestLength must be in 1..100 MB, got {s.max_request_length}")
+    if s.max_stream_backlog_kb < 0:
+        raise ConfigError(f"ServerConfig.maxStreamBacklogKB must be >= 0, got {s.max_stream_backlog_kb}")
     if m.max_seq_len < 2:
         raise ConfigError(f"maxSeqLen must be >= 2, got {m.max_seq_len}")
     if m.max_input_token_len < 1:

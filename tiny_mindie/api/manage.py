@@ -128,6 +128,7 @@ def effective_config(app) -> dict:
             "tlsHandshakeTimeout": s.tls_handshake_timeout,
             "tokenTimeout": s.token_timeout, "e2eTimeout": s.e2e_timeout,
             "maxRequestLength": s.max_request_length,
+            "maxStreamBacklogKB": s.max_stream_backlog_kb,
         },
         "BackendConfig": {
             "npuDeviceIds": [list(b.npu_device_ids)],

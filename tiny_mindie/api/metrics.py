@@ -88,7 +88,9 @@ def _counted(handler, metrics: Metrics):
         except APIError as err:
             outcome = _REASON_BY_STATUS.get(err.status, "internal")
             raise
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ConnectionError):
+            # ConnectionError: the client left (reset, closed, or cut off for not reading)
+            # before or while its answer was written -- the client's doing, not ours.
             outcome = "cancelled"
             raise
         except Exception:
@@ -96,8 +98,12 @@ def _counted(handler, metrics: Metrics):
             raise
         finally:
             current_tally.reset(token)
-            # The engine's word wins: it knows a timeout from a cancellation.
-            metrics.request_done(tally.outcome or outcome or "internal")
+            # The engine's word wins: it knows a timeout from a cancellation; but an answer the
+            # client left before its head was sent was not delivered.
+            final = tally.outcome or outcome or "internal"
+            if final == "success" and not stream.started and stream.peer_gone():
+                final = "cancelled"
+            metrics.request_done(final)
 
     return counted
 

@@ -172,15 +172,16 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
                               "generated_tokens": len(done.token_ids), "seed": done.seed}
         return json_response(200, out)
     events, ev = await first_event(llm, request)
-    out_stream = await stream.start(200, "text/event-stream")
-    try:
-        while True:
-            await out_stream.send_event(_dumps(stream_event(ev, request, details)))
-            if ev.is_last:
-                break
-            ev = await events.__anext__()
-    except GenerationError as err:
-        await out_stream.send_event(_dumps(from_generation_error(err).body()))
+    try:   # the client may be gone already: then start() raises and the request is cancelled
+        out_stream = await stream.start(200, "text/event-stream")
+        try:
+            while True:
+                await out_stream.send_event(_dumps(stream_event(ev, request, details)))
+                if ev.is_last:
+                    break
+                ev = await events.__anext__()
+        except GenerationError as err:
+            await out_stream.send_event(_dumps(from_generation_error(err).body()))
     finally:
         await events.aclose()
     await out_stream.end()

@@ -601,8 +601,8 @@ async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
     except GenerationError as err:
         await events.aclose()
         raise from_generation_error(err) from None
-    out_stream = await stream.start(200, "text/event-stream")
     usage_extra = {"usage": None} if p.include_usage else {}
+    out_stream = None
 
     async def send(choices: list) -> None:
         await out_stream.send_event(_dumps({**kind.envelope(choices, chunk=True), **usage_extra}))
@@ -610,7 +610,8 @@ async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
     counts = [0] * len(flat)
     prompt_tokens = [0] * len(groups)
     offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
-    try:
+    try:   # the client may be gone already: then start() raises and the requests are cancelled
+        out_stream = await stream.start(200, "text/event-stream")
         if kind.chat:
             await send([{"index": i, "delta": {"role": "assistant", "content": ""},
                          "logprobs": None, "finish_reason": None} for i in range(len(flat))])

@@ -35,6 +35,7 @@ from ..engine.request import GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
+from ..server.sse import utf8
 from .errors import APIError, from_generation_error, invalid
 from .native import (build_request, first_event, read_inputs, read_parameters,
                      until_done_or_gone)
@@ -222,26 +223,27 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
                       "streaming tokens.")
     request = await _tgi_request(llm, prompt, params)
     events, ev = await first_event(llm, request)
-    out_stream = await stream.start(200, "text/event-stream")
-    try:
-        while True:
-            out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
-            if params.top_n_tokens:
-                out["top_tokens"] = _top_tokens(llm, ev)
-            if ev.is_last:
-                text = ev.generated_text or ""
-                out["generated_text"] = prompt + text if params.return_full_text else text
-                if params.details:
-                    out["details"] = {"finish_reason": ev.finish_reason,
-                                      "generated_tokens": ev.index + 1,
-                                      "seed": request.sampling.seed,
-                                      "prompt_tokens": len(request.prompt_ids)}
-            await out_stream.send_event(_dumps(out))
-            if ev.is_last:
-                break
-            ev = await events.__anext__()
-    except GenerationError as err:
-        await out_stream.send_event(_dumps(_tgi(from_generation_error(err)).body()))
+    try:   # the client may be gone already: then start() raises and the request is cancelled
+        out_stream = await stream.start(200, "text/event-stream")
+        try:
+            while True:
+                out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
+                if params.top_n_tokens:
+                    out["top_tokens"] = _top_tokens(llm, ev)
+                if ev.is_last:
+                    text = ev.generated_text or ""
+                    out["generated_text"] = prompt + text if params.return_full_text else text
+                    if params.details:
+                        out["details"] = {"finish_reason": ev.finish_reason,
+                                          "generated_tokens": ev.index + 1,
+                                          "seed": request.sampling.seed,
+                                          "prompt_tokens": len(request.prompt_ids)}
+                await out_stream.send_event(_dumps(out))
+                if ev.is_last:
+                    break
+                ev = await events.__anext__()
+        except GenerationError as err:
+            await out_stream.send_event(_dumps(_tgi(from_generation_error(err)).body()))
     finally:
         await events.aclose()
     await out_stream.end()
@@ -334,7 +336,7 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dic
         open_ = n
         while True:
             if isinstance(item, GenerationError):
-                await out_stream.send(_dumps(_tgi(from_generation_error(item)).body()).encode() + b"\0")
+                await out_stream.send(utf8(_dumps(_tgi(from_generation_error(item)).body())) + b"\0")
                 break
             if item is None:
                 open_ -= 1
@@ -342,7 +344,7 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dic
                     break
             else:
                 texts[k] = item.generated_text if item.is_last else texts[k] + item.text
-                await out_stream.send(_dumps({"text": [prompt + t for t in texts]}).encode() + b"\0")
+                await out_stream.send(utf8(_dumps({"text": [prompt + t for t in texts]})) + b"\0")
             k, item = await queue.get()
         await out_stream.end()
     finally:

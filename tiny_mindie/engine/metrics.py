@@ -22,7 +22,10 @@ import bisect
 import contextvars
 import threading
 
-# Failure reasons, the ``reason`` label of ``request_failed_total``.
+# Failure reasons, the ``reason`` label of ``request_failed_total``: validation (a 4xx for the
+# request itself), too_long (424), timeout (a server or client time limit), cancelled (the client
+# left -- disconnected, stopped by stopInfer, or cut off for leaving too much of a stream unread --
+# before its answer was delivered), stopped (the service is stopping), internal (a server bug).
 FAIL_REASONS = ("validation", "too_long", "timeout", "cancelled", "stopped", "internal")
 _KIND_TO_REASON = {"empty": "validation"}   # GenerationError kinds that are not reasons as such
 

@@ -46,9 +46,11 @@ class App:
     def handler_for(self, planes: frozenset[str]):
         """The connection handler of a listener that serves ``planes``."""
         routes = [r for r in self.routes if r.plane in planes]
+        backlog_kb = self.cfg.server.max_stream_backlog_kb
 
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
             t0 = time.monotonic()
+            stream.max_backlog = backlog_kb * 1024 if backlog_kb else None
             resp = await dispatch(req, stream)
             status = resp.status if resp is not None else ("stream" if stream.started else "gone")
             access.info('"%s %s" %s %.1f ms', req.method, req.target[:200], status,

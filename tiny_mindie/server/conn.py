@@ -20,7 +20,12 @@ Behaviour on the wire:
   truncated chunked body);
 * ``Date`` and ``Server`` on every response; an idle keep-alive connection is closed after
   ``idle_timeout`` seconds; a request gets 408 when its header section takes longer than that
-  in all, or its body stalls that long between two reads.
+  in all, or its body stalls that long between two reads;
+* a response write waits at most ``idle_timeout`` for a client that does not read; a streamed
+  one is also cut off once its client leaves more than ``ResponseStream.max_backlog`` bytes
+  unread;
+* text is encoded with :func:`~.sse.utf8`: a lone surrogate from the client's JSON goes back
+  as the JSON escape ``\\ud800`` rather than failing the response.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from .http import (CONTINUE_100, NEED_DATA, HTTPError, Request, RequestHead, RequestParser,
                    body_too_large_message, format_response)
-from .sse import ChunkedStream
+from .sse import ChunkedStream, utf8
 
 __all__ = ["Handler", "Response", "ResponseStream", "json_response", "serve_connection"]
 
@@ -66,13 +71,14 @@ class Response:
 
 
 def json_response(status: int, obj: Any, headers: Optional[list[tuple[str, str]]] = None) -> Response:
-    """A :class:`Response` whose body is ``obj`` as compact UTF-8 JSON (non-ASCII kept as is).
+    """A :class:`Response` whose body is ``obj`` as compact UTF-8 JSON (non-ASCII kept as is;
+    a lone surrogate, which a client can send as ``"\\ud800"``, as that escape).
 
     Raises:
         TypeError / ValueError: ``obj`` is not JSON-serialisable (or contains NaN/Infinity).
     """
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return Response(status, body.encode("utf-8"), "application/json", list(headers or []))
+    return Response(status, utf8(body), "application/json", list(headers or []))
 
 
 Handler = Callable[[Request, "ResponseStream"], Awaitable[Optional[Response]]]
@@ -83,6 +89,11 @@ class ResponseStream:
 
     Only one of the two may happen per request: return a :class:`Response`, or call
     :meth:`start` and return ``None``.
+
+    Attributes:
+        max_backlog: Bytes a streamed response's client may leave unread before it is cut off
+            (see :class:`~.sse.ChunkedStream`); ``None`` (the default): no limit. Set it
+            before :meth:`start`.
     """
 
     def __init__(self, writer: asyncio.StreamWriter, request: Request,
@@ -95,6 +106,7 @@ class ResponseStream:
         self._base_headers = base_headers
         self._write_timeout = write_timeout
         self._stream: Optional[ChunkedStream] = None
+        self.max_backlog: Optional[int] = None
 
     @property
     def started(self) -> bool:
@@ -135,7 +147,8 @@ class ResponseStream:
         chunked = self._request.version == "HTTP/1.1"
         keep_alive = self._request.keep_alive and chunked
         self._stream = ChunkedStream(self._writer, base_headers=self._base_headers(keep_alive),
-                                     chunked=chunked, write_timeout=self._write_timeout)
+                                     chunked=chunked, write_timeout=self._write_timeout,
+                                     max_backlog=self.max_backlog)
         await self._stream.start(status, content_type, extra_headers)
         return self._stream
 
@@ -157,7 +170,7 @@ def _error_body(status: int, message: str, max_body_bytes: int) -> bytes:
         obj: dict[str, str] = {"message": body_too_large_message(max_body_bytes)}
     else:
         obj = {"error": message, "error_type": "Bad Request"}
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return utf8(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
 
 
 _INTERNAL_ERROR_BODY = json.dumps(
