@@ -510,7 +510,7 @@ def _parse_request_line(line: bytes) -> tuple[str, str, str]:
     method, target, version = (g.decode("ascii") for g in match.groups())
     vmatch = _VERSION.fullmatch(version)
     if vmatch is None or vmatch.group(1) != "1" or vmatch.group(2) not in ("0", "1"):
-        raise HTTPError(505, f"HTTP version not supported: {version}")
+        raise HTTPError(505, f"HTTP version not supported: {_excerpt(match.group(3), 16)}")
     return method, target, version
 
 
@@ -525,7 +525,7 @@ def _parse_fields(lines: Iterable[bytes], what: str) -> list[tuple[str, str]]:
             raise HTTPError(400, f"Invalid {what} field {_excerpt(line)}")
         value = value.strip(b" \t")
         if _BAD_VALUE_CHAR.search(value):
-            raise HTTPError(400, f"Invalid character in {what} field {name.decode('ascii')!r}")
+            raise HTTPError(400, f"Invalid character in {what} field {_excerpt(name)}")
         fields.append((name.decode("ascii").lower(), value.decode("latin-1")))
         if len(fields) > _MAX_HEADERS:
             raise HTTPError(431, f"Too many {what} fields (more than {_MAX_HEADERS})")
@@ -569,7 +569,8 @@ def _build_head(method: str, target: str, version: str,
                                           or te_codings.count("chunked") > 1):
             raise HTTPError(400, "Transfer-Encoding must apply chunked once, last")
         else:
-            raise HTTPError(501, f"Unsupported Transfer-Encoding {', '.join(te_codings)!r}; "
+            codings = ", ".join(te_codings).encode("latin-1")
+            raise HTTPError(501, f"Unsupported Transfer-Encoding {_excerpt(codings)}; "
                                  "only chunked is supported")
     elif cl_values:
         if len(set(cl_values)) != 1 or not _DIGITS.fullmatch(cl_values[0]):
@@ -616,12 +617,14 @@ def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
     elif (absolute := _ABSOLUTE_FORM.fullmatch(target)) is not None:
         scheme, authority, rest = absolute.groups()
         if scheme.lower() not in ("http", "https") or not _HOST_PORT.fullmatch(authority):
-            raise HTTPError(400, f"Invalid absolute-form request-target {_excerpt(target.encode())}")
+            raise HTTPError(400, "Invalid absolute-form request-target "
+                                 + _excerpt(target.encode()))
         if not rest.startswith("/"):
             rest = "/" + rest                   # "http://h" and "http://h?q" mean path "/"
     elif method == "CONNECT":                   # authority-form
         if not _AUTHORITY_FORM.fullmatch(target):
-            raise HTTPError(400, f"Invalid authority-form request-target {_excerpt(target.encode())}")
+            raise HTTPError(400, "Invalid authority-form request-target "
+                                 + _excerpt(target.encode()))
         return "", {}
     else:
         raise HTTPError(400, f"Invalid request-target {_excerpt(target.encode())}")
