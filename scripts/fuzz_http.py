@@ -483,7 +483,7 @@ def fuzz(*, seed: int, iterations: Optional[int] = None, seconds: Optional[float
     return stats
 
 
-def replay(inputs: Sequence[bytes], seed: int = 0, all_splits_up_to: int = 1024) -> list[Finding]:
+def replay(inputs: Sequence[bytes], seed: int = 0, all_splits_up_to: int = 600) -> list[Finding]:
     """The oracles on each input under each of :data:`PROFILES`, fed whole, a byte at a time,
     at random splits, and (inputs up to ``all_splits_up_to`` bytes) split in two at every
     point.  Returns the findings (none when the parser is right)."""
