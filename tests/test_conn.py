@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import logging
+import select
 import shutil
 import socket
 import subprocess
@@ -220,7 +221,7 @@ def test_json_response_is_compact_utf8(server):
 
 def test_connection_close_from_handler(server):
     with server.socket() as sock:
-        sock.sendall(b"GET /close HTTP/1.1\r\n\r\nGET /echo HTTP/1.1\r\n\r\n")
+        sock.sendall(b"GET /close HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
         status, headers, body = split_response(recv_all(sock))
     assert status == "HTTP/1.1 200 OK" and headers["connection"] == "close" and body == b"bye"
 
@@ -319,9 +320,12 @@ def test_body_at_limit_accepted(server):
 
 @pytest.mark.parametrize("garbage, status", [
     (b"GARBAGE\r\n\r\n", 400),
-    (b"GET / HTTP/1.1\r\nBad Header\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", 400),
     (b"GET / HTTP/2.0\r\n\r\n", 505),
-    (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    (b"GET http://[/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),     # urlsplit's ValueError escaped
+    (b"GET /echo HTTP/1.1\r\n\r\n", 400),                     # no Host
+    (b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 3\r\n\r\nabc", 417),
 ])
 def test_malformed_request_answered_then_server_still_serves(server, garbage, status):
     with server.socket() as sock:
@@ -384,7 +388,7 @@ def test_stream_read_back_with_http_client(server):
 
 def test_stream_exact_chunk_framing(server):
     with server.socket() as sock:
-        sock.sendall(b"GET /stream?n=2 HTTP/1.1\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"GET /stream?n=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         _, headers, body = split_response(recv_all(sock))
     events = [sse_event(json.dumps({"i": i, "text": "\u00e9"}, ensure_ascii=False)) for i in range(2)]
     assert body == b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
@@ -393,7 +397,7 @@ def test_stream_exact_chunk_framing(server):
 
 def test_client_disconnect_reaches_the_streaming_handler(server):
     with server.socket() as sock:
-        sock.sendall(b"GET /forever HTTP/1.1\r\n\r\n")
+        sock.sendall(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     assert server.rec.disconnected.wait(5)
@@ -403,7 +407,7 @@ def test_client_disconnect_reaches_the_streaming_handler(server):
 
 def test_idle_keep_alive_connection_times_out(impatient_server):
     with impatient_server.socket() as sock:
-        sock.sendall(b"GET /echo HTTP/1.1\r\n\r\n")
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
         start = time.monotonic()
         data = recv_all(sock)                     # response, then EOF after the idle timeout
         assert data.startswith(b"HTTP/1.1 200 OK")
@@ -412,7 +416,7 @@ def test_idle_keep_alive_connection_times_out(impatient_server):
 
 def test_stalled_request_gets_408(impatient_server):
     with impatient_server.socket() as sock:
-        sock.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: 10\r\n\r\nabc")
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
         line, headers, body = split_response(recv_all(sock))
     assert line == "HTTP/1.1 408 Request Timeout"
     assert json.loads(body)["error_type"] == "Bad Request"
@@ -421,7 +425,7 @@ def test_stalled_request_gets_408(impatient_server):
 def test_a_header_trickled_in_byte_by_byte_still_gets_408(impatient_server):
     """The idle timeout (0.3 s here) bounds the whole header section, not the gap between two
     bytes: a client sending a byte every 0.1 s must not hold the connection open forever."""
-    head = b"GET /echo HTTP/1.1\r\nX-Slow: " + b"a" * 100
+    head = b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
     with impatient_server.socket() as sock:
         start = time.monotonic()
         try:
@@ -437,11 +441,41 @@ def test_a_header_trickled_in_byte_by_byte_still_gets_408(impatient_server):
     assert time.monotonic() - start < 3
 
 
+def test_empty_lines_before_a_request_start_the_header_deadline(impatient_server):
+    """RFC 9112 lets a server skip empty lines before a request, but they are bytes received:
+    a client sending CRLF every 0.1 s (idle timeout 0.3 s) used to hold its connection, and a
+    maxLinkNum slot, forever.  The deadline runs from the first byte: 408, then close."""
+    with impatient_server.socket() as sock:
+        start = time.monotonic()
+        while time.monotonic() - start < 3:
+            sock.sendall(b"\r\n")
+            if select.select([sock], [], [], 0.1)[0]:
+                break                             # the server answered
+        line, headers, body = split_response(recv_all(sock))
+    assert line == "HTTP/1.1 408 Request Timeout" and headers["connection"] == "close"
+    assert time.monotonic() - start < 2.5
+
+
+def test_broken_absolute_form_is_400_without_a_traceback(server, caplog):
+    """``GET http://[/`` made urlsplit raise ValueError past the parser's error handling: the
+    connection closed unanswered and a 1.6 KiB traceback was logged each time."""
+    with caplog.at_level(logging.DEBUG):
+        for target in (b"http://[/", b"http://[::1/x", b"http://a:b@h/"):
+            with server.socket() as sock:
+                sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                line, headers, body = split_response(recv_all(sock))
+            assert line == "HTTP/1.1 400 Bad Request", target
+            assert json.loads(body)["error"].startswith("Invalid absolute-form request-target")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info], \
+        caplog.text
+
+
 def test_a_slow_body_is_timed_per_read(impatient_server):
     """Once the header is in, a body arriving in pieces closer together than the idle timeout is
     read to the end, however long it takes in all."""
     with impatient_server.socket() as sock:
-        sock.sendall(b"POST /echo HTTP/1.1\r\nContent-Length: 8\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n"
+                     b"Connection: close\r\n\r\n")
         for piece in (b"ab", b"cd", b"ef", b"gh"):
             time.sleep(0.15)                      # 0.6 s in all, > the 0.3 s idle timeout
             sock.sendall(piece)
@@ -452,7 +486,7 @@ def test_a_slow_body_is_timed_per_read(impatient_server):
 def test_client_gone_before_response_is_quiet(server, caplog):
     with caplog.at_level(logging.DEBUG):
         with server.socket() as sock:
-            sock.sendall(b"GET /slow?s=0.2 HTTP/1.1\r\n\r\n")
+            sock.sendall(b"GET /slow?s=0.2 HTTP/1.1\r\nHost: x\r\n\r\n")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         time.sleep(0.4)
         conn = server.client()

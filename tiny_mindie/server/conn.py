@@ -220,6 +220,8 @@ class _Connection:
                     request = await self._read_request()
                 except HTTPError as exc:
                     log.debug("%s: rejected request: %d %s", self.peer, exc.status, exc.message)
+                    if exc.__cause__ is not None:     # a parser bug, answered with 400 anyway
+                        log.warning("%s: HTTP parser error: %r", self.peer, exc.__cause__)
                     await self._send_error(exc)
                     await self._linger()
                     return
@@ -240,8 +242,9 @@ class _Connection:
     async def _read_request(self) -> Optional[Request]:
         """Next complete request, or ``None`` when the peer closed or idled out between
         requests.  Raises HTTPError (bad input, or 408 when a request stalls: ``idle_timeout``
-        between two reads of its body, or for its whole header section -- a client trickling
-        the header in a byte at a time would otherwise hold a connection forever)."""
+        between two reads of its body, or for its whole header section counted from its first
+        byte, empty lines before it included -- a client trickling the header in a byte at a
+        time, or sending empty lines, would otherwise hold a connection forever)."""
         parser = self.parser
         loop = asyncio.get_running_loop()
         head_deadline: Optional[float] = None      # set by the first byte of the request

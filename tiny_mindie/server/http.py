@@ -21,8 +21,15 @@ Strictness (what is rejected, and why) follows RFC 9112 with request smuggling i
 one space between request-line parts, token method and header names, no whitespace before
 the colon, no obs-fold, no bare CR, no control characters in values, Content-Length digits
 only (identical repeats allowed), Content-Length together with Transfer-Encoding rejected,
-CRLF required inside chunked framing.  Lenient where the RFC allows it: empty lines before
-the request-line are skipped, and a bare LF ends a line of the request head.
+CRLF required inside chunked framing, exactly one valid ``Host`` in an HTTP/1.1 request (at most
+one in HTTP/1.0), an absolute-form target only as ``http(s)://host[:port]...`` without userinfo,
+no expectation but ``100-continue`` (417).  Lenient where the RFC allows it: empty lines before
+the request-line are skipped (they still count as the start of a request for
+:attr:`RequestParser.has_partial_request`), and a bare LF ends a line of the request head.
+
+Whatever the input, :meth:`RequestParser.next_event` raises nothing but :class:`HTTPError`
+(``scripts/fuzz_http.py`` checks this, and that any split of the same bytes gives the same
+events).  Scanning is linear in the bytes received, however they are split.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Final, Iterable, Optional, Union
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 __all__ = [
     "CONTINUE_100",
@@ -59,7 +66,7 @@ class HTTPError(Exception):
     """A request the server cannot accept; answer with ``status`` and close the connection.
 
     Attributes:
-        status: HTTP status code to answer with (400, 408, 413, 414, 431, 501, 505, ...).
+        status: HTTP status code to answer with (400, 408, 413, 414, 417, 431, 501, 505).
         message: Human-readable reason, safe to show to the client (never contains input
             bytes beyond a short, printable excerpt).
     """
@@ -177,6 +184,14 @@ _END_OF_HEAD = re.compile(rb"\n\r?\n")
 _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]+)[ \t]*(;[\t\x20-\x7e\x80-\xff]*)?")
 _DIGITS = re.compile(r"[0-9]+")
 
+# uri-host [":" port] (RFC 3986 §3.2.2-3.2.3): IP-literal (IPv6 or IPvFuture) or reg-name /
+# IPv4address; never userinfo.  The host must not be empty (RFC 9110 §4.2.1).
+_IP_LITERAL = r"\[(?:[0-9A-Fa-f:.]+|[vV][0-9A-Fa-f]+\.[A-Za-z0-9\-._~!$&'()*+,;=:]+)\]"
+_REG_NAME = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+"
+_HOST_PORT = re.compile(rf"(?:{_IP_LITERAL}|{_REG_NAME})(?::[0-9]*)?")
+_AUTHORITY_FORM = re.compile(rf"(?:{_IP_LITERAL}|{_REG_NAME}):[0-9]*")
+_ABSOLUTE_FORM = re.compile(r"([A-Za-z][A-Za-z0-9+\-.]*)://([^/?#]*)(.*)", re.S)
+
 _MAX_HEADERS = 100            # field lines per header or trailer section
 _MAX_CHUNK_LINE = 4096        # bytes, chunk-size line including extensions
 _MAX_QUERY_FIELDS = 1000
@@ -215,7 +230,8 @@ class RequestParser:
             on the trailer section, in bytes; beyond it -> 431.
         max_body_bytes: Limit on the decoded body, in bytes, for both Content-Length and
             chunked bodies; beyond it -> 413.  At most this much body is ever buffered.
-        max_request_line_bytes: Limit on the request-line, in bytes; beyond it -> 414.
+        max_request_line_bytes: Limit on the request-line, in bytes; beyond it -> 414.  At
+            most ``max_header_bytes`` (the request-line is part of the header section).
 
     Use :meth:`feed` to add received bytes and :meth:`next_event` to pull events.  After an
     :class:`HTTPError` the parser is broken: every later :meth:`next_event` re-raises it.
@@ -225,10 +241,12 @@ class RequestParser:
                  max_request_line_bytes: int = 8 * 1024) -> None:
         self.max_header_bytes = max_header_bytes
         self.max_body_bytes = max_body_bytes
-        self.max_request_line_bytes = max_request_line_bytes
+        self.max_request_line_bytes = min(max_request_line_bytes, max_header_bytes)
         self._buf = bytearray()
         self._state = _HEAD
         self._scan_from = 0                 # where to resume searching for the end of the head
+                                            # or of the trailer section (both linear)
+        self._skipped_empty_lines = False   # empty lines before the request-line were received
         self._head: Optional[RequestHead] = None
         self._body = bytearray()
         self._remaining = 0
@@ -243,8 +261,11 @@ class RequestParser:
 
     @property
     def has_partial_request(self) -> bool:
-        """True when some bytes of a not yet complete request have been received."""
-        return self._state not in (_HEAD, _ERROR) or bool(self._buf.lstrip(b"\r\n"))
+        """True when some bytes of a not yet complete request have been received, counting
+        the empty lines a client may send before the request-line (so that a client sending
+        only empty lines is timed like any other slow request).  Constant time."""
+        return (self._state not in (_HEAD, _ERROR) or bool(self._buf)
+                or self._skipped_empty_lines)
 
     @property
     def buffered(self) -> int:
@@ -261,21 +282,32 @@ class RequestParser:
             request on the same connection.
 
         Raises:
-            HTTPError: malformed or unacceptable input: 400 (syntax, framing, bad chunk),
-                413 (body over ``max_body_bytes``; raised on the call after the
-                :class:`RequestHead` when Content-Length already exceeds it), 414 (request-line
-                too long), 431 (header or trailer section too large), 501 (transfer coding
-                other than chunked), 505 (HTTP version other than 1.0/1.1).
+            HTTPError: malformed or unacceptable input: 400 (syntax, framing, bad chunk,
+                missing or invalid Host), 413 (body over ``max_body_bytes``; raised on the
+                call after the :class:`RequestHead` when Content-Length already exceeds it),
+                414 (request-line too long), 417 (an ``Expect`` other than ``100-continue``),
+                431 (header or trailer section too large), 501 (transfer coding other than
+                chunked), 505 (HTTP version other than 1.0/1.1).  Nothing else: should a bug
+                let another exception out of the parsing, it becomes a 400 whose
+                ``__cause__`` is that exception (the fuzzer treats that as a finding).
         """
         if self._error is not None:
             raise self._error
         try:
             return self._next_event()
         except HTTPError as exc:
-            self._state = _ERROR
-            self._error = exc
-            self._buf.clear()
+            self._fail(exc)
             raise
+        except Exception as exc:  # a parser bug: still answer 400, keep the cause for the log
+            error = HTTPError(400, "Malformed request")
+            error.__cause__ = exc
+            self._fail(error)
+            raise error from exc
+
+    def _fail(self, exc: HTTPError) -> None:
+        self._state = _ERROR
+        self._error = exc
+        self._buf.clear()
 
     # -- state machine ----------------------------------------------------------------------
 
@@ -343,6 +375,7 @@ class RequestParser:
         self._body = bytearray()
         self._state = _HEAD
         self._scan_from = 0
+        self._skipped_empty_lines = False
         return request
 
     # -- head -------------------------------------------------------------------------------
@@ -357,31 +390,44 @@ class RequestParser:
                 del buf[:1]
             else:
                 break
+            self._skipped_empty_lines = True
+            self._scan_from = 0
         if not buf:
             return None
         match = _END_OF_HEAD.search(buf, max(0, self._scan_from - 2))
         if match is None:
-            self._scan_from = len(buf)
-            first_line_end = buf.find(b"\n")
-            line_len = len(buf) if first_line_end < 0 else first_line_end
-            if line_len > self.max_request_line_bytes:
-                raise HTTPError(414, "Request-line too long")
-            if len(buf) > self.max_header_bytes:
+            # Refuse as soon as the outcome is certain, and only then: any later split of the
+            # same bytes must give the same answer (414 before 431, as for a complete head).
+            self._check_request_line(len(buf))
+            if len(buf) > self.max_header_bytes + 2:   # the head would end past the limit
                 raise HTTPError(431, "Request header section too large")
+            self._scan_from = len(buf)
             return None
         end = match.start() + 1          # keep the last field line's LF
+        self._check_request_line(end)
         if end > self.max_header_bytes:
             raise HTTPError(431, "Request header section too large")
         raw = bytes(buf[:end])
         del buf[:match.end()]
         self._scan_from = 0
         lines = _split_lines(raw)
-        request_line, field_lines = lines[0], lines[1:]
-        if len(request_line) > self.max_request_line_bytes:
-            raise HTTPError(414, "Request-line too long")
-        method, target, version = _parse_request_line(request_line)
-        headers = _parse_fields(field_lines, "header")
+        method, target, version = _parse_request_line(lines[0])
+        headers = _parse_fields(lines[1:], "header")
         return _build_head(method, target, version, headers)
+
+    def _check_request_line(self, end: int) -> None:
+        """414 when the request-line in ``self._buf[:end]`` (up to its LF, without a CR before
+        it) is, or is certain to become, longer than the limit.  Looks at no more than the
+        limit + 2 bytes."""
+        limit = self.max_request_line_bytes
+        buf = self._buf
+        window = min(end, limit + 2)
+        lf = buf.find(b"\n", 0, window)
+        n = window if lf < 0 else lf           # bytes of the line (so far)
+        if n and buf[n - 1] == 0x0D:           # a CR that ends (or may end) the line
+            n -= 1
+        if n > limit:
+            raise HTTPError(414, "Request-line too long")
 
     # -- chunked body -----------------------------------------------------------------------
 
@@ -390,7 +436,7 @@ class RequestParser:
         buf = self._buf
         lf = buf.find(b"\n", 0, _MAX_CHUNK_LINE + 2)
         if lf < 0:
-            if len(buf) > _MAX_CHUNK_LINE:
+            if len(buf) > _MAX_CHUNK_LINE + 1:     # _MAX_CHUNK_LINE bytes and a CR may still end
                 raise HTTPError(400, "Chunk-size line too long")
             return False
         if lf == 0 or buf[lf - 1] != 0x0D:
@@ -411,22 +457,28 @@ class RequestParser:
         return True
 
     def _parse_trailers(self) -> Optional[list[tuple[str, str]]]:
-        """Consume the trailer section and its final CRLF; None when not complete yet."""
+        """Consume the trailer section and its final CRLF; None when not complete yet.
+
+        Each call scans only the bytes new since the last one (plus 3), so a trailer section
+        fed a byte at a time costs linear time."""
         buf = self._buf
         if buf[:2] == b"\r\n":
             del buf[:2]
             return []
         if buf[:1] == b"\n":
             raise HTTPError(400, "Chunked body not terminated by CRLF")
-        if buf == b"\r":
+        if len(buf) < 2:
             return None
-        end = buf.find(b"\r\n\r\n", 0, self.max_header_bytes + 4)
+        limit = self.max_header_bytes
+        end = buf.find(b"\r\n\r\n", max(0, self._scan_from - 3), limit + 4)
         if end < 0:
-            if len(buf) > self.max_header_bytes:
+            if len(buf) > limit + 3:     # the section would end past the limit
                 raise HTTPError(431, "Trailer section too large")
+            self._scan_from = len(buf)
             return None
         raw = bytes(buf[:end])
         del buf[:end + 4]
+        self._scan_from = 0
         lines = raw.split(b"\r\n")
         if any(b"\n" in line for line in lines):
             raise HTTPError(400, "Trailer field not terminated by CRLF")
@@ -458,7 +510,7 @@ def _parse_request_line(line: bytes) -> tuple[str, str, str]:
     method, target, version = (g.decode("ascii") for g in match.groups())
     vmatch = _VERSION.fullmatch(version)
     if vmatch is None or vmatch.group(1) != "1" or vmatch.group(2) not in ("0", "1"):
-        raise HTTPError(505, f"HTTP version not supported: {version}")
+        raise HTTPError(505, f"HTTP version not supported: {_excerpt(match.group(3), 16)}")
     return method, target, version
 
 
@@ -473,7 +525,7 @@ def _parse_fields(lines: Iterable[bytes], what: str) -> list[tuple[str, str]]:
             raise HTTPError(400, f"Invalid {what} field {_excerpt(line)}")
         value = value.strip(b" \t")
         if _BAD_VALUE_CHAR.search(value):
-            raise HTTPError(400, f"Invalid character in {what} field {name.decode('ascii')!r}")
+            raise HTTPError(400, f"Invalid character in {what} field {_excerpt(name)}")
         fields.append((name.decode("ascii").lower(), value.decode("latin-1")))
         if len(fields) > _MAX_HEADERS:
             raise HTTPError(431, f"Too many {what} fields (more than {_MAX_HEADERS})")
@@ -489,8 +541,14 @@ def _comma_list(headers: list[tuple[str, str]], name: str) -> list[str]:
 def _build_head(method: str, target: str, version: str,
                 headers: list[tuple[str, str]]) -> RequestHead:
     """Validate framing headers and decode the target into a :class:`RequestHead`."""
-    if sum(1 for n, _ in headers if n == "host") > 1:
+    # Host (RFC 9112 §3.2): required in HTTP/1.1, at most one, uri-host [":" port] or empty.
+    hosts = [v for n, v in headers if n == "host"]
+    if len(hosts) > 1:
         raise HTTPError(400, "Multiple Host headers")
+    if not hosts and version == "HTTP/1.1":
+        raise HTTPError(400, "Missing Host header (required in HTTP/1.1)")
+    if hosts and hosts[0] and not _HOST_PORT.fullmatch(hosts[0]):
+        raise HTTPError(400, "Invalid Host header")
 
     # Body framing (RFC 9112 §6).
     te_codings = _comma_list(headers, "transfer-encoding")
@@ -511,7 +569,8 @@ def _build_head(method: str, target: str, version: str,
                                           or te_codings.count("chunked") > 1):
             raise HTTPError(400, "Transfer-Encoding must apply chunked once, last")
         else:
-            raise HTTPError(501, f"Unsupported Transfer-Encoding {', '.join(te_codings)!r}; "
+            codings = ", ".join(te_codings).encode("latin-1")
+            raise HTTPError(501, f"Unsupported Transfer-Encoding {_excerpt(codings)}; "
                                  "only chunked is supported")
     elif cl_values:
         if len(set(cl_values)) != 1 or not _DIGITS.fullmatch(cl_values[0]):
@@ -528,9 +587,14 @@ def _build_head(method: str, target: str, version: str,
     else:
         keep_alive = "keep-alive" in connection and "close" not in connection
 
+    # Expect (RFC 9110 §10.1.1): 100-continue is the only expectation there is.
+    expectations = _comma_list(headers, "expect")
+    unmet = [e for e in expectations if e != "100-continue"]
+    if unmet:
+        raise HTTPError(417, f"Unsupported expectation {_excerpt(unmet[0].encode('latin-1'))}; "
+                             "only 100-continue is supported")
     has_body = chunked or bool(content_length)
-    expects_continue = (version == "HTTP/1.1" and has_body
-                        and "100-continue" in _comma_list(headers, "expect"))
+    expects_continue = version == "HTTP/1.1" and has_body and bool(expectations)
 
     path, query = _split_target(method, target)
     return RequestHead(method=method, target=target, path=path, query=query, version=version,
@@ -539,22 +603,32 @@ def _build_head(method: str, target: str, version: str,
 
 
 def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
-    """request-target -> (percent-decoded path, query dict with last value winning)."""
+    """request-target -> (percent-decoded path, query dict with last value winning).
+
+    origin-form ``/path?query``; absolute-form ``http(s)://host[:port][/path][?query]`` (the
+    authority is checked, then ignored); authority-form ``host:port`` for CONNECT (path
+    ``""``); asterisk-form ``*``.  A fragment (``#...``, never sent by a conforming client) is
+    dropped.  Raises HTTPError(400) on anything else.
+    """
     if target == "*":
         return "*", {}
     if target.startswith("/"):
-        raw_path, _, raw_query = target.partition("?")
-    elif "://" in target:                       # absolute-form
-        parts = urlsplit(target)
-        if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
-            raise HTTPError(400, "Invalid absolute-form request-target")
-        raw_path, raw_query = parts.path or "/", parts.query
+        rest = target
+    elif (absolute := _ABSOLUTE_FORM.fullmatch(target)) is not None:
+        scheme, authority, rest = absolute.groups()
+        if scheme.lower() not in ("http", "https") or not _HOST_PORT.fullmatch(authority):
+            raise HTTPError(400, "Invalid absolute-form request-target "
+                                 + _excerpt(target.encode()))
+        if not rest.startswith("/"):
+            rest = "/" + rest                   # "http://h" and "http://h?q" mean path "/"
     elif method == "CONNECT":                   # authority-form
+        if not _AUTHORITY_FORM.fullmatch(target):
+            raise HTTPError(400, "Invalid authority-form request-target "
+                                 + _excerpt(target.encode()))
         return "", {}
     else:
         raise HTTPError(400, f"Invalid request-target {_excerpt(target.encode())}")
-    raw_path = raw_path.partition("#")[0]
-    raw_query = raw_query.partition("#")[0]
+    raw_path, _, raw_query = rest.partition("#")[0].partition("?")
     try:
         path = unquote(raw_path, errors="strict")
         query = dict(parse_qsl(raw_query, keep_blank_values=True, errors="strict",
