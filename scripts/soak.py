@@ -185,6 +185,7 @@ def main() -> int:
           f"max {max(s[1] for s in samples):.0f}, end {end[1]:.0f}")
     print(f"descriptors: start {samples[0][2]}, at {quarter[0]:.0f} s {quarter[2]}, "
           f"max {max(s[2] for s in samples)}, end {end[2]}")
+    print("RSS MB every 5 s:", " ".join(f"{s[1]:.0f}" for s in samples))
     for e in soak.errors[:10]:
         print("  error:", e)
     ok = (not soak.errors and failed.get("internal", 0) == 0
