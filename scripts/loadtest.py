@@ -46,7 +46,10 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def start_server(backend: str | None, threads: int | None, home: str) -> tuple[subprocess.Popen, int]:
+def start_server(backend: str | None, threads: int | None, home: str,
+                 log_path: str | None = None) -> tuple[subprocess.Popen, int]:
+    """Start the server in ``home`` and wait for its banner; returns (process, business port).
+    Its log (stderr) goes to ``log_path``, or nowhere."""
     cfg = {"ServerConfig": {"port": 0, "managementPort": 0, "metricsPort": 0, "maxLinkNum": 256},
            "BackendConfig": {"kvCacheMB": 1024,
                              "ScheduleConfig": {"maxBatchSize": 16, "maxPrefillBatchSize": 16}}}
@@ -58,7 +61,8 @@ def start_server(backend: str | None, threads: int | None, home: str) -> tuple[s
         cmd += ["--backend", backend]
     if threads is not None:
         cmd += ["--threads", str(threads)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    stderr = open(log_path, "w") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
     deadline = time.monotonic() + 300
     banner = ""
     while time.monotonic() < deadline:

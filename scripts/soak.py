@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Soak test: N clients for a while against a real server over real mutual TLS, with a mix of
-well-behaved requests, clients that vanish, and bad input; the server's memory and descriptors
-are sampled as it runs.
+"""Soak test: N clients against a real server over real mutual TLS for a while.
+
+The clients send a mix of well-behaved requests, vanish mid-request and send bad input; the
+server's memory and descriptors are sampled as it runs, and its log is kept.
 
 Each client loops until the time is up, choosing per request (its own seeded RNG):
 
@@ -15,7 +16,7 @@ Each client loops until the time is up, choosing per request (its own seeded RNG
 
 At the end it reads ``/metrics`` and prints a table. It exits 1 when a request got an answer it
 should not have (a 5xx, a wrong status, a broken connection that was not its own doing), when
-``request_failed_total{reason="internal"}`` is not 0, or when the server's RSS grew by more than
+``request_failed_total{reason="internal"}`` is not 0, when the server logged a traceback, or when the server's RSS grew by more than
 ``--max-rss-growth`` MB, or its open descriptors by more than 8, between the end of the first
 quarter of the run and the end (after the clients finish).
 
@@ -146,14 +147,16 @@ def failed_by_reason(metrics_text: str) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--log", help="keep the server's log in this file (default: a temporary one)")
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=180)
     ap.add_argument("--max-rss-growth", type=float, default=32.0, help="MB")
     ap.add_argument("--backend", choices=["onnxruntime", "numpy"])
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-soak-") as home:
-        proc, port = start_server(args.backend, None, home)
+        log_path = args.log or os.path.join(home, "server.log")
+        proc, port = start_server(args.backend, None, home, log_path)
         try:
             ctx = client_context(tls_files(load_config(os.path.join(home, "config.json"))))
             t0 = time.monotonic()
@@ -174,6 +177,9 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+        with open(log_path) as fh:
+            log_text = fh.read()
+    tracebacks = log_text.count("Traceback (most recent call last)")
     failed = failed_by_reason(text)
     received = re.search(r"^tiny_mindie:request_received_total\{[^}]*\} (\S+)$", text, re.M)
     quarter = next((s for s in samples if s[0] >= args.seconds / 4), samples[-1])
@@ -186,9 +192,10 @@ def main() -> int:
     print(f"descriptors: start {samples[0][2]}, at {quarter[0]:.0f} s {quarter[2]}, "
           f"max {max(s[2] for s in samples)}, end {end[2]}")
     print("RSS MB every 5 s:", " ".join(f"{s[1]:.0f}" for s in samples))
+    print(f"server log: {len(log_text.splitlines())} lines, {tracebacks} tracebacks")
     for e in soak.errors[:10]:
         print("  error:", e)
-    ok = (not soak.errors and failed.get("internal", 0) == 0
+    ok = (not soak.errors and failed.get("internal", 0) == 0 and not tracebacks
           and end[1] - quarter[1] <= args.max_rss_growth and end[2] <= quarter[2] + 8)
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
