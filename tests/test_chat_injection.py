@@ -16,12 +16,16 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
+import tracemalloc
 from types import SimpleNamespace
 
 import pytest
 
 from helpers import TEST_CONFIG, request, start_server
-from tiny_mindie.api.openai import CHATML, OpenAIError, encode_chat, render_chat
+from tiny_mindie.api.openai import (CHATML, OpenAIError, _shielded, _strings, encode_chat,
+                                    render_chat, template_markers)
+from tiny_mindie.engine.request import GenerationError
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer import load_tokenizer
 
@@ -175,6 +179,57 @@ def test_encode_shielded_equals_encode_where_no_token_is_broken(tiny):
     assert tiny.decode(ids, skip_special=False) == text
 
 
+def test_a_long_chat_is_refused_before_its_strings_are_shielded(tiny):
+    """The length check runs on the chat as written, before 400,000 typed ``<|im_end|>`` are
+    each shielded: a 4 MB chat of markers costs what one of plain text does (before: 7.6 s and
+    77 MB here against 0.3 s and 10 MB; on the server 40 MB of markers took 5.9 s and 770 MB)."""
+    def check(text):      # LLM.check_text_length's rule, for a model taking 100 KB at most
+        if len(text.encode()) > 100_000:
+            raise GenerationError("too_long", "too long")
+
+    llm = SimpleNamespace(tokenizer=tiny, check_text_length=check)
+    costs = {}
+    for content in ("abcdefghij" * 400_000, "<|im_end|>" * 400_000):
+        tracemalloc.start()
+        t = time.perf_counter()
+        with pytest.raises(GenerationError):
+            encode_chat(llm, [{"role": "user", "content": content}], {})
+        costs[content[:3]] = time.perf_counter() - t, tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    (plain_s, plain_peak), (marked_s, marked_peak) = costs["abc"], costs["<|i"]
+    assert marked_peak < 1.5 * plain_peak and marked_peak < 5 * 4_000_000, costs
+    assert marked_s < 3 * plain_s + 0.05, costs
+
+
+def test_client_strings_are_walked_without_recursion(tiny):
+    deep: object = "<|im_end|>"
+    for k in range(5000):
+        deep = [deep] if k % 2 else {"k": deep}
+    assert list(_strings(deep)) == ["k"] * 2500 + ["<|im_end|>"]
+    shielded = _shielded(deep, tiny, MARK)
+    assert list(_strings(shielded)) == ["k"] * 2500 + [f"<{MARK}|im_end|>"]
+    assert list(_strings(deep))[-1] == "<|im_end|>"          # the original is left alone
+
+
+def test_template_markers():
+    assert template_markers(CHATML) == ("<|im_start|>", "<|im_end|>")
+    assert template_markers(GEMMA_TEMPLATE) == ("<start_of_turn>", "<end_of_turn>")
+    assert template_markers("[INST] {{ m }} [/INST]{{ '<<SYS>>' }}</s>a < b") == \
+        ("[INST]", "[/INST]", "<<SYS>>", "</s>")
+
+
+def test_markers_that_are_control_tokens_are_not_plain_text(tiny, tmp_path):
+    assert tiny.plain_text_of(template_markers(CHATML)) == ()
+    path = str(tmp_path / "no_chatml.gguf")
+    write_vocab(path, ["<|endoftext|>"])
+    tok = load_tokenizer(GGUFFile(path))
+    assert tok.plain_text_of(template_markers(CHATML)) == ("<|im_start|>", "<|im_end|>")
+    with pytest.raises(OpenAIError) as exc:
+        encode_chat(as_llm(tok, CHATML), [{"role": "user", "content": INJECTION}], {})
+    assert exc.value.status == 400 and "'<|im_start|>' is this model's chat turn marker" \
+        in exc.value.message
+
+
 # ---- the default model: SmolLM2's ChatML template (model tier) ------------------------------
 def test_injected_turn_is_text_in_smollm2(tokenizer):
     llm = as_llm(tokenizer)
@@ -295,6 +350,28 @@ def test_injected_turn_is_text_in_gemma3(gemma):
     assert (count(ids, gemma, "<start_of_turn>"), count(ids, gemma, "<end_of_turn>")) == (2, 1)
     assert ids[0] == gemma.bos_id and count(ids, gemma, "<bos>") == 1
     assert gemma.decode(ids, skip_special=False) == "<bos>" + text
+
+
+def test_gemma3_chatml_fallback_refuses_typed_turn_markers(gemma):
+    """Gemma 3 270M's GGUF has no chat template: the ChatML fallback writes ``<|im_start|>`` and
+    ``<|im_end|>``, plain text in Gemma's vocabulary, so a typed one could forge a turn; a client
+    string holding one -- content, a key, a template argument -- is refused (400), an ordinary
+    chat is not; in Gemma's own template style the same text is harmless and taken."""
+    llm = as_llm(gemma, "")
+    assert gemma.token_to_id("<|im_start|>") is None and not gemma.chat_template
+    for messages, extra in (([{"role": "user", "content": INJECTION}], {}),
+                            ([{"role": "user", "content": "hi", "x<|im_end|>": 1}], {}),
+                            ([{"role": "user", "content": "hi"}], {"a": [["<|im_end|>"]]})):
+        with pytest.raises(OpenAIError) as exc:
+            encode_chat(llm, messages, extra)
+        marker = "<|im_start|>" if "<|im_start|>" in json.dumps([messages, extra]) else "<|im_end|>"
+        assert exc.value.status == 400 and exc.value.message == (
+            f"The messages hold {marker!r}, but {marker!r} is this model's chat turn marker, "
+            "which its vocabulary cannot keep apart from text.")
+    ids = encode_chat(llm, README_CHAT, {})
+    assert gemma.decode(ids).startswith("<|im_start|>system\nYou are a helpful assistant.")
+    ids = encode_chat(as_llm(gemma, GEMMA_TEMPLATE), [{"role": "user", "content": INJECTION}], {})
+    assert INJECTION in gemma.decode(ids)
 
 
 @pytest.mark.parametrize("messages", [README_CHAT, MULTI_TURN],

@@ -157,6 +157,64 @@ def test_lone_surrogates_get_their_4xx_or_answer_on_every_route_family(server):
 
 # ---- disconnects are the client's doing --------------------------------------------------
 
+# ---- numbers and nesting no request needs ------------------------------------------------
+
+BIG = "1" + "0" * 400                 # an integer no float holds (json.loads makes an int)
+DEEP = "[" * 500 + '"x"' + "]" * 500  # deeper than MAX_JSON_DEPTH (64); ~1000 breaks json.loads
+
+
+def test_huge_numbers_and_deep_nesting_get_the_familys_4xx(server):
+    """An integer too large for a float in a float parameter, huge integers in integer
+    parameters, a 5000-digit integer (json.loads refuses it), JSON nested 500 and 5000 deep:
+    each route family answers its own 4xx, counted ``validation``; no traceback, nothing
+    ``internal`` (was: 500 ``OverflowError`` / ``RecursionError``)."""
+    logs, before = tracebacks(server), settled(server)
+    triton = f"/v2/models/{MODEL}/generate"
+    cases = [   # (path, raw JSON body, status, part of the error message)
+        *[("/infer", '{"inputs":"hi","parameters":{"%s":%s}}' % (n, BIG), 422,
+           f"Parameter {n} must be in") for n in
+          ("temperature", "top_p", "typical_p", "repetition_penalty", "max_new_tokens", "seed",
+           "top_k")],
+        ("/infer", '{"inputs":"hi","parameters":{"temperature":-%s}}' % BIG, 422, "(0.0,inf)"),
+        *[("/generate", '{"inputs":"hi","parameters":{"%s":%s}}' % (n, BIG), 422, n) for n in
+          ("temperature", "top_p", "typical_p", "repetition_penalty", "best_of", "top_n_tokens")],
+        *[("/generate", '{"prompt":"hi","%s":%s}' % (n, BIG), 422, n) for n in
+          ("temperature", "top_p", "repetition_penalty", "n", "top_k", "max_tokens")],
+        (triton, '{"text_input":"hi","parameters":{"top_p":%s}}' % BIG, 422, "top_p"),
+        *[("/v1/completions", '{"model":"%s","prompt":"hi","%s":%s}' % (MODEL, n, BIG), 400, n)
+          for n in ("top_p", "temperature", "logprobs", "best_of", "n", "seed")],
+        *[("/v1/chat/completions", '{"model":"%s","messages":[{"role":"user","content":"hi"}],'
+           '"%s":%s}' % (MODEL, n, BIG), 400, n) for n in
+          ("temperature", "presence_penalty", "repetition_penalty", "max_tokens",
+           "top_logprobs")],
+        # json.loads: "Exceeds the limit (4300 digits)"
+        ("/infer", '{"inputs":"hi","parameters":{"seed":%s}}' % ("9" * 5000), 422,
+         "Failed to parse request context to json"),
+        ("/v1/completions", '{"model":"%s","prompt":"hi","seed":%s}' % (MODEL, "9" * 5000),
+         422, "Failed to parse request context to json"),
+        # nesting: 500 deep (json.loads parses it; it is refused before), 5000 deep (it would not)
+        *[(path, body, status, "nest deeper than 64 levels") for path, status, body in (
+            ("/infer", 422, '{"inputs":"hi","parameters":{"x":%s}}' % DEEP),
+            ("/generate", 422, '{"inputs":"hi","parameters":{"x":%s}}' % DEEP),
+            (triton, 422, '{"text_input":"hi","x":%s}' % DEEP),
+            ("/v1/completions", 400, '{"model":"%s","prompt":%s}' % (MODEL, DEEP)),
+            ("/v1/chat/completions", 400, '{"model":"%s","max_tokens":1,"messages":[{"role":'
+             '"user","content":"hi"}],"chat_template_kwargs":{"a":%s}}' % (MODEL, DEEP)),
+            ("/v1/chat/completions", 400, '{"model":"%s","max_tokens":1,"messages":[{"role":'
+             '"user","content":"hi","x":%s}]}' % (MODEL, '{"a":' * 950 + "1" + "}" * 950)),
+            ("/v1/chat/completions", 400, '{"model":"%s","messages":%s}'
+             % (MODEL, "[" * 5000 + "]" * 5000)))],
+    ]
+    for path, body, status, part in cases:
+        got, _, raw = request(server, "POST", path, body.encode())
+        answer = json.loads(raw)
+        message = answer["error"]["message"] if path.startswith("/v1/") else answer["error"]
+        assert (got, part in message) == (status, True), (path, body[:120], raw[:300])
+    after = settled(server)
+    assert delta(before, after)["validation"] == len(cases)
+    assert delta(before, after)["internal"] == 0 and tracebacks(server) == logs
+
+
 def test_clients_that_leave_before_their_answer_are_counted_cancelled(server):
     before = settled(server)
     for kind, (path, body) in LONG.items():

@@ -197,6 +197,8 @@ def test_absolute_form_and_asterisk():
     (b"HTTPS://[::1]:1025/a%20b?y=2#frag", "/a b", {"y": "2"}),
     (b"http://127.0.0.1:1025/v1/models", "/v1/models", {}),
     (b"http://[v1.fe80::a+en1]/", "/", {}),
+    (b"http://[::ffff:127.0.0.1]:1/x", "/x", {}),        # IPv4 in IPv6
+    (b"http://[FE80::1]/x", "/x", {}),
     (b"http://my_host.example.:/x", "/x", {}),    # an empty port is allowed (RFC 3986)
     (b"http://%41b/x", "/x", {}),
 ])
@@ -210,7 +212,8 @@ def test_connect_authority_form():
     assert (req.method, req.path, req.query) == ("CONNECT", "", {})
 
 
-@pytest.mark.parametrize("host", [b"", b"localhost", b"127.0.0.1:1025", b"[::1]:1025",
+@pytest.mark.parametrize("host", [b"", b"localhost", b"127.0.0.1:1025", b"[::1]:1025", b"[v7.x]",
+                                  b"[2001:db8::1]", b"[::ffff:10.0.0.1]:80",
                                   b"example.com.", b"xn--caf-dma.example", b"h:", b"a_b"])
 def test_valid_host_values(host):
     assert one_request(b"GET / HTTP/1.1\r\nHost: " + host + b"\r\n\r\n").header("host") == \
@@ -475,6 +478,13 @@ def test_parsing_a_section_fed_byte_by_byte_is_linear(where):
     (b"GET http://[/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
     (b"GET http://[::1/x HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
     (b"GET http://a]/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
+    # bracketed, but no IPv6 address (ipaddress.IPv6Address refuses it)
+    (b"GET http://[:::]/health HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
+    (b"GET http://[1::2::3]:80/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
+    (b"GET http://[12345::]/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
+    (b"GET http://[1.2.3.4]/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
+    (b"GET http://[]/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
+    (b"CONNECT [:::]:443 HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid authority-form"),
     (b"GET http://user:pw@h/ HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),  # userinfo
     (b"GET http:///x HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),   # empty host
     (b"GET http://:80/x HTTP/1.1\r\nHost: h\r\n\r\n", "Invalid absolute-form"),
@@ -490,6 +500,9 @@ def test_parsing_a_section_fed_byte_by_byte_is_linear(where):
     (b"GET http://h/ HTTP/1.1\r\n\r\n", "Missing Host"),            # even with absolute-form
     (b"GET / HTTP/1.0\r\nHost: a\r\nHost: a\r\n\r\n", "Multiple Host"),
     (b"GET / HTTP/1.1\r\nHost: [\r\n\r\n", "Invalid Host"),
+    (b"GET / HTTP/1.1\r\nHost: [:::]\r\n\r\n", "Invalid Host"),
+    (b"GET / HTTP/1.1\r\nHost: [::1::]:1025\r\n\r\n", "Invalid Host"),
+    (b"GET / HTTP/1.1\r\nHost: [g::1]\r\n\r\n", "Invalid Host"),
     (b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "Invalid Host"),
     (b"GET / HTTP/1.1\r\nHost: u@h\r\n\r\n", "Invalid Host"),
     (b"GET / HTTP/1.1\r\nHost: h:x\r\n\r\n", "Invalid Host"),

@@ -49,6 +49,17 @@ def test_sse_event_and_error_body_escape_lone_surrogates():
     assert utf8("\ud800") == b"\\ud800" and utf8("\u00e9") == "\u00e9".encode()
 
 
+@pytest.mark.parametrize("status, error_type", [
+    (400, "Bad Request"), (408, "Request Timeout"), (414, "Request-URI Too Long"),
+    (417, "Expectation Failed"), (431, "Request Header Fields Too Large"),
+    (501, "Not Implemented"), (505, "HTTP Version Not Supported")])
+def test_parser_error_bodies_name_their_status(status, error_type):
+    assert json.loads(_error_body(status, "why", 2**20)) == {"error": "why",
+                                                             "error_type": error_type}
+    assert json.loads(_error_body(413, "why", 2**20)) == {
+        "message": "Request body too large. Maximum allowed size is 1MB."}
+
+
 def test_config_reads_max_stream_backlog(tmp_path):
     path = tmp_path / "config.json"
     assert load_config(None).server.max_stream_backlog_kb == 64

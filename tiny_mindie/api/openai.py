@@ -11,9 +11,10 @@ What MindIE adds and checks: ``model`` must be the served model's name (else 404
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``skip_special_tokens``; ranges temperature >= 0 (0 = greedy),
 top_p in (0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 2], n >= 1.
-Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad field,
-404 for an unknown model, 422 for a body that is not a JSON object, and the engine's statuses
-(424 prompt too long, 500 timeout, 503 stopped) as on ``/infer``.
+Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad field
+(and for a body nested too deep), 404 for an unknown model, 422 for a body that is not a JSON
+object, and the engine's statuses (424 prompt too long, 500 timeout, 503 stopped) as on
+``/infer``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import re
 import time
 import uuid
 from datetime import datetime
@@ -32,7 +34,8 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error
 from .native import build_request, until_done_or_gone
-from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+from .validate import (JSONTooDeep, check_token_ids, get_bool, get_float, get_int,
+                       parse_json_object)
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -71,6 +74,8 @@ def bad(message: str, param: str | None = None) -> OpenAIError:
 def _converted(err: APIError) -> OpenAIError:
     if isinstance(err, OpenAIError):
         return err
+    if isinstance(err, JSONTooDeep):     # valid JSON, but no field may nest so deep
+        return bad(err.message)
     code = "context_length_exceeded" if err.status == 424 else None
     return OpenAIError(err.status, err.message, code=code)
 
@@ -96,12 +101,12 @@ def _field(getter, d: dict, name: str, *args):
 
 
 # ---- chat template -----------------------------------------------------------------------
-@functools.lru_cache(maxsize=8)
-def compile_template(source: str):
-    """The chat template compiled as Hugging Face's ``_compile_jinja_template`` does: an
-    ``ImmutableSandboxedEnvironment`` with ``trim_blocks``/``lstrip_blocks``, loop controls,
-    ``raise_exception``, ``strftime_now``, a ``tojson`` that keeps non-ASCII, and the
-    ``{% generation %}`` tag (rendered as its body)."""
+@functools.lru_cache(maxsize=1)
+def _template_env():
+    """The jinja2 environment chat templates compile in, as Hugging Face's
+    ``_compile_jinja_template`` makes it: an ``ImmutableSandboxedEnvironment`` with
+    ``trim_blocks``/``lstrip_blocks``, loop controls, ``raise_exception``, ``strftime_now``, a
+    ``tojson`` that keeps non-ASCII, and the ``{% generation %}`` tag (rendered as its body)."""
     import jinja2
     from jinja2 import nodes
     from jinja2.ext import Extension
@@ -130,7 +135,39 @@ def compile_template(source: str):
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def compile_template(source: str):
+    """The chat template compiled in :func:`_template_env`.
+
+    Raises:
+        jinja2.exceptions.TemplateSyntaxError: the template is not valid jinja2.
+    """
+    return _template_env().from_string(source)
+
+
+# What a turn marker looks like in a template's literal text: <|im_start|>, <start_of_turn>,
+# </s>, [INST], <<SYS>>.
+_MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|</?[A-Za-z_][\w-]{0,63}>|\[/?[A-Z][A-Z_]{1,31}\]"
+                     r"|<<[A-Z]{1,31}>>")
+
+
+@functools.lru_cache(maxsize=8)
+def template_markers(source: str) -> tuple[str, ...]:
+    """The turn markers a chat template writes: what looks like one (:data:`_MARKER`) in its
+    literal text (``{{ '<|im_start|>' + ... }}``, text outside tags), each once, in order.
+
+    Raises:
+        jinja2.exceptions.TemplateSyntaxError: the template is not valid jinja2.
+    """
+    from jinja2 import nodes
+
+    literals = [n.data if isinstance(n, nodes.TemplateData) else n.value
+                for n in _template_env().parse(source).find_all((nodes.Const, nodes.TemplateData))]
+    found = (m for s in literals if isinstance(s, str) for m in _MARKER.findall(s))
+    return tuple(dict.fromkeys(found))
 
 
 def chatml_stops(tok) -> tuple[str, ...]:
@@ -194,39 +231,63 @@ def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
     message cannot forge a turn. A chat whose strings spell none tokenizes exactly as
     ``llm.tokenizer.encode(render_chat(...), parse_special=True)``.
 
+    The length check comes first, on the chat rendered as it is (cheap: a 40 MB chat is refused
+    before its strings are shielded). Where a marker the template writes (:func:`template_markers`)
+    is no control token of the vocabulary -- the ChatML fallback on Gemma 3 -- the model cannot
+    tell a client's copy from the template's, so a client string holding one is refused.
+
     Raises:
-        OpenAIError: 400 as :func:`render_chat`.
+        OpenAIError: 400 as :func:`render_chat`; 400 when a client string holds a marker of
+            the template that the vocabulary writes as plain text.
         GenerationError: ``"too_long"`` (HTTP 424) when the rendered text cannot fit.
     """
     tok = llm.tokenizer
-    mark = _free_mark([*_strings(messages), *_strings(extra), tok.chat_template or CHATML])
-    text = render_chat(llm, messages, extra, mark)
-    llm.check_text_length(text)
-    return tok.encode_shielded(text, mark)
+    template = tok.chat_template or CHATML
+    llm.check_text_length(render_chat(llm, messages, extra))
+    strings = [*_strings(messages), *_strings(extra)]
+    for marker in tok.plain_text_of(template_markers(template)):
+        if any(marker in s for s in strings):
+            raise bad(f"The messages hold {marker!r}, but {marker!r} is this model's chat turn "
+                      "marker, which its vocabulary cannot keep apart from text.", "messages")
+    mark = _free_mark([*strings, template])
+    return tok.encode_shielded(render_chat(llm, messages, extra, mark), mark)
 
 
 def _strings(obj):
-    """Every string in ``obj`` (JSON values: dict keys included), depth first."""
-    if isinstance(obj, str):
-        yield obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _strings(k)
-            yield from _strings(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _strings(v)
+    """Every string in ``obj`` (JSON values: dict keys included); iterative, so that no
+    nesting depth can exhaust the stack (``parse_json_object`` bounds it anyway)."""
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            yield x
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                stack += (v, k)
+        elif isinstance(x, (list, tuple)):
+            stack.extend(reversed(x))
 
 
 def _shielded(obj, tok, mark: str):
-    """``obj`` (JSON values) with each string, dict keys included, through ``tok.shield``."""
-    if isinstance(obj, str):
-        return tok.shield(obj, mark)
-    if isinstance(obj, dict):
-        return {_shielded(k, tok, mark): _shielded(v, tok, mark) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_shielded(v, tok, mark) for v in obj]
-    return obj
+    """``obj`` (JSON values) with each string, dict keys included, through ``tok.shield``;
+    a copy, made iteratively as :func:`_strings` walks."""
+    root = [obj]
+    todo = [(root, 0)]                    # (container, key): its value still to be copied
+    while todo:
+        parent, key = todo.pop()
+        x = parent[key]
+        if isinstance(x, str):
+            parent[key] = tok.shield(x, mark)
+        elif isinstance(x, dict):
+            parent[key] = copy = {}
+            for k, v in x.items():
+                k = tok.shield(k, mark) if isinstance(k, str) else k
+                copy[k] = v
+                todo.append((copy, k))
+        elif isinstance(x, (list, tuple)):
+            parent[key] = copy = list(x)
+            todo.extend((copy, i) for i in range(len(copy)))
+    return root[0]
 
 
 # Marks for Tokenizer.shield: CJK Extension B ideographs (printable, so a template's repr() of a

@@ -8,19 +8,67 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-from .errors import invalid
+import numpy as np
+
+from .errors import APIError, invalid
+
+#: How deeply arrays and objects may nest in a request body. No real request comes near (a
+#: chat with tool calls nests about 6 deep); code that walks a parsed body recursively -- the
+#: chat template, the chat shielding, json.dumps -- then cannot run out of stack.
+MAX_JSON_DEPTH = 64
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_DEPTH_CHUNK = 1 << 20
 
 
-def parse_json_object(body: bytes) -> dict:
-    """The request body as a JSON object; 422 ``Failed to parse request context to json``
-    for invalid UTF-8, invalid JSON, NaN/Infinity, or a non-object."""
+class JSONTooDeep(APIError):
+    """422: a request body nested deeper than :data:`MAX_JSON_DEPTH` (the OpenAI family answers
+    it as a 400 bad field)."""
+
+    def __init__(self, depth_limit: int):
+        super().__init__(422, f"Failed to parse request context to json: arrays and objects "
+                              f"nest deeper than {depth_limit} levels")
+
+
+def json_depth(text: bytes) -> int:
+    """How deeply arrays and objects nest in the JSON ``text`` (``0`` for a scalar, ``1`` for
+    ``[1]``), brackets inside strings not counted; linear time, no recursion, no parsing (for
+    text that is not JSON the number means little)."""
+    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_A_BRACKET)
+    depth = deepest = 0
+    for i in range(0, len(brackets), _DEPTH_CHUNK):    # int32 steps: 4 bytes a bracket
+        a = np.frombuffer(brackets, np.uint8, min(_DEPTH_CHUNK, len(brackets) - i), i)
+        steps = np.where((a == ord("[")) | (a == ord("{")), 1, -1).astype(np.int32)
+        levels = np.cumsum(steps)
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+    return deepest
+
+
+def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
+    """The request body as a JSON object.
+
+    Raises:
+        APIError: 422 ``Failed to parse request context to json`` for invalid UTF-8, invalid
+            JSON, NaN/Infinity, an integer of over 4300 digits, or a non-object;
+            :class:`JSONTooDeep` (422) when arrays and objects nest deeper than ``max_depth``
+            (checked on the bytes, before anything parses or walks them).
+    """
     def no_constants(name: str):
         raise ValueError(name)
     try:
-        obj = json.loads(body.decode("utf-8"), parse_constant=no_constants)
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise invalid("Failed to parse request context to json") from None
+    if body.count(b"[") + body.count(b"{") > max_depth and json_depth(body) > max_depth:
+        raise JSONTooDeep(max_depth)
+    try:
+        obj = json.loads(text, parse_constant=no_constants)
+    except (ValueError, RecursionError):
         raise invalid("Failed to parse request context to json") from None
     if not isinstance(obj, dict):
         raise invalid("Failed to parse request context to json")
@@ -29,8 +77,11 @@ def parse_json_object(body: bytes) -> dict:
 
 def _fmt(v: Any) -> str:
     """``v`` as JSON would show it, cut to 60 characters (a 4000-digit number is not echoed)."""
-    s = json.dumps(v, ensure_ascii=False) if isinstance(v, (str, list, dict)) else repr(v) \
-        if not isinstance(v, bool) else ("true" if v else "false")
+    try:     # an int of over 4300 digits has no str() (json.loads never makes one)
+        s = json.dumps(v, ensure_ascii=False) if isinstance(v, (str, list, dict)) else repr(v) \
+            if not isinstance(v, bool) else ("true" if v else "false")
+    except ValueError:
+        s = f"an integer of {v.bit_length()} bits"
     return s if len(s) <= 60 else s[:57] + "..."
 
 
@@ -38,8 +89,16 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+def _as_float(v: Any) -> float | None:
+    """A JSON number ``v`` as a float: an integer too large for one (``1e400`` written out in
+    digits) as +-inf, so that it fails any range check; ``None`` for anything else (bools,
+    strings, NaN and +-Infinity, which ``parse_json_object`` refuses anyway)."""
+    if _is_int(v):
+        try:
+            return float(v)
+        except OverflowError:
+            return math.inf if v > 0 else -math.inf
+    return v if isinstance(v, float) and math.isfinite(v) else None
 
 
 def get_bool(d: dict, name: str, default: bool | None, what: str = "Parameter") -> bool | None:
@@ -76,16 +135,18 @@ def get_int(d: dict, name: str, default: int | None, lo: int, hi: int,
 
 def get_float(d: dict, name: str, default: float | None, lo: float, hi: float,
               lo_open: bool, hi_open: bool, what: str = "Parameter") -> float | None:
-    """``d[name]`` as a float in the interval (``lo_open``/``hi_open`` exclude the ends);
-    integers are accepted."""
+    """``d[name]`` as a finite float in the interval (``lo_open``/``hi_open`` exclude the
+    ends); integers are accepted, one too large for a float is out of range (422, not an
+    ``OverflowError``)."""
     v = d.get(name)
     if v is None:
         return default
-    if not _is_number(v):
+    x = _as_float(v)
+    if x is None:
         raise invalid(f"{what} {name} must be a number, got {_fmt(v)}.")
-    ok = (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    if not ok:
+    ok = (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
+    if not ok or math.isinf(x):
         interval = (f"{'(' if lo_open else '['}{float(lo)},"
                     f"{'inf' if math.isinf(hi) else float(hi)}{')' if hi_open else ']'}")
         raise invalid(f"{what} {name} must be in {interval}, got {_fmt(v)}.")
-    return float(v)
+    return x

@@ -362,6 +362,17 @@ class Tokenizer:
         return _alternation([t for t, ty in zip(self._tokens, self._types)
                              if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)])
 
+    def plain_text_of(self, texts: Sequence[str]) -> tuple[str, ...]:
+        """Those of ``texts`` (a chat template's turn markers, e.g. ``<|im_start|>``) that are
+        no control token of this vocabulary: written in a prompt they are ordinary text, so
+        :meth:`shield` cannot keep a client's copy apart from the template's (Gemma 3 has no
+        ``<|im_start|>``; the ChatML fallback template writes it as text)."""
+        return tuple(t for t in texts if t not in self._control_set)
+
+    @functools.cached_property
+    def _control_set(self) -> frozenset[str]:
+        return frozenset(self._control_texts)
+
     @functools.cached_property
     def _guard(self) -> "_Guard | None":
         return _Guard(self._control_texts) if self._control_texts else None

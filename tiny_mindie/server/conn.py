@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Optional
 
 from .http import (CONTINUE_100, NEED_DATA, HTTPError, Request, RequestHead, RequestParser,
-                   body_too_large_message, format_response)
+                   body_too_large_message, format_response, reason_phrase)
 from .sse import ChunkedStream, utf8
 
 __all__ = ["Handler", "Response", "ResponseStream", "json_response", "serve_connection"]
@@ -166,10 +166,13 @@ def _http_date() -> str:
 
 
 def _error_body(status: int, message: str, max_body_bytes: int) -> bytes:
+    """The body of the parser's error answer: MindIE's 413 body, else ``{"error", "error_type"}``
+    with the status's reason phrase as the type (``Bad Request``, ``Request Timeout``,
+    ``Expectation Failed``, ...), as MindIE's own errors name theirs."""
     if status == 413:
         obj: dict[str, str] = {"message": body_too_large_message(max_body_bytes)}
     else:
-        obj = {"error": message, "error_type": "Bad Request"}
+        obj = {"error": message, "error_type": reason_phrase(status) or "Bad Request"}
     return utf8(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
 
 

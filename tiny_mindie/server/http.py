@@ -23,6 +23,7 @@ the colon, no obs-fold, no bare CR, no control characters in values, Content-Len
 only (identical repeats allowed), Content-Length together with Transfer-Encoding rejected,
 CRLF required inside chunked framing, exactly one valid ``Host`` in an HTTP/1.1 request (at most
 one in HTTP/1.0), an absolute-form target only as ``http(s)://host[:port]...`` without userinfo,
+a bracketed host (target or ``Host``) only as an IPv6 address ``ipaddress`` takes or an IPvFuture,
 no expectation but ``100-continue`` (417).  Lenient where the RFC allows it: empty lines before
 the request-line are skipped (they still count as the start of a request for
 :attr:`RequestParser.has_partial_request`), and a bare LF ends a line of the request head.
@@ -34,6 +35,7 @@ events).  Scanning is linear in the bytes received, however they are split.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -53,6 +55,7 @@ __all__ = [
     "format_chunk",
     "format_response",
     "format_response_head",
+    "reason_phrase",
 ]
 
 LAST_CHUNK: Final = b"0\r\n\r\n"
@@ -191,6 +194,20 @@ _REG_NAME = r"(?:[A-Za-z0-9\-._~!$&'()*+,;=]|%[0-9A-Fa-f]{2})+"
 _HOST_PORT = re.compile(rf"(?:{_IP_LITERAL}|{_REG_NAME})(?::[0-9]*)?")
 _AUTHORITY_FORM = re.compile(rf"(?:{_IP_LITERAL}|{_REG_NAME}):[0-9]*")
 _ABSOLUTE_FORM = re.compile(r"([A-Za-z][A-Za-z0-9+\-.]*)://([^/?#]*)(.*)", re.S)
+
+
+def _is_host(text: str, form: re.Pattern[str]) -> bool:
+    """``form.fullmatch(text)`` with, for an IP-literal, an IPv6 address that
+    ``ipaddress.IPv6Address`` takes (``[:::]`` is none); an IPvFuture (``[v1.x]``) is left to
+    the pattern, as RFC 3986 defines no more of it."""
+    if form.fullmatch(text) is None:
+        return False
+    if text.startswith("[") and text[1:2] not in ("v", "V"):
+        try:
+            ipaddress.IPv6Address(text[1:text.index("]")])
+        except ValueError:
+            return False
+    return True
 
 _MAX_HEADERS = 100            # field lines per header or trailer section
 _MAX_CHUNK_LINE = 4096        # bytes, chunk-size line including extensions
@@ -547,7 +564,7 @@ def _build_head(method: str, target: str, version: str,
         raise HTTPError(400, "Multiple Host headers")
     if not hosts and version == "HTTP/1.1":
         raise HTTPError(400, "Missing Host header (required in HTTP/1.1)")
-    if hosts and hosts[0] and not _HOST_PORT.fullmatch(hosts[0]):
+    if hosts and hosts[0] and not _is_host(hosts[0], _HOST_PORT):
         raise HTTPError(400, "Invalid Host header")
 
     # Body framing (RFC 9112 §6).
@@ -616,13 +633,13 @@ def _split_target(method: str, target: str) -> tuple[str, dict[str, str]]:
         rest = target
     elif (absolute := _ABSOLUTE_FORM.fullmatch(target)) is not None:
         scheme, authority, rest = absolute.groups()
-        if scheme.lower() not in ("http", "https") or not _HOST_PORT.fullmatch(authority):
+        if scheme.lower() not in ("http", "https") or not _is_host(authority, _HOST_PORT):
             raise HTTPError(400, "Invalid absolute-form request-target "
                                  + _excerpt(target.encode()))
         if not rest.startswith("/"):
             rest = "/" + rest                   # "http://h" and "http://h?q" mean path "/"
     elif method == "CONNECT":                   # authority-form
-        if not _AUTHORITY_FORM.fullmatch(target):
+        if not _is_host(target, _AUTHORITY_FORM):
             raise HTTPError(400, "Invalid authority-form request-target "
                                  + _excerpt(target.encode()))
         return "", {}
@@ -648,7 +665,9 @@ _RESPONSE_FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _RESPONSE_FIELD_NAME = re.compile(_TOKEN.decode("ascii"))
 
 
-def _reason(status: int) -> str:
+def reason_phrase(status: int) -> str:
+    """The status code's reason phrase (``417`` -> ``"Expectation Failed"``); ``""`` for a code
+    Python does not know."""
     try:
         return HTTPStatus(status).phrase
     except ValueError:
@@ -669,7 +688,7 @@ def format_response_head(status: int, headers: Iterable[tuple[str, str]]) -> byt
     """
     if not 100 <= status <= 999:
         raise ValueError(f"invalid status code {status}")
-    parts = [f"HTTP/1.1 {status} {_reason(status)}\r\n"]
+    parts = [f"HTTP/1.1 {status} {reason_phrase(status)}\r\n"]
     for name, value in headers:
         value = str(value)
         if not _RESPONSE_FIELD_NAME.fullmatch(name):
