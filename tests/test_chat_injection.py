@@ -216,6 +216,8 @@ def test_template_markers():
     assert template_markers(GEMMA_TEMPLATE) == ("<start_of_turn>", "<end_of_turn>")
     assert template_markers("[INST] {{ m }} [/INST]{{ '<<SYS>>' }}</s>a < b") == \
         ("[INST]", "[/INST]", "<<SYS>>", "</s>")
+    # tags a template writes as plain text on purpose (Qwen 2.5's tool section) are no turn markers
+    assert template_markers("{{ '<tools>' }}{{ m }}</tools><tool_call><think>") == ()
 
 
 def test_markers_that_are_control_tokens_are_not_plain_text(tiny, tmp_path):

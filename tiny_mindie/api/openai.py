@@ -149,9 +149,10 @@ def compile_template(source: str):
 
 
 # What a turn marker looks like in a template's literal text: <|im_start|>, <start_of_turn>,
-# </s>, [INST], <<SYS>>.
-_MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|</?[A-Za-z_][\w-]{0,63}>|\[/?[A-Z][A-Z_]{1,31}\]"
-                     r"|<<[A-Z]{1,31}>>")
+# </s>, [INST], <<SYS>>. Not any tag: Qwen's template writes <tools> as plain text by design,
+# and a message that mentions <tools> is no forged turn.
+_MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|</?[A-Za-z]{1,32}_of_turn>|</?s>"
+                     r"|\[/?[A-Z][A-Z_]{1,31}\]|<<[A-Z]{1,31}>>")
 
 
 @functools.lru_cache(maxsize=8)

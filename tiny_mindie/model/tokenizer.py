@@ -364,14 +364,17 @@ class Tokenizer:
 
     def plain_text_of(self, texts: Sequence[str]) -> tuple[str, ...]:
         """Those of ``texts`` (a chat template's turn markers, e.g. ``<|im_start|>``) that are
-        no control token of this vocabulary: written in a prompt they are ordinary text, so
+        no control or user-defined token of this vocabulary: written in a prompt they are ordinary text, so
         :meth:`shield` cannot keep a client's copy apart from the template's (Gemma 3 has no
         ``<|im_start|>``; the ChatML fallback template writes it as text)."""
-        return tuple(t for t in texts if t not in self._control_set)
+        return tuple(t for t in texts if t not in self._token_set)
 
     @functools.cached_property
-    def _control_set(self) -> frozenset[str]:
-        return frozenset(self._control_texts)
+    def _token_set(self) -> frozenset[str]:
+        """Texts read as one token wherever they are written: control tokens (from the
+        template) and user-defined ones (from anyone: as in llama.cpp)."""
+        return frozenset(t for t, ty in zip(self._tokens, self._types)
+                         if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED))
 
     @functools.cached_property
     def _guard(self) -> "_Guard | None":
