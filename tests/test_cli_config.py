@@ -593,3 +593,43 @@ def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
     assert subprocess.run([*script[:-1], str(other)], capture_output=True, env=env).returncode == 0
     r = make("--revoke", str(other / "security" / "certs" / "client.pem"))   # another CA's
     assert r.returncode == 2 and "was not issued by the CA" in r.stderr
+
+
+def test_banner_shows_the_addresses_a_host_name_is_bound_to():
+    """A host name resolves to addresses: the banner names them; a wildcard address is shown as it
+    is (was: 0.0.0.0 shown as 127.0.0.1), and the try-it URL uses the loopback address."""
+    from types import SimpleNamespace
+
+    from tiny_mindie.cli import _banner
+    from tiny_mindie.config import load_config
+    from tiny_mindie.server.app import Listener
+    from tiny_mindie.server.listen import bind
+
+    out: list[str] = []
+    import tiny_mindie.cli as cli
+    say, cli._say = cli._say, out.append
+    socks = []
+    try:
+        for host, extra in (("localhost", "  bound to 127.0.0.1:{p}"), ("0.0.0.0", ""),
+                            ("127.0.0.1", "")):
+            lsocks = bind(host, 0, 1)
+            socks += lsocks
+            port = lsocks[0].getsockname()[1]
+            lst = Listener(host, 0, frozenset({"business"}), SimpleNamespace(sockets=lsocks))
+            cfg = load_config(None).with_overrides(**{"server.ip_address": host})
+            backend = SimpleNamespace(num_slots=1, max_seq_len=8, name="numpy", device="cpu")
+            llm = SimpleNamespace(model_name="m", model_path="/m.gguf", backend=backend,
+                                  config=SimpleNamespace(architecture="llama"))
+            _banner(cfg, llm, [lst], None, 0.1)
+            text = out.pop()
+            line = next(ln for ln in text.splitlines() if "listens" in ln)
+            bound = ", ".join(f"[{s.getsockname()[0]}]:{port}" if ":" in s.getsockname()[0]
+                              else f"{s.getsockname()[0]}:{port}" for s in lsocks)
+            want = f"  listens  http://{host}:{port}  (business)"
+            assert line == (want if not extra else f"{want}  bound to {bound}"), line
+            reach = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
+            assert f"http://{host if host == 'localhost' else reach}:{port}/infer" in text
+    finally:
+        cli._say = say
+        for s in socks:
+            s.close()
