@@ -595,6 +595,54 @@ def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
     assert r.returncode == 2 and "was not issued by the CA" in r.stderr
 
 
+def test_make_certs_with_config_writes_the_files_the_server_reads(tmp_path):
+    """Was: --config unknown; --revoke wrote DIR/security/certs/server_crl.pem whatever the
+    server's tlsCrlPath / tlsCrlFiles named."""
+    from cryptography import x509
+
+    from tiny_mindie.server.tls import server_context, tls_files
+    script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
+                                           "make_certs.py")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+           "TINY_MINDIE_HOME": str(tmp_path / "home")}
+    server = {"port": 0, "ipAddress": "127.0.0.2", "tlsCaPath": "pki/ca", "tlsCaFile": ["root.pem"],
+              "tlsCert": "pki/srv.pem", "tlsPk": "pki/keys/srv.key",
+              "tlsCrlPath": "pki/crl", "tlsCrlFiles": ["revoked.pem"]}
+    path = write(tmp_path, {"ServerConfig": server})
+
+    def make(*args):
+        return subprocess.run([*script, "--config", path, *args], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    r = make()
+    assert r.returncode == 0, r.stderr
+    pki = tmp_path / "pki"
+    for f in ("ca/root.pem", "ca/ca.key.pem", "srv.pem", "keys/srv.key", "crl/revoked.pem",
+              "client.pem", "keys/client.key.pem"):
+        assert (pki / f).is_file(), f
+    assert not (tmp_path / "home").exists() and not (tmp_path / "security").exists()
+    srv = x509.load_pem_x509_certificate((pki / "srv.pem").read_bytes())
+    san = srv.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.2" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    assert make("--client", "alice").returncode == 0
+    alice = x509.load_pem_x509_certificate((pki / "alice.pem").read_bytes())
+    r = make("--revoke", str(pki / "alice.pem"))
+    assert r.returncode == 0 and f"{pki}/crl/revoked.pem (1 revoked;" in r.stdout, r.stdout
+    crl = x509.load_pem_x509_crl((pki / "crl" / "revoked.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(alice.serial_number) is not None
+    server_context(tls_files(load_config(path)))           # the server takes these files
+    r = serve_until_model(tmp_path, server)
+    assert r.returncode == 2 and "model file not found" in r.stderr, r.stderr   # TLS passed
+    # a config that names no CRL: nothing to revoke into
+    no_crl = write(tmp_path, {"ServerConfig": {**server, "tlsCrlFiles": []}})
+    r = subprocess.run([*script, "--config", no_crl, "--revoke", str(pki / "alice.pem")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "names no CRL" in r.stderr
+    r = subprocess.run([*script, "--config", str(tmp_path / "missing.json")], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 2 and r.stderr.startswith("make_certs: cannot read config file")
+
+
 def test_banner_shows_the_addresses_a_host_name_is_bound_to():
     """A host name resolves to addresses: the banner names them; a wildcard address is shown as it
     is (was: 0.0.0.0 shown as 127.0.0.1), and the try-it URL uses the loopback address."""
