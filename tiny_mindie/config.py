@@ -223,7 +223,7 @@ def load_config(path: str | None = None) -> Config:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
-    except ValueError as exc:     # Python's limit of 4300 digits for an integer
+    except ValueError:     # Python's limit of 4300 digits for an integer
         raise ConfigError(f"config file {path} is not valid: {_long_number(text)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
