@@ -59,7 +59,7 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
     ({"BackendConfig": {"ScheduleConfig": {"maxPrefillBatchSize": 300}}}, "maxPrefillBatchSize"),
     ({"BackendConfig": {"npuDeviceIds": "0"}}, "npuDeviceIds"),
     ({"BackendConfig": {"backend": "tensorflow"}}, "backend must be one of"),
-    ({"BackendConfig": {"parallelRuns": -1}}, "parallelRuns must be >= 0"),
+    ({"BackendConfig": {"parallelRuns": -1}}, "BackendConfig.parallelRuns must be in 0..1024, got -1"),
     ({"BackendConfig": {"batchInvariant": "no"}}, "batchInvariant must be true or false, got \"no\""),
     ("{broken", "not valid JSON"),
 ])
@@ -417,13 +417,156 @@ def test_cli_nan_timeout_is_one_line(tmp_path):
     assert_one_line_error(r, "ServerConfig.tokenTimeout must be a finite number, got nan")
 
 
-@pytest.mark.parametrize("seconds", [0, -1])
-def test_handshake_timeout_must_be_positive(tmp_path, seconds):
-    with pytest.raises(ConfigError, match="tlsHandshakeTimeout must be a finite number of seconds > 0"):
+@pytest.mark.parametrize("seconds", [0, -1, 1e-9, 0.09, 601])
+def test_handshake_timeout_has_a_range(tmp_path, seconds):
+    with pytest.raises(ConfigError, match=r"^ServerConfig.tlsHandshakeTimeout must be in "
+                                          r"0.1..600 seconds, got "):
         load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": seconds}}))
     assert load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": 2}})) \
         .server.tls_handshake_timeout == 2.0
+    assert load_config(write(tmp_path, {"ServerConfig": {"tlsHandshakeTimeout": 0.1}})) \
+        .server.tls_handshake_timeout == 0.1
     assert load_config(None).server.tls_handshake_timeout == 10.0
+
+
+def nested(dotted: str, value) -> dict:
+    """``{"A": {"B": {"c": value}}}`` for ``"A.B.c"``."""
+    obj: dict = {}
+    *parents, key = dotted.split(".")
+    inner = obj
+    for p in parents:
+        inner = inner.setdefault(p, {})
+    inner[key] = value
+    return obj
+
+
+def test_every_numeric_key_has_a_range():
+    """Each int / float field of the config dataclasses is in RANGES, or checked by hand."""
+    import dataclasses
+
+    from tiny_mindie import config as C
+    by_hand = {"server.port", "server.management_port", "server.metrics_port"}
+    ranged = {attr for _, attr, *_ in C.RANGES}
+    for prefix, cls in (("server", C.ServerConfig), ("backend", C.BackendConfig),
+                        ("backend.model", C.ModelDeployConfig),
+                        ("backend.schedule", C.ScheduleConfig)):
+        for f in dataclasses.fields(cls):
+            if f.type in ("int", "float"):
+                assert f"{prefix}.{f.name}" in ranged | by_hand, f"{prefix}.{f.name} has no range"
+
+
+def _range_cases():
+    from tiny_mindie.config import RANGES, show
+    for name, attr, lo, hi, unit in RANGES:
+        is_float = isinstance(lo, float)
+        below = lo / 2 if is_float else lo - 1
+        huge = "1e+30" if is_float else "an integer of 31 digits"
+        for bad, got in ((below, show(float(below) if is_float else below)),
+                         (hi + 1, show(float(hi + 1) if is_float else hi + 1)), (10 ** 30, huge)):
+            yield pytest.param(name, bad, f"{name} must be in {show(lo)}..{show(hi)}{unit}, "
+                                          f"got {got}", id=f"{name.rsplit('.', 1)[1]}={bad:g}")
+    for key in ("port", "managementPort", "metricsPort"):
+        for bad in (-1, 1, 1023, 65536):
+            yield pytest.param(f"ServerConfig.{key}", bad,
+                               f"ServerConfig.{key} must be in 1024..65535, got {bad}",
+                               id=f"{key}={bad}")
+
+
+@pytest.mark.parametrize("name,bad,message", list(_range_cases()))
+def test_numbers_out_of_range_are_one_line_naming_the_key_and_range(tmp_path, name, bad, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, nested(name, bad)))
+    assert str(err.value) == message
+
+
+def test_range_limits_themselves_are_accepted(tmp_path):
+    from tiny_mindie.config import RANGES
+    # a base where the cross-key rules hold at every limit
+    base = load_config(None).with_overrides(**{"model.max_input_token_len": 1,
+                                               "schedule.max_prefill_batch_size": 1})
+    for name, attr, lo, hi, unit in RANGES:
+        part, _, field = attr.partition(".")
+        if part == "backend" and "." in field:
+            part, field = field.split(".")
+        for v in (lo, hi):
+            extra = {"schedule.max_batch_size": v} if field == "max_prefill_batch_size" else {}
+            cfg = base.with_overrides(**{f"{part}.{field}": v}, **extra)
+            assert cfg is not None
+    assert load_config(None).with_overrides(**{"backend.npu_device_ids": (1023,)})
+    with pytest.raises(ConfigError, match=r"^BackendConfig.npuDeviceIds must hold device ids in "
+                                          r"0..1023, got 1024$"):
+        load_config(write(tmp_path, {"BackendConfig": {"npuDeviceIds": [[1024]]}}))
+
+
+def test_cache_block_size_zero_is_refused_at_start(tmp_path):
+    """Was accepted; GET /v1/status then answered 500 (ZeroDivisionError)."""
+    r = run_cli("--config", write(tmp_path, {"BackendConfig": {"ScheduleConfig": {
+        "cacheBlockSize": 0}}}))
+    assert_one_line_error(r, "BackendConfig.ScheduleConfig.cacheBlockSize must be in 1..4096 "
+                             "tokens, got 0")
+
+
+def test_huge_integer_for_a_float_key_is_one_line(tmp_path):
+    """Was: OverflowError traceback, exit 1."""
+    r = run_cli("--config", write(tmp_path, '{"ServerConfig": {"tokenTimeout": 1%s}}' % ("0" * 400)))
+    assert_one_line_error(r, "ServerConfig.tokenTimeout must be a finite number, got an integer "
+                             "of 401 digits")
+
+
+def test_a_number_of_5000_digits_is_one_line_with_its_position(tmp_path):
+    """Was: ValueError (Exceeds the limit (4300 digits)) traceback out of json.load, exit 1."""
+    path = write(tmp_path, '{"ServerConfig": {\n  "port": %s}}' % ("9" * 5000))
+    r = run_cli("--config", path)
+    assert_one_line_error(r, f"config file {path} is not valid: a number of 5000 digits at line 2 "
+                             f"column 11 (char 29); numbers may have at most 4300 digits")
+
+
+@pytest.mark.parametrize("host,shown", [
+    ("a..b", '"a..b"'), ("\ud800", '"\\ud800"'), ("127.0.0.1\u0000x", '"127.0.0.1\\u0000x"'),
+    ("-host", '"-host"'), ("h_st", '"h_st"'), ("1.2.3", '"1.2.3"'), ("999.1.1.1", '"999.1.1.1"'),
+    ("a b", '"a b"'), ("x" * 64, '"' + "x" * 64 + '"'), ("ünï.com", '"\\u00fcn\\u00ef.com"'),
+])
+@pytest.mark.parametrize("key", ["ipAddress", "managementIpAddress"])
+def test_listen_address_must_be_an_ip_or_a_host_name(tmp_path, key, host, shown):
+    """Was: UnicodeError (idna) traceback for "a..b" / "\ud800", a NUL accepted."""
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, {"ServerConfig": {key: host}}))
+    assert str(err.value) == (f"ServerConfig.{key} must be an IP address or a host name (letters, "
+                              f"digits, hyphens and dots), got {shown}"[:200])
+
+
+def test_cli_bad_listen_address_is_one_line(tmp_path):
+    r = run_cli("--config", write(tmp_path, {"ServerConfig": {"ipAddress": "a..b"}}))
+    assert_one_line_error(r, 'ServerConfig.ipAddress must be an IP address or a host name '
+                             '(letters, digits, hyphens and dots), got "a..b"')
+    r = run_cli("--host", "a..b", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 2 and "ServerConfig.ipAddress must be an IP address" in r.stderr
+
+
+def test_empty_listen_address_says_to_use_0000(tmp_path):
+    """Was: "" bound 0.0.0.0 and [::] while the banner said 127.0.0.1."""
+    with pytest.raises(ConfigError, match=r"^ServerConfig.ipAddress must not be empty \(MindIE "
+                                          r"requires an address; use 0.0.0.0 to listen on every "
+                                          r"address\)$"):
+        load_config(write(tmp_path, {"ServerConfig": {"ipAddress": ""}}))
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1%eth0", "localhost",
+                                  "my-host.example.com", "example.com.", "a" * 63 + ".b"])
+def test_good_listen_addresses_are_accepted(tmp_path, host):
+    assert load_config(write(tmp_path, {"ServerConfig": {"ipAddress": host}})).server.ip_address == host
+
+
+@pytest.mark.parametrize("crls", [[], ["server_crl.pem"], ["missing_crl.pem"]])
+def test_empty_ca_file_list_is_a_config_error_before_the_model_loads(tmp_path, crls):
+    """Was: IndexError at files.ca[0] after the model loaded (or in TLSFiles.ca_key), or a
+    misleading message about the CRL."""
+    default_tls_set(tmp_path)
+    r = serve_until_model(tmp_path, {"tlsCaFile": [], "tlsCrlFiles": crls})
+    assert_one_line_error(r, "ServerConfig.tlsCaFile must name at least one CA file (mutual TLS "
+                             "checks client certificates against it; or use --no-tls)")
+    r = serve_until_model(tmp_path, {"tlsCaFile": [], "tlsCrlFiles": crls}, "--no-tls")
+    assert r.returncode == 2 and "model file not found" in r.stderr      # no TLS: no CA needed
 
 
 def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
@@ -450,3 +593,91 @@ def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
     assert subprocess.run([*script[:-1], str(other)], capture_output=True, env=env).returncode == 0
     r = make("--revoke", str(other / "security" / "certs" / "client.pem"))   # another CA's
     assert r.returncode == 2 and "was not issued by the CA" in r.stderr
+
+
+def test_make_certs_with_config_writes_the_files_the_server_reads(tmp_path):
+    """Was: --config unknown; --revoke wrote DIR/security/certs/server_crl.pem whatever the
+    server's tlsCrlPath / tlsCrlFiles named."""
+    from cryptography import x509
+
+    from tiny_mindie.server.tls import server_context, tls_files
+    script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
+                                           "make_certs.py")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+           "TINY_MINDIE_HOME": str(tmp_path / "home")}
+    server = {"port": 0, "ipAddress": "127.0.0.2", "tlsCaPath": "pki/ca", "tlsCaFile": ["root.pem"],
+              "tlsCert": "pki/srv.pem", "tlsPk": "pki/keys/srv.key",
+              "tlsCrlPath": "pki/crl", "tlsCrlFiles": ["revoked.pem"]}
+    path = write(tmp_path, {"ServerConfig": server})
+
+    def make(*args):
+        return subprocess.run([*script, "--config", path, *args], capture_output=True, text=True,
+                              timeout=60, env=env)
+
+    r = make()
+    assert r.returncode == 0, r.stderr
+    pki = tmp_path / "pki"
+    for f in ("ca/root.pem", "ca/ca.key.pem", "srv.pem", "keys/srv.key", "crl/revoked.pem",
+              "client.pem", "keys/client.key.pem"):
+        assert (pki / f).is_file(), f
+    assert not (tmp_path / "home").exists() and not (tmp_path / "security").exists()
+    srv = x509.load_pem_x509_certificate((pki / "srv.pem").read_bytes())
+    san = srv.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.2" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    assert make("--client", "alice").returncode == 0
+    alice = x509.load_pem_x509_certificate((pki / "alice.pem").read_bytes())
+    r = make("--revoke", str(pki / "alice.pem"))
+    assert r.returncode == 0 and f"{pki}/crl/revoked.pem (1 revoked;" in r.stdout, r.stdout
+    crl = x509.load_pem_x509_crl((pki / "crl" / "revoked.pem").read_bytes())
+    assert crl.get_revoked_certificate_by_serial_number(alice.serial_number) is not None
+    server_context(tls_files(load_config(path)))           # the server takes these files
+    r = serve_until_model(tmp_path, server)
+    assert r.returncode == 2 and "model file not found" in r.stderr, r.stderr   # TLS passed
+    # a config that names no CRL: nothing to revoke into
+    no_crl = write(tmp_path, {"ServerConfig": {**server, "tlsCrlFiles": []}})
+    r = subprocess.run([*script, "--config", no_crl, "--revoke", str(pki / "alice.pem")],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2 and "names no CRL" in r.stderr
+    r = subprocess.run([*script, "--config", str(tmp_path / "missing.json")], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 2 and r.stderr.startswith("make_certs: cannot read config file")
+
+
+def test_banner_shows_the_addresses_a_host_name_is_bound_to():
+    """A host name resolves to addresses: the banner names them; a wildcard address is shown as it
+    is (was: 0.0.0.0 shown as 127.0.0.1), and the try-it URL uses the loopback address."""
+    from types import SimpleNamespace
+
+    from tiny_mindie.cli import _banner
+    from tiny_mindie.config import load_config
+    from tiny_mindie.server.app import Listener
+    from tiny_mindie.server.listen import bind
+
+    out: list[str] = []
+    import tiny_mindie.cli as cli
+    say, cli._say = cli._say, out.append
+    socks = []
+    try:
+        for host, extra in (("localhost", "  bound to 127.0.0.1:{p}"), ("0.0.0.0", ""),
+                            ("127.0.0.1", "")):
+            lsocks = bind(host, 0, 1)
+            socks += lsocks
+            port = lsocks[0].getsockname()[1]
+            lst = Listener(host, 0, frozenset({"business"}), SimpleNamespace(sockets=lsocks))
+            cfg = load_config(None).with_overrides(**{"server.ip_address": host})
+            backend = SimpleNamespace(num_slots=1, max_seq_len=8, name="numpy", device="cpu")
+            llm = SimpleNamespace(model_name="m", model_path="/m.gguf", backend=backend,
+                                  config=SimpleNamespace(architecture="llama"))
+            _banner(cfg, llm, [lst], None, 0.1)
+            text = out.pop()
+            line = next(ln for ln in text.splitlines() if "listens" in ln)
+            bound = ", ".join(f"[{s.getsockname()[0]}]:{port}" if ":" in s.getsockname()[0]
+                              else f"{s.getsockname()[0]}:{port}" for s in lsocks)
+            want = f"  listens  http://{host}:{port}  (business)"
+            assert line == (want if not extra else f"{want}  bound to {bound}"), line
+            reach = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
+            assert f"http://{host if host == 'localhost' else reach}:{port}/infer" in text
+    finally:
+        cli._say = say
+        for s in socks:
+            s.close()

@@ -163,6 +163,9 @@ def test_more_silent_sockets_than_the_server_has_descriptors(tmp_path):
         assert time.monotonic() - t0 < HANDSHAKE_TIMEOUT * 0.6
         assert most < 160, most
         assert not [line for line in srv.log if "accept() failed" in line]
+        # /v1/config shows the limit in force (was: the configured 1000)
+        status, _, body = request(srv, "GET", "/v1/config")
+        assert status == 200 and json.loads(body)["ServerConfig"]["maxLinkNum"] == cap
     finally:
         for s in silent:
             s.close()

@@ -27,6 +27,8 @@ from tiny_mindie.server.tls import (TLSFiles, client_context, issue_certificate,
                                     make_certificates, server_context)
 
 LOOPS = ["asyncio", "uvloop"]
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        b"{}")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def pki(tmp_path_factory):
 class Listening:
     """A TCPListener serving ``{"ok": true}`` on an event loop of its own thread."""
 
-    def __init__(self, ssl_ctx, limit: int, handshake_timeout: float, loop: str = "asyncio"):
+    def __init__(self, ssl_ctx, limit: int, handshake_timeout: float, loop: str = "asyncio",
+                 log_every: float = 60):
         if loop == "uvloop":
             uvloop = pytest.importorskip("uvloop")
             self.loop = uvloop.new_event_loop()
@@ -65,9 +68,10 @@ class Listening:
             return json_response(200, {"ok": True})
 
         async def start():
-            self.listener = TCPListener(bind("127.0.0.1", 0, 128), serve, serve, slots=self.slots,
-                                        ssl_ctx=ssl_ctx, handshake_timeout=handshake_timeout,
-                                        logs=RefusalLogs(every=60))
+            self.listener = TCPListener(bind("127.0.0.1", 0, 128), serve, lambda: BUSY,
+                                        slots=self.slots, ssl_ctx=ssl_ctx,
+                                        handshake_timeout=handshake_timeout,
+                                        logs=RefusalLogs(every=log_every))
             self.port = self.listener.sockets[0].getsockname()[1]
             ready.set()
 
@@ -274,7 +278,7 @@ def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(t
             await serve_connection(reader, writer, ok, max_body_bytes=1024, idle_timeout=60)
 
         async def main():
-            lst = TCPListener(bind("127.0.0.1", 0, 256), serve, serve, slots=ConnectionSlots(1000),
+            lst = TCPListener(bind("127.0.0.1", 0, 256), serve, bytes, slots=ConnectionSlots(1000),
                               ssl_ctx=None, handshake_timeout=1, logs=RefusalLogs(every=0.5))
             print(lst.sockets[0].getsockname()[1], flush=True)
             await asyncio.sleep(30)
@@ -304,6 +308,184 @@ def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(t
         err = proc.communicate(timeout=10)[1]
     lines = [ln for ln in err.splitlines() if "accept() failed" in ln]
     assert lines and lines[0].startswith("ERROR accept() failed: Too many open files (EMFILE)"), err
+    # was "0 descriptors in use": counting them needs a descriptor, and none was left
+    assert "every one of the 40 descriptors the open files limit allows in use" in lines[0], err
     assert "new connections wait in the listen backlog" in lines[0]
     assert len(lines) <= 4, err          # ~1.3 s at one line per 0.5 s, not one per failure
     assert any("like this in the last" in ln for ln in lines), err
+
+
+def plain_get(port: int, timeout: float = 10.0):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", "/")
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_plain_tcp_silent_sockets_beyond_the_limit_do_not_lock_out_a_client(loop, caplog):
+    """--no-tls: a connection holds a slot from accept(); until its first byte it may be closed to
+    make room. Was: connections over the limit outside the slots, each holding a descriptor for
+    tlsHandshakeTimeout."""
+    srv = Listening(None, limit=8, handshake_timeout=2.0, loop=loop)
+    silent = []
+    try:
+        with caplog.at_level(logging.INFO, logger="tiny_mindie.server"):
+            t_connect = time.monotonic()
+            for _ in range(40):      # 5x the limit, not a byte sent
+                silent.append(socket.create_connection(("127.0.0.1", srv.port)))
+            time.sleep(0.3)
+            assert srv.slots.open <= 8
+            assert server_side_established(srv.port) <= 8      # the others were closed at once
+            assert plain_get(srv.port) == (200, {"ok": True})
+            assert time.monotonic() - t_connect < 1.8          # before any deadline
+            assert all(closed_by_server(s, 4.0) for s in silent)
+            assert time.monotonic() - t_connect < 3.5
+            deadline = time.monotonic() + 2
+            while srv.slots.open and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert srv.slots.open == 0 and not srv.slots.handshaking
+        logged = "\n".join(r.getMessage() for r in caplog.records)
+        assert "without sending a byte to admit 127.0.0.1:" in logged
+        assert "no request within 2 s" in logged
+    finally:
+        for s in silent:
+            s.close()
+        srv.stop()
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_plain_tcp_beyond_busy_slots_gets_a_503_at_once(loop, caplog):
+    """Every slot past its first byte: a new connection is answered 503 before it sends anything,
+    and closed; one that sends its request at once gets the 503 too (not a reset)."""
+    srv = Listening(None, limit=2, handshake_timeout=5.0, loop=loop)
+    held = []
+    try:
+        for _ in range(2):       # two keep-alive connections that sent a request
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+            c.request("GET", "/")
+            assert c.getresponse().read() == b'{"ok":true}'
+            held.append(c)
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+            t0 = time.monotonic()
+            answer = b""
+            while chunk := s.recv(4096):
+                answer += chunk
+            assert time.monotonic() - t0 < 1.0
+            assert answer == BUSY
+            s.close()
+            for _ in range(20):
+                assert plain_get(srv.port) == (503, {})
+        assert "every connection past its first byte: answered 503 to the new connection" \
+            in caplog.text
+        assert srv.slots.established == 2 and not srv.slots.handshaking
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while srv.slots.established > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert plain_get(srv.port) == (200, {"ok": True})       # a freed slot serves again
+    finally:
+        for c in held:
+            c.close()
+        srv.stop()
+
+
+def test_no_tls_under_a_low_open_files_limit_silent_sockets_leave_room_for_a_client():
+    """The reported repro: ulimit -n 200, --no-tls, 400 silent sockets. Was: 201/200 descriptors,
+    EMFILE, and a fresh client timed out."""
+    script = textwrap.dedent("""
+        import asyncio, logging, resource
+        from tiny_mindie.server.conn import json_response, serve_connection
+        from tiny_mindie.server.listen import (ConnectionSlots, RefusalLogs, TCPListener, bind,
+                                               connection_limit)
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+
+        async def ok(req, stream):
+            return json_response(200, {"ok": True})
+
+        async def serve(reader, writer):
+            await serve_connection(reader, writer, ok, max_body_bytes=1024, idle_timeout=60)
+
+        async def main():
+            slots = ConnectionSlots(connection_limit(1000))
+            lst = TCPListener(bind("127.0.0.1", 0, 4096), serve, lambda: b"HTTP/1.1 503 x\\r\\n\\r\\n",
+                              slots=slots, ssl_ctx=None, handshake_timeout=10,
+                              logs=RefusalLogs(every=1))
+            print(lst.sockets[0].getsockname()[1], slots.limit, flush=True)
+            await asyncio.sleep(30)
+        asyncio.run(main())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    socks = []
+    try:
+        port, limit = map(int, proc.stdout.readline().split())
+        assert 100 < limit < 200
+        most = 0
+        for i in range(400):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            if i % 50 == 0:
+                most = max(most, len(os.listdir(f"/proc/{proc.pid}/fd")))
+        time.sleep(0.3)
+        most = max(most, len(os.listdir(f"/proc/{proc.pid}/fd")))
+        t0 = time.monotonic()
+        assert plain_get(port, timeout=5) == (200, {"ok": True})
+        assert time.monotonic() - t0 < 2.0
+        assert most < 200, most
+    finally:
+        for s in socks:
+            s.close()
+        proc.terminate()
+        err = proc.communicate(timeout=10)[1]
+    assert "accept() failed" not in err, err
+    assert "without sending a byte to admit" in err, err
+
+
+def test_rate_limited_log_sums_up_held_events_by_reason(caplog):
+    """Was: the last message of the window with the total count, so a revoked alice x3 then a
+    self-signed client read "... CN=evil (3 like this)"."""
+    async def main():
+        say = RateLimitedLog(logging.WARNING, every=0.3)
+        for port in (1, 2, 3):
+            say(f"refused TLS client 127.0.0.1:{port}: certificate revoked; CN=alice", "revoked alice")
+        say("refused TLS client 127.0.0.1:4: self signed certificate; CN=evil", "self-signed evil")
+        await asyncio.sleep(0.5)
+        for i in range(RateLimitedLog.MAX_REASONS + 3):     # more reasons than are kept
+            say(f"event {i}", f"reason {i}")
+        await asyncio.sleep(0.5)
+
+    with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+        asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:2] == [
+        "refused TLS client 127.0.0.1:1: certificate revoked; CN=alice",
+        "3 more in the last 0.3 s: 2x refused TLS client 127.0.0.1:3: certificate revoked; "
+        "CN=alice; 1x refused TLS client 127.0.0.1:4: self signed certificate; CN=evil"]
+    kept = "; ".join(f"1x event {i}" for i in range(RateLimitedLog.MAX_REASONS))
+    assert lines[2:] == [f"{RateLimitedLog.MAX_REASONS + 3} more in the last 0.3 s: {kept}; "
+                         f"3x for other reasons"]
+
+
+def test_a_flood_of_revoked_clients_does_not_hide_another_refusal(pki, caplog):
+    files, revoked = pki
+    srv = Listening(server_context(files), limit=16, handshake_timeout=5.0, log_every=0.5)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            for ctx in [client_context(revoked)] * 3 + [ssl.create_default_context(cafile=files.ca[0])]:
+                with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                    srv.get(ctx)
+            time.sleep(1.0)
+        summary = [r.getMessage() for r in caplog.records if "more in the last" in r.getMessage()]
+        assert len(summary) == 1, caplog.text
+        assert "2x refused TLS client 127.0.0.1:" in summary[0]
+        assert "CN=revoked client,O=tiny_mindie" in summary[0]
+        assert "1x refused TLS client 127.0.0.1:" in summary[0]
+        assert "peer did not return a certificate" in summary[0]
+    finally:
+        srv.stop()

@@ -66,7 +66,7 @@ def test_config_reads_max_stream_backlog(tmp_path):
     path.write_text(json.dumps({"ServerConfig": {"maxStreamBacklogKB": 0}}))
     assert load_config(str(path)).server.max_stream_backlog_kb == 0
     path.write_text(json.dumps({"ServerConfig": {"maxStreamBacklogKB": -1}}))
-    with pytest.raises(ConfigError, match="maxStreamBacklogKB must be >= 0"):
+    with pytest.raises(ConfigError, match="maxStreamBacklogKB must be in 0..1048576 KB, got -1"):
         load_config(str(path))
 
 

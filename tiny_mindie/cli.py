@@ -138,7 +138,7 @@ def serve(args: argparse.Namespace) -> int:
     ssl_ctx, files = None, None
     if s.https_enabled:
         files = tls_files(cfg)
-        hosts = tuple({s.ip_address, s.management_ip_address} - {"0.0.0.0", "::", ""})
+        hosts = tuple({s.ip_address, s.management_ip_address} - {"0.0.0.0", "::"})
         if ensure_certificates(files, hosts, may_create=uses_default_paths(cfg),
                                with_crls=uses_default_crl(cfg)):
             _say(f"created a CA and its key, a server and a client certificate"
@@ -208,10 +208,14 @@ def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:
              f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x {llm.backend.max_seq_len} tokens)",
              f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"]
     for lst in listeners:
-        lines.append(f"  listens  {scheme}://{_hostport(lst.host, lst.bound_port)}  "
-                     f"({', '.join(sorted(lst.planes))})")
+        line = (f"  listens  {scheme}://{_hostport(lst.host, lst.bound_port)}  "
+                f"({', '.join(sorted(lst.planes))})")
+        bound = lst.bound_addresses
+        if bound != [lst.host]:      # a host name: the addresses it resolved to
+            line += f"  bound to {', '.join(_hostport(a, lst.bound_port) for a in bound)}"
+        lines.append(line)
     business = next(lst for lst in listeners if "business" in lst.planes)
-    url = f"{scheme}://{_hostport(cfg.server.ip_address, business.bound_port)}/infer"
+    url = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}/infer"
     tls = ""
     if files:
         lines.append(f"  mTLS     CA {files.ca[0]}")
@@ -225,8 +229,13 @@ def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:
 
 
 def _hostport(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    return f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reachable(host: str) -> str:
+    """An address of this machine a client can connect to for a listen address: the loopback
+    one for a wildcard (0.0.0.0, ::)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
 
 
 def pull(args: argparse.Namespace) -> int:

@@ -9,9 +9,12 @@ the config home is ``$TINY_MINDIE_HOME``, else ``$XDG_CONFIG_HOME/tiny_mindie``
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
+import re
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -142,7 +145,10 @@ def _get(section: dict, key: str, kind, default, where: str):
         return default
     v = section[key]
     if kind is float and isinstance(v, int) and not isinstance(v, bool):
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:     # an integer beyond a float's range (about 1.8e308)
+            raise ConfigError(f"{where}.{key} must be a finite number, got {show(v)}") from None
     if kind is tuple:
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise ConfigError(f"{where}.{key} must be a list of strings, got {v!r}")
@@ -152,6 +158,15 @@ def _get(section: dict, key: str, kind, default, where: str):
         raise ConfigError(f"{where}.{key} must be {json_kind.get(kind, kind.__name__)}, "
                           f"got {json.dumps(v)}")
     return v
+
+
+def show(v) -> str:
+    """``v`` for a one-line message: an integer of more than 20 digits is described, not written."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** 20:
+        return f"an integer of {len(str(abs(v)))} digits"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return json.dumps(v) if isinstance(v, str) else str(v)
 
 
 def _reject_non_finite(v, where: str) -> None:
@@ -167,6 +182,20 @@ def _reject_non_finite(v, where: str) -> None:
     for k, x in items:
         _reject_non_finite(x, f"{where}[{k}]" if isinstance(k, int) else
                            f"{where}.{k}" if where else str(k))
+
+
+def _long_number(text: str) -> str:
+    """Where the integer too long for Python's int() (more than 4300 digits) is in ``text``."""
+    m = re.search(r"\d{%d,}" % (MAX_DIGITS + 1), text)
+    if m is None:
+        return f"a number has more than {MAX_DIGITS} digits"
+    line = text.count("\n", 0, m.start()) + 1
+    col = m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+    return (f"a number of {len(m.group())} digits at line {line} column {col} "
+            f"(char {m.start()}); numbers may have at most {MAX_DIGITS} digits")
+
+
+MAX_DIGITS = sys.get_int_max_str_digits() if hasattr(sys, "get_int_max_str_digits") else 4300
 
 
 def _section(d: dict, key: str, where: str) -> dict:
@@ -188,11 +217,14 @@ def load_config(path: str | None = None) -> Config:
         return cfg
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = json.load(fh)
+            text = fh.read()
+        raw = json.loads(text)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid JSON: {exc}") from None
+    except ValueError:     # Python's limit of 4300 digits for an integer
+        raise ConfigError(f"config file {path} is not valid: {_long_number(text)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
     _reject_non_finite(raw, "")
@@ -286,42 +318,93 @@ def _providers(v) -> tuple:
     return tuple(p if isinstance(p, str) else (p[0], p[1]) for p in v)
 
 
+#: Allowed ranges of the numeric keys, inclusive: (name, attribute path, low, high, unit).
+#: Floats must also be finite. Ports (1024..65535, or 0 for any free port), device ids and the
+#: cross-key rules (maxPrefillTokens >= maxInputTokenLen, ...) are in :func:`validate`.
+RANGES: tuple[tuple[str, str, float, float, str], ...] = (
+    ("ServerConfig.maxLinkNum", "server.max_link_num", 1, 4096, ""),
+    ("ServerConfig.tokenTimeout", "server.token_timeout", 0.001, 86400, " seconds"),
+    ("ServerConfig.e2eTimeout", "server.e2e_timeout", 0.001, 86400, " seconds"),
+    ("ServerConfig.maxRequestLength", "server.max_request_length", 1, 100, " MB"),
+    ("ServerConfig.tlsHandshakeTimeout", "server.tls_handshake_timeout", 0.1, 600, " seconds"),
+    ("ServerConfig.maxStreamBacklogKB", "server.max_stream_backlog_kb", 0, 1 << 20, " KB"),
+    ("BackendConfig.ModelDeployConfig.maxSeqLen", "backend.model.max_seq_len", 2, 1 << 20, " tokens"),
+    ("BackendConfig.ModelDeployConfig.maxInputTokenLen", "backend.model.max_input_token_len",
+     1, 1 << 20, " tokens"),
+    ("BackendConfig.ScheduleConfig.cacheBlockSize", "backend.schedule.cache_block_size",
+     1, 4096, " tokens"),
+    ("BackendConfig.ScheduleConfig.maxPrefillBatchSize", "backend.schedule.max_prefill_batch_size",
+     1, 5000, " sequences"),
+    ("BackendConfig.ScheduleConfig.maxPrefillTokens", "backend.schedule.max_prefill_tokens",
+     1, 1 << 24, " tokens"),
+    ("BackendConfig.ScheduleConfig.maxBatchSize", "backend.schedule.max_batch_size", 1, 5000,
+     " sequences"),
+    ("BackendConfig.ScheduleConfig.maxIterTimes", "backend.schedule.max_iter_times", 1, 1 << 20,
+     " tokens"),
+    ("BackendConfig.ScheduleConfig.maxQueueDelayMicroseconds",
+     "backend.schedule.max_queue_delay_microseconds", 0, 1_000_000, " microseconds"),
+    ("BackendConfig.ScheduleConfig.prefillChunkSize", "backend.schedule.prefill_chunk_size",
+     1, 1 << 20, " tokens"),
+    ("BackendConfig.intraOpThreads", "backend.intra_op_threads", 0, 1024, ""),
+    ("BackendConfig.parallelRuns", "backend.parallel_runs", 0, 1024, ""),
+    ("BackendConfig.kvCacheMB", "backend.kv_cache_mb", 1, 1 << 20, " MB"),
+)
+MAX_DEVICE_ID = 1023
+
+#: What ipAddress / managementIpAddress may hold besides an IP literal: a host name.
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+_IP_LITERAL = re.compile(r"[0-9A-Fa-f.:]+(%[A-Za-z0-9_.-]+)?")
+
+
+def check_listen_address(key: str, host: str) -> None:
+    """``host`` must be an IPv4 / IPv6 literal (``ipaddress``; an IPv6 scope ``%eth0`` allowed)
+    or a host name: ASCII letters, digits and hyphens in dot-separated labels of 1..63
+    characters, 253 characters at most.
+
+    Raises:
+        ConfigError: naming ``key`` (e.g. ``ServerConfig.ipAddress``).
+    """
+    if host == "":
+        raise ConfigError(f"ServerConfig.{key} must not be empty (MindIE requires an address; "
+                          f"use 0.0.0.0 to listen on every address)")
+    if _IP_LITERAL.fullmatch(host):
+        try:
+            ipaddress.ip_address(host)
+            return
+        except ValueError:
+            pass
+    if len(host) <= 253 and _HOSTNAME.fullmatch(host) and not host.replace(".", "").isdigit():
+        return
+    raise ConfigError(f"ServerConfig.{key} must be an IP address or a host name (letters, digits, "
+                      f"hyphens and dots), got {show(host)[:80]}")
+
+
 def validate(cfg: Config) -> None:
-    """Check MindIE's rules (spec §6) and tiny_mindie's own; raises :class:`ConfigError`."""
-    s, b, m, sc = cfg.server, cfg.backend, cfg.backend.model, cfg.backend.schedule
+    """Check MindIE's rules (spec §6) and tiny_mindie's own (:data:`RANGES`, listen addresses);
+    raises :class:`ConfigError` naming the key and what it may hold."""
+    s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
+    for key in ("ipAddress", "managementIpAddress"):
+        check_listen_address(key, s.ip_address if key == "ipAddress" else s.management_ip_address)
+    for name, attr, lo, hi, unit in RANGES:
+        v: Any = cfg
+        for part in attr.split("."):
+            v = getattr(v, part)
+        finite = not isinstance(v, float) or math.isfinite(v)   # NaN fails every comparison
+        if not (finite and lo <= v <= hi):
+            raise ConfigError(f"{name} must be in {show(lo)}..{show(hi)}{unit}, got {show(v)}")
     for key, port in (("port", s.port), ("managementPort", s.management_port),
                       ("metricsPort", s.metrics_port)):
         if not (1024 <= port <= 65535 or port == 0):   # 0: any free port (tiny_mindie)
-            raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {port}")
-    if not 1 <= s.max_link_num <= 4096:
-        raise ConfigError(f"ServerConfig.maxLinkNum must be in 1..4096, got {s.max_link_num}")
-    for key, seconds in (("tokenTimeout", s.token_timeout), ("e2eTimeout", s.e2e_timeout),
-                         ("tlsHandshakeTimeout", s.tls_handshake_timeout)):
-        if not (math.isfinite(seconds) and seconds > 0):   # NaN fails both
-            raise ConfigError(f"ServerConfig.{key} must be a finite number of seconds > 0, got {seconds}")
-    if not 1 <= s.max_request_length <= 100:
-        raise ConfigError(f"ServerConfig.maxRequestLength must be in 1..100 MB, got {s.max_request_length}")
-    if s.max_stream_backlog_kb < 0:
-        raise ConfigError(f"ServerConfig.maxStreamBacklogKB must be >= 0, got {s.max_stream_backlog_kb}")
-    if m.max_seq_len < 2:
-        raise ConfigError(f"maxSeqLen must be >= 2, got {m.max_seq_len}")
-    if m.max_input_token_len < 1:
-        raise ConfigError(f"maxInputTokenLen must be >= 1, got {m.max_input_token_len}")
+            raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {show(port)}")
     if sc.max_prefill_tokens < cfg.max_input_len:
-        raise ConfigError(f"maxPrefillTokens ({sc.max_prefill_tokens}) must be >= maxInputTokenLen "
-                          f"({cfg.max_input_len})")
-    if not 1 <= sc.max_prefill_batch_size <= sc.max_batch_size:
-        raise ConfigError(f"maxPrefillBatchSize ({sc.max_prefill_batch_size}) must be in "
-                          f"1..maxBatchSize ({sc.max_batch_size})")
-    if sc.max_iter_times < 1:
-        raise ConfigError(f"maxIterTimes must be >= 1, got {sc.max_iter_times}")
-    if sc.prefill_chunk_size < 1:
-        raise ConfigError(f"prefillChunkSize must be >= 1, got {sc.prefill_chunk_size}")
+        raise ConfigError(f"BackendConfig.ScheduleConfig.maxPrefillTokens ({sc.max_prefill_tokens}) "
+                          f"must be >= maxInputTokenLen ({cfg.max_input_len})")
+    if sc.max_prefill_batch_size > sc.max_batch_size:
+        raise ConfigError(f"BackendConfig.ScheduleConfig.maxPrefillBatchSize "
+                          f"({sc.max_prefill_batch_size}) must be in 1..maxBatchSize "
+                          f"({sc.max_batch_size})")
+    if not all(0 <= i <= MAX_DEVICE_ID for i in b.npu_device_ids):
+        raise ConfigError(f"BackendConfig.npuDeviceIds must hold device ids in 0..{MAX_DEVICE_ID}, "
+                          f"got {', '.join(show(i) for i in b.npu_device_ids)}")
     if b.backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {b.backend!r}")
-    if b.intra_op_threads < 0:
-        raise ConfigError(f"intraOpThreads must be >= 0, got {b.intra_op_threads}")
-    if b.parallel_runs < 0:
-        raise ConfigError(f"parallelRuns must be >= 0, got {b.parallel_runs}")
-    if b.kv_cache_mb < 1:
-        raise ConfigError(f"kvCacheMB must be >= 1, got {b.kv_cache_mb}")

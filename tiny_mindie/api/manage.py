@@ -121,7 +121,7 @@ def effective_config(app) -> dict:
         "ServerConfig": {
             "ipAddress": s.ip_address, "managementIpAddress": s.management_ip_address,
             "port": s.port, "managementPort": s.management_port, "metricsPort": s.metrics_port,
-            "maxLinkNum": s.max_link_num, "httpsEnabled": s.https_enabled,
+            "maxLinkNum": app.max_link_num, "httpsEnabled": s.https_enabled,
             "tlsCaPath": cfg.path(s.tls_ca_path), "tlsCaFile": list(s.tls_ca_files),
             "tlsCert": cfg.path(s.tls_cert), "tlsPk": cfg.path(s.tls_pk),
             "tlsCrlPath": cfg.path(s.tls_crl_path), "tlsCrlFiles": list(s.tls_crl_files),

@@ -369,7 +369,7 @@ def info(app) -> dict:
         "model_dtype": m.group(1).upper() if m else "gguf",
         "model_device_type": "npu" if "CANN" in device.upper() else "cpu",
         "model_pipeline_tag": "text-generation",
-        "max_concurrent_requests": app.cfg.server.max_link_num,
+        "max_concurrent_requests": app.max_link_num,
         "max_best_of": 1,
         "max_stop_sequences": MAX_STOP_SEQUENCES,
         "max_input_length": eng.max_input_len,

@@ -8,6 +8,7 @@ connections are accepted and counted is :mod:`.listen`'s.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import ssl
@@ -18,7 +19,7 @@ from ..api.errors import APIError
 from ..config import Config
 from ..llm import LLM
 from .conn import Response, ResponseStream, json_response, serve_connection
-from .http import Request
+from .http import Request, format_response
 from .listen import (LISTEN_BACKLOG, ConnectionSlots, RefusalLogs, TCPListener, bind,
                      connection_limit)
 from .routing import BUSINESS, MANAGEMENT, METRICS, Route
@@ -39,6 +40,9 @@ class App:
 
         self.llm = llm
         self.cfg = cfg
+        #: Connections open at once: maxLinkNum, or less when the open files limit is lower
+        #: (set by :func:`start_listeners`).
+        self.max_link_num = cfg.server.max_link_num
         # Each API family contributes its routes: ``module.routes(app) -> list[Route]``.
         self.routes: list[Route] = metrics.count_requests(
             [r for family in (native, manage, metrics, tgi, triton, openai) for r in family.routes(self)], llm.engine.metrics)
@@ -94,6 +98,11 @@ class Listener:
     def bound_port(self) -> int:
         return self.server.sockets[0].getsockname()[1] if self.server else self.port
 
+    @property
+    def bound_addresses(self) -> list[str]:
+        """The addresses its sockets are bound to (a host name resolves to one or more)."""
+        return [sock.getsockname()[0] for sock in self.server.sockets] if self.server else []
+
 
 def plan_listeners(cfg: Config) -> list[Listener]:
     """Group the planes by port: equal ports share one listener (MindIE's rule)."""
@@ -128,7 +137,8 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
     handshakes included) and capped by the open files limit, which is first raised to its hard
     limit; a TLS handshake has ``tlsHandshakeTimeout`` seconds. See :mod:`.listen` for who is
     closed when the slots are full. Without TLS, a connection beyond the limit gets a 503 JSON
-    answer and is closed (MindIE drops it silently).
+    answer at once, before its request is read, and is closed (MindIE drops it silently).
+    ``app.max_link_num`` is set to the limit in force.
 
     Raises:
         OSError: an address is in use or cannot be bound.
@@ -136,16 +146,14 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
     s = cfg.server
     max_body = s.max_request_length * 1024 * 1024
     slots = ConnectionSlots(connection_limit(s.max_link_num))
+    app.max_link_num = slots.limit
     logs = RefusalLogs()
-    busy = json_response(503, APIError(503, "Too many connections, try again later.").body(),
-                         [("Connection", "close")])
+    busy = json_response(503, APIError(503, "Too many connections, try again later.").body())
 
-    async def refuse(req: Request, stream: ResponseStream) -> Response:
-        return busy
-
-    async def refuse_connection(reader, writer) -> None:
-        await serve_connection(reader, writer, refuse, max_body_bytes=max_body,
-                               idle_timeout=s.tls_handshake_timeout)
+    def busy_answer() -> bytes:
+        return format_response(503, [("Date", email.utils.formatdate(usegmt=True)),
+                                     ("Server", "tiny_mindie"), ("Content-Type", busy.content_type),
+                                     ("Connection", "close")], busy.body)
 
     listeners = plan_listeners(cfg)
     try:
@@ -156,7 +164,7 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
                 await serve_connection(reader, writer, handle, max_body_bytes=max_body)
 
             lst.server = TCPListener(bind(lst.host, lst.port, backlog=LISTEN_BACKLOG),
-                                     serve, refuse_connection, slots=slots, ssl_ctx=ssl_ctx,
+                                     serve, busy_answer, slots=slots, ssl_ctx=ssl_ctx,
                                      handshake_timeout=s.tls_handshake_timeout, logs=logs)
     except BaseException:
         for lst in listeners:

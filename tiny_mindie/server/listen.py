@@ -8,14 +8,17 @@ listener accepts by itself (``loop.sock_accept``) and then does the handshake
 
 * a connection holds one of the shared :class:`ConnectionSlots` from ``accept()`` on, handshake
   included;
-* when every slot is taken, the connection that has waited longest in its TLS handshake is closed
-  to make room (a client with a certificate finishes its handshake in milliseconds, so the
-  oldest is a silent socket); when every slot holds a connection past its handshake, the new one
-  is closed at once (no HTTP answer is possible before the handshake). Without TLS there is no
-  handshake: the new connection gets a 503 answer on a connection outside the slots, as before;
-* the handshake has ``handshake_timeout`` seconds;
-* refused handshakes, handshake timeouts, closed connections and ``accept()`` failing for want of
-  descriptors (EMFILE, ENFILE) are logged, one line at most per kind every 10 s, with a count.
+* a new connection is *opening* until its TLS handshake is done (without TLS: until its first
+  byte arrives), for at most ``handshake_timeout`` seconds;
+* when every slot is taken, the connection that has been opening longest is closed to make room
+  (a client with a certificate finishes its handshake in milliseconds, a plain HTTP client sends
+  its request at once, so the oldest is a silent socket); when every slot holds a connection
+  past that point, the new one is closed at once: with TLS without a word (no HTTP answer is
+  possible before the handshake), without TLS after a 503 answer written at once, before its
+  request is read, so that it holds its descriptor for no time;
+* refused handshakes, timeouts, closed connections and ``accept()`` failing for want of
+  descriptors (EMFILE, ENFILE) are logged, one line at most per kind every 10 s; the events held
+  back are summed up by reason (who was refused and why), with counts.
 """
 
 from __future__ import annotations
@@ -48,34 +51,58 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 class RateLimitedLog:
     """Log one kind of event at most once per ``every`` seconds: the first at once, the others of
-    the window as one line with their count when the window ends (called on an event loop)."""
+    the window as one line when the window ends, summed up by reason with a count and the last
+    message of each (called on an event loop).
+
+    Calling it: ``log(message, reason="")``; ``reason`` groups the held events, e.g.
+    ``certificate revoked ... 'CN=alice'``, so a flood of one reason never hides another; events
+    of one reason are summed up as the last message with the count. At most
+    :attr:`MAX_REASONS` reasons are kept per window; later ones are counted as others.
+    """
+
+    MAX_REASONS = 8
 
     def __init__(self, level: int, every: float = LOG_EVERY_SECONDS, logger: logging.Logger = log):
         self.level, self.every, self.logger = level, every, logger
         self.window_end = 0.0
-        self.held = 0            # events not logged in this window
-        self.last = ""
+        self.held: dict[str, list] = {}    # reason -> [count, last message], first seen first
+        self.others = 0                    # held events beyond MAX_REASONS reasons
         self.flush_handle: asyncio.TimerHandle | None = None
 
-    def __call__(self, message: str) -> None:
+    def __call__(self, message: str, reason: str = "") -> None:
         now = time.monotonic()
-        if now >= self.window_end and not self.held:
+        if now >= self.window_end and not self.held and not self.others:
             self.window_end = now + self.every
             self.logger.log(self.level, "%s", message)
             return
-        self.held += 1
-        self.last = message
+        key = reason
+        if key in self.held:
+            self.held[key][0] += 1
+            self.held[key][1] = message
+        elif len(self.held) < self.MAX_REASONS:
+            self.held[key] = [1, message]
+        else:
+            self.others += 1
         if self.flush_handle is None:
             loop = asyncio.get_running_loop()
             self.flush_handle = loop.call_later(max(0.0, self.window_end - now), self._flush)
 
     def _flush(self) -> None:
         self.flush_handle = None
-        if self.held:
-            self.logger.log(self.level, "%s (%d like this in the last %g s)", self.last,
-                            self.held, self.every)
-            self.held = 0
-            self.window_end = time.monotonic() + self.every
+        if not self.held and not self.others:
+            return
+        total = sum(n for n, _ in self.held.values()) + self.others
+        if len(self.held) == 1 and not self.others:
+            (n, last), = self.held.values()
+            self.logger.log(self.level, "%s (%d like this in the last %g s)", last, n, self.every)
+        else:
+            parts = [f"{n}x {last}" for n, last in self.held.values()]
+            if self.others:
+                parts.append(f"{self.others}x for other reasons")
+            self.logger.log(self.level, "%d more in the last %g s: %s", total, self.every,
+                            "; ".join(parts))
+        self.held, self.others = {}, 0
+        self.window_end = time.monotonic() + self.every
 
 
 class ConnectionSlots:
@@ -84,9 +111,9 @@ class ConnectionSlots:
 
     Attributes:
         limit: the number of slots.
-        handshaking: the connection tasks still in their TLS handshake, oldest first, with
-            (peer, accept time).
-        established: connections past their handshake (or plain TCP ones).
+        handshaking: the connection tasks still opening (in their TLS handshake, or plain TCP
+            ones before their first byte), oldest first, with (peer, accept time).
+        established: connections past that point.
     """
 
     def __init__(self, limit: int):
@@ -101,8 +128,8 @@ class ConnectionSlots:
         return len(self.handshaking) + self.established
 
     def evict_oldest_handshake(self) -> tuple[str, float] | None:
-        """Close the connection that has waited longest in its handshake, freeing its slot;
-        returns its (peer, seconds waited), or None when no connection is in its handshake."""
+        """Close the connection that has been opening longest, freeing its slot; returns its
+        (peer, seconds waited), or None when no connection is opening."""
         if not self.handshaking:
             return None
         task, (peer, t0) = next(iter(self.handshaking.items()))
@@ -138,25 +165,27 @@ def raise_open_files_limit() -> int:
     return soft
 
 
-def descriptors_in_use() -> int:
-    """Open descriptors of this process (0 when the system does not say)."""
+def descriptors_in_use() -> int | None:
+    """Open descriptors of this process, or None when the system does not say (listing
+    ``/proc/self/fd`` takes a descriptor: it fails when none is left)."""
     for d in ("/proc/self/fd", "/dev/fd"):
         try:
             return len(os.listdir(d))
         except OSError:
             continue
-    return 0
+    return None
 
 
 def connection_limit(max_link_num: int) -> int:
     """``maxLinkNum`` capped by the descriptors this process may still open (after raising its
     soft limit to the hard one, less :data:`FD_SPARE`); a warning when the cap bites."""
     nofile = raise_open_files_limit()
-    room = nofile - descriptors_in_use() - FD_SPARE
+    used = descriptors_in_use() or 0
+    room = nofile - used - FD_SPARE
     if room < max_link_num:
         log.warning("maxLinkNum %d does not fit the open files limit (%d descriptors, %d in use): "
                     "at most %d connections at once; raise the limit (ulimit -n, LimitNOFILE=) "
-                    "to have maxLinkNum", max_link_num, nofile, descriptors_in_use(), max(1, room))
+                    "to have maxLinkNum", max_link_num, nofile, used, max(1, room))
     return max(1, min(max_link_num, room))
 
 
@@ -173,6 +202,8 @@ def bind(host: str, port: int, backlog: int) -> list[socket.socket]:
     except socket.gaierror as exc:
         raise ConfigError(f"cannot listen on {host}:{port}: the address {host!r} cannot be "
                           f"resolved ({exc.strerror})") from None
+    except UnicodeError:       # the idna codec (config validation lets no such name through)
+        raise ConfigError(f"cannot listen on {host!r}: not a valid host name") from None
     socks: list[socket.socket] = []
     try:
         for family, kind, proto, _, addr in dict.fromkeys(infos):
@@ -200,18 +231,19 @@ class TCPListener:
     Args:
         socks: listening sockets from :func:`bind`.
         serve: ``async (reader, writer)``: serves a connection until it closes.
-        refuse: ``async (reader, writer)``: answers a plain-TCP connection that finds no free
-            slot (a 503); unused with TLS, where such a connection is closed at once.
+        busy: ``() -> bytes``: the whole HTTP answer (a 503) written at once to a plain-TCP
+            connection that finds every slot past its opening; unused with TLS, where such a
+            connection is closed without a word.
         slots: the server's shared :class:`ConnectionSlots`.
         ssl_ctx: the server's TLS context, or None for plain TCP.
         handshake_timeout: seconds a connection has to finish its TLS handshake.
     """
 
-    def __init__(self, socks: list[socket.socket], serve: Serve, refuse: Serve, *,
+    def __init__(self, socks: list[socket.socket], serve: Serve, busy: Callable[[], bytes], *,
                  slots: ConnectionSlots, ssl_ctx: ssl.SSLContext | None, handshake_timeout: float,
                  logs: "RefusalLogs"):
         self.sockets = socks
-        self.serve, self.refuse = serve, refuse
+        self.serve, self.busy = serve, busy
         self.slots, self.ssl_ctx, self.handshake_timeout = slots, ssl_ctx, handshake_timeout
         self.logs = logs
         self.tasks: set[asyncio.Task] = set()
@@ -235,8 +267,8 @@ class TCPListener:
                     self.logs.exhausted(
                         f"accept() failed: {exc.strerror} ({code}) with {self.slots.open} "
                         f"connections open (limit {self.slots.limit}) and "
-                        f"{descriptors_in_use()} descriptors in use; new connections wait in "
-                        f"the listen backlog")
+                        f"{_descriptors_when(exc.errno)}; new connections wait in the listen "
+                        f"backlog")
                 elif exc.errno not in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR):
                     log.error("accept() failed: %s", exc)
                 else:
@@ -247,43 +279,48 @@ class TCPListener:
 
     async def _admit(self, sock: socket.socket, peer: str) -> None:
         slots = self.slots
-        if slots.open >= slots.limit and self.ssl_ctx is not None:
-            # The handshakes already started must have their transports before one is chosen
-            # to close (a task cancelled before its first step would never close its socket).
+        if slots.open >= slots.limit:
+            # The connections already opening must have started before one is chosen to close
+            # (a task cancelled before its first step would never close its socket).
             await asyncio.sleep(0)
             if slots.open >= slots.limit:
                 gone = slots.evict_oldest_handshake()
                 if gone is None:
-                    self.logs.full(f"connection limit ({slots.limit}) reached, every connection "
-                                   f"past its handshake: closed the new connection from {peer}")
-                    sock.close()
+                    self._refuse(sock, peer)
                     return
+                what = "in its TLS handshake" if self.ssl_ctx else "without sending a byte"
                 self.logs.evicted(f"connection limit ({slots.limit}) reached: closed the "
-                                  f"connection from {gone[0]} after {gone[1]:.1f} s in its TLS "
-                                  f"handshake to admit {peer}")
-        over = slots.open >= slots.limit           # plain TCP only: answered with a 503
-        task = asyncio.get_running_loop().create_task(self._connection(sock, peer, over))
+                                  f"connection from {gone[0]} after {gone[1]:.1f} s {what} to "
+                                  f"admit {peer}")
+        task = asyncio.get_running_loop().create_task(self._connection(sock, peer))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
-        if over:
-            return
-        if self.ssl_ctx is None:
-            slots.established += 1
-        else:
-            slots.handshaking[task] = (peer, time.monotonic())
+        slots.handshaking[task] = (peer, time.monotonic())
 
-    async def _connection(self, sock: socket.socket, peer: str, over: bool) -> None:
-        task = asyncio.current_task()
-        slots = self.slots
+    def _refuse(self, sock: socket.socket, peer: str) -> None:
+        """Close a connection that finds every slot past its opening: with TLS at once, without
+        TLS after writing the 503 answer (best effort, without waiting for the request)."""
+        self.logs.full(f"connection limit ({self.slots.limit}) reached, every connection past its "
+                       f"{'handshake' if self.ssl_ctx else 'first byte'}: "
+                       f"{'closed' if self.ssl_ctx else 'answered 503 to'} the new connection "
+                       f"from {peer}")
         if self.ssl_ctx is None:
             try:
-                reader, writer = await _open(sock, None, 0)
-                await (self.refuse if over else self.serve)(reader, writer)
-            finally:
-                if not over:
-                    slots.established -= 1
-            return
+                sock.setblocking(False)
+                sock.send(self.busy())           # a few hundred bytes: the socket buffer takes them
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(65536):          # what the client sent already: unread bytes at
+                    pass                         # close() would reset the connection, answer lost
+            except OSError:                      # BlockingIOError: nothing more to read
+                pass
+        sock.close()
+
+    async def _connection(self, sock: socket.socket, peer: str) -> None:
+        task = asyncio.current_task()
+        slots = self.slots
         try:
+            if self.ssl_ctx is None:
+                await _first_byte(sock, self.handshake_timeout)
             reader, writer = await _open(sock, self.ssl_ctx, self.handshake_timeout)
         except asyncio.CancelledError:
             if task in slots.evicted:      # closed to make room; logged by the acceptor
@@ -291,11 +328,17 @@ class TCPListener:
                 return
             raise
         except ssl.SSLError as exc:
-            self.logs.refused(f"refused TLS client {peer}: {describe_refusal(exc)}")
+            why = describe_refusal(exc)
+            self.logs.refused(f"refused TLS client {peer}: {why}", why)
             return
         except ConnectionAbortedError as exc:     # the loop's handshake timeout
             self.logs.timed_out(f"closed the connection from {peer}: no TLS handshake within "
-                                f"{self.handshake_timeout:g} s ({exc})")
+                                f"{self.handshake_timeout:g} s ({exc})", "handshake")
+            return
+        except asyncio.TimeoutError:              # plain TCP: no first byte in time
+            what = "TLS handshake" if self.ssl_ctx else "request"
+            self.logs.timed_out(f"closed the connection from {peer}: no {what} within "
+                                f"{self.handshake_timeout:g} s", what)
             return
         except OSError as exc:                    # the client went away
             log.debug("TLS handshake with %s ended: %r", peer, exc)
@@ -318,6 +361,36 @@ class RefusalLogs:
         self.evicted = RateLimitedLog(logging.WARNING, every)
         self.full = RateLimitedLog(logging.WARNING, every)
         self.exhausted = RateLimitedLog(logging.ERROR, every)
+
+
+async def _first_byte(sock: socket.socket, timeout: float) -> None:
+    """Wait until ``sock`` is readable (its first bytes or its end arrived).
+
+    Raises:
+        asyncio.TimeoutError: not within ``timeout`` seconds. The socket is closed then, and
+            when the wait is cancelled.
+    """
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = sock.fileno()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
+    try:
+        await asyncio.wait_for(ready, timeout)
+    except BaseException:
+        loop.remove_reader(fd)
+        sock.close()
+        raise
+    loop.remove_reader(fd)
+
+
+def _descriptors_when(err: int) -> str:
+    """How many descriptors are in use, for the log line of an ``accept()`` failing with ``err``
+    (EMFILE: all that RLIMIT_NOFILE allows, by definition; counting them would need one)."""
+    if err == errno.EMFILE:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return f"every one of the {soft} descriptors the open files limit allows in use"
+    used = descriptors_in_use()
+    return f"{used if used is not None else 'an unknown number of'} descriptors in use"
 
 
 async def _open(sock: socket.socket, ssl_ctx: ssl.SSLContext | None,

@@ -46,8 +46,16 @@ class TLSFiles:
 
 
 def tls_files(cfg: Config) -> TLSFiles:
-    """The TLS paths of ``cfg`` resolved against its home; the client pair sits beside the server's."""
+    """The TLS paths of ``cfg`` resolved against its home; the client pair sits beside the server's.
+
+    Raises:
+        ConfigError: ``tlsCaFile`` names no file (mutual TLS checks client certificates
+            against a CA).
+    """
     s = cfg.server
+    if not s.tls_ca_files:
+        raise ConfigError("ServerConfig.tlsCaFile must name at least one CA file (mutual TLS "
+                          "checks client certificates against it; or use --no-tls)")
     cert, key = cfg.path(s.tls_cert), cfg.path(s.tls_pk)
     return TLSFiles(
         ca=tuple(os.path.normpath(os.path.join(cfg.path(s.tls_ca_path), f)) for f in s.tls_ca_files),
