@@ -8,6 +8,7 @@ tests that stop a server start their own with :func:`start_server` and :data:`TE
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -15,6 +16,7 @@ import re
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -129,3 +131,62 @@ def sse_events(raw: bytes) -> list[dict]:
             assert block.startswith("data: "), block
             events.append(json.loads(block[len("data: "):]))
     return events
+
+
+# ---- serve_connection in-process, on a real socket ---------------------------------------------
+
+
+class ThreadedServer:
+    """``serve_connection(reader, writer, self.handler, **serve_kw)`` for every connection to a
+    127.0.0.1 port, on an event loop (``"asyncio"`` or ``"uvloop"``) in a background thread; a
+    context manager. Subclasses define ``async handler(request, stream)``."""
+
+    def __init__(self, loop: str = "asyncio", **serve_kw) -> None:
+        self.loop_kind = loop
+        self.serve_kw = serve_kw
+        self.connections = 0
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    async def handler(self, request, stream):
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        if self.loop_kind == "uvloop":
+            import uvloop
+            uvloop.run(self._main())
+        else:
+            asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        from tiny_mindie.server.conn import serve_connection
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+
+        async def on_connection(reader, writer):
+            self.connections += 1
+            try:
+                await serve_connection(reader, writer, self.handler, **self.serve_kw)
+            except asyncio.CancelledError:
+                pass   # shutdown; Python 3.11's start_server callback would log a cancelled task
+
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        await self._stop.wait()
+        server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self):
+        self._thread.start()
+        assert self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from tiny_mindie.server.conn import Response, json_response, serve_connection
+from helpers import ThreadedServer
+from tiny_mindie.server.conn import Response, json_response
 from tiny_mindie.server.http import CONTINUE_100
 from tiny_mindie.server.sse import sse_event
 
@@ -70,56 +71,16 @@ async def handler(request, stream, rec: Recorder):
     return json_response(404, {"error": "not found", "error_type": "NotFoundError"})
 
 
-class ServerThread:
-    """An asyncio server running serve_connection in a background thread."""
+class ServerThread(ThreadedServer):
+    """serve_connection with this module's ``handler`` on a real socket, in a background thread."""
 
     def __init__(self, loop: str = "asyncio", **kw) -> None:
-        self.loop_kind = loop
-        self.kw = kw
+        super().__init__(loop, **kw)
         self.rec = Recorder()
-        self.connections = 0
-        self.port = 0
         self.clients: list[http.client.HTTPConnection] = []
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        if self.loop_kind == "uvloop":
-            import uvloop
-            uvloop.run(self._main())
-        else:
-            asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-
-        async def on_connection(reader, writer):
-            self.connections += 1
-            try:
-                await serve_connection(reader, writer, lambda r, s: handler(r, s, self.rec),
-                                       **self.kw)
-            except asyncio.CancelledError:
-                pass   # shutdown; Python 3.11's start_server callback would log a cancelled task
-
-        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        await self._stop.wait()
-        server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def __enter__(self) -> "ServerThread":
-        self._thread.start()
-        assert self._ready.wait(5)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(5)
+    async def handler(self, request, stream):
+        return await handler(request, stream, self.rec)
 
     def client(self) -> http.client.HTTPConnection:
         """An http.client connection, closed by close_clients() after the test."""

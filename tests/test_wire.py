@@ -13,7 +13,8 @@ import time
 import pytest
 
 from tiny_mindie.config import ConfigError, load_config
-from tiny_mindie.server.conn import _error_body, json_response, serve_connection
+from helpers import ThreadedServer
+from tiny_mindie.server.conn import _error_body, json_response
 from tiny_mindie.server.sse import sse_event, unsent_bytes, utf8
 
 # Strings json.loads gives for JSON a client may send: lone high / low surrogates, a pair
@@ -75,17 +76,15 @@ def test_config_reads_max_stream_backlog(tmp_path):
 CHUNK = b"data: " + b"x" * 994 + b"\n\n"     # 1000 bytes
 
 
-class StreamServer:
+class StreamServer(ThreadedServer):
     """serve_connection in a background thread; ``GET /stream?limit=N&n=M&pause=S`` streams M
     chunks of 1000 bytes, S seconds apart (as fast as the connection takes them by default),
     under a backlog limit of N bytes (none when absent), and records how each stream ended."""
 
     def __init__(self, loop: str) -> None:
-        self.loop_kind = loop
+        super().__init__(loop, max_body_bytes=1024, idle_timeout=30)
         self.ended: list[tuple[str, int]] = []    # (how, bytes sent)
         self.done = threading.Event()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     async def handler(self, request, stream):
         limit = request.query.get("limit")
@@ -103,43 +102,6 @@ class StreamServer:
         self.ended.append(("complete", out.bytes_sent))
         self.done.set()
         return None
-
-    def _run(self) -> None:
-        if self.loop_kind == "uvloop":
-            import uvloop
-            uvloop.run(self._main())
-        else:
-            asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-
-        async def on_connection(reader, writer):
-            try:
-                await serve_connection(reader, writer, self.handler, max_body_bytes=1024,
-                                       idle_timeout=30)
-            except asyncio.CancelledError:
-                pass
-
-        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        await self._stop.wait()
-        server.close()
-        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def __enter__(self) -> "StreamServer":
-        self._thread.start()
-        assert self._ready.wait(5)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(5)
 
     def non_reader(self, target: str) -> socket.socket:
         """A client with a small receive buffer that sends one request and reads nothing."""
