@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import ssl
 import subprocess
 import sys
@@ -131,6 +132,17 @@ def sse_events(raw: bytes) -> list[dict]:
             assert block.startswith("data: "), block
             events.append(json.loads(block[len("data: "):]))
     return events
+
+
+def closed_by_server(sock: socket.socket, within: float) -> bool:
+    """The server closed ``sock`` (EOF or reset) within ``within`` seconds."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
 
 
 # ---- serve_connection in-process, on a real socket ---------------------------------------------

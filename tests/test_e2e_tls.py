@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import TEST_CONFIG, Server, request
+from helpers import TEST_CONFIG, Server, closed_by_server, request
 from tiny_mindie.config import load_config
 from tiny_mindie.server.tls import (client_context, issue_certificate, issue_crl,
                                     make_certificates, tls_files)
@@ -86,16 +86,6 @@ def guarded(tmp_path_factory):
     srv.revoked = revoked
     yield srv
     stop(srv)
-
-
-def closed_by_server(sock: socket.socket, within: float) -> bool:
-    sock.settimeout(within)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 def wait_for_log(srv: Server, needle: str, timeout: float = 5.0) -> str:

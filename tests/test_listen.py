@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import pytest
 
+from helpers import closed_by_server
 from tiny_mindie.server.conn import json_response, serve_connection
 from tiny_mindie.server.listen import (ConnectionSlots, RateLimitedLog, RefusalLogs, TCPListener,
                                        bind)
@@ -116,17 +117,6 @@ def server_side_established(port: int) -> int:
             if int(local.split(":")[1], 16) == port and state == "01":
                 n += 1
     return n
-
-
-def closed_by_server(sock: socket.socket, within: float) -> bool:
-    """The server closed ``sock`` (EOF or reset) within ``within`` seconds."""
-    sock.settimeout(within)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 @pytest.mark.parametrize("loop", LOOPS)
