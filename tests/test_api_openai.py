@@ -6,9 +6,8 @@ import json
 import math
 
 import pytest
-
-from hf_math import MIN_MARGIN
 from helpers import request, sse_events
+from hf_math import MIN_MARGIN
 
 openai = pytest.importorskip("openai")
 try:   # the openai package moved from httpx to httpx2

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from helpers import request, sse_events
 
-
 TIMING_OUT = {"inputs": "1, 2, 3, 4, 5,",
               "parameters": {"max_new_tokens": 250, "timeout": 1, "do_sample": False}}
 

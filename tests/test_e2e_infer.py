@@ -10,7 +10,6 @@ import ssl
 import subprocess
 
 import pytest
-
 from helpers import request, seed_body, sse_events
 
 
@@ -156,6 +155,7 @@ def test_client_certificate_from_another_ca_is_refused(server, tmp_path):
                      client_cert=f"{d}/c.pem", client_key=f"{d}/c.key")
     make_certificates(other)
     from dataclasses import replace
+
     from tiny_mindie.server.tls import client_context
     ctx = client_context(replace(other, ca=(server.ca,)))   # trusts the server, wrong client CA
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):

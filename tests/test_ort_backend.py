@@ -27,17 +27,17 @@ import sys
 
 import numpy as np
 import pytest
+from batching import assert_rows_batch_invariant
+from hf_math import MIN_MARGIN, greedy_margins
 
+from tiny_mindie.model import graph as graph_mod
+from tiny_mindie.model import ort_backend
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile, RawTensor
-from tiny_mindie.model import graph as graph_mod
 from tiny_mindie.model.graph import GraphOptions, pack_weight, unpack_nbits
-from tiny_mindie.model import ort_backend
 from tiny_mindie.model.ort_backend import OrtBackend, select_providers
 from tiny_mindie.model.reference import NumpyBackend
-from batching import assert_rows_batch_invariant
-from hf_math import MIN_MARGIN, greedy_margins
 
 MAX_SEQ_LEN = 256
 ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)
@@ -495,7 +495,7 @@ def test_kv_cache_costs_no_memory_until_written():
     nothing to the resident set until written."""
     def rss_kib():
         with open("/proc/self/status") as fh:
-            return next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:"))
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
     before = rss_kib()
     buf, arrays = ort_backend._zeroed_buffers(16, (4, 4, 1024, 64))
     assert rss_kib() - before < 4096                 # (checked before anything reads them)

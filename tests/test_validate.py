@@ -10,8 +10,14 @@ import pytest
 
 from tiny_mindie.api.errors import APIError
 from tiny_mindie.api.native import mindie_parameters
-from tiny_mindie.api.validate import (MAX_JSON_DEPTH, JSONTooDeep, get_float, get_int,
-                                      json_depth, parse_json_object)
+from tiny_mindie.api.validate import (
+    MAX_JSON_DEPTH,
+    JSONTooDeep,
+    get_float,
+    get_int,
+    json_depth,
+    parse_json_object,
+)
 
 INF = float("inf")
 BIG = 10**400                         # what json.loads makes of "1" followed by 400 zeros

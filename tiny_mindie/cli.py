@@ -126,8 +126,13 @@ def serve(args: argparse.Namespace) -> int:
     ``/stopService``."""
     from .llm import LLM
     from .server.app import App, check_ports_free, start_listeners
-    from .server.tls import (ensure_certificates, server_context, tls_files, uses_default_crl,
-                             uses_default_paths)
+    from .server.tls import (
+        ensure_certificates,
+        server_context,
+        tls_files,
+        uses_default_crl,
+        uses_default_paths,
+    )
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

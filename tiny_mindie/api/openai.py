@@ -34,8 +34,7 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error
 from .native import build_request, until_done_or_gone
-from .validate import (JSONTooDeep, check_token_ids, get_bool, get_float, get_int,
-                       parse_json_object)
+from .validate import JSONTooDeep, check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")

@@ -37,8 +37,7 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.sse import utf8
 from .errors import APIError, from_generation_error, invalid
-from .native import (build_request, first_event, read_inputs, read_parameters,
-                     until_done_or_gone)
+from .native import build_request, first_event, read_inputs, read_parameters, until_done_or_gone
 from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1

@@ -113,8 +113,8 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 

@@ -377,7 +377,7 @@ class Tokenizer:
                          if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED))
 
     @functools.cached_property
-    def _guard(self) -> "_Guard | None":
+    def _guard(self) -> _Guard | None:
         return _Guard(self._control_texts) if self._control_texts else None
 
     # ---- decoding -------------------------------------------------------------------------
