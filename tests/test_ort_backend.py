@@ -20,6 +20,7 @@ independently, so batching, padding-free chunking and the slot layout cannot cha
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import subprocess
@@ -173,11 +174,11 @@ def test_matmulnbits_reads_the_packing_as_documented(gguf):
 def test_attention_scale_folds_only_when_exact(gguf, config):
     """1/sqrt(head_dim) goes into the query weights only as a power of two, so the folded query
     matrix is still bit-exact (times 1/8 for SmolLM2's head_dim 64)."""
-    assert graph_mod.attention_scale_folding(64) == 0.125
-    assert graph_mod.attention_scale_folding(16) == 0.25
-    assert graph_mod.attention_scale_folding(128) is None
-    assert graph_mod.attention_scale_folding(80) is None
-    s = graph_mod.attention_scale_folding(config.head_dim)
+    assert graph_mod._power_of_two(1 / math.sqrt(64)) == 0.125
+    assert graph_mod._power_of_two(1 / math.sqrt(16)) == 0.25
+    assert graph_mod._power_of_two(1 / math.sqrt(128)) is None
+    assert graph_mod._power_of_two(1 / math.sqrt(80)) is None
+    s = graph_mod._power_of_two(config.attn_scale)
     if s is not None:
         w = graph_mod._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
         expect = gguf.dequantize("blk.3.attn_q.weight") * np.float32(s)
@@ -517,7 +518,7 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     assert all(n.domain == "" for n in m.graph.node if n.op_type == "SimplifiedLayerNormalization")
     gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
     scale = next(a.f for a in gqa[0].attribute if a.name == "scale")
-    assert scale == (1.0 if graph_mod.attention_scale_folding(64) else 0.125)
+    assert scale == 1.0                       # 1/sqrt(64) = 1/8 is folded into Wq
     meta = {p.key: p.value for p in m.metadata_props}      # the 8-bit head's row multiple
     assert meta[graph_mod.LOGITS_ROWS_KEY] == str(GraphOptions().row_multiple(8)) == \
         str(ort._logits_row_multiple)

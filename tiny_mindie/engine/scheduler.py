@@ -51,9 +51,6 @@ class WaitQueue(Generic[T]):
     def push(self, priority: int, item: T) -> None:
         heapq.heappush(self._heap, _Waiting(priority, next(self._counter), item))
 
-    def peek(self) -> T | None:
-        return self._heap[0].item if self._heap else None
-
     def pop(self) -> T:
         return heapq.heappop(self._heap).item
 
