@@ -202,7 +202,8 @@ def check(data: bytes, rng: random.Random, limits: dict[str, int], *, all_splits
             sizes = [len(c) for c in chunks]
             detail = (f"pieces {sizes[:20]}{'...' if len(sizes) > 20 else ''}\n"
                       f"whole: {_describe(whole)}\nsplit: {_describe(split)}")
-            kind = f"{_describe(whole[-1:], True)} whole, {_describe(split[-1:], True)} split"
+            kind = (f"{_describe(whole[-1:], generic=True)} whole, "
+                    f"{_describe(split[-1:], generic=True)} split")
             return whole, Finding("split", data, limits, detail, kind)
     return whole, None
 

@@ -562,7 +562,8 @@ def test_an_8bit_lm_head_is_requantized_to_blocks_of_128_within_half_a_step(gemm
     emb = pack_weight(gemma_file, "token_embd.weight")
     assert emb.exact and emb.block == 32
     n = 20_000                                     # a slice: the whole head is 671 MB as float32
-    part = NBitsWeight(8, n, emb.k, emb.data[:n], emb.scales[:n], None, None, True, 32)
+    part = NBitsWeight(8, n, emb.k, emb.data[:n], emb.scales[:n], None, None,
+                        exact=True, block=32)
     head = lm_head_weight(part, 128)
     assert head.block == 128 and not head.exact and head.scales.shape == (n, emb.k // 128)
     w, got = unpack_nbits(part), unpack_nbits(head)

@@ -375,7 +375,8 @@ class _Connection:
         return keep_alive, False
 
     async def _send_error(self, exc: HTTPError) -> None:
-        headers = self._base_headers(None, False) + [("Content-Type", "application/json")]
+        headers = (self._base_headers(None, keep_alive=False)
+                   + [("Content-Type", "application/json")])
         body = _error_body(exc.status, exc.message, self.max_body_bytes)
         await self._write(format_response(exc.status, headers, body))
 
