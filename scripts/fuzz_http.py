@@ -34,6 +34,7 @@ which the fast tests replay (tests/test_http_fuzz.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import os
 import random
@@ -41,16 +42,15 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional, Sequence
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if os.path.isdir(os.path.join(_REPO, "tiny_mindie")):   # run from a checkout: fuzz this tree
     sys.path.insert(0, _REPO)
 
 from tiny_mindie.server import http as _http  # noqa: E402
-from tiny_mindie.server.http import (NEED_DATA, HTTPError, Request, RequestHead,  # noqa: E402
-                                     RequestParser)
+from tiny_mindie.server.http import NEED_DATA, HTTPError, Request, RequestHead, RequestParser  # noqa: E402
 
 CORPUS_DIR = os.path.join(_REPO, "tests", "fuzz_corpus")
 
@@ -168,7 +168,7 @@ class Finding:
 
 
 def check(data: bytes, rng: random.Random, limits: dict[str, int], *, all_splits: bool = False,
-          byte_limit: int = 4096) -> tuple[list, Optional[Finding]]:
+          byte_limit: int = 4096) -> tuple[list, Finding | None]:
     """The oracles on ``data`` under ``limits``.
 
     Splits tried: ``random_splits`` (three draws), a byte at a time (when ``data`` is at most
@@ -202,7 +202,8 @@ def check(data: bytes, rng: random.Random, limits: dict[str, int], *, all_splits
             sizes = [len(c) for c in chunks]
             detail = (f"pieces {sizes[:20]}{'...' if len(sizes) > 20 else ''}\n"
                       f"whole: {_describe(whole)}\nsplit: {_describe(split)}")
-            kind = f"{_describe(whole[-1:], True)} whole, {_describe(split[-1:], True)} split"
+            kind = (f"{_describe(whole[-1:], generic=True)} whole, "
+                    f"{_describe(split[-1:], generic=True)} split")
             return whole, Finding("split", data, limits, detail, kind)
     return whole, None
 
@@ -365,7 +366,7 @@ def mutate(data: bytes, pool: Sequence[bytes], rng: random.Random) -> bytes:
 
 def shrink(finding: Finding, rng: random.Random, budget: int = 2000) -> Finding:
     """A smaller input failing the same way (removing spans, halving their size)."""
-    def still_fails(data: bytes) -> Optional[Finding]:
+    def still_fails(data: bytes) -> Finding | None:
         _, found = check(data, random.Random(rng.random()), finding.limits)
         return found if found is not None and found.kind == finding.kind else None
 
@@ -414,10 +415,10 @@ class Stats:
     findings: list[Finding] = field(default_factory=list)
 
 
-def fuzz(*, seed: int, iterations: Optional[int] = None, seconds: Optional[float] = None,
+def fuzz(*, seed: int, iterations: int | None = None, seconds: float | None = None,
          corpus: Sequence[bytes] = (), max_pool: int = 4000, max_len: int = 8192,
          coverage: bool = True, max_findings: int = 20,
-         report: Optional[Callable[[Stats], None]] = None) -> Stats:
+         report: Callable[[Stats], None] | None = None) -> Stats:
     """Mutate ``SEEDS`` + ``corpus`` and check both oracles until ``iterations`` inputs or
     ``seconds`` have passed (whichever is given first; one of them is required).
 
@@ -458,7 +459,7 @@ def fuzz(*, seed: int, iterations: Optional[int] = None, seconds: Optional[float
         limits = rng.choice(PROFILES)
         new_edges: set[tuple[int, int]] = set()
         if tracer is not None:
-            _, new_edges = tracer.run(lambda: run_parser([data], limits))
+            _, new_edges = tracer.run(functools.partial(run_parser, [data], limits))
             new_edges -= edges
         events, found = check(data, rng, limits)
         if found is not None:
@@ -509,7 +510,7 @@ def _save(findings: Sequence[Finding], directory: str) -> None:
                       f"input: {f.data!r}\n\n{f.detail}\n")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, help="run this long (default 60 without --iterations)")
     ap.add_argument("--iterations", type=int,

@@ -35,9 +35,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from hf_math import PARAGRAPH, kl_rows, log_softmax  # noqa: E402  (float64 helpers shared with the tests)
-
 from bench import find_llama_python  # noqa: E402
+from hf_math import PARAGRAPH, kl_rows, log_softmax  # noqa: E402  (float64 helpers shared with the tests)
 
 LLAMA_CHILD = """
 import sys, numpy as np

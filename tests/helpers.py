@@ -141,7 +141,7 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
         return sock.recv(1) == b""
     except ConnectionResetError:
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 

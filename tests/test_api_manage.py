@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-
 from helpers import TEST_CONFIG, start_server
 
 pytestmark = pytest.mark.e2e            # every test needs a server; some start their own

@@ -6,9 +6,8 @@ import json
 import math
 
 import pytest
-
-from hf_math import MIN_MARGIN
 from helpers import request, sse_events
+from hf_math import MIN_MARGIN
 
 openai = pytest.importorskip("openai")
 try:   # the openai package moved from httpx to httpx2
@@ -208,13 +207,14 @@ def test_chat_template_sandbox_bos_and_raise_exception():
            "{% if add_generation_prompt %}[assistant]{% endif %}")
     msgs = [{"role": "user", "content": "héllo"}]
     # the tokenizer adds BOS itself: the template's is dropped, so there is only one
-    assert render_chat(fake_llm(tpl, True), msgs, {}) == '[user] "héllo"</s>[assistant]'
-    assert render_chat(fake_llm(tpl, False), msgs, {}) == '<s>[user] "héllo"</s>[assistant]'
+    assert render_chat(fake_llm(tpl, add_bos=True), msgs, {}) == '[user] "héllo"</s>[assistant]'
+    assert render_chat(fake_llm(tpl, add_bos=False), msgs, {}) == \
+        '<s>[user] "héllo"</s>[assistant]'
     with pytest.raises(OpenAIError) as exc:
-        render_chat(fake_llm(tpl, True), [{"role": "system", "content": "x"}], {})
+        render_chat(fake_llm(tpl, add_bos=True), [{"role": "system", "content": "x"}], {})
     assert exc.value.status == 400 and "System role not supported" in exc.value.message
     with pytest.raises(OpenAIError):   # the sandbox refuses attribute games
-        render_chat(fake_llm("{{ messages.__class__.__mro__ }}", True), msgs, {})
+        render_chat(fake_llm("{{ messages.__class__.__mro__ }}", add_bos=True), msgs, {})
 
 
 def test_client_leaving_a_stream_with_n2_frees_both_slots(server):

@@ -17,7 +17,6 @@ import types
 
 import pytest
 import requests
-
 from helpers import request, sse_events
 
 PROMPT = "The capital of France is"
@@ -213,6 +212,7 @@ def test_info(server):
     assert info["max_input_length"] == 512 and info["max_total_tokens"] == 1024
     assert info["model_dtype"] == "Q4_1" and info["model_device_type"] == "cpu"
     import os
+
     from tiny_mindie.model.backend import DEFAULT_BACKEND
     backend = os.environ.get("TINY_MINDIE_TEST_BACKEND") or DEFAULT_BACKEND
     assert info["backend"] == backend and "CPU" in info["execution_provider"]

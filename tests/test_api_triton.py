@@ -9,7 +9,6 @@ import subprocess
 import time
 
 import pytest
-
 from helpers import sse_events
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")

@@ -21,10 +21,17 @@ import tracemalloc
 from types import SimpleNamespace
 
 import pytest
-
 from helpers import TEST_CONFIG, request, start_server
-from tiny_mindie.api.openai import (CHATML, OpenAIError, _shielded, _strings, encode_chat,
-                                    render_chat, template_markers)
+
+from tiny_mindie.api.openai import (
+    CHATML,
+    OpenAIError,
+    _shielded,
+    _strings,
+    encode_chat,
+    render_chat,
+    template_markers,
+)
 from tiny_mindie.engine.request import GenerationError
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer import load_tokenizer

@@ -308,11 +308,12 @@ def test_crl_signed_by_another_key_is_an_error(tmp_path):
 
 
 def test_crl_of_another_ca_is_an_error(tmp_path):
+    import datetime as dt
+
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
-    import datetime as dt
     files = default_tls_set(tmp_path)
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.timezone.utc)
@@ -457,7 +458,7 @@ def test_every_numeric_key_has_a_range():
 
 def _range_cases():
     from tiny_mindie.config import RANGES, show
-    for name, attr, lo, hi, unit in RANGES:
+    for name, _attr, lo, hi, unit in RANGES:
         is_float = isinstance(lo, float)
         below = lo / 2 if is_float else lo - 1
         huge = "1e+30" if is_float else "an integer of 31 digits"
@@ -484,7 +485,7 @@ def test_range_limits_themselves_are_accepted(tmp_path):
     # a base where the cross-key rules hold at every limit
     base = load_config(None).with_overrides(**{"model.max_input_token_len": 1,
                                                "schedule.max_prefill_batch_size": 1})
-    for name, attr, lo, hi, unit in RANGES:
+    for _name, attr, lo, hi, _unit in RANGES:
         part, _, field = attr.partition(".")
         if part == "backend" and "." in field:
             part, field = field.split(".")

@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-
 from helpers import ThreadedServer
+
 from tiny_mindie.server.conn import Response, json_response
 from tiny_mindie.server.http import CONTINUE_100
 from tiny_mindie.server.sse import sse_event

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from helpers import request, sse_events
 
-
 TIMING_OUT = {"inputs": "1, 2, 3, 4, 5,",
               "parameters": {"max_new_tokens": 250, "timeout": 1, "do_sample": False}}
 
@@ -95,14 +94,16 @@ def _open_and_abandon(server, body: dict, read_some: bool) -> None:
 
 def test_disconnect_mid_stream_frees_the_slot(server):
     _open_and_abandon(server, {"inputs": "1, 2, 3, 4, 5,", "stream": True,
-                               "parameters": {"max_new_tokens": 250, "do_sample": False}}, True)
+                               "parameters": {"max_new_tokens": 250, "do_sample": False}},
+                      read_some=True)
     s = wait_all_slots_free(server, timeout=1.0)   # generating 250 tokens would take seconds
     assert s["free_slots"] == s["total_slots"]
 
 
 def test_disconnect_while_waiting_for_plain_answer_frees_the_slot(server):
     _open_and_abandon(server, {"inputs": "1, 2, 3, 4, 5,",
-                               "parameters": {"max_new_tokens": 250, "do_sample": False}}, False)
+                               "parameters": {"max_new_tokens": 250, "do_sample": False}},
+                      read_some=False)
     s = wait_all_slots_free(server, timeout=1.0)
     assert s["free_slots"] == s["total_slots"]
 

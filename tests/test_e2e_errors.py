@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import request, seed_body
 
 VALIDATION = "Input Validation Error"
@@ -27,7 +26,8 @@ OUT_OF_RANGE = [
 
 @pytest.mark.parametrize("name,value", OUT_OF_RANGE)
 def test_out_of_range_parameter_is_422(server, name, value):
-    status, headers, body = request(server, "POST", "/infer", seed_body(False, **{name: value}))
+    status, headers, body = request(server, "POST", "/infer",
+                                    seed_body(stream=False, **{name: value}))
     assert status == 422, body
     err = json.loads(body)
     assert err["error_type"] == VALIDATION
@@ -35,7 +35,7 @@ def test_out_of_range_parameter_is_422(server, name, value):
 
 
 def test_top_p_message_matches_mindie(server):
-    status, _, body = request(server, "POST", "/infer", seed_body(False, top_p=1.0))
+    status, _, body = request(server, "POST", "/infer", seed_body(stream=False, top_p=1.0))
     assert json.loads(body) == {"error": "Parameter top_p must be in (0.0,1.0), got 1.0.",
                                 "error_type": VALIDATION}
 

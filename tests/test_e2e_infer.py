@@ -10,7 +10,6 @@ import ssl
 import subprocess
 
 import pytest
-
 from helpers import request, seed_body, sse_events
 
 
@@ -72,7 +71,7 @@ def test_banner_says_where_and_how(server):
 
 
 def test_seed_request_plain_http_client(server):
-    status, headers, body = request(server, "POST", "/infer", seed_body(False))
+    status, headers, body = request(server, "POST", "/infer", seed_body(stream=False))
     assert status == 200
     assert headers["content-type"].startswith("application/json")
     assert int(headers["content-length"]) == len(body)
@@ -80,13 +79,13 @@ def test_seed_request_plain_http_client(server):
 
 
 def test_seed_request_plain_curl(server):
-    r = curl(server, seed_body(False))
+    r = curl(server, seed_body(stream=False))
     assert r.returncode == 0, r.stderr
     check_plain_answer(json.loads(r.stdout), 20)
 
 
 def test_seed_request_stream_http_client(server, tokenizer):
-    status, headers, body = request(server, "POST", "/infer", seed_body(True))
+    status, headers, body = request(server, "POST", "/infer", seed_body(stream=True))
     assert status == 200
     assert headers["content-type"].startswith("text/event-stream")
     assert headers["transfer-encoding"] == "chunked"
@@ -94,7 +93,7 @@ def test_seed_request_stream_http_client(server, tokenizer):
 
 
 def test_seed_request_stream_curl(server, tokenizer):
-    r = curl(server, seed_body(True))
+    r = curl(server, seed_body(stream=True))
     assert r.returncode == 0, r.stderr
     events = sse_events(r.stdout)
     assert b"[DONE]" not in r.stdout
@@ -103,8 +102,10 @@ def test_seed_request_stream_curl(server, tokenizer):
 
 def test_seeded_stream_equals_seeded_plain(server, tokenizer):
     seed = 846930886
-    _, _, plain = request(server, "POST", "/infer", seed_body(False, seed=seed, max_new_tokens=24))
-    _, _, streamed = request(server, "POST", "/infer", seed_body(True, seed=seed, max_new_tokens=24))
+    _, _, plain = request(server, "POST", "/infer",
+                          seed_body(stream=False, seed=seed, max_new_tokens=24))
+    _, _, streamed = request(server, "POST", "/infer",
+                             seed_body(stream=True, seed=seed, max_new_tokens=24))
     plain = json.loads(plain)
     assert plain["details"]["seed"] == seed
     events = sse_events(streamed)
@@ -113,8 +114,9 @@ def test_seeded_stream_equals_seeded_plain(server, tokenizer):
 
 
 def test_unseeded_requests_draw_different_seeds(server):
-    seeds = {json.loads(request(server, "POST", "/infer", seed_body(False, max_new_tokens=1))[2])
-             ["details"]["seed"] for _ in range(3)}
+    body = seed_body(stream=False, max_new_tokens=1)
+    seeds = {json.loads(request(server, "POST", "/infer", body)[2])["details"]["seed"]
+             for _ in range(3)}
     assert len(seeds) == 3
 
 
@@ -138,7 +140,7 @@ def test_details_false_stream_ends_with_null_details(server):
 def test_client_without_certificate_is_refused(server):
     ctx = ssl.create_default_context(cafile=server.ca)   # trusts the server, presents nothing
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
-        request(server, "POST", "/infer", seed_body(False), ctx=ctx)
+        request(server, "POST", "/infer", seed_body(stream=False), ctx=ctx)
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
@@ -156,17 +158,18 @@ def test_client_certificate_from_another_ca_is_refused(server, tmp_path):
                      client_cert=f"{d}/c.pem", client_key=f"{d}/c.key")
     make_certificates(other)
     from dataclasses import replace
+
     from tiny_mindie.server.tls import client_context
     ctx = client_context(replace(other, ca=(server.ca,)))   # trusts the server, wrong client CA
     with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
-        request(server, "POST", "/infer", seed_body(False), ctx=ctx)
+        request(server, "POST", "/infer", seed_body(stream=False), ctx=ctx)
 
 
 def test_tls_12_is_refused(server):
     ctx = server.ssl_context()
     ctx.maximum_version = ssl.TLSVersion.TLSv1_2
     with pytest.raises((ssl.SSLError, ConnectionError)):
-        request(server, "POST", "/infer", seed_body(False), ctx=ctx)
+        request(server, "POST", "/infer", seed_body(stream=False), ctx=ctx)
 
 
 def test_keep_alive_serves_several_requests_on_one_connection(server):

@@ -15,9 +15,8 @@ import threading
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from helpers import TEST_CONFIG, request, sse_events, start_server
+from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "smollm2-135m-instruct"
 P = "tiny_mindie:"
@@ -217,7 +216,7 @@ def test_huge_numbers_and_deep_nesting_get_the_familys_4xx(server):
 
 def test_clients_that_leave_before_their_answer_are_counted_cancelled(server):
     before = settled(server)
-    for kind, (path, body) in LONG.items():
+    for path, body in LONG.values():
         leave(server, path, body, 0.0)       # right after sending: before any head
         leave(server, path, body, 0.4)       # while generating (streams: mid-stream)
     # one token: generated before the server looks for the client, whose answer has no reader

@@ -13,14 +13,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hf_math import QUESTION, attention, greedy_tokens, mean_nll, paragraph_ids, rms_norm, weight64
 
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend, causal_mask, prefill
 from tiny_mindie.model.tokenizer import load_tokenizer
-from hf_math import (QUESTION, attention, greedy_tokens, mean_nll, paragraph_ids, rms_norm,
-                     weight64)
 
 MAX_SEQ_LEN = 1024
 WINDOW = 512
@@ -149,8 +148,9 @@ def test_norm_weights_are_stored_as_one_plus_w(backend, tok):
     stored values as they are; adding 1 again (HF's formula on GGUF values) wrecks the model."""
     w = backend.weights
     plus1 = dataclasses.replace(w, norm=w.norm + 1, layers=[dataclasses.replace(
-        l, attn_norm=l.attn_norm + 1, ffn_norm=l.ffn_norm + 1, q_norm=l.q_norm + 1, k_norm=l.k_norm + 1,
-        post_attn_norm=l.post_attn_norm + 1, post_ffn_norm=l.post_ffn_norm + 1) for l in w.layers])
+        lw, attn_norm=lw.attn_norm + 1, ffn_norm=lw.ffn_norm + 1, q_norm=lw.q_norm + 1,
+        k_norm=lw.k_norm + 1, post_attn_norm=lw.post_attn_norm + 1,
+        post_ffn_norm=lw.post_ffn_norm + 1) for lw in w.layers])
     ids = np.array(tok.encode(QUESTION), dtype=np.int64)
     paris = tok.encode(" Paris", add_bos=False)[0]
     assert prefill(w, backend.cache, 0, 0, ids).argmax() == paris

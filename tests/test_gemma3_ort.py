@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from batching import assert_rows_batch_invariant
+from hf_math import MIN_MARGIN, QUESTION, greedy_margins, mean_kl, mean_nll, paragraph_ids
 
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
@@ -29,8 +31,6 @@ from tiny_mindie.model.graph import GraphOptions, quantize_8bit, unpack_nbits
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 from tiny_mindie.model.tokenizer import load_tokenizer
-from batching import assert_rows_batch_invariant
-from hf_math import MIN_MARGIN, QUESTION, greedy_margins, mean_kl, mean_nll, paragraph_ids
 
 MAX_SEQ_LEN = 768
 LONG = 700                 # > 512: the local layers' window is active

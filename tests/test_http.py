@@ -6,9 +6,18 @@ import time
 
 import pytest
 
-from tiny_mindie.server.http import (CONTINUE_100, LAST_CHUNK, NEED_DATA, HTTPError, Request,
-                                     RequestHead, RequestParser, format_chunk, format_response,
-                                     format_response_head)
+from tiny_mindie.server.http import (
+    CONTINUE_100,
+    LAST_CHUNK,
+    NEED_DATA,
+    HTTPError,
+    Request,
+    RequestHead,
+    RequestParser,
+    format_chunk,
+    format_response,
+    format_response_head,
+)
 from tiny_mindie.server.sse import sse_event
 
 

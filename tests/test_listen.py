@@ -19,13 +19,24 @@ import time
 from dataclasses import replace
 
 import pytest
-
 from helpers import closed_by_server
+
 from tiny_mindie.server.conn import json_response, serve_connection
-from tiny_mindie.server.listen import (ConnectionSlots, RateLimitedLog, RefusalLogs, TCPListener,
-                                       bind)
-from tiny_mindie.server.tls import (TLSFiles, client_context, issue_certificate, issue_crl,
-                                    make_certificates, server_context)
+from tiny_mindie.server.listen import (
+    ConnectionSlots,
+    RateLimitedLog,
+    RefusalLogs,
+    TCPListener,
+    bind,
+)
+from tiny_mindie.server.tls import (
+    TLSFiles,
+    client_context,
+    issue_certificate,
+    issue_crl,
+    make_certificates,
+    server_context,
+)
 
 LOOPS = ["asyncio", "uvloop"]
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"

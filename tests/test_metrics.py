@@ -8,9 +8,8 @@ import json
 import math
 import time
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from helpers import request, sse_events
+from prometheus_client.parser import text_string_to_metric_families
 
 P = "tiny_mindie:"
 MODEL = "smollm2-135m-instruct"

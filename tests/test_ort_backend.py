@@ -20,6 +20,7 @@ independently, so batching, padding-free chunking and the slot layout cannot cha
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import subprocess
@@ -27,17 +28,17 @@ import sys
 
 import numpy as np
 import pytest
+from batching import assert_rows_batch_invariant
+from hf_math import MIN_MARGIN, greedy_margins
 
+from tiny_mindie.model import graph as graph_mod
+from tiny_mindie.model import ort_backend
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile, RawTensor
-from tiny_mindie.model import graph as graph_mod
 from tiny_mindie.model.graph import GraphOptions, pack_weight, unpack_nbits
-from tiny_mindie.model import ort_backend
 from tiny_mindie.model.ort_backend import OrtBackend, select_providers
 from tiny_mindie.model.reference import NumpyBackend
-from batching import assert_rows_batch_invariant
-from hf_math import MIN_MARGIN, greedy_margins
 
 MAX_SEQ_LEN = 256
 ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)
@@ -173,11 +174,11 @@ def test_matmulnbits_reads_the_packing_as_documented(gguf):
 def test_attention_scale_folds_only_when_exact(gguf, config):
     """1/sqrt(head_dim) goes into the query weights only as a power of two, so the folded query
     matrix is still bit-exact (times 1/8 for SmolLM2's head_dim 64)."""
-    assert graph_mod.attention_scale_folding(64) == 0.125
-    assert graph_mod.attention_scale_folding(16) == 0.25
-    assert graph_mod.attention_scale_folding(128) is None
-    assert graph_mod.attention_scale_folding(80) is None
-    s = graph_mod.attention_scale_folding(config.head_dim)
+    assert graph_mod._power_of_two(1 / math.sqrt(64)) == 0.125
+    assert graph_mod._power_of_two(1 / math.sqrt(16)) == 0.25
+    assert graph_mod._power_of_two(1 / math.sqrt(128)) is None
+    assert graph_mod._power_of_two(1 / math.sqrt(80)) is None
+    s = graph_mod._power_of_two(config.attn_scale)
     if s is not None:
         w = graph_mod._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
         expect = gguf.dequantize("blk.3.attn_q.weight") * np.float32(s)
@@ -495,7 +496,7 @@ def test_kv_cache_costs_no_memory_until_written():
     nothing to the resident set until written."""
     def rss_kib():
         with open("/proc/self/status") as fh:
-            return next(int(l.split()[1]) for l in fh if l.startswith("VmRSS:"))
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
     before = rss_kib()
     buf, arrays = ort_backend._zeroed_buffers(16, (4, 4, 1024, 64))
     assert rss_kib() - before < 4096                 # (checked before anything reads them)
@@ -517,7 +518,7 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     assert all(n.domain == "" for n in m.graph.node if n.op_type == "SimplifiedLayerNormalization")
     gqa = [n for n in m.graph.node if n.op_type == "GroupQueryAttention"]
     scale = next(a.f for a in gqa[0].attribute if a.name == "scale")
-    assert scale == (1.0 if graph_mod.attention_scale_folding(64) else 0.125)
+    assert scale == 1.0                       # 1/sqrt(64) = 1/8 is folded into Wq
     meta = {p.key: p.value for p in m.metadata_props}      # the 8-bit head's row multiple
     assert meta[graph_mod.LOGITS_ROWS_KEY] == str(GraphOptions().row_multiple(8)) == \
         str(ort._logits_row_multiple)
@@ -561,7 +562,8 @@ def test_an_8bit_lm_head_is_requantized_to_blocks_of_128_within_half_a_step(gemm
     emb = pack_weight(gemma_file, "token_embd.weight")
     assert emb.exact and emb.block == 32
     n = 20_000                                     # a slice: the whole head is 671 MB as float32
-    part = NBitsWeight(8, n, emb.k, emb.data[:n], emb.scales[:n], None, None, True, 32)
+    part = NBitsWeight(8, n, emb.k, emb.data[:n], emb.scales[:n], None, None,
+                        exact=True, block=32)
     head = lm_head_weight(part, 128)
     assert head.block == 128 and not head.exact and head.scales.shape == (n, emb.k // 128)
     w, got = unpack_nbits(part), unpack_nbits(head)

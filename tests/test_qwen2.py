@@ -24,12 +24,13 @@ gguf_pkg = pytest.importorskip("gguf")
 # A model test, though a tiny one (under a second): it writes a model file and runs inference.
 pytestmark = pytest.mark.model
 
+from hf_math import attention, rms_norm, weight64  # noqa: E402
+
 from tiny_mindie.model.backend import SeqChunk  # noqa: E402
 from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
 from tiny_mindie.model.graph import GraphOptions  # noqa: E402
 from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
-from hf_math import attention, rms_norm, weight64  # noqa: E402
 
 N_LAYERS, D, H, KV, HD, FFN, VOCAB = 2, 64, 4, 2, 16, 128, 300
 THETA, EPS, CTX = 1_000_000.0, 1e-6, 128
@@ -256,14 +257,14 @@ def test_biases_and_neox_matter(model, reference):
     ids = PROMPTS[0]
     want = hf_qwen2_logits(model, ids)[-1]
     w = reference.weights
-    saved = [l.b_qkv for l in w.layers]
+    saved = [lw.b_qkv for lw in w.layers]
     try:
-        for l in w.layers:
-            l.b_qkv = None
+        for lw in w.layers:
+            lw.b_qkv = None
         no_bias = ref.prefill(w, ref.KVCache(w.cfg, 1, MAX_SEQ_LEN), 0, 0, ids)
     finally:
-        for l, b in zip(w.layers, saved):
-            l.b_qkv = b
+        for lw, b in zip(w.layers, saved):
+            lw.b_qkv = b
     assert np.abs(no_bias - want).max() > 100 * ATOL_VS_FLOAT64
     adjacent = NumpyBackend(model, dataclasses.replace(w.cfg, rope_neox=False), num_slots=1,
                             max_seq_len=MAX_SEQ_LEN)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hf_math import attention, rms_norm, weight64
 
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend
-from hf_math import attention, rms_norm, weight64
 
 MAX_SEQ_LEN = 256
 

@@ -11,11 +11,23 @@ import pytest
 
 from tiny_mindie.engine import sampler
 from tiny_mindie.engine.request import SamplingParams
-from tiny_mindie.engine.sampler import (SampleRow, _block_sums, _inverse_cdf, apply_presence_frequency,
-                                        apply_repetition_penalty, largest_ids, make_rng,
-                                        nucleus_candidates, nucleus_of_vocab, sample, sample_batch,
-                                        sample_with_top, top_k_candidates, typical_candidates,
-                                        typical_of_vocab)
+from tiny_mindie.engine.sampler import (
+    SampleRow,
+    _block_sums,
+    _inverse_cdf,
+    apply_presence_frequency,
+    apply_repetition_penalty,
+    largest_ids,
+    make_rng,
+    nucleus_candidates,
+    nucleus_of_vocab,
+    sample,
+    sample_batch,
+    sample_with_top,
+    top_k_candidates,
+    typical_candidates,
+    typical_of_vocab,
+)
 from tiny_mindie.engine.watermark import apply_watermark
 
 V = 5000

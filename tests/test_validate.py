@@ -10,8 +10,14 @@ import pytest
 
 from tiny_mindie.api.errors import APIError
 from tiny_mindie.api.native import mindie_parameters
-from tiny_mindie.api.validate import (MAX_JSON_DEPTH, JSONTooDeep, get_float, get_int,
-                                      json_depth, parse_json_object)
+from tiny_mindie.api.validate import (
+    MAX_JSON_DEPTH,
+    JSONTooDeep,
+    get_float,
+    get_int,
+    json_depth,
+    parse_json_object,
+)
 
 INF = float("inf")
 BIG = 10**400                         # what json.loads makes of "1" followed by 400 zeros
@@ -29,13 +35,14 @@ def test_an_integer_too_large_for_a_float_is_out_of_range(name, value):
 
 
 def test_float_parameters_still_take_integers_and_floats():
-    assert get_float({"t": 10**20}, "t", 1.0, 0.0, INF, True, True) == 1e20
-    assert get_float({"t": 1}, "t", 0.5, 0.0, 1.0, True, False) == 1.0
-    assert get_float({"t": 1.7976931348623157e308}, "t", 1.0, 0.0, INF, True, True) > 0
+    assert get_float({"t": 10**20}, "t", 1.0, 0.0, INF, lo_open=True, hi_open=True) == 1e20
+    assert get_float({"t": 1}, "t", 0.5, 0.0, 1.0, lo_open=True, hi_open=False) == 1.0
+    assert get_float({"t": 1.7976931348623157e308}, "t", 1.0, 0.0, INF,
+                     lo_open=True, hi_open=True) > 0
     with pytest.raises(APIError, match=r"must be in \(0.0,1.0\], got 2\."):
-        get_float({"t": 2}, "t", 1.0, 0.0, 1.0, True, False)
+        get_float({"t": 2}, "t", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
     with pytest.raises(APIError, match="must be a number, got true"):
-        get_float({"t": True}, "t", 1.0, 0.0, 1.0, True, False)
+        get_float({"t": True}, "t", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
 
 
 @pytest.mark.parametrize("name", ["max_new_tokens", "seed", "top_k", "priority", "timeout"])

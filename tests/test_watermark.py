@@ -8,9 +8,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import request
 
 from tiny_mindie.engine.watermark import DELTA, GAMMA, apply_watermark, green_mask, z_score
-from helpers import request
 
 HUMAN = ("It was the best of times, it was the worst of times, it was the age of wisdom, it was "
          "the age of foolishness, it was the epoch of belief, it was the epoch of incredulity, it "

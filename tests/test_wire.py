@@ -11,9 +11,9 @@ import threading
 import time
 
 import pytest
+from helpers import ThreadedServer
 
 from tiny_mindie.config import ConfigError, load_config
-from helpers import ThreadedServer
 from tiny_mindie.server.conn import _error_body, json_response
 from tiny_mindie.server.sse import sse_event, unsent_bytes, utf8
 

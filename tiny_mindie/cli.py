@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -126,8 +127,13 @@ def serve(args: argparse.Namespace) -> int:
     ``/stopService``."""
     from .llm import LLM
     from .server.app import App, check_ports_free, start_listeners
-    from .server.tls import (ensure_certificates, server_context, tls_files, uses_default_crl,
-                             uses_default_paths)
+    from .server.tls import (
+        ensure_certificates,
+        server_context,
+        tls_files,
+        uses_default_crl,
+        uses_default_paths,
+    )
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -169,7 +175,7 @@ def serve(args: argparse.Namespace) -> int:
         shutdown = app.shutdown
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, shutdown.request, True)
+            loop.add_signal_handler(sig, functools.partial(shutdown.request, force=True))
         await shutdown.requested.wait()
         _say("stopping: " + ("cancelling the requests in flight" if shutdown.force else
                              "no new requests; letting the ones in flight finish"))

@@ -108,7 +108,7 @@ class Config:
         m = self.backend.model
         return min(m.max_input_token_len, m.max_seq_len - 1)
 
-    def with_overrides(self, **kw: Any) -> "Config":
+    def with_overrides(self, **kw: Any) -> Config:
         """A copy with dotted overrides, e.g. ``{"server.port": 8080}``; validated again."""
         server, backend = self.server, self.backend
         model, sched = backend.model, backend.schedule

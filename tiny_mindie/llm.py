@@ -17,12 +17,17 @@ import gc
 import re
 import secrets
 import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Sequence
 
 from .engine.engine import Engine, EngineLimits
-from .engine.request import (GenerationError, GenerationRequest, SamplingParams, StopCriteria,
-                             TokenEvent)
+from .engine.request import (
+    GenerationError,
+    GenerationRequest,
+    SamplingParams,
+    StopCriteria,
+    TokenEvent,
+)
 from .engine.scheduler import SchedulerLimits
 from .model.backend import DEFAULT_BACKEND
 from .model.loader import load_model
@@ -258,7 +263,7 @@ class LLM:
         self.engine.stop()
         self.backend.close()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -76,13 +76,14 @@ def mindie_parameters(p: dict, *, top_p_may_be_one: bool = False, top_k_min: int
     """MindIE's generation parameters (spec §2) -> keyword arguments of ``LLM.make_request``.
     The Triton routes accept ``top_p == 1.0`` and ``top_k == 0``; /infer does not."""
     return dict(
-        temperature=get_float(p, "temperature", 1.0, 0.0, INF, True, True),
+        temperature=get_float(p, "temperature", 1.0, 0.0, INF, lo_open=True, hi_open=True),
         top_k=get_int(p, "top_k", 0, top_k_min, INT32_MAX),
-        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, True, not top_p_may_be_one),
-        typical_p=get_float(p, "typical_p", 1.0, 0.0, 1.0, True, False),
+        top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=not top_p_may_be_one),
+        typical_p=get_float(p, "typical_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False),
         do_sample=get_bool(p, "do_sample", None),
         seed=get_int(p, "seed", None, 0, MAX_SEED),
-        repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF, True, True),
+        repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF,
+                                     lo_open=True, hi_open=True),
         max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
         watermark=get_bool(p, "watermark", False),
         priority=get_int(p, "priority", 5, 1, 5),

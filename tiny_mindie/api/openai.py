@@ -34,8 +34,7 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error
 from .native import build_request, until_done_or_gone
-from .validate import (JSONTooDeep, check_token_ids, get_bool, get_float, get_int,
-                       parse_json_object)
+from .validate import JSONTooDeep, check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -92,10 +91,10 @@ def _openai_errors(handler):
     return wrapped
 
 
-def _field(getter, d: dict, name: str, *args):
+def _field(getter, d: dict, name: str, *args, **kwargs):
     """A shared validator's reading of ``d[name]``, its 422 turned into OpenAI's 400."""
     try:
-        return getter(d, name, *args)
+        return getter(d, name, *args, **kwargs)
     except APIError as err:
         raise bad(err.message, name) from None
 
@@ -380,7 +379,7 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
     max_tokens = _field(get_int, obj, "max_tokens", None, 1, INT32_MAX)
     if obj.get("max_completion_tokens") is not None:
         max_tokens = _field(get_int, obj, "max_completion_tokens", None, 1, INT32_MAX)
-    temperature = _field(get_float, obj, "temperature", 1.0, 0.0, INF, False, True)
+    temperature = _field(get_float, obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
     top_k = _field(get_int, obj, "top_k", 0, -1, INT32_MAX)
     best_of = _field(get_int, obj, "best_of", None, 1, MAX_CHOICES)
     if best_of is not None and best_of != n:
@@ -392,9 +391,9 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
         do_sample=temperature > 0,
         temperature=temperature if temperature > 0 else 1.0,
         top_k=max(top_k, 0),
-        top_p=_field(get_float, obj, "top_p", 1.0, 0.0, 1.0, True, False),
-        repetition_penalty=_field(get_float, obj, "repetition_penalty", 1.0, 0.0, 2.0, True,
-                                  False),
+        top_p=_field(get_float, obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False),
+        repetition_penalty=_field(get_float, obj, "repetition_penalty", 1.0, 0.0, 2.0,
+                                  lo_open=True, hi_open=False),
         seed=_field(get_int, obj, "seed", None, 0, MAX_SEED),
         stop=_stop_strings(obj),
         include_stop_string=_field(get_bool, obj, "include_stop_str_in_output", False),
@@ -404,9 +403,9 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
     )
     return dict(params=params, n=n, stream=stream, include_usage=include_usage,
                 presence_penalty=_field(get_float, obj, "presence_penalty", 0.0, -2.0, 2.0,
-                                        False, False),
+                                        lo_open=False, hi_open=False),
                 frequency_penalty=_field(get_float, obj, "frequency_penalty", 0.0, -2.0, 2.0,
-                                         False, False))
+                                         lo_open=False, hi_open=False))
 
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -738,7 +737,7 @@ def routes(app) -> list:
         p.prompts = [ids]
         if app.llm.tokenizer.chat_template is None:
             p.params["stop"] += chatml_stops(app.llm.tokenizer)
-        return await _answer(app.llm, stream, p, _Kind(True, app.llm.model_name), [])
+        return await _answer(app.llm, stream, p, _Kind(chat=True, model=app.llm.model_name), [])
 
     @_openai_errors
     async def completions(req: Request, stream: ResponseStream, params: dict) -> Response | None:
@@ -747,7 +746,8 @@ def routes(app) -> list:
         if p.echo:
             prefixes = [pr if isinstance(pr, str) else app.llm.tokenizer.decode(pr)
                         for pr in p.prompts]
-        return await _answer(app.llm, stream, p, _Kind(False, app.llm.model_name), prefixes)
+        return await _answer(app.llm, stream, p, _Kind(chat=False, model=app.llm.model_name),
+                             prefixes)
 
     @_openai_errors
     async def list_models(req: Request, stream: ResponseStream, params: dict) -> Response:

@@ -37,8 +37,7 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.sse import utf8
 from .errors import APIError, from_generation_error, invalid
-from .native import (build_request, first_event, read_inputs, read_parameters,
-                     until_done_or_gone)
+from .native import build_request, first_event, read_inputs, read_parameters, until_done_or_gone
 from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -108,10 +107,10 @@ class TGIParams:
     def __init__(self, p: dict, llm: LLM):
         # TGI 0.9.4 ranges: temperature > 0, top_p and typical_p in (0, 1), top_k > 0,
         # repetition_penalty > 0, max_new_tokens >= 1 (default 20).
-        temperature = get_float(p, "temperature", None, 0.0, INF, True, True)
+        temperature = get_float(p, "temperature", None, 0.0, INF, lo_open=True, hi_open=True)
         top_k = get_int(p, "top_k", None, 1, INT32_MAX)
-        top_p = get_float(p, "top_p", None, 0.0, 1.0, True, True)
-        typical_p = get_float(p, "typical_p", None, 0.0, 1.0, True, True)
+        top_p = get_float(p, "top_p", None, 0.0, 1.0, lo_open=True, hi_open=True)
+        typical_p = get_float(p, "typical_p", None, 0.0, 1.0, lo_open=True, hi_open=True)
         do_sample = get_bool(p, "do_sample", False)
         # TGI samples when do_sample is true or any warper is set (even with do_sample false).
         self.make = dict(
@@ -121,7 +120,8 @@ class TGIParams:
             typical_p=1.0 if typical_p is None else typical_p,
             do_sample=True if do_sample else None,
             seed=get_int(p, "seed", None, 0, MAX_SEED),
-            repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF, True, True),
+            repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF,
+                                         lo_open=True, hi_open=True),
             max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
             watermark=get_bool(p, "watermark", False),
             stop=_stop_list(p),
@@ -271,17 +271,18 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
     if best_of not in (None, n):
         raise invalid("Parameter best_of different from n is not supported.")
     # vLLM: temperature >= 0 (0 = greedy), top_p in (0, 1], top_k -1 (off) or >= 1.
-    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, False, True)
+    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
     top_k = get_int(obj, "top_k", -1, -1, INT32_MAX)
     if top_k == 0:
         raise invalid("Parameter top_k must be -1 (disable), or at least 1, got 0.")
-    top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, True, False)
+    top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
     greedy = temperature == 0.0
     make = dict(
         temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
         do_sample=not greedy,
         seed=get_int(obj, "seed", None, 0, MAX_SEED),
-        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0, True, False),
+        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
+                                     lo_open=True, hi_open=False),
         max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
         stop=_stop_list(obj, limit=64),
         include_stop_string=get_bool(obj, "include_stop_str_in_output", False),

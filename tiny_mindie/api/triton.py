@@ -26,7 +26,13 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .errors import APIError, from_generation_error, invalid
 from .manage import check_model
-from .native import build_request, mindie_parameters, read_inputs, read_parameters, until_done_or_gone
+from .native import (
+    build_request,
+    mindie_parameters,
+    read_inputs,
+    read_parameters,
+    until_done_or_gone,
+)
 from .validate import get_bool, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1

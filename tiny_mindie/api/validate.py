@@ -133,7 +133,7 @@ def get_int(d: dict, name: str, default: int | None, lo: int, hi: int,
     return v
 
 
-def get_float(d: dict, name: str, default: float | None, lo: float, hi: float,
+def get_float(d: dict, name: str, default: float | None, lo: float, hi: float, *,
               lo_open: bool, hi_open: bool, what: str = "Parameter") -> float | None:
     """``d[name]`` as a finite float in the interval (``lo_open``/``hi_open`` exclude the
     ends); integers are accepted, one too large for a float is out of range (422, not an

@@ -9,7 +9,7 @@ start of a stop string is held back until it is known not to be one.
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from collections.abc import Sequence
 
 
 class IncrementalDetokenizer:

@@ -13,8 +13,8 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 import numpy as np
 

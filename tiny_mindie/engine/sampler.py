@@ -41,9 +41,9 @@ whatever else is in the batch.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

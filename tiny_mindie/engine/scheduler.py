@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Generic, Iterable, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -49,9 +50,6 @@ class WaitQueue(Generic[T]):
 
     def push(self, priority: int, item: T) -> None:
         heapq.heappush(self._heap, _Waiting(priority, next(self._counter), item))
-
-    def peek(self) -> T | None:
-        return self._heap[0].item if self._heap else None
 
     def pop(self) -> T:
         return heapq.heappop(self._heap).item

@@ -61,7 +61,7 @@ class ModelConfig:
         return self.attention_scale or 1.0 / math.sqrt(self.head_dim)
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile) -> "ModelConfig":
+    def from_gguf(cls, f: GGUFFile) -> ModelConfig:
         """Read the parameters of ``f``.
 
         Raises:

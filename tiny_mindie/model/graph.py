@@ -56,7 +56,7 @@ onnxruntime 1.24: a query at ``p`` then sees the ``w`` keys ``p - w + 1 .. p``, 
 (the first layer's norm is a plain ``SimplifiedLayerNormalization``); then the rows at
 ``logits_index`` are gathered, normalized (``output_norm``) and multiplied by the LM head.
 The attention scale ``1/sqrt(H)`` is folded into the query weights when it is a power of two
-(``H`` = 64: 1/8, exact), see :func:`attention_scale_folding`; otherwise GroupQueryAttention
+(``H`` = 64: 1/8, exact), see :func:`_power_of_two`; otherwise GroupQueryAttention
 applies it.
 
 GroupQueryAttention semantics this graph relies on (CPU kernel of onnxruntime 1.24): with
@@ -113,8 +113,8 @@ from __future__ import annotations
 import math
 import os
 import platform
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -392,14 +392,6 @@ class _Builder:
             self._consts[key] = self.init(self.name("const"), arr)
         return self._consts[key]
 
-    def block_indicator(self, k: int) -> str:
-        """``float32 [k, k/32]``, 1 where row ``i`` belongs to block ``j`` (``i // 32 == j``)."""
-        key = ("block_indicator", k)
-        if key not in self._consts:
-            ind = (np.arange(k)[:, None] // BLOCK == np.arange(k // BLOCK)[None, :])
-            self._consts[key] = self.init(f"block_indicator.{k}", ind.astype(np.float32))
-        return self._consts[key]
-
     def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, *, domain: str = "",
            name: str | None = None, outputs: Sequence[str] | None = None, **attrs) -> list[str]:
         name = name or self.name(op_type)
@@ -568,22 +560,16 @@ def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
                        None if w.mins is None else w.mins * f, w.exact, w.block)
 
 
-def attention_scale_folding(head_dim: int) -> float | None:
-    """``1/sqrt(head_dim)`` when it is a power of two (head_dim 4, 16, 64, 256, ...): then it is
-    folded into the query weights and GroupQueryAttention runs with ``scale=1``; else ``None``.
+def _power_of_two(s: float) -> float | None:
+    """``s`` when it is a power of two (so multiplying by it is exact), else ``None``.
 
-    Why: onnxruntime's GroupQueryAttention computes ``Q K^T`` with an sgemm of ``alpha = scale``;
+    The attention scale (``1/sqrt(head_dim)``: head_dim 4, 16, 64, 256, ...) is folded into the
+    query weights when this holds, and GroupQueryAttention then runs with ``scale=1``. Why:
+    onnxruntime's GroupQueryAttention computes ``Q K^T`` with an sgemm of ``alpha = scale``;
     MLAS takes its M=1 no-packing kernel only for ``alpha == 1`` and otherwise copies and
     transposes every head's keys into a packed buffer, every decode step (measured: about 10 %
     of single-thread decode samples in ``MlasSgemmTransposePackB16x4Avx``; gone with scale 1,
     decode CPU time about -5 %). Rotary embedding is linear, so scaling q before it is the same."""
-    s = 1.0 / math.sqrt(head_dim)
-    m, _ = math.frexp(s)
-    return s if m == 0.5 else None
-
-
-def _power_of_two(s: float) -> float | None:
-    """``s`` when it is a power of two (so multiplying by it is exact), else ``None``."""
     m, _ = math.frexp(s)
     return s if m == 0.5 else None
 

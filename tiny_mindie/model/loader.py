@@ -8,7 +8,6 @@ from .gguf import GGUFFile, ModelFileError
 from .tokenizer import Tokenizer, load_tokenizer
 
 
-
 def kv_bytes_per_slot(cfg: ModelConfig, max_seq_len: int, dtype_bytes: int = 4) -> int:
     """Bytes of K and V for one sequence of ``max_seq_len`` tokens, all layers."""
     return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * max_seq_len * dtype_bytes

@@ -85,16 +85,22 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .graph import (BUILDER_VERSION, LOGITS_ROWS_KEY, GraphOptions, build_model,
-                    default_row_multiples)
+from .graph import (
+    BUILDER_VERSION,
+    LOGITS_ROWS_KEY,
+    GraphOptions,
+    build_model,
+    default_row_multiples,
+)
 from .registry import cache_root, sha256_of
 
 log = logging.getLogger(__name__)

@@ -350,7 +350,7 @@ class Tokenizer:
         """``encode(t, add_bos=False, parse_special=False)`` of each text, in one batch."""
         texts = [_SURROGATE.sub("\ufffd", t) for t in texts]
         if self._hf is None:
-            return [self._spm_encode(t, False) if t else [] for t in texts]
+            return [self._spm_encode(t, parse_special=False) if t else [] for t in texts]
         with self._hf_lock:
             self._hf.encode_special_tokens = True
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
@@ -377,7 +377,7 @@ class Tokenizer:
                          if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED))
 
     @functools.cached_property
-    def _guard(self) -> "_Guard | None":
+    def _guard(self) -> _Guard | None:
         return _Guard(self._control_texts) if self._control_texts else None
 
     # ---- decoding -------------------------------------------------------------------------

@@ -20,8 +20,14 @@ from ..config import Config
 from ..llm import LLM
 from .conn import Response, ResponseStream, json_response, serve_connection
 from .http import Request, format_response
-from .listen import (LISTEN_BACKLOG, ConnectionSlots, RefusalLogs, TCPListener, bind,
-                     connection_limit)
+from .listen import (
+    LISTEN_BACKLOG,
+    ConnectionSlots,
+    RefusalLogs,
+    TCPListener,
+    bind,
+    connection_limit,
+)
 from .routing import BUSINESS, MANAGEMENT, METRICS, Route
 
 log = logging.getLogger("tiny_mindie.server")

@@ -36,11 +36,21 @@ import json
 import logging
 import ssl
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Optional
+from typing import Any
 
-from .http import (CONTINUE_100, NEED_DATA, HTTPError, Request, RequestHead, RequestParser,
-                   body_too_large_message, format_response, reason_phrase)
+from .http import (
+    CONTINUE_100,
+    NEED_DATA,
+    HTTPError,
+    Request,
+    RequestHead,
+    RequestParser,
+    body_too_large_message,
+    format_response,
+    reason_phrase,
+)
 from .sse import ChunkedStream, utf8
 
 __all__ = ["Handler", "Response", "ResponseStream", "json_response", "serve_connection"]
@@ -70,7 +80,7 @@ class Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
 
 
-def json_response(status: int, obj: Any, headers: Optional[list[tuple[str, str]]] = None) -> Response:
+def json_response(status: int, obj: Any, headers: list[tuple[str, str]] | None = None) -> Response:
     """A :class:`Response` whose body is ``obj`` as compact UTF-8 JSON (non-ASCII kept as is;
     a lone surrogate, which a client can send as ``"\\ud800"``, as that escape).
 
@@ -81,7 +91,7 @@ def json_response(status: int, obj: Any, headers: Optional[list[tuple[str, str]]
     return Response(status, utf8(body), "application/json", list(headers or []))
 
 
-Handler = Callable[[Request, "ResponseStream"], Awaitable[Optional[Response]]]
+Handler = Callable[[Request, "ResponseStream"], Awaitable[Response | None]]
 
 
 class ResponseStream:
@@ -98,15 +108,15 @@ class ResponseStream:
 
     def __init__(self, writer: asyncio.StreamWriter, request: Request,
                  base_headers: Callable[[bool], list[tuple[str, str]]],
-                 write_timeout: Optional[float],
-                 reader: Optional[asyncio.StreamReader] = None) -> None:
+                 write_timeout: float | None,
+                 reader: asyncio.StreamReader | None = None) -> None:
         self._reader = reader
         self._writer = writer
         self._request = request
         self._base_headers = base_headers
         self._write_timeout = write_timeout
-        self._stream: Optional[ChunkedStream] = None
-        self.max_backlog: Optional[int] = None
+        self._stream: ChunkedStream | None = None
+        self.max_backlog: int | None = None
 
     @property
     def started(self) -> bool:
@@ -114,7 +124,7 @@ class ResponseStream:
         return self._stream is not None
 
     @property
-    def chunked_stream(self) -> Optional[ChunkedStream]:
+    def chunked_stream(self) -> ChunkedStream | None:
         """The stream returned by :meth:`start`, or ``None``."""
         return self._stream
 
@@ -242,7 +252,7 @@ class _Connection:
 
     # -- reading ---------------------------------------------------------------------------
 
-    async def _read_request(self) -> Optional[Request]:
+    async def _read_request(self) -> Request | None:
         """Next complete request, or ``None`` when the peer closed or idled out between
         requests.  Raises HTTPError (bad input, or 408 when a request stalls: ``idle_timeout``
         between two reads of its body, or for its whole header section counted from its first
@@ -250,7 +260,7 @@ class _Connection:
         time, or sending empty lines, would otherwise hold a connection forever)."""
         parser = self.parser
         loop = asyncio.get_running_loop()
-        head_deadline: Optional[float] = None      # set by the first byte of the request
+        head_deadline: float | None = None      # set by the first byte of the request
         head_in = False
         while True:
             event = parser.next_event()
@@ -283,7 +293,7 @@ class _Connection:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _base_headers(self, request: Optional[Request], keep_alive: bool) -> list[tuple[str, str]]:
+    def _base_headers(self, request: Request | None, keep_alive: bool) -> list[tuple[str, str]]:
         headers = [("Date", _http_date()), ("Server", self.server_header)]
         if not keep_alive:
             headers.append(("Connection", "close"))
@@ -365,7 +375,8 @@ class _Connection:
         return keep_alive, False
 
     async def _send_error(self, exc: HTTPError) -> None:
-        headers = self._base_headers(None, False) + [("Content-Type", "application/json")]
+        headers = (self._base_headers(None, keep_alive=False)
+                   + [("Content-Type", "application/json")])
         body = _error_body(exc.status, exc.message, self.max_body_bytes)
         await self._write(format_response(exc.status, headers, body))
 

@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Final, Iterable, Optional, Union
+from typing import Final
 from urllib.parse import parse_qsl, unquote
 
 __all__ = [
@@ -87,9 +88,9 @@ class _NeedData:
     """Type of :data:`NEED_DATA` (a singleton)."""
 
     __slots__ = ()
-    _instance: Optional["_NeedData"] = None
+    _instance: _NeedData | None = None
 
-    def __new__(cls) -> "_NeedData":
+    def __new__(cls) -> _NeedData:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -107,7 +108,7 @@ class _Headers:
 
     headers: list[tuple[str, str]]
 
-    def header(self, name: str, default: Optional[str] = None) -> Optional[str]:
+    def header(self, name: str, default: str | None = None) -> str | None:
         """Value of header ``name`` (any case); repeated headers are joined with ``", "``.
 
         Returns ``default`` when the header is absent.
@@ -147,7 +148,7 @@ class RequestHead(_Headers):
     headers: list[tuple[str, str]]
     keep_alive: bool
     expects_continue: bool
-    content_length: Optional[int] = None
+    content_length: int | None = None
     chunked: bool = False
 
 
@@ -173,7 +174,7 @@ class Request(_Headers):
     trailers: list[tuple[str, str]] = field(default_factory=list)
 
 
-Event = Union[_NeedData, RequestHead, Request]
+Event = _NeedData | RequestHead | Request
 """What :meth:`RequestParser.next_event` returns."""
 
 # --- grammar (RFC 9110 §5.6.2, RFC 9112 §3, §5, §7.1) -----------------------------------
@@ -264,10 +265,10 @@ class RequestParser:
         self._scan_from = 0                 # where to resume searching for the end of the head
                                             # or of the trailer section (both linear)
         self._skipped_empty_lines = False   # empty lines before the request-line were received
-        self._head: Optional[RequestHead] = None
+        self._head: RequestHead | None = None
         self._body = bytearray()
         self._remaining = 0
-        self._error: Optional[HTTPError] = None
+        self._error: HTTPError | None = None
 
     # -- public -----------------------------------------------------------------------------
 
@@ -397,7 +398,7 @@ class RequestParser:
 
     # -- head -------------------------------------------------------------------------------
 
-    def _parse_head(self) -> Optional[RequestHead]:
+    def _parse_head(self) -> RequestHead | None:
         buf = self._buf
         # RFC 9112 §2.2: ignore empty lines received before the request-line.
         while True:
@@ -473,7 +474,7 @@ class RequestParser:
             self._remaining = size
         return True
 
-    def _parse_trailers(self) -> Optional[list[tuple[str, str]]]:
+    def _parse_trailers(self) -> list[tuple[str, str]] | None:
         """Consume the trailer section and its final CRLF; None when not complete yet.
 
         Each call scans only the bytes new since the last one (plus 3), so a trailer section
@@ -571,7 +572,7 @@ def _build_head(method: str, target: str, version: str,
     te_codings = _comma_list(headers, "transfer-encoding")
     has_te = any(n == "transfer-encoding" for n, _ in headers)
     cl_values = [v.strip() for n, v in headers if n == "content-length" for v in v.split(",")]
-    content_length: Optional[int] = None
+    content_length: int | None = None
     chunked = False
     if has_te and cl_values:
         raise HTTPError(400, "Both Content-Length and Transfer-Encoding present")

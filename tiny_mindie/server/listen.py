@@ -31,7 +31,7 @@ import resource
 import socket
 import ssl
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from ..config import ConfigError
 from .tls import describe_refusal
@@ -241,7 +241,7 @@ class TCPListener:
 
     def __init__(self, socks: list[socket.socket], serve: Serve, busy: Callable[[], bytes], *,
                  slots: ConnectionSlots, ssl_ctx: ssl.SSLContext | None, handshake_timeout: float,
-                 logs: "RefusalLogs"):
+                 logs: RefusalLogs):
         self.sockets = socks
         self.serve, self.busy = serve, busy
         self.slots, self.ssl_ctx, self.handshake_timeout = slots, ssl_ctx, handshake_timeout

@@ -20,7 +20,7 @@ import re
 import socket
 import struct
 import sys
-from typing import Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
 
 from .http import LAST_CHUNK, format_chunk, format_response_head
 
@@ -33,7 +33,7 @@ _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 try:        # SIOCOUTQ (== TIOCOUTQ): a TCP socket's bytes not yet acknowledged by the peer
     import fcntl
     import termios
-    _SIOCOUTQ: Optional[int] = termios.TIOCOUTQ if sys.platform.startswith("linux") else None
+    _SIOCOUTQ: int | None = termios.TIOCOUTQ if sys.platform.startswith("linux") else None
 except (ImportError, AttributeError):
     _SIOCOUTQ = None
 
@@ -104,8 +104,8 @@ class ChunkedStream:
     """
 
     def __init__(self, writer: asyncio.StreamWriter, *, base_headers: Sequence[tuple[str, str]] = (),
-                 chunked: bool = True, write_timeout: Optional[float] = None,
-                 max_backlog: Optional[int] = None) -> None:
+                 chunked: bool = True, write_timeout: float | None = None,
+                 max_backlog: int | None = None) -> None:
         self._writer = writer
         self._max_backlog = max_backlog
         self._base_headers = list(base_headers)

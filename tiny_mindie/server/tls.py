@@ -11,13 +11,13 @@ expired CRL is a loud warning, since OpenSSL then refuses every client certifica
 
 from __future__ import annotations
 
+import _ssl
 import datetime
 import ipaddress
 import logging
 import os
 import re
 import ssl
-import _ssl
 from dataclasses import dataclass, replace
 
 from ..config import Config, ConfigError, ServerConfig
