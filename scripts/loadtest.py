@@ -33,7 +33,8 @@ import threading
 import time
 
 from tiny_mindie.config import load_config
-from tiny_mindie.server.tls import client_context, tls_files
+from tiny_mindie.security import tls_files
+from tiny_mindie.server.tls import client_context
 
 PROMPT = ("In the small harbour town the fishermen mended their nets while the gulls circled "
           "above the boats, and the old keeper of the lighthouse")

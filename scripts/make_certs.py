@@ -28,7 +28,8 @@ import sys
 from dataclasses import replace
 
 from tiny_mindie.config import ConfigError, config_home, load_config
-from tiny_mindie.server.tls import issue_certificate, issue_crl, make_certificates, tls_files
+from tiny_mindie.security import tls_files
+from tiny_mindie.server.tls import TLSConfigError, issue_certificate, issue_crl, make_certificates
 
 
 def main() -> int:
@@ -56,7 +57,7 @@ def main() -> int:
             cfg = replace(load_config(None), home=os.path.abspath(args.dir))
             hosts = tuple(args.host)
         files = tls_files(cfg)
-    except ConfigError as exc:
+    except (ConfigError, TLSConfigError) as exc:
         print(f"make_certs: {exc}", file=sys.stderr)
         return 2
     try:
@@ -77,7 +78,7 @@ def main() -> int:
             print(f"{'CRL':20} {files.crls[0]} ({n} revoked; restart the server to apply it)")
         if args.client or args.revoke or args.crl:
             return 0
-    except ConfigError as exc:
+    except (ConfigError, TLSConfigError) as exc:
         print(f"make_certs: {exc}", file=sys.stderr)
         return 2
     existing = [p for p in (*files.ca, files.cert, files.key) if os.path.exists(p)]

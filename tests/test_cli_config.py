@@ -251,7 +251,8 @@ def default_tls_set(home):
     ``home``/security, where a config file in ``home`` finds them by default."""
     from dataclasses import replace as dc_replace
 
-    from tiny_mindie.server.tls import make_certificates, tls_files
+    from tiny_mindie.security import tls_files
+    from tiny_mindie.server.tls import make_certificates
     files = tls_files(dc_replace(load_config(None), home=str(home)))
     make_certificates(files)
     return files
@@ -601,7 +602,8 @@ def test_make_certs_with_config_writes_the_files_the_server_reads(tmp_path):
     server's tlsCrlPath / tlsCrlFiles named."""
     from cryptography import x509
 
-    from tiny_mindie.server.tls import server_context, tls_files
+    from tiny_mindie.security import tls_files
+    from tiny_mindie.server.tls import server_context
     script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
                                            "make_certs.py")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
@@ -651,8 +653,7 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
 
     from tiny_mindie.cli import _banner
     from tiny_mindie.config import load_config
-    from tiny_mindie.server.app import Listener
-    from tiny_mindie.server.listen import bind
+    from tiny_mindie.server.listen import Listener, bind
 
     out: list[str] = []
     import tiny_mindie.cli as cli

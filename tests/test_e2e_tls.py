@@ -20,12 +20,12 @@ import pytest
 from helpers import TEST_CONFIG, Server, closed_by_server, request
 
 from tiny_mindie.config import load_config
+from tiny_mindie.security import tls_files
 from tiny_mindie.server.tls import (
     client_context,
     issue_certificate,
     issue_crl,
     make_certificates,
-    tls_files,
 )
 
 pytestmark = pytest.mark.e2e

@@ -18,6 +18,12 @@ import time
 from . import __version__
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .model.gguf import ModelFileError
+from .server.listen import AddressError
+from .server.tls import TLSConfigError
+
+# Bad configuration, found by the config loader, the TLS set-up or the listen addresses: one line
+# on stderr and exit status 2.
+CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
 COMMANDS = ("serve", "pull", "list-models", "watermark-detect")
 EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
@@ -125,15 +131,10 @@ def _say(msg: str) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM or
     ``/stopService``."""
+    from .app import App, check_ports_free, start_listeners
     from .llm import LLM
-    from .server.app import App, check_ports_free, start_listeners
-    from .server.tls import (
-        ensure_certificates,
-        server_context,
-        tls_files,
-        uses_default_crl,
-        uses_default_paths,
-    )
+    from .security import tls_files, uses_default_crl, uses_default_paths
+    from .server.tls import ensure_certificates, server_context
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect}[args.command](args)
-    except (ConfigError, ModelFileError) as exc:
+    except CONFIG_ERRORS as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:   # e.g. the port is in use

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..engine.request import GenerationError
+from ..server.routing import RouteError
 
 ERROR_TYPES = {
     400: "Bad Request",
@@ -16,7 +17,7 @@ ERROR_TYPES = {
 }
 
 
-class APIError(Exception):
+class APIError(RouteError):
     """An error answered to the client with an HTTP status and MindIE's JSON body."""
 
     def __init__(self, status: int, message: str, headers: tuple = ()):

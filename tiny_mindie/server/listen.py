@@ -24,6 +24,7 @@ listener accepts by itself (``loop.sock_accept``) and then does the handshake
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import errno
 import logging
 import os
@@ -32,8 +33,10 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from ..config import ConfigError
+from .conn import Handler, Response, serve_connection
+from .http import format_response
 from .tls import describe_refusal
 
 log = logging.getLogger("tiny_mindie.server")
@@ -47,6 +50,10 @@ ACCEPT_RETRY_SECONDS = 0.1      # wait before accepting again after EMFILE / ENF
 LOG_EVERY_SECONDS = 10.0        # at most one line per kind of refusal this often
 FD_SPARE = 32                   # descriptors kept free for the process beside its connections
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class AddressError(Exception):
+    """A listen address cannot be resolved; the message is one line naming it."""
 
 
 class RateLimitedLog:
@@ -193,17 +200,17 @@ def bind(host: str, port: int, backlog: int) -> list[socket.socket]:
     """Listening, non-blocking sockets on every address of ``host`` (as ``asyncio.start_server``).
 
     Raises:
-        ConfigError: ``host`` cannot be resolved (named in the message).
+        AddressError: ``host`` cannot be resolved (named in the message).
         OSError: naming the address: it is in use or is not on this machine.
     """
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                    flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen on {host}:{port}: the address {host!r} cannot be "
-                          f"resolved ({exc.strerror})") from None
+        raise AddressError(f"cannot listen on {host}:{port}: the address {host!r} cannot be "
+                           f"resolved ({exc.strerror})") from None
     except UnicodeError:       # the idna codec (config validation lets no such name through)
-        raise ConfigError(f"cannot listen on {host!r}: not a valid host name") from None
+        raise AddressError(f"cannot listen on {host!r}: not a valid host name") from None
     socks: list[socket.socket] = []
     try:
         for family, kind, proto, _, addr in dict.fromkeys(infos):
@@ -409,3 +416,80 @@ def _peer(addr) -> str:
     if isinstance(addr, tuple) and len(addr) >= 2:
         return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
     return str(addr)
+
+
+@dataclass
+class Listener:
+    """One listening address: which planes it serves, where, and (once started) its sockets."""
+
+    host: str
+    port: int
+    planes: frozenset[str]
+    server: TCPListener | None = None
+
+    @property
+    def bound_port(self) -> int:
+        return self.server.sockets[0].getsockname()[1] if self.server else self.port
+
+    @property
+    def bound_addresses(self) -> list[str]:
+        """The addresses its sockets are bound to (a host name resolves to one or more)."""
+        return [sock.getsockname()[0] for sock in self.server.sockets] if self.server else []
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What every connection of a server may hold.
+
+    Attributes:
+        max_connections: connections open at once, counted from ``accept()`` (see
+            :func:`connection_limit` for the cap set by the open files limit).
+        max_body_bytes: the largest request body, in bytes (413 beyond).
+        handshake_timeout: seconds a new connection may take for its TLS handshake (without
+            TLS: for its first byte).
+    """
+
+    max_connections: int
+    max_body_bytes: int
+    handshake_timeout: float
+
+
+async def start_listeners(listeners: list[Listener], handler_for: Callable[[frozenset[str]], Handler],
+                          limits: Limits, ssl_ctx: ssl.SSLContext | None,
+                          busy: Response) -> list[Listener]:
+    """Bind every listener and start accepting; returns them, their ``server`` set.
+
+    Each listener serves its connections with ``handler_for(listener.planes)``. The listeners
+    share ``limits.max_connections`` slots (see the module doc for who is closed when they are
+    full); without TLS, a connection beyond the limit gets ``busy`` at once, before its request
+    is read, and is closed.
+
+    Raises:
+        AddressError: an address cannot be resolved.
+        OSError: an address is in use or cannot be bound.
+    """
+    slots = ConnectionSlots(limits.max_connections)
+    logs = RefusalLogs()
+
+    def busy_answer() -> bytes:
+        return format_response(busy.status, [("Date", email.utils.formatdate(usegmt=True)),
+                                             ("Server", "tiny_mindie"),
+                                             ("Content-Type", busy.content_type),
+                                             ("Connection", "close")], busy.body)
+
+    try:
+        for lst in listeners:
+            handle = handler_for(lst.planes)
+
+            async def serve(reader, writer, handle=handle) -> None:
+                await serve_connection(reader, writer, handle, max_body_bytes=limits.max_body_bytes)
+
+            lst.server = TCPListener(bind(lst.host, lst.port, backlog=LISTEN_BACKLOG),
+                                     serve, busy_answer, slots=slots, ssl_ctx=ssl_ctx,
+                                     handshake_timeout=limits.handshake_timeout, logs=logs)
+    except BaseException:
+        for lst in listeners:
+            if lst.server:
+                lst.server.close()
+        raise
+    return listeners

@@ -1,12 +1,21 @@
-"""Routes: (method, path template, plane) -> handler. No knowledge of any API family."""
+"""Routes: (method, path template, plane) -> handler, and the dispatch of a request to one (404
+when no route has its path, 405 when none of those has its method). No knowledge of any API
+family: they bring their routes, the JSON body of an error, and errors derived from
+:class:`RouteError`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from .conn import Response, ResponseStream
+from .conn import Handler, Response, ResponseStream, json_response
 from .http import Request
+
+access = logging.getLogger("tiny_mindie.access")   # one line per request
 
 # The planes of spec §1: each listens on its own port unless the ports are equal.
 BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
@@ -14,7 +23,19 @@ BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
 # handler(request, stream, path parameters such as {"model": "..."})
 RouteHandler = Callable[[Request, ResponseStream, dict], Awaitable[Response | None]]
 
-BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+# error_body(status, message) -> the JSON body of an error answer
+ErrorBody = Callable[[int, str], dict]
+
+
+class RouteError(Exception):
+    """Raised by a route handler to answer with an error: ``status``, the JSON ``body()`` and
+    extra ``headers``; once a stream has started, ``body()`` is sent as its last event."""
+
+    status: int
+    headers: list
+
+    def body(self) -> dict:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -40,3 +61,55 @@ class Route:
             elif w != g:
                 return None
         return params
+
+
+class Router:
+    """The route table of one server and the dispatch of each request.
+
+    Args:
+        routes: every route of every plane.
+        error_body: the JSON body of the 404 and 405 answers, from (status, message).
+    """
+
+    def __init__(self, routes: Sequence[Route], error_body: ErrorBody):
+        self.routes = list(routes)
+        self.error_body = error_body
+
+    def handler_for(self, planes: frozenset[str], *, max_backlog_bytes: int | None = None) -> Handler:
+        """The connection handler of a listener that serves ``planes``: dispatch, and one access
+        log line per request. ``max_backlog_bytes`` caps the unsent bytes of a stream (``None``:
+        no cap)."""
+        routes = [r for r in self.routes if r.plane in planes]
+        error_body = self.error_body
+
+        async def handle(req: Request, stream: ResponseStream) -> Response | None:
+            t0 = time.monotonic()
+            stream.max_backlog = max_backlog_bytes
+            resp = await dispatch(req, stream)
+            status = resp.status if resp is not None else ("stream" if stream.started else "gone")
+            access.info('"%s %s" %s %.1f ms', req.method, req.target[:200], status,
+                        (time.monotonic() - t0) * 1000)
+            return resp
+
+        async def dispatch(req: Request, stream: ResponseStream) -> Response | None:
+            found = [(r, p) for r in routes if (p := r.match(req.path)) is not None]
+            if not found:
+                return json_response(404, error_body(404, f"Route {req.path} not found"))
+            method = "GET" if req.method == "HEAD" else req.method   # HEAD: GET without the body
+            chosen = next(((r, p) for r, p in found if r.method == method), None)
+            if chosen is None:
+                allow = ", ".join(sorted({r.method for r, _ in found}))
+                return json_response(405, error_body(
+                    405, f"Method {req.method} is not allowed for {req.path}; use {allow}"),
+                    [("Allow", allow)])
+            route, params = chosen
+            try:
+                return await route.handler(req, stream, params)
+            except RouteError as err:
+                if stream.started:   # the status line is gone: tell the client in the stream
+                    await stream.chunked_stream.send_event(json.dumps(err.body(), ensure_ascii=False))
+                    await stream.chunked_stream.end()
+                    return None
+                return json_response(err.status, err.body(), err.headers)
+
+        return handle

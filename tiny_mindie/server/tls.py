@@ -4,7 +4,7 @@ MindIE's defaults (spec §5): TLS 1.3 only, a client certificate is required and
 the CA file(s) and the CRL files. A failed handshake gets no HTTP answer.
 
 Every TLS file the configuration names must exist and hold what its key says, or the server does
-not start (:class:`~tiny_mindie.config.ConfigError`, one line naming the file). A CRL is checked at
+not start (:class:`TLSConfigError`, one line naming the file). A CRL is checked at
 start-up against the CAs with ``cryptography``: another issuer or a bad signature is an error; an
 expired CRL is a loud warning, since OpenSSL then refuses every client certificate of that CA.
 """
@@ -20,11 +20,13 @@ import re
 import ssl
 from dataclasses import dataclass, replace
 
-from ..config import Config, ConfigError, ServerConfig
-
 log = logging.getLogger("tiny_mindie.tls")
 
 CA_KEY_NAME = "ca.key.pem"      # written beside the first CA file
+
+
+class TLSConfigError(Exception):
+    """A TLS file is missing, unreadable or wrong; the message is one line naming the file."""
 
 
 @dataclass(frozen=True)
@@ -45,42 +47,6 @@ class TLSFiles:
         return os.path.join(os.path.dirname(self.ca[0]), CA_KEY_NAME)
 
 
-def tls_files(cfg: Config) -> TLSFiles:
-    """The TLS paths of ``cfg`` resolved against its home; the client pair sits beside the server's.
-
-    Raises:
-        ConfigError: ``tlsCaFile`` names no file (mutual TLS checks client certificates
-            against a CA).
-    """
-    s = cfg.server
-    if not s.tls_ca_files:
-        raise ConfigError("ServerConfig.tlsCaFile must name at least one CA file (mutual TLS "
-                          "checks client certificates against it; or use --no-tls)")
-    cert, key = cfg.path(s.tls_cert), cfg.path(s.tls_pk)
-    return TLSFiles(
-        ca=tuple(os.path.normpath(os.path.join(cfg.path(s.tls_ca_path), f)) for f in s.tls_ca_files),
-        cert=cert, key=key,
-        crls=tuple(os.path.normpath(os.path.join(cfg.path(s.tls_crl_path), f))
-                   for f in s.tls_crl_files),
-        client_cert=os.path.join(os.path.dirname(cert), "client.pem"),
-        client_key=os.path.join(os.path.dirname(key), "client.key.pem"),
-    )
-
-
-def uses_default_paths(cfg: Config) -> bool:
-    """The CA, certificate and key keys of ``cfg`` are MindIE's defaults (``security/...`` in the
-    config home): the only place where a first run may create them."""
-    s, d = cfg.server, ServerConfig()
-    return (s.tls_ca_path, s.tls_ca_files, s.tls_cert, s.tls_pk) == \
-        (d.tls_ca_path, d.tls_ca_files, d.tls_cert, d.tls_pk)
-
-
-def uses_default_crl(cfg: Config) -> bool:
-    """The CRL keys of ``cfg`` are MindIE's defaults (``security/certs/server_crl.pem``)."""
-    s, d = cfg.server, ServerConfig()
-    return (s.tls_crl_path, s.tls_crl_files) == (d.tls_crl_path, d.tls_crl_files)
-
-
 def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
                         may_create: bool = True, with_crls: bool = True) -> bool:
     """Create a CA (and its key), a server and a client certificate, and an empty CRL, when none
@@ -99,7 +65,7 @@ def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
         True when files were created, False when they all existed already.
 
     Raises:
-        ConfigError: some but not all of the CA, certificate and key files exist, or none
+        TLSConfigError: some but not all of the CA, certificate and key files exist, or none
             exist and ``may_create`` is False.
     """
     needed = (*files.ca, files.cert, files.key)
@@ -108,12 +74,12 @@ def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
         return False
     if not may_create:
         missing = [p for p in needed if not os.path.exists(p)]
-        raise ConfigError(f"TLS file not found: {missing[0]} (certificates are created only at the "
+        raise TLSConfigError(f"TLS file not found: {missing[0]} (certificates are created only at the "
                           f"default security/ paths; make them with scripts/make_certs.py, fix the "
                           f"path, or use --no-tls)")
     if present:
         missing = [p for p in needed if not os.path.exists(p)]
-        raise ConfigError(f"TLS files incomplete: {', '.join(missing)} missing "
+        raise TLSConfigError(f"TLS files incomplete: {', '.join(missing)} missing "
                           f"(remove the others to have new ones created, or use --no-tls)")
     make_certificates(files if with_crls else replace(files, crls=()), hosts)
     return True
@@ -179,7 +145,7 @@ def issue_certificate(ca_cert: str, ca_key: str, cert: str, key: str, common_nam
         The certificate's serial number (what a CRL revokes).
 
     Raises:
-        ConfigError: the CA files cannot be read.
+        TLSConfigError: the CA files cannot be read.
     """
     ca = _read_certificates(ca_cert, "CA certificate")[0]
     new_key, new_cert = _leaf(ca, _read_private_key(ca_key, "CA key"), common_name, hosts, days)
@@ -264,7 +230,7 @@ def issue_crl(path: str, ca_cert: str, ca_key: str, revoke: tuple[str, ...] = ()
         The number of revoked serials in the written CRL.
 
     Raises:
-        ConfigError: a file cannot be read, or a certificate to revoke is not that CA's.
+        TLSConfigError: a file cannot be read, or a certificate to revoke is not that CA's.
     """
     from cryptography import x509
     from cryptography.exceptions import InvalidSignature
@@ -283,7 +249,7 @@ def issue_crl(path: str, ca_cert: str, ca_key: str, revoke: tuple[str, ...] = ()
             try:
                 cert.verify_directly_issued_by(ca)
             except (ValueError, TypeError, InvalidSignature):
-                raise ConfigError(f"{cert_path} was not issued by the CA {ca_cert} "
+                raise TLSConfigError(f"{cert_path} was not issued by the CA {ca_cert} "
                                   f"({ca.subject.rfc4514_string()})") from None
             revoked.setdefault(cert.serial_number, now)
     b = (x509.CertificateRevocationListBuilder().issuer_name(ca.subject)
@@ -302,14 +268,14 @@ def issue_crl(path: str, ca_cert: str, ca_key: str, revoke: tuple[str, ...] = ()
 # ---- reading and checking the files a server names --------------------------------------------
 
 def _read(path: str, what: str) -> bytes:
-    """The bytes of ``path``; a one-line ConfigError naming the file and the cause otherwise."""
+    """The bytes of ``path``; a one-line TLSConfigError naming the file and the cause otherwise."""
     try:
         with open(path, "rb") as fh:
             return fh.read()
     except FileNotFoundError:
-        raise ConfigError(f"TLS file not found: {path} ({what})") from None
+        raise TLSConfigError(f"TLS file not found: {path} ({what})") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+        raise TLSConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
 
 
 def _read_certificates(path: str, what: str) -> list:
@@ -320,7 +286,7 @@ def _read_certificates(path: str, what: str) -> list:
     except ValueError:
         certs = []
     if not certs:
-        raise ConfigError(f"{what} {path} is not a PEM certificate "
+        raise TLSConfigError(f"{what} {path} is not a PEM certificate "
                           f"(no valid -----BEGIN CERTIFICATE----- block)")
     return certs
 
@@ -332,10 +298,10 @@ def _read_private_key(path: str, what: str):
     try:
         return serialization.load_pem_private_key(data, password=None)
     except TypeError:   # cryptography: "Password was not given but private key is encrypted"
-        raise ConfigError(f"{what} {path} is encrypted; tiny_mindie needs an unencrypted key "
+        raise TLSConfigError(f"{what} {path} is encrypted; tiny_mindie needs an unencrypted key "
                           f"(keep it readable by the server's user only)") from None
     except (ValueError, UnsupportedAlgorithm):
-        raise ConfigError(f"{what} {path} is not a PEM private key") from None
+        raise TLSConfigError(f"{what} {path} is not a PEM private key") from None
 
 
 _CRL_BLOCK = re.compile(rb"-----BEGIN X509 CRL-----.+?-----END X509 CRL-----", re.S)
@@ -349,9 +315,9 @@ def _read_crls(path: str) -> list:
         try:
             crls.append(x509.load_pem_x509_crl(block))
         except ValueError:
-            raise ConfigError(f"TLS CRL file {path} holds a damaged CRL") from None
+            raise TLSConfigError(f"TLS CRL file {path} holds a damaged CRL") from None
     if not crls:
-        raise ConfigError(f"TLS CRL file {path} is not a PEM CRL (no -----BEGIN X509 CRL----- block)")
+        raise TLSConfigError(f"TLS CRL file {path} is not a PEM CRL (no -----BEGIN X509 CRL----- block)")
     return crls
 
 
@@ -363,7 +329,7 @@ def check_crls(path: str, cas: list, now: datetime.datetime | None = None) -> li
         then refuses every client certificate of that CA).
 
     Raises:
-        ConfigError: the file is missing, unreadable or not PEM; a CRL's issuer is none of the
+        TLSConfigError: the file is missing, unreadable or not PEM; a CRL's issuer is none of the
             CAs, or no CA of that name signed it.
     """
     now = now or _utcnow()
@@ -372,10 +338,10 @@ def check_crls(path: str, cas: list, now: datetime.datetime | None = None) -> li
         issuer = crl.issuer.rfc4514_string()
         named = [ca for ca in cas if ca.subject == crl.issuer]
         if not named:
-            raise ConfigError(f"TLS CRL file {path} is issued by {issuer}, which is not a CA of "
+            raise TLSConfigError(f"TLS CRL file {path} is issued by {issuer}, which is not a CA of "
                               f"tlsCaFile")
         if not any(_signed_by(crl, ca) for ca in named):
-            raise ConfigError(f"TLS CRL file {path} is not signed by the CA {issuer} "
+            raise TLSConfigError(f"TLS CRL file {path} is not signed by the CA {issuer} "
                               f"(its signature does not verify with the CA's key)")
         if crl.next_update_utc is not None and crl.next_update_utc < now:
             warnings.append(f"TLS CRL file {path} expired on {crl.next_update_utc:%Y-%m-%d %H:%M} "
@@ -405,7 +371,7 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     one of the CAs. An expired CRL is logged as a warning (every client of its CA is refused).
 
     Raises:
-        ConfigError: one line naming the file and what is wrong with it: missing, unreadable,
+        TLSConfigError: one line naming the file and what is wrong with it: missing, unreadable,
             a folder, not PEM, the key does not match the certificate, a CRL of another CA.
     """
     _read_certificates(files.cert, "TLS certificate")
@@ -416,7 +382,7 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
             make = ("make one with scripts/make_certs.py --crl" if os.path.exists(files.ca_key)
                     else f"no CA key at {files.ca_key} to make one: this folder predates kept CA "
                          f"keys; remove it to have a new CA, certificates and CRL made")
-            raise ConfigError(f"TLS CRL file not found: {crl} (fix tlsCrlPath / tlsCrlFiles, "
+            raise TLSConfigError(f"TLS CRL file not found: {crl} (fix tlsCrlPath / tlsCrlFiles, "
                               f"{make}, or set \"tlsCrlFiles\": [] to check no CRL)")
         for warning in check_crls(crl, cas):
             log.warning("%s", warning)
@@ -427,13 +393,13 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     try:
         ctx.load_cert_chain(files.cert, files.key)
     except (ssl.SSLError, OSError) as exc:
-        raise ConfigError(f"cannot load TLS certificate {files.cert} with key {files.key}: "
+        raise TLSConfigError(f"cannot load TLS certificate {files.cert} with key {files.key}: "
                           f"{_reason(exc)}") from None
     for path in (*files.ca, *files.crls):
         try:
             ctx.load_verify_locations(cafile=path)
         except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"cannot load TLS file {path}: {_reason(exc)}") from None
+            raise TLSConfigError(f"cannot load TLS file {path}: {_reason(exc)}") from None
     if files.crls:
         ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     _name_refused_clients(ctx)
