@@ -261,33 +261,44 @@ def test_rate_limited_log_says_how_many_it_held_back(caplog):
         "event 0", "event 4 (4 like this in the last 0.3 s)", "event 5 (1 like this in the last 0.3 s)"]
 
 
-def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(tmp_path):
-    """A listener whose process may open 40 descriptors, with slots for 1000 connections: accept()
-    fails with EMFILE; that is logged once (rate-limited, with a count), the connections wait in
-    the backlog, and they are served once descriptors are free again."""
-    script = textwrap.dedent("""
-        import asyncio, logging, resource, sys
+def spawn_listener(nofile: int, main: str) -> subprocess.Popen:
+    """A child Python whose open files limit is ``nofile``, running ``main`` (the body of an
+    ``async def main()``, which prints the port; ``TCPListener``, ``ConnectionSlots``,
+    ``RefusalLogs``, ``bind``, ``connection_limit`` and a ``serve`` answering 200 ``{"ok": true}``
+    in scope) and then waiting 30 s; stdout and stderr piped."""
+    script = textwrap.dedent(f"""
+        import asyncio, logging, resource
         from tiny_mindie.server.conn import json_response, serve_connection
-        from tiny_mindie.server.listen import ConnectionSlots, RefusalLogs, TCPListener, bind
+        from tiny_mindie.server.listen import (ConnectionSlots, RefusalLogs, TCPListener, bind,
+                                               connection_limit)
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+        resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile}))
 
         async def ok(req, stream):
-            return json_response(200, {"ok": True})
+            return json_response(200, {{"ok": True}})
 
         async def serve(reader, writer):
             await serve_connection(reader, writer, ok, max_body_bytes=1024, idle_timeout=60)
 
         async def main():
-            lst = TCPListener(bind("127.0.0.1", 0, 256), serve, bytes, slots=ConnectionSlots(1000),
-                              ssl_ctx=None, handshake_timeout=1, logs=RefusalLogs(every=0.5))
-            print(lst.sockets[0].getsockname()[1], flush=True)
+    """) + textwrap.indent(textwrap.dedent(main), "    ") + textwrap.dedent("""
             await asyncio.sleep(30)
         asyncio.run(main())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(tmp_path):
+    """A listener whose process may open 40 descriptors, with slots for 1000 connections: accept()
+    fails with EMFILE; that is logged once (rate-limited, with a count), the connections wait in
+    the backlog, and they are served once descriptors are free again."""
+    proc = spawn_listener(40, """
+        lst = TCPListener(bind("127.0.0.1", 0, 256), serve, bytes, slots=ConnectionSlots(1000),
+                          ssl_ctx=None, handshake_timeout=1, logs=RefusalLogs(every=0.5))
+        print(lst.sockets[0].getsockname()[1], flush=True)
+    """)
     socks = []
     try:
         port = int(proc.stdout.readline())
@@ -398,32 +409,13 @@ def test_plain_tcp_beyond_busy_slots_gets_a_503_at_once(loop, caplog):
 def test_no_tls_under_a_low_open_files_limit_silent_sockets_leave_room_for_a_client():
     """The reported repro: ulimit -n 200, --no-tls, 400 silent sockets. Was: 201/200 descriptors,
     EMFILE, and a fresh client timed out."""
-    script = textwrap.dedent("""
-        import asyncio, logging, resource
-        from tiny_mindie.server.conn import json_response, serve_connection
-        from tiny_mindie.server.listen import (ConnectionSlots, RefusalLogs, TCPListener, bind,
-                                               connection_limit)
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
-
-        async def ok(req, stream):
-            return json_response(200, {"ok": True})
-
-        async def serve(reader, writer):
-            await serve_connection(reader, writer, ok, max_body_bytes=1024, idle_timeout=60)
-
-        async def main():
-            slots = ConnectionSlots(connection_limit(1000))
-            lst = TCPListener(bind("127.0.0.1", 0, 4096), serve, lambda: b"HTTP/1.1 503 x\\r\\n\\r\\n",
-                              slots=slots, ssl_ctx=None, handshake_timeout=10,
-                              logs=RefusalLogs(every=1))
-            print(lst.sockets[0].getsockname()[1], slots.limit, flush=True)
-            await asyncio.sleep(30)
-        asyncio.run(main())
+    proc = spawn_listener(200, """
+        slots = ConnectionSlots(connection_limit(1000))
+        lst = TCPListener(bind("127.0.0.1", 0, 4096), serve, lambda: b"HTTP/1.1 503 x\\r\\n\\r\\n",
+                          slots=slots, ssl_ctx=None, handshake_timeout=10,
+                          logs=RefusalLogs(every=1))
+        print(lst.sockets[0].getsockname()[1], slots.limit, flush=True)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     socks = []
     try:
         port, limit = map(int, proc.stdout.readline().split())
