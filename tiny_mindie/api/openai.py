@@ -243,14 +243,26 @@ def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
     """
     tok = llm.tokenizer
     template = tok.chat_template or CHATML
-    llm.check_text_length(render_chat(llm, messages, extra))
+    text = render_chat(llm, messages, extra)
+    llm.check_text_length(text)
     strings = [*_strings(messages), *_strings(extra)]
     for marker in tok.plain_text_of(template_markers(template)):
         if any(marker in s for s in strings):
             raise bad(f"The messages hold {marker!r}, but {marker!r} is this model's chat turn "
                       "marker, which its vocabulary cannot keep apart from text.", "messages")
     mark = _free_mark([*strings, template])
+    if not _any_shielded(tok, strings, mark):   # the usual chat: the render above is the one
+        return tok.encode(text, parse_special=True)
     return tok.encode_shielded(render_chat(llm, messages, extra, mark), mark)
+
+
+def _any_shielded(tok, strings: list[str], mark: str) -> bool:
+    """Whether ``Tokenizer.shield`` marks any of ``strings`` (True also when it refuses one:
+    :func:`render_chat` then answers the 400)."""
+    try:
+        return any(tok.shield(s, mark) is not s for s in strings)
+    except ValueError:
+        return True
 
 
 def _strings(obj):

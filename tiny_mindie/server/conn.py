@@ -183,7 +183,7 @@ def _error_body(status: int, message: str, max_body_bytes: int) -> bytes:
         obj: dict[str, str] = {"message": body_too_large_message(max_body_bytes)}
     else:
         obj = {"error": message, "error_type": reason_phrase(status) or "Bad Request"}
-    return utf8(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+    return json_response(status, obj).body
 
 
 _INTERNAL_ERROR_BODY = json.dumps(
