@@ -23,7 +23,7 @@ both the high half of splitmix64's finaliser), and
 Why: ``h`` is computed once per vocabulary size (a uint32 table, 1 MB for 262,144 ids), so
 marking a row costs one uint32 add, one compare and a multiply-add of the mask over the
 vocabulary -- no permutation, no per-step hashing of every id, nothing cached per previous
-token (measured with ``scripts/bench.py --sampler``).
+token (its cost: ``scripts/bench.py --sampler``).
 
 What it gives: for a fixed previous token, ``h(t) + s(prev)`` is ``h(t)`` shifted by a
 constant on the 32-bit circle, so each token is green with probability ``GAMMA`` (over the

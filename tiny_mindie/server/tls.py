@@ -428,9 +428,8 @@ def client_context(files: TLSFiles) -> ssl.SSLContext:
 # sees the client's Certificate message: the first certificate of it is kept on the connection's
 # SSLObject (our subclass, through the public ``sslobject_class``), which adds it to the
 # verification error it raises. The hook is set on the C context the way ssl.py's own setter
-# does, without that setter's per-call enum conversions: measured on an SSE-sized record, ~1-2 us
-# of server CPU per record instead of ~11 (5-7 us without any hook). Without the hook (another
-# Python), refusals are logged without the subject.
+# does, without that setter's per-call enum conversions (which cost more per record than the hook
+# itself). Without the hook (another Python), refusals are logged without the subject.
 
 _HANDSHAKE, _CERTIFICATE = 22, 11     # TLS content type and handshake message type
 
