@@ -43,8 +43,8 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
 
     python scripts/bench.py --llama-bench PATH  # default model from the registry
     python scripts/bench.py --model gemma3-270m --threads 2 --backends onnxruntime,llama-bench
-    python scripts/bench.py --concurrency           # then the HTTP sweep: 1, 4, 8, 16 clients
-    python scripts/bench.py --sampler               # only: the batch sampler's share of a decode step
+    python scripts/bench.py --concurrency       # then the HTTP sweep: 1, 4, 8, 16 clients
+    python scripts/bench.py --sampler           # only: the batch sampler's share of a decode step
 """
 
 from __future__ import annotations
@@ -216,8 +216,8 @@ def _sampler_share(logits, step_s: float, prompt: list[int]) -> dict:
 SAMPLER_MODEL = "gemma3-270m"         # the largest vocabulary in the registry: 262,144 tokens
 SAMPLER_PROMPTS = (
     "The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
-    "The three laws of thermodynamics are", "My favourite recipe for pancakes", "In 1969, astronauts",
-    "The quick brown fox", "Translate to German: Good morning, how are you?")
+    "The three laws of thermodynamics are", "My favourite recipe for pancakes",
+    "In 1969, astronauts", "The quick brown fox", "Translate to German: Good morning, how are you?")
 
 
 def _sampler_configs():
@@ -277,7 +277,8 @@ def sampler_table(model: str | None, reps: int) -> int:
         for i, t in enumerate(next_ids):
             seqs[i].append(int(t))
         t0 = time.perf_counter()
-        out = be.forward([SeqChunk(i, len(s) - 1, np.array(s[-1:], np.int64)) for i, s in enumerate(seqs)])
+        out = be.forward([SeqChunk(i, len(s) - 1, np.array(s[-1:], np.int64))
+                          for i, s in enumerate(seqs)])
         steps.append(time.perf_counter() - t0)
         return out
 
@@ -290,7 +291,7 @@ def sampler_table(model: str | None, reps: int) -> int:
         times = []
         for r in range(reps + 1):
             rows = [sampler.SampleRow(p, np.array(s, np.int64), g, n, len(ids))
-                    for (p, n), s, g, ids in zip(spec, seqs, rngs, prompts)]
+                    for (p, n), s, g, ids in zip(spec, seqs, rngs, prompts, strict=True)]
             own = logits.copy()              # the engine hands over its own array, as here
             t0 = time.perf_counter()
             out = sampler.sample_batch(own, rows, overwrite=True)
@@ -300,16 +301,18 @@ def sampler_table(model: str | None, reps: int) -> int:
         results.append((label, _median(times)))
     be.close()
     step_s = _median(steps)
-    print(f"model {os.path.basename(path)} (vocabulary {cfg.vocab_size}), onnxruntime on {be.device}, "
-          f"{getattr(be, 'threads', '?')} intra-op thread(s), {getattr(be, 'parallel_runs', 1)} parallel "
-          f"run(s), {os.cpu_count()} CPUs; batch-8 decode step: median {step_s * 1e3:.1f} ms over "
-          f"{len(steps)} steps (min {min(steps) * 1e3:.1f}); sampler: median of {reps} calls, each right "
-          f"after a decode step; load average {os.getloadavg()[0]:.2f}\n")
+    print(f"model {os.path.basename(path)} (vocabulary {cfg.vocab_size}), onnxruntime on "
+          f"{be.device}, {getattr(be, 'threads', '?')} intra-op thread(s), "
+          f"{getattr(be, 'parallel_runs', 1)} parallel run(s), {os.cpu_count()} CPUs; batch-8 "
+          f"decode step: median {step_s * 1e3:.1f} ms over {len(steps)} steps "
+          f"(min {min(steps) * 1e3:.1f}); sampler: median of {reps} calls, each right after a "
+          f"decode step; load average {os.getloadavg()[0]:.2f}\n")
     w = max(len(label) for label, _ in results)
     print(f"{'sampler configuration (8 rows)':<{w}} {'ms / batch':>10} {'/ forward %':>11} "
           f"{'% of step':>9}")
     for label, t in results:
-        print(f"{label:<{w}} {t * 1e3:>10.2f} {100 * t / step_s:>11.1f} {100 * t / (step_s + t):>9.1f}")
+        print(f"{label:<{w}} {t * 1e3:>10.2f} {100 * t / step_s:>11.1f} "
+              f"{100 * t / (step_s + t):>9.1f}")
     return 0
 
 
@@ -364,7 +367,8 @@ def child_llama_bench(binary: str, model: str, prompt: list[int], threads: int) 
             (res,) = json.loads(proc.stdout)
             return res
         except ValueError as exc:           # JSONDecodeError too: not llama-bench's output
-            raise SystemExit(f"{binary} {' '.join(args)}: not a working llama-bench ({exc})") from None
+            raise SystemExit(f"{binary} {' '.join(args)}: not a working llama-bench "
+                             f"({exc})") from None
 
     t0 = time.perf_counter()
     first = bench("-p", "1", "-n", "0")
@@ -440,7 +444,8 @@ class Child:
             line = self.proc.stdout.readline()
             if not line:
                 err = self.proc.stderr.read()
-                raise RuntimeError(f"child {self.name} failed (exit {self.proc.wait()}):\n{err[-2000:]}")
+                raise RuntimeError(f"child {self.name} failed (exit {self.proc.wait()}):\n"
+                                   f"{err[-2000:]}")
             if line.startswith("{"):
                 return json.loads(line)
 
@@ -545,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.path.insert(0, ROOT)
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
-    model = resolve(args.model or DEFAULT_MODEL)    # a .gguf path or a registry name, pulled if missing
+    # a .gguf path or a registry name, pulled if missing
+    model = resolve(args.model or DEFAULT_MODEL)
     prompt = prompt_ids(model, args.prompt_tokens)
     payload = {"model": model, "prompt": prompt, "threads": args.threads}
     print(f"model {model} ({os.path.getsize(model) / 1e6:.1f} MB), prompt {len(prompt)} tokens, "
@@ -559,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
             if name == "llama.cpp":
                 python = find_llama_python(args.llama_python)
                 if python is None:
-                    print("llama.cpp: llama-cpp-python not importable (give --llama-python); skipped")
+                    print("llama.cpp: llama-cpp-python not importable (give --llama-python); "
+                          "skipped")
                     continue
                 children.append(Child(python, name, payload))
             elif name == "llama-bench":
@@ -605,8 +612,9 @@ def main(argv: list[str] | None = None) -> int:
     size_mb = os.path.getsize(model) / 1e6
     print(f"(interleaved run took {wall:.0f} s, load average now {os.getloadavg()[0]:.2f})\n")
     w = max(12, *(len(r["backend"]) for r in results))
-    print(f"{'backend':<{w}} {'prefill tok/s':>13} {'decode tok/s':>12} {'TTFT ms':>8} {'load s':>7} "
-          f"{'RSS load MB':>11} {'RSS peak MB':>11} {'prefill/llama':>13} {'decode/llama':>12}")
+    print(f"{'backend':<{w}} {'prefill tok/s':>13} {'decode tok/s':>12} {'TTFT ms':>8} "
+          f"{'load s':>7} {'RSS load MB':>11} {'RSS peak MB':>11} {'prefill/llama':>13} "
+          f"{'decode/llama':>12}")
     if ref is not None:
         print(f"(ratios to {ref['backend']}; llama-bench's RSS is its peak, load included)")
     for r in results:
@@ -624,25 +632,28 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             if r is ref:
                 continue
-            d = [a / b for a, b in zip(r["decode_tps_all"], ref["decode_tps_all"])]
-            p = [a / b for a, b in zip(r["prefill_tps_all"], ref["prefill_tps_all"])]
+            d = [a / b for a, b in zip(r["decode_tps_all"], ref["decode_tps_all"], strict=True)]
+            p = [a / b for a, b in zip(r["prefill_tps_all"], ref["prefill_tps_all"], strict=True)]
             print(f"  {r['backend']:<{w}} decode {' '.join(f'{x:.2f}' for x in d)}  (median "
-                  f"{_median(d):.2f}, min {min(d):.2f});  prefill {' '.join(f'{x:.2f}' for x in p)} "
-                  f"(median {_median(p):.2f}, min {min(p):.2f})")
+                  f"{_median(d):.2f}, min {min(d):.2f});  prefill "
+                  f"{' '.join(f'{x:.2f}' for x in p)} (median {_median(p):.2f}, min {min(p):.2f})")
     for r in results:
         if r["backend"].startswith("onnxruntime"):
-            print(f"\n{r['backend']}: device {r['device']}, {r['threads']} threads, graph {r['graph']} "
-                  f"({r['graph_s']:.2f} s, includes the GGUF sha256), session {r['session_s']:.2f} s "
-                  f"({r.get('huge_mb', 0):.0f} MB moved to huge pages), GGUF open {r['open_s']:.2f} s")
+            print(f"\n{r['backend']}: device {r['device']}, {r['threads']} threads, "
+                  f"graph {r['graph']} ({r['graph_s']:.2f} s, includes the GGUF sha256), "
+                  f"session {r['session_s']:.2f} s ({r.get('huge_mb', 0):.0f} MB moved to huge "
+                  f"pages), GGUF open {r['open_s']:.2f} s")
             own = r["rss_loaded_mb"] - r["rss_open_mb"]
-            print(f"RSS: interpreter + libraries {r['rss_base_mb']:.0f} MB, + GGUFFile (metadata "
-                  f"parsed by the gguf reader) {r['rss_open_mb'] - r['rss_base_mb']:.0f} MB, + this "
-                  f"backend {own:.0f} MB = {own / size_mb:.2f}x the GGUF; total "
+            print(f"RSS: interpreter + libraries {r['rss_base_mb']:.0f} MB, + GGUFFile "
+                  f"(metadata parsed by the gguf reader) "
+                  f"{r['rss_open_mb'] - r['rss_base_mb']:.0f} MB, + this backend {own:.0f} MB = "
+                  f"{own / size_mb:.2f}x the GGUF; total "
                   f"{r['rss_loaded_mb']:.0f} MB = {r['rss_loaded_mb'] / size_mb:.2f}x")
             if "sampler_greedy_ms" in r:
                 print(f"sampler per decode step: greedy {r['sampler_greedy_ms']:.3f} ms "
                       f"({100 * r['sampler_greedy_share']:.1f} % of a step), sampled "
-                      f"{r['sampler_sampled_ms']:.3f} ms ({100 * r['sampler_sampled_share']:.1f} %)")
+                      f"{r['sampler_sampled_ms']:.3f} ms "
+                      f"({100 * r['sampler_sampled_share']:.1f} %)")
         if r["backend"] == "llama.cpp":
             print(f"llama.cpp: llama-cpp-python {r['version']}")
         if r["backend"] == "llama-bench":

@@ -144,7 +144,7 @@ def run_parser(chunks: Iterable[bytes], limits: dict[str, int]) -> list:
 def random_splits(data: bytes, rng: random.Random) -> list[bytes]:
     """``data`` cut at 1 to 8 random points (pieces may be empty)."""
     cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(1, 8)))
-    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
 def byte_pieces(data: bytes) -> list[bytes]:

@@ -105,7 +105,7 @@ class Client:
                     times.append(time.perf_counter())
                     if b'"error"' in event[:20]:
                         raise RuntimeError(event.decode())
-        return times[0] - t0, [b - a for a, b in zip(times, times[1:])], len(times)
+        return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], len(times)
 
 
 def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:

@@ -5,7 +5,7 @@ the CA's key kept by the first run, issue another client certificate or revoke o
 
     python scripts/make_certs.py [--dir DIR | --config FILE] [--host NAME_OR_IP ...] [--force]
     python scripts/make_certs.py [--dir DIR | --config FILE] --client NAME      # another client
-    python scripts/make_certs.py [--dir DIR | --config FILE] --revoke CERT.pem  # add CERT to the CRL
+    python scripts/make_certs.py [--dir DIR | --config FILE] --revoke CERT.pem  # add it to the CRL
     python scripts/make_certs.py [--dir DIR | --config FILE] --crl              # re-sign the CRL
 
 The first form writes DIR/security/ca/{ca.pem,ca.key.pem}, DIR/security/certs/{server,client}.pem,
@@ -39,7 +39,8 @@ def main() -> int:
                        help="folder that gets security/ (default: %(default)s)")
     where.add_argument("--config", metavar="FILE",
                        help="the server's config.json: write and read the TLS files it names")
-    ap.add_argument("--host", action="append", default=[], help="extra DNS name or IP for the server certificate")
+    ap.add_argument("--host", action="append", default=[],
+                    help="extra DNS name or IP for the server certificate")
     ap.add_argument("--force", action="store_true", help="overwrite existing files")
     ap.add_argument("--client", metavar="NAME", help="issue another client certificate (CN=NAME)")
     ap.add_argument("--revoke", metavar="CERT", action="append", default=[],

@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.run([python, "-c", LLAMA_CHILD, path, os.path.join(tmp, "ids.npy"),
                                    out, str(args.threads)], capture_output=True, text=True)
             if proc.returncode != 0:            # llama.cpp's own chatter is shown only then
-                raise SystemExit(f"llama.cpp failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+                raise SystemExit(f"llama.cpp failed (exit {proc.returncode}):\n"
+                                 f"{proc.stderr[-2000:]}")
             rows.append(("llama.cpp", compare(ref_logits, np.load(out, mmap_mode="r"), targets)))
 
     print(f"\n{'backend':<36} {'NLL':>7} {'KL mean':>9} {'KL p99':>8} {'top-1':>7}")

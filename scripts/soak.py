@@ -16,9 +16,9 @@ Each client loops until the time is up, choosing per request (its own seeded RNG
 
 At the end it reads ``/metrics`` and prints a table. It exits 1 when a request got an answer it
 should not have (a 5xx, a wrong status, a broken connection that was not its own doing), when
-``request_failed_total{reason="internal"}`` is not 0, when the server logged a traceback, or when the server's RSS grew by more than
-``--max-rss-growth`` MB, or its open descriptors by more than 8, between the end of the first
-quarter of the run and the end (after the clients finish).
+``request_failed_total{reason="internal"}`` is not 0, when the server logged a traceback, or
+when the server's RSS grew by more than ``--max-rss-growth`` MB, or its open descriptors by more
+than 8, between the end of the first quarter of the run and the end (after the clients finish).
 
     python scripts/soak.py                      # 16 clients, 180 s
     python scripts/soak.py --clients 4 --seconds 30
@@ -97,8 +97,11 @@ class Soak:
         prompt = rng.choice(PROMPTS)
         n = rng.randint(4, 32)
         if kind == "stream":
-            raw = self.expect(c, "POST", "/infer", {"inputs": prompt, "stream": True, "parameters": {
-                "max_new_tokens": n, "do_sample": True, "seed": i, "temperature": 0.8}}, 200, kind)
+            raw = self.expect(c, "POST", "/infer", {
+                "inputs": prompt, "stream": True,
+                "parameters": {"max_new_tokens": n, "do_sample": True, "seed": i,
+                               "temperature": 0.8},
+            }, 200, kind)
             if b'"error"' in raw:
                 raise AssertionError(f"stream: error event {raw[-200:]!r}")
         elif kind == "infer":
@@ -121,7 +124,7 @@ class Soak:
     def client(self, k: int) -> None:
         rng = random.Random(k)
         c = self.conn()
-        names, weights = zip(*KINDS)
+        names, weights = zip(*KINDS, strict=True)
         i = 0
         while time.monotonic() < self.deadline:
             kind = rng.choices(names, weights)[0]
@@ -144,7 +147,8 @@ class Soak:
 
 def failed_by_reason(metrics_text: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^tiny_mindie:request_failed_total\{[^}]*reason="(\w+)"[^}]*\} (\S+)$', metrics_text, re.M)}
+        r'^tiny_mindie:request_failed_total\{[^}]*reason="(\w+)"[^}]*\} (\S+)$',
+        metrics_text, re.M)}
 
 
 def main() -> int:

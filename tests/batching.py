@@ -26,7 +26,7 @@ def assert_rows_batch_invariant(be, vocab_size: int, batch_sizes=(1, 2, 3, 4, 8)
     tokens = [np.array([int(t)]) for t in rng.integers(100, min(vocab_size, 20000), n)]
     free = be.num_slots - 1                        # the last slot computes the rows alone
     alone_prefill, alone_step = [], []
-    for p, t in zip(prompts, tokens):
+    for p, t in zip(prompts, tokens, strict=True):
         alone_prefill.append(be.forward([SeqChunk(free, 0, p)])[0])
         alone_step.append(be.forward([SeqChunk(free, len(p), t)])[0])
     for b in batch_sizes:
@@ -37,8 +37,9 @@ def assert_rows_batch_invariant(be, vocab_size: int, batch_sizes=(1, 2, 3, 4, 8)
             got = be.forward([SeqChunk(slots[j], len(prompts[i]), tokens[i])
                               for j, i in enumerate(order)])
             for j, i in enumerate(order):
-                assert np.array_equal(got[j], alone_step[i]), \
-                    f"batch {b}, row {j} (prompt {i}): max |diff| {_diff(got[j], alone_step[i]):.3g}"
+                assert np.array_equal(got[j], alone_step[i]), (
+                    f"batch {b}, row {j} (prompt {i}): "
+                    f"max |diff| {_diff(got[j], alone_step[i]):.3g}")
     # a prompt prefilled in the same forward call as decode rows
     b = min(3, n - 1)
     for j in range(b):

@@ -125,7 +125,8 @@ def server(tmp_path_factory, model_path) -> Iterator[Server]:
     # Keep reading its output so the pipe never fills up.
     import threading
     log: list[str] = []
-    threading.Thread(target=lambda: log.extend(iter(srv.proc.stdout.readline, "")), daemon=True).start()
+    threading.Thread(target=lambda: log.extend(iter(srv.proc.stdout.readline, "")),
+                     daemon=True).start()
     srv.log = log
     yield srv
     srv.proc.terminate()

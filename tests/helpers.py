@@ -67,15 +67,17 @@ TEST_CONFIG = {
                      "managementPort": 0, "metricsPort": 0, "httpsEnabled": True,
                      "tokenTimeout": 600, "e2eTimeout": 600, "maxRequestLength": 1},
     "BackendConfig": {"npuDeviceIds": [[0]], "kvCacheMB": 512,
-                      "ModelDeployConfig": {"maxSeqLen": 1024, "maxInputTokenLen": 512,
-                                            "ModelConfig": [{"modelName": "smollm2-135m-instruct",
-                                                             "modelWeightPath": "smollm2-135m-instruct"}]},
+                      "ModelDeployConfig": {
+                          "maxSeqLen": 1024, "maxInputTokenLen": 512,
+                          "ModelConfig": [{"modelName": "smollm2-135m-instruct",
+                                           "modelWeightPath": "smollm2-135m-instruct"}]},
                       "ScheduleConfig": {"maxPrefillTokens": 512, "maxPrefillBatchSize": 8,
                                          "maxBatchSize": 8, "maxIterTimes": 256}},
 }
 
 
-def start_server(home: str, config: dict, extra_args: list[str] = (), timeout: float = 180) -> Server:
+def start_server(home: str, config: dict, extra_args: list[str] = (),
+                 timeout: float = 180) -> Server:
     """Start the server from a config file in ``home`` and wait for its banner."""
     path = os.path.join(home, "config.json")
     with open(path, "w") as fh:
@@ -113,8 +115,8 @@ def seed_body(stream: bool, **params) -> dict:
 
 def request(server, method: str, path: str, body=None, headers=None, ctx=None):
     """One request with Python's http.client over TLS; returns (status, headers, body bytes)."""
-    conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=ctx or server.ssl_context(),
-                                       timeout=120)
+    conn = http.client.HTTPSConnection("127.0.0.1", server.port,
+                                       context=ctx or server.ssl_context(), timeout=120)
     data = body if isinstance(body, (bytes, type(None))) else json.dumps(body).encode()
     conn.request(method, path, body=data,
                  headers={"Content-Type": "application/json", **(headers or {})})

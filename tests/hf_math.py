@@ -90,7 +90,8 @@ def mean_kl(ref_logits: np.ndarray, logits: np.ndarray) -> float:
 MIN_MARGIN = 0.5
 
 
-def greedy_margins(backend, ids: np.ndarray, n: int, slot: int = 0) -> tuple[list[int], list[float]]:
+def greedy_margins(backend, ids: np.ndarray, n: int,
+                   slot: int = 0) -> tuple[list[int], list[float]]:
     """The ``n`` tokens ``backend`` picks greedily after prefilling ``ids`` into ``slot``, and
     for each the lead of its log-probability over the runner-up's (nats)."""
     from tiny_mindie.model.backend import SeqChunk

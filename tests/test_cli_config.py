@@ -41,7 +41,8 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
             "ModelConfig": [{"modelName": "m", "modelWeightPath": "/x.gguf"}]},
             "parallelRuns": 3, "batchInvariant": False,
             "ScheduleConfig": {"maxPrefillTokens": 99}}}))
-    assert (cfg.server.port, cfg.server.management_port, cfg.server.metrics_port) == (2000, 2001, 2002)
+    assert (cfg.server.port, cfg.server.management_port, cfg.server.metrics_port) == \
+        (2000, 2001, 2002)
     assert cfg.path(cfg.server.tls_cert) == str(tmp_path / "certs" / "s.pem")
     assert cfg.max_input_len == 99          # min(maxInputTokenLen, maxSeqLen - 1)
     assert cfg.backend.npu_device_ids == (3,)
@@ -59,8 +60,10 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
     ({"BackendConfig": {"ScheduleConfig": {"maxPrefillBatchSize": 300}}}, "maxPrefillBatchSize"),
     ({"BackendConfig": {"npuDeviceIds": "0"}}, "npuDeviceIds"),
     ({"BackendConfig": {"backend": "tensorflow"}}, "backend must be one of"),
-    ({"BackendConfig": {"parallelRuns": -1}}, "BackendConfig.parallelRuns must be in 0..1024, got -1"),
-    ({"BackendConfig": {"batchInvariant": "no"}}, "batchInvariant must be true or false, got \"no\""),
+    ({"BackendConfig": {"parallelRuns": -1}},
+     "BackendConfig.parallelRuns must be in 0..1024, got -1"),
+    ({"BackendConfig": {"batchInvariant": "no"}},
+     "batchInvariant must be true or false, got \"no\""),
     ("{broken", "not valid JSON"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, obj, needle):
@@ -96,19 +99,22 @@ def test_cli_missing_model_file(tmp_path):
     r = run_cli("--model", str(tmp_path / "missing.gguf"), "--no-tls", "--port", "0",
                 env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2
-    assert r.stderr.strip() == f"tiny_mindie: error: model file not found: {tmp_path / 'missing.gguf'}"
+    assert r.stderr.strip() == ("tiny_mindie: error: model file not found: "
+                                f"{tmp_path / 'missing.gguf'}")
 
 
 def test_cli_not_a_gguf_file(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF but not really" * 10)
-    r = run_cli("--model", str(bad), "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    r = run_cli("--model", str(bad), "--no-tls", "--port", "0",
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2 and "not a readable GGUF file" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_cli_unknown_registry_name(tmp_path):
-    r = run_cli("--model", "gpt-17", "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    r = run_cli("--model", "gpt-17", "--no-tls", "--port", "0",
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2 and "unknown model 'gpt-17'" in r.stderr
 
 
@@ -128,7 +134,8 @@ def test_cli_help_and_list_models():
     r = run_cli("serve", "--help")
     assert r.returncode == 0 and "--no-tls" in r.stdout and "--backend" in r.stdout
     r = run_cli("list-models")
-    assert r.returncode == 0 and "smollm2-135m-instruct (default)" in r.stdout and "Apache-2.0" in r.stdout
+    assert (r.returncode == 0 and "smollm2-135m-instruct (default)" in r.stdout
+            and "Apache-2.0" in r.stdout)
 
 
 def skip_without_download(r) -> None:
@@ -231,7 +238,8 @@ def test_serving_an_unsupported_architecture_is_one_line(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    r = run_cli("--model", str(bad), "--no-tls", "--port", "0", env={"TINY_MINDIE_HOME": str(tmp_path)})
+    r = run_cli("--model", str(bad), "--no-tls", "--port", "0",
+                env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2 and "architecture 'mamba' is not supported" in r.stderr, r.stderr
 
 
@@ -276,20 +284,21 @@ def test_first_run_keeps_the_ca_key_and_makes_an_empty_crl(tmp_path):
     r = run_cli("--port", "0", "--model", str(tmp_path / "no-model.gguf"),
                 env={"TINY_MINDIE_HOME": str(tmp_path)})
     assert r.returncode == 2 and "model file not found" in r.stderr
-    assert "created a CA and its key, a server and a client certificate and an empty CRL in" in r.stdout
+    assert ("created a CA and its key, a server and a client certificate and an empty CRL in"
+            in r.stdout)
     sec = tmp_path / "security"
     assert (sec / "ca" / "ca.key.pem").stat().st_mode & 0o777 == 0o600
     from cryptography import x509
     ca = x509.load_pem_x509_certificate((sec / "ca" / "ca.pem").read_bytes())
-    assert check_crls(str(sec / "certs" / "server_crl.pem"), [ca]) == []   # issuer, signature, dates
+    assert check_crls(str(sec / "certs" / "server_crl.pem"), [ca]) == []  # issuer, signature, dates
 
 
 def test_a_named_crl_that_is_missing_is_an_error(tmp_path):
     default_tls_set(tmp_path)
     r = serve_until_model(tmp_path, {"tlsCrlFiles": ["typo_crl.pem"]})
-    assert_one_line_error(r, f"TLS CRL file not found: {tmp_path}/security/certs/typo_crl.pem (fix "
-                             f"tlsCrlPath / tlsCrlFiles, make one with scripts/make_certs.py --crl, "
-                             f"or set \"tlsCrlFiles\": [] to check no CRL)")
+    assert_one_line_error(r, f"TLS CRL file not found: {tmp_path}/security/certs/typo_crl.pem "
+                             f"(fix tlsCrlPath / tlsCrlFiles, make one with scripts/make_certs.py "
+                             f"--crl, or set \"tlsCrlFiles\": [] to check no CRL)")
 
 
 def test_no_crl_when_none_is_named(tmp_path):
@@ -376,12 +385,19 @@ def test_unreadable_certificate_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("key,value,expected", [
-    ("tlsCert", "security/certs", "cannot read TLS certificate {home}/security/certs: Is a directory"),
+    ("tlsCert", "security/certs",
+     "cannot read TLS certificate {home}/security/certs: Is a directory"),
     ("tlsCaFile", ["sub"], "cannot read TLS CA file {home}/security/ca/sub: Is a directory"),
-    ("tlsPk", "security/certs/server.pem", "TLS private key {home}/security/certs/server.pem is not a PEM private key"),
-    ("tlsCert", "garbage.pem", "TLS certificate {home}/garbage.pem is not a PEM certificate (no valid -----BEGIN CERTIFICATE----- block)"),
-    ("tlsCrlFiles", ["../../garbage.pem"], "TLS CRL file {home}/garbage.pem is not a PEM CRL (no -----BEGIN X509 CRL----- block)"),
-    ("tlsPk", "other/security/keys/server.key.pem", "cannot load TLS certificate {home}/security/certs/server.pem with key {home}/other/security/keys/server.key.pem: key values mismatch"),
+    ("tlsPk", "security/certs/server.pem",
+     "TLS private key {home}/security/certs/server.pem is not a PEM private key"),
+    ("tlsCert", "garbage.pem",
+     "TLS certificate {home}/garbage.pem is not a PEM certificate "
+     "(no valid -----BEGIN CERTIFICATE----- block)"),
+    ("tlsCrlFiles", ["../../garbage.pem"],
+     "TLS CRL file {home}/garbage.pem is not a PEM CRL (no -----BEGIN X509 CRL----- block)"),
+    ("tlsPk", "other/security/keys/server.key.pem",
+     "cannot load TLS certificate {home}/security/certs/server.pem with key "
+     "{home}/other/security/keys/server.key.pem: key values mismatch"),
 ])
 def test_bad_tls_file_is_named_with_what_is_wrong(tmp_path, key, value, expected):
     default_tls_set(tmp_path)
@@ -410,7 +426,8 @@ def test_unresolvable_listen_address_is_named(tmp_path):
      "BackendConfig.ModelDeployConfig.ModelConfig[0].x[1]"),
 ])
 def test_non_finite_numbers_are_rejected_with_their_key(tmp_path, raw, key):
-    with pytest.raises(ConfigError, match=rf"^{re.escape(key)} must be a finite number, got -?(nan|inf)$"):
+    with pytest.raises(ConfigError,
+                       match=rf"^{re.escape(key)} must be a finite number, got -?(nan|inf)$"):
         load_config(write(tmp_path, raw))
 
 
@@ -510,7 +527,8 @@ def test_cache_block_size_zero_is_refused_at_start(tmp_path):
 
 def test_huge_integer_for_a_float_key_is_one_line(tmp_path):
     """Was: OverflowError traceback, exit 1."""
-    r = run_cli("--config", write(tmp_path, '{"ServerConfig": {"tokenTimeout": 1%s}}' % ("0" * 400)))
+    r = run_cli("--config",
+                write(tmp_path, '{"ServerConfig": {"tokenTimeout": 1%s}}' % ("0" * 400)))
     assert_one_line_error(r, "ServerConfig.tokenTimeout must be a finite number, got an integer "
                              "of 401 digits")
 
@@ -556,7 +574,8 @@ def test_empty_listen_address_says_to_use_0000(tmp_path):
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0", "::", "::1", "fe80::1%eth0", "localhost",
                                   "my-host.example.com", "example.com.", "a" * 63 + ".b"])
 def test_good_listen_addresses_are_accepted(tmp_path, host):
-    assert load_config(write(tmp_path, {"ServerConfig": {"ipAddress": host}})).server.ip_address == host
+    cfg = load_config(write(tmp_path, {"ServerConfig": {"ipAddress": host}}))
+    assert cfg.server.ip_address == host
 
 
 @pytest.mark.parametrize("crls", [[], ["server_crl.pem"], ["missing_crl.pem"]])

@@ -294,7 +294,8 @@ def test_malformed_request_answered_then_server_still_serves(server, garbage, st
         sock.sendall(garbage)
         line, headers, body = split_response(recv_all(sock))
     assert line.startswith(f"HTTP/1.1 {status} ")
-    assert headers["connection"] == "close" and "date" in headers and headers["server"] == "tiny_mindie"
+    assert (headers["connection"] == "close" and "date" in headers
+            and headers["server"] == "tiny_mindie")
     err = json.loads(body)
     assert err["error_type"] == line.split(" ", 2)[2] and err["error"]    # its reason phrase
     assert err["error_type"] == {400: "Bad Request", 417: "Expectation Failed",
@@ -355,7 +356,8 @@ def test_stream_exact_chunk_framing(server):
     with server.socket() as sock:
         sock.sendall(b"GET /stream?n=2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         _, headers, body = split_response(recv_all(sock))
-    events = [sse_event(json.dumps({"i": i, "text": "\u00e9"}, ensure_ascii=False)) for i in range(2)]
+    events = [sse_event(json.dumps({"i": i, "text": "\u00e9"}, ensure_ascii=False))
+              for i in range(2)]
     assert body == b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
     assert headers["transfer-encoding"] == "chunked" and headers["connection"] == "close"
 
@@ -452,7 +454,8 @@ def test_client_gone_before_response_is_quiet(server, caplog):
     with caplog.at_level(logging.DEBUG):
         with server.socket() as sock:
             sock.sendall(b"GET /slow?s=0.2 HTTP/1.1\r\nHost: x\r\n\r\n")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                            b"\x01\x00\x00\x00\x00\x00\x00\x00")
         time.sleep(0.4)
         conn = server.client()
         conn.request("GET", "/echo")

@@ -6,8 +6,8 @@ import pytest
 
 from tiny_mindie.engine.detok import IncrementalDetokenizer
 
-TEXTS = ["Bonjour, ça va très bien à Zürich", "我爱北京天安门。你好，世界！", "emoji 🤗🎉👩‍👩‍👧 end",
-         "mixed: naïve café, 東京, and 🚀 launch"]
+TEXTS = ["Bonjour, ça va très bien à Zürich", "我爱北京天安门。你好，世界！",
+         "emoji 🤗🎉👩‍👩‍👧 end", "mixed: naïve café, 東京, and 🚀 launch"]
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -43,7 +43,8 @@ def test_stop_string_split_across_tokens(tokenizer):
 
 def test_stop_string_included_when_asked(tokenizer):
     ids = tokenizer.encode("one two three four", parse_special=False)
-    d = IncrementalDetokenizer(tokenizer.token_bytes, stop_strings=["three"], include_stop_string=True)
+    d = IncrementalDetokenizer(tokenizer.token_bytes, stop_strings=["three"],
+                               include_stop_string=True)
     out = "".join(d.add(i) for i in ids)
     assert out == d.text == "one two three"
 

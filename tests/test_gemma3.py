@@ -101,14 +101,17 @@ def hf_gemma3_logits(f: GGUFFile, ids: np.ndarray, window: int = WINDOW) -> np.n
         cos, sin = global_rope if is_global else local_rope
         mask = full if is_global else sliding
         h = norm(x, W(p + "attn_norm.weight"))
-        q, k, v = h @ W(p + "attn_q.weight").T, h @ W(p + "attn_k.weight").T, h @ W(p + "attn_v.weight").T
+        q = h @ W(p + "attn_q.weight").T
+        k = h @ W(p + "attn_k.weight").T
+        v = h @ W(p + "attn_v.weight").T
         qn, kn = W(p + "attn_q_norm.weight"), W(p + "attn_k_norm.weight")
         attn = attention(q, k, v, H, KV, cos, sin, mask, 256.0 ** -0.5,   # query_pre_attn_scalar
                          lambda t, w=qn: norm(t, w), lambda t, w=kn: norm(t, w))
         attn = attn @ W(p + "attn_output.weight").T
         x = x + norm(attn, W(p + "post_attention_norm.weight"))
         h = norm(x, W(p + "ffn_norm.weight"))
-        m = (gelu_tanh(h @ W(p + "ffn_gate.weight").T) * (h @ W(p + "ffn_up.weight").T)) @ W(p + "ffn_down.weight").T
+        m = ((gelu_tanh(h @ W(p + "ffn_gate.weight").T) * (h @ W(p + "ffn_up.weight").T))
+             @ W(p + "ffn_down.weight").T)
         x = x + norm(m, W(p + "post_ffw_norm.weight"))
     return norm(x[-1], W("output_norm.weight")) @ embedding.T
 
@@ -117,12 +120,13 @@ def hf_gemma3_logits(f: GGUFFile, ids: np.ndarray, window: int = WINDOW) -> np.n
 
 def test_config(backend):
     c = backend.config
-    assert (c.architecture, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim) == \
-        ("gemma3", 18, 640, 4, 1, 256)
+    assert (c.architecture, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+            c.head_dim) == ("gemma3", 18, 640, 4, 1, 256)
     assert c.sliding_window == WINDOW and c.rope_theta == 1e6 and c.rope_theta_local == 1e4
     assert [i for i in range(c.num_layers) if not c.is_local(i)] == [5, 11, 17]
     assert c.attn_scale == 1 / 16 and c.embedding_scale == pytest.approx(640 ** 0.5)
-    assert c.rope_neox and c.qk_norm and c.post_norms and c.mlp_act == "gelu_tanh" and c.tied_embeddings
+    assert (c.rope_neox and c.qk_norm and c.post_norms and c.mlp_act == "gelu_tanh"
+            and c.tied_embeddings)
 
 
 def test_sliding_window_mask():
@@ -190,7 +194,8 @@ def test_chunked_prefill_and_decode_equal_whole_prefill(backend, long_ids):
 
 def _mean_nll(backend: NumpyBackend, ids: np.ndarray) -> float:
     """Average negative log-likelihood (nats per token) of ``ids[1:]`` given their prefixes."""
-    return mean_nll(prefill(backend.weights, backend.cache, 0, 0, ids, all_logits=True)[:-1], ids[1:])
+    logits = prefill(backend.weights, backend.cache, 0, 0, ids, all_logits=True)
+    return mean_nll(logits[:-1], ids[1:])
 
 
 def test_english_paragraph_likelihood(backend, tok):

@@ -67,7 +67,8 @@ def test_get_emits_head_then_request():
     parser.feed(GET)
     head = parser.next_event()
     assert isinstance(head, RequestHead)
-    assert (head.method, head.target, head.path, head.query) == ("GET", "/infer?x=1", "/infer", {"x": "1"})
+    assert (head.method, head.target, head.path, head.query) == \
+        ("GET", "/infer?x=1", "/infer", {"x": "1"})
     assert head.version == "HTTP/1.1" and head.keep_alive and not head.expects_continue
     req = parser.next_event()
     assert isinstance(req, Request)

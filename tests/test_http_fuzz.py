@@ -146,7 +146,7 @@ class Spec:
             out += self.body
         elif self.framing == "chunked":
             pos = 0
-            for size, ext in zip(self.chunks, self.extensions):
+            for size, ext in zip(self.chunks, self.extensions, strict=True):
                 piece = self.body[pos:pos + size]
                 pos += len(piece)
                 if piece:
@@ -205,7 +205,7 @@ def specs(draw) -> Spec:
 
 def _cut(data: bytes, points: list[int]) -> list[bytes]:
     cuts = sorted(p % (len(data) + 1) for p in points)
-    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)])]
+    return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
 
 
 @settings(FIXED, max_examples=60)
@@ -216,7 +216,7 @@ def test_generated_requests_parse_back_whatever_the_split(requests, points):
     parsed = [ev for ev in whole if isinstance(ev, Request)]
     assert len(parsed) == len(requests) and len(whole) == 2 * len(requests), whole[-1:]
     assert all(isinstance(ev, RequestHead) for ev in whole[0::2])
-    for spec, req in zip(requests, parsed):
+    for spec, req in zip(requests, parsed, strict=True):
         spec.check(req)
     assert fuzz_http.run_parser(_cut(data, points), {}) == whole
     assert fuzz_http.run_parser(fuzz_http.byte_pieces(data), {}) == whole

@@ -131,7 +131,8 @@ def server_side_established(port: int) -> int:
 
 
 @pytest.mark.parametrize("loop", LOOPS)
-def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certificate(pki, loop, caplog):
+def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certificate(
+        pki, loop, caplog):
     files, _ = pki
     srv = Listening(server_context(files), limit=8, handshake_timeout=2.0, loop=loop)
     silent = []
@@ -203,7 +204,8 @@ def test_revoked_certificate_is_refused_and_logged_with_its_subject(pki, loop, c
             with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
                 srv.get(client_context(revoked))
             time.sleep(0.2)
-        line = next(r.getMessage() for r in caplog.records if "refused TLS client" in r.getMessage())
+        line = next(r.getMessage() for r in caplog.records
+                    if "refused TLS client" in r.getMessage())
         assert "certificate revoked (verify code 23)" in line
         assert "client certificate 'CN=revoked client,O=tiny_mindie'" in line
         assert srv.get(client_context(files)) == (200, {"ok": True})
@@ -234,7 +236,8 @@ def test_expired_crl_warns_at_start_and_every_client_is_refused(pki, tmp_path, c
     with caplog.at_level(logging.WARNING, logger="tiny_mindie.tls"):
         ctx = server_context(replace(files, crls=(expired,)))
     assert f"TLS CRL file {expired} expired on" in caplog.text
-    assert "EVERY client certificate of CN=tiny_mindie CA,O=tiny_mindie will be refused" in caplog.text
+    assert ("EVERY client certificate of CN=tiny_mindie CA,O=tiny_mindie will be refused"
+            in caplog.text)
     srv = Listening(ctx, limit=4, handshake_timeout=5.0)
     try:
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
@@ -258,7 +261,8 @@ def test_rate_limited_log_says_how_many_it_held_back(caplog):
     with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
         asyncio.run(main())
     assert [r.getMessage() for r in caplog.records] == [
-        "event 0", "event 4 (4 like this in the last 0.3 s)", "event 5 (1 like this in the last 0.3 s)"]
+        "event 0", "event 4 (4 like this in the last 0.3 s)",
+        "event 5 (1 like this in the last 0.3 s)"]
 
 
 def spawn_listener(nofile: int, main: str) -> subprocess.Popen:
@@ -446,7 +450,8 @@ def test_rate_limited_log_sums_up_held_events_by_reason(caplog):
     async def main():
         say = RateLimitedLog(logging.WARNING, every=0.3)
         for port in (1, 2, 3):
-            say(f"refused TLS client 127.0.0.1:{port}: certificate revoked; CN=alice", "revoked alice")
+            say(f"refused TLS client 127.0.0.1:{port}: certificate revoked; CN=alice",
+                "revoked alice")
         say("refused TLS client 127.0.0.1:4: self signed certificate; CN=evil", "self-signed evil")
         await asyncio.sleep(0.5)
         for i in range(RateLimitedLog.MAX_REASONS + 3):     # more reasons than are kept
@@ -470,7 +475,8 @@ def test_a_flood_of_revoked_clients_does_not_hide_another_refusal(pki, caplog):
     srv = Listening(server_context(files), limit=16, handshake_timeout=5.0, log_every=0.5)
     try:
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
-            for ctx in [client_context(revoked)] * 3 + [ssl.create_default_context(cafile=files.ca[0])]:
+            for ctx in ([client_context(revoked)] * 3
+                        + [ssl.create_default_context(cafile=files.ca[0])]):
                 with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
                     srv.get(ctx)
             time.sleep(1.0)

@@ -33,7 +33,7 @@ def _vectors(vocab_dir: str, name: str) -> list[tuple[str, list[int]]]:
     with open(os.path.join(vocab_dir, name + ".out"), encoding="utf-8", newline="") as fh:
         lines = fh.read().split("\n")
     assert len(texts) == 46 and all(not line for line in lines[46:])
-    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines)]
+    return [(t, [int(x) for x in line.split()]) for t, line in zip(texts, lines, strict=False)]
 
 
 _cache: dict[str, Tokenizer] = {}
@@ -47,7 +47,7 @@ def _vocab(vocab_dir: str, name: str) -> Tokenizer:
     return _cache[path]
 
 
-# ---- conformance ----------------------------------------------------------------------------------
+# ---- conformance ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", BYTE_LEVEL + SENTENCEPIECE)
 def test_reference_tokenizations(name, vocab_dir):
     tok = _vocab(vocab_dir, name)
@@ -81,7 +81,7 @@ def test_token_bytes_match_text_sentencepiece(name, vocab_dir):
         assert b"".join(tok.token_bytes(i) for i in expected) == want, repr(text)
 
 
-# ---- special tokens and settings per vocabulary ---------------------------------------------------
+# ---- special tokens and settings per vocabulary --------------------------------------------------
 def test_gpt2_vocab_settings(vocab_dir):
     tok = _vocab(vocab_dir, "ggml-vocab-gpt-2.gguf")
     assert tok.vocab_size == 50257 and tok.kind == "gpt2" and tok.pre == "gpt-2"

@@ -35,7 +35,7 @@ def test_green_lists_of_different_previous_tokens_overlap_like_independent_ones_
 
 def test_z_score_judges_each_token_by_the_mask_after_its_predecessor():
     ids = np.random.default_rng(1).integers(0, 49152, 300).tolist()
-    green = sum(int(green_mask(p, 49152)[t]) for p, t in zip(ids, ids[1:]))
+    green = sum(int(green_mask(p, 49152)[t]) for p, t in zip(ids, ids[1:], strict=False))
     assert z_score(ids, 49152)[1:] == (green, 299)
     with pytest.raises(ValueError):
         z_score([1, 49152], 49152)

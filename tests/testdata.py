@@ -147,7 +147,8 @@ def _download(tmp: str) -> str:
 
 def _download_url(tmp: str) -> str:
     path = os.path.join(tmp, SDIST_NAME)
-    with urllib.request.urlopen(SDIST_URL, timeout=NETWORK_TIMEOUT) as resp, open(path, "wb") as out:
+    with (urllib.request.urlopen(SDIST_URL, timeout=NETWORK_TIMEOUT) as resp,
+          open(path, "wb") as out):
         shutil.copyfileobj(resp, out, 1 << 20)
     _verify(path)
     return path

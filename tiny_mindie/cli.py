@@ -45,26 +45,31 @@ def build_parser() -> argparse.ArgumentParser:
                     "Without a command it serves (the 'serve' command).",
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser, metavar="{serve,pull,list-models,watermark-detect}")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser,
+                           metavar="{serve,pull,list-models,watermark-detect}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
                    help="MindIE-style config.json; relative paths in it (TLS files) are resolved "
                         "against its folder")
-    s.add_argument("--host", help="business listen address (ServerConfig.ipAddress, default 127.0.0.1)")
-    s.add_argument("--port", type=int, help="business port (ServerConfig.port, default 1025; 0 = any free port)")
+    s.add_argument("--host",
+                   help="business listen address (ServerConfig.ipAddress, default 127.0.0.1)")
+    s.add_argument("--port", type=int,
+                   help="business port (ServerConfig.port, default 1025; 0 = any free port)")
     s.add_argument("--management-port", type=int, help="management port (default: --port)")
     s.add_argument("--metrics-port", type=int, help="metrics port (default: --port)")
     s.add_argument("--model", help="a .gguf file or a registry name (see list-models); "
                                    "default smollm2-135m-instruct, pulled on first start")
     s.add_argument("--model-name", help="name clients use for the model (ModelConfig.modelName)")
     s.add_argument("--backend", choices=BACKENDS,
-                   help=f"model backend (default {DEFAULT_BACKEND}; numpy is the reference decoder)")
+                   help=f"model backend (default {DEFAULT_BACKEND}; "
+                        "numpy is the reference decoder)")
     s.add_argument("--threads", type=int, help="intra-op threads of the backend (0 = default)")
     s.add_argument("--parallel-runs", type=int,
                    help="onnxruntime runs executed at once, each on its own threads "
                         "(BackendConfig.parallelRuns; 0 = CPUs // threads)")
-    s.add_argument("--max-seq-len", type=int, help="prompt + output tokens per sequence (maxSeqLen)")
+    s.add_argument("--max-seq-len", type=int,
+                   help="prompt + output tokens per sequence (maxSeqLen)")
     s.add_argument("--no-tls", action="store_true",
                    help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -76,10 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list-models", help="list the models the registry knows")
 
     wd = sub.add_parser("watermark-detect",
-                        help="z-score of the green-list watermark (Kirchenbauer et al. 2023) in a text")
+                        help="z-score of the green-list watermark (Kirchenbauer et al. 2023) "
+                             "in a text")
     wd.add_argument("text", nargs="?", default="-", help="the text, or - to read standard input")
-    wd.add_argument("--model", default=None, help="model whose tokenizer made the text (default: the default model)")
-    wd.add_argument("--threshold", type=float, default=4.0, help="z above which the text is called marked")
+    wd.add_argument("--model", default=None,
+                    help="model whose tokenizer made the text (default: the default model)")
+    wd.add_argument("--threshold", type=float, default=4.0,
+                    help="z above which the text is called marked")
     return p
 
 
@@ -212,7 +220,8 @@ def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:
     scheme = "https" if files else "http"
     lines = [f"tiny_mindie {__version__} ready in {startup_s:.1f} s",
              f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
-             f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x {llm.backend.max_seq_len} tokens)",
+             f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
+             f"{llm.backend.max_seq_len} tokens)",
              f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"]
     for lst in listeners:
         line = (f"  listens  {scheme}://{_hostport(lst.host, lst.bound_port)}  "

@@ -45,8 +45,10 @@ class ServerConfig:
     token_timeout: float = 600.0
     e2e_timeout: float = 600.0
     max_request_length: int = 40     # MB
-    tls_handshake_timeout: float = 10.0   # tiny_mindie: seconds a new connection has for its TLS handshake
-    max_stream_backlog_kb: int = 64   # tiny_mindie: KB a stream's client may leave unread; 0 = no limit
+    # tiny_mindie: seconds a new connection has for its TLS handshake
+    tls_handshake_timeout: float = 10.0
+    # tiny_mindie: KB a stream's client may leave unread; 0 = no limit
+    max_stream_backlog_kb: int = 64
 
 
 @dataclass(frozen=True)
@@ -71,7 +73,7 @@ class ScheduleConfig:
     max_batch_size: int = 200
     max_iter_times: int = 512
     max_queue_delay_microseconds: int = 5000
-    prefill_chunk_size: int = 512       # tiny_mindie: prompt tokens per step, so decode keeps flowing
+    prefill_chunk_size: int = 512  # tiny_mindie: prompt tokens per step, so decode keeps flowing
 
 
 @dataclass(frozen=True)
@@ -267,7 +269,8 @@ def load_config(path: str | None = None) -> Config:
         truncation=_get(md, "truncation", bool, M.truncation, W),
         parse_special_tokens=_get(md, "parseSpecialTokens", bool, M.parse_special_tokens, W),
         model_name=name,
-        model_weight_path=_get(mc, "modelWeightPath", str, M.model_weight_path, W + ".ModelConfig[0]"),
+        model_weight_path=_get(mc, "modelWeightPath", str, M.model_weight_path,
+                               W + ".ModelConfig[0]"),
     )
     W = "BackendConfig.ScheduleConfig"
     sched = ScheduleConfig(
@@ -285,7 +288,8 @@ def load_config(path: str | None = None) -> Config:
     flat = [i for group in ids for i in (group if isinstance(group, list) else [group])] \
         if isinstance(ids, list) else None
     if not flat or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in flat):
-        raise ConfigError(f"BackendConfig.npuDeviceIds must be a list of lists of device ids, got {ids!r}")
+        raise ConfigError("BackendConfig.npuDeviceIds must be a list of lists of device ids, "
+                          f"got {ids!r}")
     backend = BackendConfig(
         npu_device_ids=tuple(flat),
         backend=_get(b, "backend", str, B.backend, W),
@@ -328,7 +332,8 @@ RANGES: tuple[tuple[str, str, float, float, str], ...] = (
     ("ServerConfig.maxRequestLength", "server.max_request_length", 1, 100, " MB"),
     ("ServerConfig.tlsHandshakeTimeout", "server.tls_handshake_timeout", 0.1, 600, " seconds"),
     ("ServerConfig.maxStreamBacklogKB", "server.max_stream_backlog_kb", 0, 1 << 20, " KB"),
-    ("BackendConfig.ModelDeployConfig.maxSeqLen", "backend.model.max_seq_len", 2, 1 << 20, " tokens"),
+    ("BackendConfig.ModelDeployConfig.maxSeqLen", "backend.model.max_seq_len",
+     2, 1 << 20, " tokens"),
     ("BackendConfig.ModelDeployConfig.maxInputTokenLen", "backend.model.max_input_token_len",
      1, 1 << 20, " tokens"),
     ("BackendConfig.ScheduleConfig.cacheBlockSize", "backend.schedule.cache_block_size",
@@ -397,8 +402,9 @@ def validate(cfg: Config) -> None:
         if not (1024 <= port <= 65535 or port == 0):   # 0: any free port (tiny_mindie)
             raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {show(port)}")
     if sc.max_prefill_tokens < cfg.max_input_len:
-        raise ConfigError(f"BackendConfig.ScheduleConfig.maxPrefillTokens ({sc.max_prefill_tokens}) "
-                          f"must be >= maxInputTokenLen ({cfg.max_input_len})")
+        raise ConfigError("BackendConfig.ScheduleConfig.maxPrefillTokens "
+                          f"({sc.max_prefill_tokens}) must be >= maxInputTokenLen "
+                          f"({cfg.max_input_len})")
     if sc.max_prefill_batch_size > sc.max_batch_size:
         raise ConfigError(f"BackendConfig.ScheduleConfig.maxPrefillBatchSize "
                           f"({sc.max_prefill_batch_size}) must be in 1..maxBatchSize "

@@ -25,7 +25,8 @@ def tls_files(cfg: Config) -> TLSFiles:
                           "checks client certificates against it; or use --no-tls)")
     cert, key = cfg.path(s.tls_cert), cfg.path(s.tls_pk)
     return TLSFiles(
-        ca=tuple(os.path.normpath(os.path.join(cfg.path(s.tls_ca_path), f)) for f in s.tls_ca_files),
+        ca=tuple(os.path.normpath(os.path.join(cfg.path(s.tls_ca_path), f))
+                 for f in s.tls_ca_files),
         cert=cert, key=key,
         crls=tuple(os.path.normpath(os.path.join(cfg.path(s.tls_crl_path), f))
                    for f in s.tls_crl_files),

@@ -89,7 +89,8 @@ class SlotPool:
         return len(self._free)
 
 
-def plan_prefill(pending: Iterable[tuple[T, int, int]], limits: SchedulerLimits) -> list[tuple[T, int]]:
+def plan_prefill(pending: Iterable[tuple[T, int, int]],
+                 limits: SchedulerLimits) -> list[tuple[T, int]]:
     """Split this step's prefill budget among sequences that still have prompt tokens.
 
     A prompt is cut at fixed positions, the multiples of ``max_prefill_tokens``: a step gives a

@@ -39,21 +39,22 @@ class ModelConfig:
     context_length: int      # trained context, tokens
     tied_embeddings: bool    # LM head shares the token embedding matrix
     # ---- Gemma 3 (the defaults are LLaMA's) ----
-    rope_neox: bool = False          # rotary pairs (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
+    rope_neox: bool = False          # rotary pairs (x[i], x[i + rope_dim/2]), not (x[2i], x[2i+1])
     embedding_scale: float = 1.0     # embeddings multiplied by this (Gemma: sqrt(d_model))
     attention_scale: float = 0.0     # scores scale; 0 means 1/sqrt(head_dim)
     mlp_act: str = "silu"            # gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     qk_norm: bool = False            # RMSNorm of each q and k head over head_dim before rope
-    post_norms: bool = False         # RMSNorm of the attention and MLP outputs before the residual add
+    post_norms: bool = False         # RMSNorm of attention and MLP outputs before the residual add
     sliding_window: int = 0          # local layers: query at p sees keys p-window+1..p; 0 = none
-    swa_pattern: int = 0             # layer i is global when (i + 1) % swa_pattern == 0; 0 = all global
+    swa_pattern: int = 0             # layer i is global when (i + 1) % swa_pattern == 0 (0: all)
     rope_theta_local: float = 0.0    # rotary base of the local (sliding-window) layers
     # ---- Qwen2 ----
-    qkv_bias: bool = False           # q, k and v projections add a bias (``blk.N.attn_{q,k,v}.bias``)
+    qkv_bias: bool = False           # q, k, v projections add a bias (``blk.N.attn_{q,k,v}.bias``)
 
     def is_local(self, layer: int) -> bool:
         """Whether ``layer`` uses sliding-window attention (and the local rotary base)."""
-        return self.sliding_window > 0 and self.swa_pattern > 0 and (layer + 1) % self.swa_pattern != 0
+        return (self.sliding_window > 0 and self.swa_pattern > 0
+                and (layer + 1) % self.swa_pattern != 0)
 
     @property
     def attn_scale(self) -> float:

@@ -64,7 +64,8 @@ _PLAIN_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": 
 
 
 def _parse(path: str, gguf) -> tuple[dict[str, Any], dict[str, _Tensor]]:
-    """Metadata (as ``ReaderField.contents()`` would give) and tensors of a little-endian GGUF v2/v3."""
+    """Metadata (as ``ReaderField.contents()`` would give) and tensors of a GGUF v2/v3 file
+    (little-endian)."""
     mm = np.memmap(path, mode="r")
     buf = memoryview(mm)
     pos = 0

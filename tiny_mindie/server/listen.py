@@ -222,7 +222,8 @@ def bind(host: str, port: int, backlog: int) -> list[socket.socket]:
             try:
                 sock.bind(addr)
             except OSError as exc:
-                raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+                raise OSError(exc.errno,
+                              f"cannot listen on {host}:{port}: {exc.strerror}") from None
             sock.listen(backlog)
             sock.setblocking(False)
     except BaseException:
@@ -454,7 +455,8 @@ class Limits:
     handshake_timeout: float
 
 
-async def start_listeners(listeners: list[Listener], handler_for: Callable[[frozenset[str]], Handler],
+async def start_listeners(listeners: list[Listener],
+                          handler_for: Callable[[frozenset[str]], Handler],
                           limits: Limits, ssl_ctx: ssl.SSLContext | None,
                           busy: Response) -> list[Listener]:
     """Bind every listener and start accepting; returns them, their ``server`` set.

@@ -53,7 +53,7 @@ class Route:
         if len(want) != len(got):
             return None
         params = {}
-        for w, g in zip(want, got):
+        for w, g in zip(want, got, strict=True):
             if w.startswith("{") and w.endswith("}"):
                 if not g:
                     return None
@@ -75,7 +75,8 @@ class Router:
         self.routes = list(routes)
         self.error_body = error_body
 
-    def handler_for(self, planes: frozenset[str], *, max_backlog_bytes: int | None = None) -> Handler:
+    def handler_for(self, planes: frozenset[str], *,
+                    max_backlog_bytes: int | None = None) -> Handler:
         """The connection handler of a listener that serves ``planes``: dispatch, and one access
         log line per request. ``max_backlog_bytes`` caps the unsent bytes of a stream (``None``:
         no cap)."""
@@ -107,7 +108,8 @@ class Router:
                 return await route.handler(req, stream, params)
             except RouteError as err:
                 if stream.started:   # the status line is gone: tell the client in the stream
-                    await stream.chunked_stream.send_event(json.dumps(err.body(), ensure_ascii=False))
+                    await stream.chunked_stream.send_event(
+                        json.dumps(err.body(), ensure_ascii=False))
                     await stream.chunked_stream.end()
                     return None
                 return json_response(err.status, err.body(), err.headers)

@@ -103,7 +103,8 @@ class ChunkedStream:
     Calling them before :meth:`start` or after :meth:`end` raises ``RuntimeError``.
     """
 
-    def __init__(self, writer: asyncio.StreamWriter, *, base_headers: Sequence[tuple[str, str]] = (),
+    def __init__(self, writer: asyncio.StreamWriter, *,
+                 base_headers: Sequence[tuple[str, str]] = (),
                  chunked: bool = True, write_timeout: float | None = None,
                  max_backlog: int | None = None) -> None:
         self._writer = writer

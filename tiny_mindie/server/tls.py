@@ -74,9 +74,9 @@ def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
         return False
     if not may_create:
         missing = [p for p in needed if not os.path.exists(p)]
-        raise TLSConfigError(f"TLS file not found: {missing[0]} (certificates are created only at the "
-                          f"default security/ paths; make them with scripts/make_certs.py, fix the "
-                          f"path, or use --no-tls)")
+        raise TLSConfigError(f"TLS file not found: {missing[0]} (certificates are created only "
+                             "at the default security/ paths; make them with "
+                             "scripts/make_certs.py, fix the path, or use --no-tls)")
     if present:
         missing = [p for p in needed if not os.path.exists(p)]
         raise TLSConfigError(f"TLS files incomplete: {', '.join(missing)} missing "
@@ -109,10 +109,12 @@ def make_certificates(files: TLSFiles, hosts: tuple[str, ...] = ()) -> None:
                .not_valid_before(now - datetime.timedelta(minutes=5))
                .not_valid_after(now + datetime.timedelta(days=3650))
                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                            content_commitment=False, key_encipherment=False,
-                                            data_encipherment=False, key_agreement=False,
-                                            encipher_only=False, decipher_only=False), critical=True)
+               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                            crl_sign=True, content_commitment=False,
+                                            key_encipherment=False, data_encipherment=False,
+                                            key_agreement=False, encipher_only=False,
+                                            decipher_only=False),
+                              critical=True)
                .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
                               critical=False)
                .sign(ca_key, hashes.SHA256()))
@@ -317,7 +319,8 @@ def _read_crls(path: str) -> list:
         except ValueError:
             raise TLSConfigError(f"TLS CRL file {path} holds a damaged CRL") from None
     if not crls:
-        raise TLSConfigError(f"TLS CRL file {path} is not a PEM CRL (no -----BEGIN X509 CRL----- block)")
+        raise TLSConfigError(f"TLS CRL file {path} is not a PEM CRL "
+                             "(no -----BEGIN X509 CRL----- block)")
     return crls
 
 
@@ -489,8 +492,8 @@ def describe_refusal(exc: BaseException) -> str:
         from cryptography import x509
         try:
             cert = x509.load_der_x509_certificate(der)
-            why += f"; client certificate {cert.subject.rfc4514_string()!r}, serial {cert.serial_number:x}, " \
-                   f"issuer {cert.issuer.rfc4514_string()!r}"
+            why += (f"; client certificate {cert.subject.rfc4514_string()!r}, "
+                    f"serial {cert.serial_number:x}, issuer {cert.issuer.rfc4514_string()!r}")
         except ValueError:
             pass
     return why
