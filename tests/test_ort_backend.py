@@ -19,8 +19,6 @@ independently, so batching, padding-free chunking and the slot layout cannot cha
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import subprocess
 import sys
@@ -29,14 +27,15 @@ import numpy as np
 import pytest
 from batching import assert_rows_batch_invariant
 from hf_math import MIN_MARGIN, greedy_margins
+from test_memory import needs_collapse
 
 from tiny_mindie.model import graph as graph_mod
-from tiny_mindie.model import ort_backend
+from tiny_mindie.model import providers
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.graph import GraphOptions
-from tiny_mindie.model.ort_backend import OrtBackend, select_providers
+from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 
 MAX_SEQ_LEN = 256
@@ -338,20 +337,9 @@ def test_forward_rejects_bad_chunks(ort):
 
 # ---- providers, cache, start-up ---------------------------------------------------------------
 
-def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
-    monkeypatch.setattr(ort_backend, "ascend_available", lambda: False)
-    assert select_providers() == ["CPUExecutionProvider"]
-    monkeypatch.setattr(ort_backend, "ascend_available", lambda: True)
-    chosen = select_providers(device_id=3)
-    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3"})
-    assert select_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
-    out, err = capfd.readouterr()
-    assert out == "" and err == ""
-
-
 def test_backend_reports_its_provider(ort):
     assert ort.name == "onnxruntime"
-    if not ort_backend.ascend_available():
+    if not providers.ascend_available():
         assert ort.device == "CPU" and ort.providers == ["CPUExecutionProvider"]
 
 
@@ -380,51 +368,6 @@ def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
     again.close()
 
 
-def test_building_a_graph_removes_older_builders_graphs_of_the_model(gguf, config, tmp_path):
-    """A builder version bump would leave the old graphs (1.5x the GGUF each) in the cache
-    forever; the new build removes the model's graphs of older builders, whatever options they
-    were built with, and keeps the current builder's graphs with other options and other
-    models' graphs."""
-    key = GraphOptions().key()
-    digest = ort_backend.sha256_of(gguf.path)[:16]
-    stem = os.path.splitext(os.path.basename(gguf.path))[0]
-    version = graph_mod.BUILDER_VERSION
-    old = tmp_path / f"{stem}-{digest}-b{version - 1}-{key}"
-    old_options = tmp_path / f"{stem}-{digest}-b{version - 1}-a4-h4-p0"    # an older key format
-    other_options = tmp_path / f"{stem}-{digest}-b{version}-a0-h0-l32-p0"
-    other_model = tmp_path / f"other-{digest}-b{version - 1}-{key}"
-    for d in (old, old_options, other_options, other_model):
-        d.mkdir()
-        (d / "complete").write_text("")
-    path, built = ort_backend.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
-    assert built and os.path.isfile(path)
-    assert not old.exists() and not old_options.exists()
-    assert other_options.exists() and other_model.exists()
-    old.mkdir()                     # left by an older version that ran after this one built
-    again, built = ort_backend.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
-    assert again == path and not built and not old.exists() and other_options.exists()
-
-
-def test_default_threads_leave_a_core():
-    n = len(os.sched_getaffinity(0))
-    assert ort_backend.default_threads() == max(1, n - 1)
-
-
-def test_kv_cache_costs_no_memory_until_written():
-    """The KV buffers are zero pages of one anonymous mapping: 64 MiB of them add (almost)
-    nothing to the resident set until written."""
-    def rss_kib():
-        with open("/proc/self/status") as fh:
-            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
-    before = rss_kib()
-    buf, arrays = ort_backend._zeroed_buffers(16, (4, 4, 1024, 64))
-    assert rss_kib() - before < 4096                 # (checked before anything reads them)
-    assert len(arrays) == 16 and arrays[3].shape == (4, 4, 1024, 64) and not arrays[15].any()
-    arrays[2][1, 0, 5] = 1.0
-    assert arrays[2].ctypes.data - arrays[1].ctypes.data == arrays[1].nbytes
-    assert arrays[2][1, 0, 5, 0] == 1.0 and not arrays[1].any() and not arrays[3].any()
-
-
 def test_graph_is_ir10_with_contrib_ops(ort):
     import onnx
 
@@ -444,73 +387,6 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     pads = sum(n.op_type == "Pad" for n in m.graph.node)      # 4-bit layer matrices are padded
     assert pads == (4 * 30 if GraphOptions().row_multiple(4) > 1 else 0) + \
         (GraphOptions().row_multiple(8) > 1)
-
-
-def _anon_huge_kib(lo: int, hi: int) -> int:
-    """AnonHugePages (KiB) of the mapping(s) of this process inside ``[lo, hi)``."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                a, b = (int(x, 16) for x in head.split("-"))
-                inside = a < hi and b > lo
-            elif inside and head == "AnonHugePages:":
-                total += int(line.split()[1])
-    return total
-
-
-def _private_anonymous(size: int) -> tuple[mmap.mmap, np.ndarray, int]:
-    """A private anonymous mapping (as malloc makes them) of ``size`` bytes between two
-    inaccessible guard pages, so the kernel cannot merge it with a neighbour and smaps reports
-    it alone; returns the mapping, its ``size`` bytes and their address."""
-    page = mmap.PAGESIZE
-    buf = mmap.mmap(-1, size + 2 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    libc = ctypes.CDLL(None)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(base, page, 0) == 0 and libc.mprotect(base + page + size, page, 0) == 0
-    return buf, np.frombuffer(buf, np.uint8, size, page), base + page
-
-
-def _collapse_works() -> bool:
-    buf, data, a = _private_anonymous(8 << 20)
-    data[:] = 1
-    madvise = ort_backend._madvise()
-    lo = -(-a // (2 << 20)) * (2 << 20)
-    return madvise is not None and madvise(lo, 2 << 20, ort_backend._MADV_COLLAPSE) == 0
-
-
-needs_collapse = pytest.mark.skipif(not sys.platform.startswith("linux") or not _collapse_works(),
-                                    reason="MADV_COLLAPSE needs Linux >= 6.1")
-
-
-@needs_collapse
-def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
-    """Memory fully written after the snapshot ends up on 2 MiB pages with its bytes unchanged;
-    memory with one page written per 2 MiB stays as it is (collapsing it would fill the holes:
-    +2 MiB each), so does memory only read (the kernel's zero page: collapsing it would allocate
-    it) and memory that was populated before (the embedding program's)."""
-    _, older, olo = _private_anonymous(16 << 20)
-    older[:] = 3
-    before = ort_backend.populated_pieces()
-    _, dense, lo = _private_anonymous(16 << 20)
-    pattern = np.resize(np.arange(251, dtype=np.uint8), dense.size)
-    dense[:] = pattern
-    _, sparse, slo = _private_anonymous(16 << 20)
-    sparse[::2 << 20] = 7
-    _, read, rlo = _private_anonymous(16 << 20)
-    assert read.sum() == 0                                       # read only: the zero page
-    pieces = ort_backend.own_huge_pieces(lo, lo + dense.size)
-    assert len(pieces) * (2 << 20) >= 14 << 20                  # the aligned 2 MiB pieces inside
-    assert ort_backend.own_huge_pieces(slo, slo + sparse.size) == []
-    assert ort_backend.own_huge_pieces(rlo, rlo + read.size) == []
-    assert ort_backend.use_huge_pages(before) >= 14 << 20
-    assert _anon_huge_kib(lo, lo + dense.size) >= 14 << 10
-    assert _anon_huge_kib(slo, slo + sparse.size) == 0
-    assert _anon_huge_kib(rlo, rlo + read.size) == 0
-    assert _anon_huge_kib(olo, olo + older.size) == 0
-    assert (dense == pattern).all() and (older == 3).all()
 
 
 @needs_collapse
