@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from tiny_mindie.model import graph_cache
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
@@ -13,21 +11,13 @@ from tiny_mindie.model.graph import BUILDER_VERSION, GraphOptions
 from tiny_mindie.model.registry import sha256_of
 
 
-@pytest.fixture(scope="module")
-def gguf(model_path) -> GGUFFile:
-    return GGUFFile(model_path)
-
-
-@pytest.fixture(scope="module")
-def config(gguf) -> ModelConfig:
-    return ModelConfig.from_gguf(gguf)
-
-
-def test_building_a_graph_removes_older_builders_graphs_of_the_model(gguf, config, tmp_path):
+def test_building_a_graph_removes_older_builders_graphs_of_the_model(model_path, tmp_path):
     """A builder version bump would leave the old graphs (1.5x the GGUF each) in the cache
     forever; the new build removes the model's graphs of older builders, whatever options they
     were built with, and keeps the current builder's graphs with other options and other
     models' graphs."""
+    gguf = GGUFFile(model_path)
+    config = ModelConfig.from_gguf(gguf)
     key = GraphOptions().key()
     digest = sha256_of(gguf.path)[:16]
     stem = os.path.splitext(os.path.basename(gguf.path))[0]

@@ -23,11 +23,6 @@ def gguf(model_path) -> GGUFFile:
     return GGUFFile(model_path)
 
 
-@pytest.fixture(scope="module")
-def config(gguf) -> ModelConfig:
-    return ModelConfig.from_gguf(gguf)
-
-
 def test_gguf_matrices_pack_bit_exactly(gguf):
     """Q4_1 (and the Q8_0 embedding) -> MatMulNBits form dequantizes to GGUF's values, bit for bit."""
     names = ["token_embd.weight"] + [f"blk.{i}.{t}.weight" for i in (0, 29) for t in
@@ -92,14 +87,14 @@ def test_matmulnbits_reads_the_packing_as_documented(gguf):
     assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
-def test_attention_scale_folds_only_when_exact(gguf, config):
+def test_attention_scale_folds_only_when_exact(gguf):
     """1/sqrt(head_dim) goes into the query weights only as a power of two, so the folded query
     matrix is still bit-exact (times 1/8 for SmolLM2's head_dim 64)."""
     assert weights.power_of_two(1 / math.sqrt(64)) == 0.125
     assert weights.power_of_two(1 / math.sqrt(16)) == 0.25
     assert weights.power_of_two(1 / math.sqrt(128)) is None
     assert weights.power_of_two(1 / math.sqrt(80)) is None
-    s = weights.power_of_two(config.attn_scale)
+    s = weights.power_of_two(ModelConfig.from_gguf(gguf).attn_scale)
     if s is not None:
         w = weights._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
         expect = gguf.dequantize("blk.3.attn_q.weight") * np.float32(s)
