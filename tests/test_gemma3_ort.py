@@ -27,10 +27,11 @@ from hf_math import MIN_MARGIN, QUESTION, greedy_margins, mean_kl, mean_nll, par
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import GraphOptions, quantize_8bit, unpack_nbits
+from tiny_mindie.model.graph import GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 from tiny_mindie.model.tokenizer import load_tokenizer
+from tiny_mindie.model.weights import quantize_8bit, unpack_nbits
 
 MAX_SEQ_LEN = 768
 LONG = 700                 # > 512: the local layers' window is active

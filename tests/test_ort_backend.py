@@ -19,9 +19,6 @@ independently, so batching, padding-free chunking and the slot layout cannot cha
 
 from __future__ import annotations
 
-import ctypes
-import math
-import mmap
 import os
 import subprocess
 import sys
@@ -30,14 +27,15 @@ import numpy as np
 import pytest
 from batching import assert_rows_batch_invariant
 from hf_math import MIN_MARGIN, greedy_margins
+from test_memory import needs_collapse
 
 from tiny_mindie.model import graph as graph_mod
-from tiny_mindie.model import ort_backend
+from tiny_mindie.model import providers
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
-from tiny_mindie.model.gguf import GGUFFile, RawTensor
-from tiny_mindie.model.graph import GraphOptions, pack_weight, unpack_nbits
-from tiny_mindie.model.ort_backend import OrtBackend, select_providers
+from tiny_mindie.model.gguf import GGUFFile
+from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 
 MAX_SEQ_LEN = 256
@@ -103,86 +101,6 @@ SHORT = ["Hello"]
 def prompts(gguf) -> list[np.ndarray]:
     """Four prompts of different lengths (16, 19, 5, 1 tokens)."""
     return [ids_of(gguf, p) for p in (CHAT, STORY, FRANCE, SHORT)]
-
-
-# ---- weight packing ---------------------------------------------------------------------------
-
-def test_gguf_matrices_pack_bit_exactly(gguf):
-    """Q4_1 (and the Q8_0 embedding) -> MatMulNBits form dequantizes to GGUF's values, bit for bit."""
-    names = ["token_embd.weight"] + [f"blk.{i}.{t}.weight" for i in (0, 29) for t in
-                                    ("attn_q", "attn_k", "attn_v", "attn_output",
-                                     "ffn_gate", "ffn_up", "ffn_down")]
-    for name in names:
-        w = pack_weight(gguf, name)
-        assert w.exact
-        ours, theirs = unpack_nbits(w), gguf.dequantize(name)
-        assert ours.shape == theirs.shape
-        assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)), name
-
-
-def _synthetic(qtype: str, n: int, k: int, seed: int) -> tuple[RawTensor, np.ndarray]:
-    """Random ggml blocks of ``qtype`` (with tricky scales) and gguf's own dequantization."""
-    import gguf as gg
-
-    rng = np.random.default_rng(seed)
-    block_bytes = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}[qtype]
-    blocks = rng.integers(0, 256, (n, k // 32, block_bytes), dtype=np.uint8)
-    halves = 2 if qtype == "Q4_1" else 1
-    f16 = rng.normal(0, 0.02, (n, k // 32, halves)).astype(np.float16)
-    f16[0, 0] = 0                                   # an all-zero block
-    f16[-1, -1, 0] = -f16[-1, -1, 0]                # a negative scale
-    blocks[..., :2 * halves] = f16.view(np.uint8).reshape(n, k // 32, 2 * halves)
-    data = blocks.reshape(n, -1)
-    expect = gg.quants.dequantize(data, gg.GGMLQuantizationType[qtype]).reshape(n, k)
-    return RawTensor("synthetic", qtype, (n, k), data), expect.astype(np.float32)
-
-
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
-def test_synthetic_blocks_pack_bit_exactly(qtype):
-    raw, expect = _synthetic(qtype, 64, 96, seed=3)      # 3 blocks per row: odd zero-point packing
-    packer = {"Q4_0": graph_mod.pack_q4_0, "Q4_1": graph_mod.pack_q4_1, "Q8_0": graph_mod.pack_q8_0}
-    w = packer[qtype](raw)
-    assert np.array_equal(unpack_nbits(w).view(np.uint32), expect.view(np.uint32))
-
-
-def test_matmulnbits_reads_the_packing_as_documented(gguf):
-    """A lone MatMulNBits node (float compute) on a packed Q4_1 matrix equals x @ W.T."""
-    import onnxruntime as rt
-    from onnx import TensorProto, helper, numpy_helper
-
-    w = pack_weight(gguf, "blk.5.ffn_down.weight")
-    W = gguf.dequantize("blk.5.ffn_down.weight")
-    nodes = [helper.make_node("MatMulNBits", ["x", "B", "S", "Z"], ["y0"], domain="com.microsoft",
-                              K=w.k, N=w.n, bits=4, block_size=32, accuracy_level=0),
-             helper.make_node("MatMul", ["x", "I"], ["bs"]),
-             helper.make_node("Gemm", ["bs", "R", "y0"], ["y"])]
-    ind = (np.arange(w.k)[:, None] // 32 == np.arange(w.k // 32)[None]).astype(np.float32)
-    inits = [numpy_helper.from_array(a, n) for n, a in
-             (("B", w.data), ("S", w.scales.reshape(-1)), ("Z", w.zero_points.reshape(-1)),
-              ("I", ind), ("R", np.ascontiguousarray(w.mins.T)))]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, w.k])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, w.n])], inits)
-    m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
-                                                           helper.make_opsetid("com.microsoft", 1)])
-    sess = rt.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    x = np.random.default_rng(0).standard_normal((3, w.k)).astype(np.float32)
-    y = sess.run(None, {"x": x})[0]
-    ref = x.astype(np.float64) @ W.T.astype(np.float64)
-    assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
-
-
-def test_attention_scale_folds_only_when_exact(gguf, config):
-    """1/sqrt(head_dim) goes into the query weights only as a power of two, so the folded query
-    matrix is still bit-exact (times 1/8 for SmolLM2's head_dim 64)."""
-    assert graph_mod._power_of_two(1 / math.sqrt(64)) == 0.125
-    assert graph_mod._power_of_two(1 / math.sqrt(16)) == 0.25
-    assert graph_mod._power_of_two(1 / math.sqrt(128)) is None
-    assert graph_mod._power_of_two(1 / math.sqrt(80)) is None
-    s = graph_mod._power_of_two(config.attn_scale)
-    if s is not None:
-        w = graph_mod._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
-        expect = gguf.dequantize("blk.3.attn_q.weight") * np.float32(s)
-        assert np.array_equal(unpack_nbits(w).view(np.uint32), expect.view(np.uint32))
 
 
 # ---- logits parity with the reference ----------------------------------------------------------
@@ -419,20 +337,9 @@ def test_forward_rejects_bad_chunks(ort):
 
 # ---- providers, cache, start-up ---------------------------------------------------------------
 
-def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
-    monkeypatch.setattr(ort_backend, "ascend_available", lambda: False)
-    assert select_providers() == ["CPUExecutionProvider"]
-    monkeypatch.setattr(ort_backend, "ascend_available", lambda: True)
-    chosen = select_providers(device_id=3)
-    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3"})
-    assert select_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
-    out, err = capfd.readouterr()
-    assert out == "" and err == ""
-
-
 def test_backend_reports_its_provider(ort):
     assert ort.name == "onnxruntime"
-    if not ort_backend.ascend_available():
+    if not providers.ascend_available():
         assert ort.device == "CPU" and ort.providers == ["CPUExecutionProvider"]
 
 
@@ -461,51 +368,6 @@ def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
     again.close()
 
 
-def test_building_a_graph_removes_older_builders_graphs_of_the_model(gguf, config, tmp_path):
-    """A builder version bump would leave the old graphs (1.5x the GGUF each) in the cache
-    forever; the new build removes the model's graphs of older builders, whatever options they
-    were built with, and keeps the current builder's graphs with other options and other
-    models' graphs."""
-    key = GraphOptions().key()
-    digest = ort_backend.sha256_of(gguf.path)[:16]
-    stem = os.path.splitext(os.path.basename(gguf.path))[0]
-    version = graph_mod.BUILDER_VERSION
-    old = tmp_path / f"{stem}-{digest}-b{version - 1}-{key}"
-    old_options = tmp_path / f"{stem}-{digest}-b{version - 1}-a4-h4-p0"    # an older key format
-    other_options = tmp_path / f"{stem}-{digest}-b{version}-a0-h0-l32-p0"
-    other_model = tmp_path / f"other-{digest}-b{version - 1}-{key}"
-    for d in (old, old_options, other_options, other_model):
-        d.mkdir()
-        (d / "complete").write_text("")
-    path, built = ort_backend.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
-    assert built and os.path.isfile(path)
-    assert not old.exists() and not old_options.exists()
-    assert other_options.exists() and other_model.exists()
-    old.mkdir()                     # left by an older version that ran after this one built
-    again, built = ort_backend.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
-    assert again == path and not built and not old.exists() and other_options.exists()
-
-
-def test_default_threads_leave_a_core():
-    n = len(os.sched_getaffinity(0))
-    assert ort_backend.default_threads() == max(1, n - 1)
-
-
-def test_kv_cache_costs_no_memory_until_written():
-    """The KV buffers are zero pages of one anonymous mapping: 64 MiB of them add (almost)
-    nothing to the resident set until written."""
-    def rss_kib():
-        with open("/proc/self/status") as fh:
-            return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
-    before = rss_kib()
-    buf, arrays = ort_backend._zeroed_buffers(16, (4, 4, 1024, 64))
-    assert rss_kib() - before < 4096                 # (checked before anything reads them)
-    assert len(arrays) == 16 and arrays[3].shape == (4, 4, 1024, 64) and not arrays[15].any()
-    arrays[2][1, 0, 5] = 1.0
-    assert arrays[2].ctypes.data - arrays[1].ctypes.data == arrays[1].nbytes
-    assert arrays[2][1, 0, 5, 0] == 1.0 and not arrays[1].any() and not arrays[3].any()
-
-
 def test_graph_is_ir10_with_contrib_ops(ort):
     import onnx
 
@@ -525,124 +387,6 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     pads = sum(n.op_type == "Pad" for n in m.graph.node)      # 4-bit layer matrices are padded
     assert pads == (4 * 30 if GraphOptions().row_multiple(4) > 1 else 0) + \
         (GraphOptions().row_multiple(8) > 1)
-
-
-@pytest.fixture(scope="module")
-def gemma_file(gemma_path):
-    """Gemma 3 270M (Q4_K_M: Q5_0, Q4_K, Q6_K, Q8_0 matrices), pulled on first use."""
-    return GGUFFile(gemma_path)
-
-
-def test_q5_0_packs_exactly_and_k_quants_requantize_within_the_bound(gemma_file):
-    from tiny_mindie.model.graph import pack_weight, unpack_nbits
-    seen = set()
-    for layer in (0, 1):
-        for part in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
-            name = f"blk.{layer}.{part}.weight"
-            qtype = gemma_file.raw(name).qtype
-            w = gemma_file.dequantize(name)
-            got = unpack_nbits(pack_weight(gemma_file, name))
-            if qtype in ("Q5_0", "Q8_0"):
-                assert np.array_equal(got, w), name                  # exact, bit for bit
-            else:                                                    # Q4_K, Q6_K: 8-bit requantized
-                err = np.abs(got - w).reshape(w.shape[0], -1, 32).max(-1)
-                bound = np.abs(w).reshape(w.shape[0], -1, 32).max(-1) / 254
-                assert np.all(err <= bound * 1.001 + 1e-9), name          # float32 rounding
-                assert np.linalg.norm(got - w) / np.linalg.norm(w) < 0.01, name
-            seen.add(qtype)
-    assert {"Q5_0", "Q4_K", "Q6_K"} <= seen
-
-
-def test_an_8bit_lm_head_is_requantized_to_blocks_of_128_within_half_a_step(gemma_file, gguf):
-    """Gemma's tied Q8_0 head (262,144 x 640) goes to blocks of 128 (``lm_head_weight``: twice
-    as fast in onnxruntime's int8 kernel); every weight stays within half a step of its block,
-    the embedding gather keeps the exact bytes, and heads that cannot take the larger block
-    (4-bit, or a row length it does not divide, as SmolLM2's 576) are left as they are."""
-    from tiny_mindie.model.graph import NBitsWeight, lm_head_weight, pack_weight, unpack_nbits
-    emb = pack_weight(gemma_file, "token_embd.weight")
-    assert emb.exact and emb.block == 32
-    n = 20_000                                     # a slice: the whole head is 671 MB as float32
-    part = NBitsWeight(8, n, emb.k, emb.data[:n], emb.scales[:n], None, None,
-                        exact=True, block=32)
-    head = lm_head_weight(part, 128)
-    assert head.block == 128 and not head.exact and head.scales.shape == (n, emb.k // 128)
-    w, got = unpack_nbits(part), unpack_nbits(head)
-    err = np.abs(got - w).reshape(n, -1, 128).max(-1)
-    bound = np.abs(w).reshape(n, -1, 128).max(-1) / 254
-    assert np.all(err <= bound * 1.001 + 1e-9)
-    assert 0 < np.linalg.norm(got - w) / np.linalg.norm(w) < 0.01
-    assert lm_head_weight(part, 32) is part
-    smol = pack_weight(gguf, "token_embd.weight")
-    assert smol.k % 128 and lm_head_weight(smol, 128) is smol
-    q4 = pack_weight(gguf, "blk.0.attn_q.weight")
-    assert q4.bits == 4 and lm_head_weight(q4, 128) is q4
-
-
-def _anon_huge_kib(lo: int, hi: int) -> int:
-    """AnonHugePages (KiB) of the mapping(s) of this process inside ``[lo, hi)``."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as fh:
-        for line in fh:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                a, b = (int(x, 16) for x in head.split("-"))
-                inside = a < hi and b > lo
-            elif inside and head == "AnonHugePages:":
-                total += int(line.split()[1])
-    return total
-
-
-def _private_anonymous(size: int) -> tuple[mmap.mmap, np.ndarray, int]:
-    """A private anonymous mapping (as malloc makes them) of ``size`` bytes between two
-    inaccessible guard pages, so the kernel cannot merge it with a neighbour and smaps reports
-    it alone; returns the mapping, its ``size`` bytes and their address."""
-    page = mmap.PAGESIZE
-    buf = mmap.mmap(-1, size + 2 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    libc = ctypes.CDLL(None)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(base, page, 0) == 0 and libc.mprotect(base + page + size, page, 0) == 0
-    return buf, np.frombuffer(buf, np.uint8, size, page), base + page
-
-
-def _collapse_works() -> bool:
-    buf, data, a = _private_anonymous(8 << 20)
-    data[:] = 1
-    madvise = ort_backend._madvise()
-    lo = -(-a // (2 << 20)) * (2 << 20)
-    return madvise is not None and madvise(lo, 2 << 20, ort_backend._MADV_COLLAPSE) == 0
-
-
-needs_collapse = pytest.mark.skipif(not sys.platform.startswith("linux") or not _collapse_works(),
-                                    reason="MADV_COLLAPSE needs Linux >= 6.1")
-
-
-@needs_collapse
-def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
-    """Memory fully written after the snapshot ends up on 2 MiB pages with its bytes unchanged;
-    memory with one page written per 2 MiB stays as it is (collapsing it would fill the holes:
-    +2 MiB each), so does memory only read (the kernel's zero page: collapsing it would allocate
-    it) and memory that was populated before (the embedding program's)."""
-    _, older, olo = _private_anonymous(16 << 20)
-    older[:] = 3
-    before = ort_backend.populated_pieces()
-    _, dense, lo = _private_anonymous(16 << 20)
-    pattern = np.resize(np.arange(251, dtype=np.uint8), dense.size)
-    dense[:] = pattern
-    _, sparse, slo = _private_anonymous(16 << 20)
-    sparse[::2 << 20] = 7
-    _, read, rlo = _private_anonymous(16 << 20)
-    assert read.sum() == 0                                       # read only: the zero page
-    pieces = ort_backend.own_huge_pieces(lo, lo + dense.size)
-    assert len(pieces) * (2 << 20) >= 14 << 20                  # the aligned 2 MiB pieces inside
-    assert ort_backend.own_huge_pieces(slo, slo + sparse.size) == []
-    assert ort_backend.own_huge_pieces(rlo, rlo + read.size) == []
-    assert ort_backend.use_huge_pages(before) >= 14 << 20
-    assert _anon_huge_kib(lo, lo + dense.size) >= 14 << 10
-    assert _anon_huge_kib(slo, slo + sparse.size) == 0
-    assert _anon_huge_kib(rlo, rlo + read.size) == 0
-    assert _anon_huge_kib(olo, olo + older.size) == 0
-    assert (dense == pattern).all() and (older == 3).all()
 
 
 @needs_collapse

@@ -1,15 +1,8 @@
 """The ONNX Runtime backend: the decoder graph of :mod:`.graph` in one ``InferenceSession``.
 
-Execution providers: ``CANNExecutionProvider`` (Ascend NPU) is asked for only when Ascend's
-``libascendcl.so`` loads (asking without it makes onnxruntime print an error and a banner);
-otherwise the session runs on ``CPUExecutionProvider`` without a word. Users who bring another
-provider pass ``providers=[...]`` (names or ``(name, options)`` pairs, as onnxruntime takes them).
-
-Graph cache: the built graph (``model.onnx`` + ``model.onnx.data``) is stored under
-``<dir of the GGUF>/onnx-cache/<gguf stem>-<key>/`` (or ``cache_dir``; when that directory is
-not writable, ``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``), ``key`` being the
-GGUF's sha256, the builder version and the graph options; a warm start loads it. Building a
-graph removes the model's graphs from older builder versions (so does loading a cached one).
+The graph comes from the cache of built graphs (:mod:`.graph_cache`); the session's providers,
+threads and options from :mod:`.providers`; its resident memory is kept low by :mod:`.memory`.
+This module owns the session runs and the KV cache.
 
 KV cache and continuous batching
 --------------------------------
@@ -39,13 +32,11 @@ runs over consecutive groups of rows; with prefill chunks present the decode row
 and it and the chunks go to the threads longest first, each to the least loaded one (costs in
 prompt tokens, :data:`DECODE_RUN_COST`), so new prompts are prefilled *beside* the running
 streams. Every run writes only its own KV rows and logits rows.
-Why: with one intra-op thread, decode at batch 8 is compute-bound (measured on 2 cores,
-SmolLM2-135M: batch 1 12.1 ms; batch 8 27.7 ms as one run, 18.5 ms as two runs of 4 at once).
-A second intra-op thread would also help, but it splits every operator, so each one waits for
-the slower core: with another process busy on one of the 2 cores, one stream fell from 78 to
-45 tok/s that way, while separate runs leave a single stream on its one core. Default
-``L = CPUs // threads`` (2 on a 2-core machine with the default single intra-op thread); 1 on
-other execution providers.
+Why: with one intra-op thread, decode at a large batch is compute-bound, and a second intra-op
+thread splits every operator, so each one waits for the slower core (with another process busy
+on one core, a single stream slows down badly), while separate runs leave a single stream on its
+one core. Default ``L = CPUs // threads`` (2 on a 2-core machine with the default single
+intra-op thread); 1 on other execution providers.
 
 Batch invariance: a decode row must get the same logits in a run of one row and in a run of
 many (else a seeded or greedy answer would change with the load). The graph pads the matrix
@@ -62,27 +53,13 @@ sequence's end, where the causal mask hides them until they are overwritten.
 Why prefill chunks run alone: onnxruntime's GroupQueryAttention rejects ``S > 1`` with past
 context at ``B > 1``, and on CPU a prompt's matmuls are already wide (``M = n``), so batching
 prompts would only add padding. Decode rows are where batching pays: one read of the weights
-serves every row (measured on 2 cores: 115 tok/s at batch 1, 260 at 4, 320 at 8).
-
-Memory: onnxruntime repacks the quantized weights into its own buffers at load (about 130 MB
-for SmolLM2-135M Q4_1), memory-maps the weight file and keeps the mappings; see
-:func:`release_file_pages` for the pages it no longer needs. The KV buffers live in one
-anonymous mapping (untouched positions cost nothing); the heap is trimmed after prepacking, and
-the memory the session wrote, its prepacked weights above all, is moved to 2 MiB huge pages
-(:func:`use_huge_pages`: a decode step streams every weight, and with fewer TLB misses and
-prefetcher stops it is 6-13 % faster).
-Threads: ``threads`` intra-op threads run each operator (default: all CPUs but one, see
-:func:`default_threads`); spinning (the default) keeps them hot between operators.
+serves every row.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import mmap
-import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -93,287 +70,47 @@ import numpy as np
 
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
-from .gguf import GGUFFile, ModelFileError
-from .graph import (
-    BUILDER_VERSION,
-    LOGITS_ROWS_KEY,
-    GraphOptions,
-    build_model,
-    default_row_multiples,
+from .gguf import GGUFFile
+from .graph import LOGITS_ROWS_KEY, GraphOptions, default_row_multiples
+from .graph_cache import cached_graph
+from .memory import (
+    populated_pieces,
+    release_file_pages,
+    trim_heap,
+    use_huge_pages,
+    zeroed_buffers,
 )
-from .registry import cache_root, sha256_of
+from .providers import CPU, default_threads, device_name, select_providers, session_options
 
 log = logging.getLogger(__name__)
 
-CANN = "CANNExecutionProvider"
-CPU = "CPUExecutionProvider"
+#: What a decode run costs beside prefill, in prompt tokens, on top of one per row: lanes are
+#: balanced on ``tokens`` for a prefill run and ``DECODE_RUN_COST + rows`` for a decode run (a
+#: decode run's fixed cost is about that of four prompt tokens).
+DECODE_RUN_COST = 4
 
 
-# ---- execution providers ---------------------------------------------------------------------
+def _open_session(path: str, options, providers: list, *, release: Sequence[str],
+                  huge_pages: bool):
+    """An ``onnxruntime.InferenceSession`` on the graph at ``path``, and the bytes of memory
+    moved to huge pages.
 
-def ascend_available() -> bool:
-    """True when Ascend's runtime library ``libascendcl.so`` can be loaded."""
-    try:
-        ctypes.CDLL("libascendcl.so")
-    except OSError:
-        return False
-    return True
-
-
-def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0) -> list:
-    """The execution providers to ask onnxruntime for.
-
-    Args:
-        providers: explicit list (names or ``(name, options)``); ``None`` chooses: CANN on
-            ``device_id`` when the build has it and ``libascendcl.so`` loads, then CPU.
-        device_id: NPU for the CANN provider (MindIE's ``npuDeviceIds[0]``).
+    Afterwards the pages of the files in ``release`` that this process mapped are given back
+    (:func:`.memory.release_file_pages`: onnxruntime read them to prepack the weights) and,
+    with ``huge_pages``, the memory the session wrote goes to huge pages
+    (:func:`.memory.use_huge_pages`).
     """
-    if providers is not None:
-        return list(providers)
     import onnxruntime as ort
 
-    chosen: list = []
-    if CANN in ort.get_available_providers() and ascend_available():
-        chosen.append((CANN, {"device_id": str(device_id)}))
-    chosen.append(CPU)
-    return chosen
-
-
-# ---- graph cache -----------------------------------------------------------------------------
-
-
-
-def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = GraphOptions(),
-                 cache_dir: str | None = None) -> tuple[str, bool]:
-    """Path of the built graph for ``f``, building it on a miss.
-
-    Returns:
-        ``(path of model.onnx, True if it was built now)``.
-    """
-    digest = sha256_of(f.path)
-    stem = os.path.splitext(os.path.basename(f.path))[0]
-    entry = f"{stem}-{digest[:16]}-b{BUILDER_VERSION}-{options.key()}"
-    roots = [cache_dir] if cache_dir else [os.path.join(os.path.dirname(os.path.abspath(f.path)),
-                                                        "onnx-cache"), os.path.join(cache_root(), "onnx")]
-    for root in roots:
-        path = os.path.join(root, entry, "model.onnx")
-        if os.path.isfile(os.path.join(root, entry, "complete")):
-            _drop_outdated(root, f"{stem}-{digest[:16]}-b")     # left by an older version, if any
-            return path, False
-    last_error: Exception | None = None
-    for root in roots:
-        try:
-            os.makedirs(root, exist_ok=True)
-            tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
-        except OSError as exc:
-            last_error = exc
-            continue
-        try:
-            build_model(f, config, tmp, options)
-            with open(os.path.join(tmp, "complete"), "w") as fh:
-                fh.write(f"sha256 {digest}\nbuilder {BUILDER_VERSION}\noptions {options.key()}\n")
-            final = os.path.join(root, entry)
-            try:
-                os.rename(tmp, final)
-            except OSError:                     # another process built it meanwhile
-                shutil.rmtree(tmp, ignore_errors=True)
-            _drop_outdated(root, f"{stem}-{digest[:16]}-b")
-            return os.path.join(final, "model.onnx"), True
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
-
-
-def _drop_outdated(root: str, prefix: str) -> None:
-    """Remove this model's graphs (entries ``prefix + version + "-" + options``) built by an
-    older builder, whatever their options: this code never loads them again (a builder version
-    bump would leave ~1.5x the GGUF behind for each)."""
-    for name in os.listdir(root):
-        version = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if version.isdigit() and int(version) < BUILDER_VERSION:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            log.info("removed the outdated graph %s", name)
-
-
-# ---- resident memory -------------------------------------------------------------------------
-
-_MADV_PAGEOUT = 21      # Linux >= 5.4: reclaim these pages now (content is kept: clean file pages
-                        # are re-read on the next touch, dirty ones would go to swap)
-
-
-def _mappings():
-    """``(start, end, permissions, path)`` of each mapping of this process, from
-    ``/proc/self/maps`` (``path`` empty for anonymous memory). Raises OSError without it."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split(maxsplit=5)
-            lo, hi = (int(a, 16) for a in fields[0].split("-"))
-            yield lo, hi, fields[1], fields[5].rstrip("\n") if len(fields) > 5 else ""
-
-
-def _madvise():
-    """libc's ``madvise(addr, length, advice) -> 0 or -1``, or None where it cannot be loaded."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc.madvise
-    except (OSError, AttributeError):
-        return None
-
-
-def release_file_pages(path: str) -> int:
-    """Ask the kernel to reclaim the pages of ``path`` mapped in this process; returns bytes asked.
-
-    onnxruntime memory-maps the external weight file, reads every tensor once to prepack it into
-    its own buffers, and keeps the mappings: the pages it read then count as resident although
-    the kernels use the packed copies. ``MADV_PAGEOUT`` gives them back; whatever is still used
-    (the embedding rows looked up, norm weights, rotary tables) is faulted in again on demand.
-    A no-op where the call is unavailable.
-    """
-    madvise = _madvise()
-    if madvise is None:
-        return 0
-    try:
-        real = os.path.realpath(path)
-        return sum(hi - lo for lo, hi, _, name in _mappings()
-                   if name == real and madvise(lo, hi - lo, _MADV_PAGEOUT) == 0)
-    except (OSError, ValueError):
-        return 0
-
-
-_MADV_COLLAPSE = 25     # Linux >= 6.1: collapse this range's present pages into huge pages now
-_PAGE = mmap.PAGESIZE
-_HUGE_PAGE = 2 << 20
-
-
-def anonymous_regions() -> list[tuple[int, int]]:
-    """``(start, end)`` addresses of this process's private anonymous mappings (heap included)
-    of at least one huge page (2 MiB), from ``/proc/self/maps``; empty where it does not exist.
-    Shared and non-read-write mappings (reservations) are left out."""
-    try:
-        return [(lo, hi) for lo, hi, perms, name in _mappings()
-                if name in ("", "[heap]") and perms[:2] == "rw" and perms[3] == "p"
-                and hi - lo >= _HUGE_PAGE]
-    except OSError:
-        return []
-
-
-#: pagemap bits 63 (present) and 56 (mapped by this process alone): a page that was only read
-#: is present too, but as the kernel's shared zero page, and collapsing it would allocate memory
-_OWN_PAGE = np.uint64((1 << 63) | (1 << 56))
-
-
-def own_huge_pieces(lo: int, hi: int) -> list[int]:
-    """Start addresses of the aligned 2 MiB pieces of ``[lo, hi)`` whose every 4 KiB page is in
-    memory and this process's own (written, not the shared zero page: bits 63 and 56 of
-    ``/proc/self/pagemap``); empty where pagemap is unreadable."""
-    lo = -(-lo // _HUGE_PAGE) * _HUGE_PAGE
-    hi = hi // _HUGE_PAGE * _HUGE_PAGE
-    per = _HUGE_PAGE // _PAGE                   # pages per huge page
-    step = 128 * _HUGE_PAGE                     # read pagemap 256 MiB of addresses at a time
-    out: list[int] = []
-    try:
-        with open("/proc/self/pagemap", "rb") as fh:
-            for start in range(lo, hi, step):
-                n = min(step, hi - start) // _PAGE
-                fh.seek(start // _PAGE * 8)
-                entries = np.frombuffer(fh.read(n * 8), "<u8")
-                if len(entries) != n:
-                    return out
-                own = ((entries & _OWN_PAGE) == _OWN_PAGE).reshape(-1, per).all(axis=1)
-                out += (start + np.flatnonzero(own) * _HUGE_PAGE).tolist()
-    except (OSError, ValueError):
-        pass
-    return out
-
-
-def populated_pieces() -> set[int]:
-    """:func:`own_huge_pieces` of all :func:`anonymous_regions`."""
-    return {a for region in anonymous_regions() for a in own_huge_pieces(*region)}
-
-
-def use_huge_pages(before: set[int]) -> int:
-    """Collapse into 2 MiB transparent huge pages the pieces of private anonymous memory that are
-    fully populated now and were not in ``before`` (:func:`populated_pieces` taken before a load):
-    the memory the load wrote, and nothing the embedding program wrote before (what its other
-    threads write during the load is collapsed too: fully written, so it costs no memory).
-    Returns the bytes collapsed; 0 where ``MADV_COLLAPSE`` is missing (Linux < 6.1, other
-    systems).
-
-    Only ``MADV_COLLAPSE``, no ``MADV_HUGEPAGE``: the pages are collapsed once, now, and nothing
-    asks the kernel to fill the pieces' holes later (with ``MADV_HUGEPAGE`` a later fault in a
-    piece the program had partly freed would bring back a whole 2 MiB). A piece with holes is
-    never collapsed (that would fill them), so resident memory does not grow.
-
-    Why: a decode step streams every weight once (Gemma 3 270M: ~290 MB, its LM head 173 MB in
-    one piece), and on 4 KiB pages that is a TLB miss every 4 KiB and a hardware prefetcher
-    that stops at every page boundary. onnxruntime's prepacked weights live in ordinary
-    ``malloc`` memory, which gets huge pages only when asked
-    (``/sys/kernel/mm/transparent_hugepage/enabled`` is usually ``madvise``; ``MADV_COLLAPSE``
-    does not depend on that setting). Measured on Gemma 3 270M, 2 threads, one process, two
-    sessions run in alternation: a batch-1 decode step 11.6 ms on 4 KiB pages, 9.4 ms on huge
-    pages (faster in 30 of 30 rounds); the LM head alone 5.3 -> 4.2 ms.
-    """
-    madvise = _madvise()
-    if madvise is None:
-        return 0
-    ranges: list[list[int]] = []                # consecutive pieces: one call each run
-    for a in sorted(populated_pieces() - before):
-        if ranges and ranges[-1][1] == a:
-            ranges[-1][1] = a + _HUGE_PAGE
-        else:
-            ranges.append([a, a + _HUGE_PAGE])
-    return sum(hi - lo for lo, hi in ranges if madvise(lo, hi - lo, _MADV_COLLAPSE) == 0)
-
-
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere).
-
-    Prepacking ~250 weights leaves freed temporary buffers inside the heap; measured: -3.4 MiB
-    resident after loading SmolLM2-135M."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def default_threads() -> int:
-    """Intra-op threads when none are configured: all CPUs this process may run on but one,
-    at least 1 -- the other core serves the event loop, the engine thread and the sampler.
-
-    Measured on the 2-vCPU machine this was written on (HTTP server, greedy streams of 64
-    tokens, 15 s per point, two rounds; other jobs were running on the machine too, load
-    average 1.6-4):
-
-        clients  threads=1: agg. tok/s  ms/token/stream  TTFT    threads=2: agg. tok/s  ms/token  TTFT
-        1                    86 / 77     11.2 / 12.0      29-30 ms             71 / 45    9.7 / 20.8  33-60 ms
-        4                   174 / 162    21.5 / 21.8      80-84 ms            165 / 99   16.2 / 36.1  70-141 ms
-        8                   213 / 221    35.3 / 34.1     111 ms              111 / 109  66.4 / 68.6  240-260 ms
-
-    Two spinning intra-op threads on two cores fight the server's own Python threads (and
-    anyone else's work): one stream on an idle machine decodes ~15 % faster with 2, but
-    every loaded point was as fast or much faster with 1, and far steadier. ``--threads 2``
-    (or ``intraOpThreads``) still selects two, e.g. for the single-stream benchmark.
-    """
-    return max(1, available_cpus() - 1)
-
-
-def _zeroed_buffers(count: int, shape: tuple[int, ...]) -> tuple[mmap.mmap, list[np.ndarray]]:
-    """``count`` float32 arrays of ``shape`` in one anonymous mapping: zero pages the OS only
-    backs with memory when written (``np.zeros`` may instead get recycled heap memory and
-    clear it: measured +7.9 MiB resident at load for 4 slots x 1024 positions)."""
-    each = int(np.prod(shape)) * 4
-    buf = mmap.mmap(-1, max(1, count * each))
-    arrays = [np.frombuffer(buf, np.float32, int(np.prod(shape)), i * each).reshape(shape)
-              for i in range(count)]
-    return buf, arrays
-
-
-#: What a decode run costs beside prefill, in prompt tokens, on top of one per row: measured on
-#: one core (SmolLM2-135M) a decode run takes about 10 ms + 2.3 ms per row and a prompt chunk
-#: 2.2 ms per token, so lanes are balanced on ``tokens`` for prefill and ``4 + rows`` for decode.
-DECODE_RUN_COST = 4
+    if huge_pages:      # freed heap pages out first, so memory the session reuses is new
+        trim_heap()
+    before = populated_pieces() if huge_pages else set()
+    session = ort.InferenceSession(path, options, providers=providers)
+    if release:
+        for name in release:
+            release_file_pages(name)
+        trim_heap()
+    return session, use_huge_pages(before) if huge_pages else 0
 
 
 def _run_all(runs: Sequence[Callable[[], None]]) -> None:
@@ -391,18 +128,20 @@ class OrtBackend(Backend):
         config: its parameters (``ModelConfig.from_gguf(f)``).
         num_slots: sequences the KV cache holds at once.
         max_seq_len: positions per slot.
-        threads: intra-op threads (0: :func:`default_threads`, all CPUs but one).
+        threads: intra-op threads (0: :func:`.providers.default_threads`, all CPUs but one).
         device_id: NPU for the CANN execution provider.
-        providers: execution providers (see :func:`select_providers`); ``None`` chooses.
-        cache_dir: where built graphs are cached (default: next to the GGUF).
+        providers: execution providers (see :func:`.providers.select_providers`); ``None``
+            chooses.
+        cache_dir: where built graphs are cached (default: next to the GGUF; see
+            :mod:`.graph_cache`).
         graph_options: graph build choices (:class:`~.graph.GraphOptions`).
         max_chunk_tokens: longest piece of a prefill chunk run at once.
         session_config: extra onnxruntime session config entries (``add_session_config_entry``).
         spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).
         release_pages: after loading, give back the weight-file pages onnxruntime read while
-            prepacking (see :func:`release_file_pages`).
+            prepacking (see :func:`.memory.release_file_pages`).
         huge_pages: after loading, move the prepacked weights to huge pages
-            (:func:`use_huge_pages`).
+            (:func:`.memory.use_huge_pages`).
         parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
             threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
             docstring.
@@ -412,7 +151,8 @@ class OrtBackend(Backend):
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
-        load_seconds: ``{"graph": ..., "session": ...}`` start-up times.
+        load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
+            ``"batch check"`` when :meth:`check_batch_invariance` ran.
     """
 
     name = "onnxruntime"
@@ -424,7 +164,7 @@ class OrtBackend(Backend):
                  session_config: dict[str, str] | None = None, spinning: bool = True,
                  release_pages: bool = True, parallel_runs: int = 0, huge_pages: bool = True,
                  check_batching: bool = True):
-        import onnxruntime as ort
+        import onnxruntime  # noqa: F401  (missing: ImportError now, before a graph is built)
 
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
             raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be >= 1, "
@@ -441,40 +181,21 @@ class OrtBackend(Backend):
         t0 = time.perf_counter()
         self.graph_path, self.built = cached_graph(f, config, graph_options, cache_dir)
         t1 = time.perf_counter()
-
-        ort.set_default_logger_severity(3)              # errors only: no banners, no warnings
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.threads = int(threads) or default_threads()
-        so.intra_op_num_threads = self.threads
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        for key, value in (session_config or {}).items():
-            so.add_session_config_entry(key, str(value))
-        if huge_pages:      # freed heap pages out first, so memory the session reuses is new
-            trim_heap()
-        before = populated_pieces() if huge_pages else set()
-        self._session = ort.InferenceSession(self.graph_path, so,
-                                             providers=select_providers(providers, device_id))
-        if release_pages:
-            release_file_pages(self.graph_path + ".data")
-            if self.built:                  # building read every tensor of the GGUF
-                release_file_pages(f.path)
-            trim_heap()
-        # what the session wrote (its prepacked weights above all) goes to huge pages
-        self.huge_page_bytes = use_huge_pages(before) if huge_pages else 0
+        release = [self.graph_path + ".data"] if release_pages else []
+        if release_pages and self.built:                # building read every tensor of the GGUF
+            release.append(f.path)
+        self._session, self.huge_page_bytes = _open_session(
+            self.graph_path, session_options(self.threads, spinning=spinning, config=session_config),
+            select_providers(providers, device_id), release=release, huge_pages=huge_pages)
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
         self._logits_row_multiple = int(self._session.get_modelmeta().custom_metadata_map
                                         .get(LOGITS_ROWS_KEY, "1"))
         self.providers = self._session.get_providers()
-        first = self.providers[0]
-        self.device = "CPU" if first == CPU else (
-            f"{first}:{device_id}" if first == CANN else first)
-        if first != CPU:
+        self.device = device_name(self.providers[0], device_id)
+        if self.providers[0] != CPU:
             parallel_runs = 1
         elif parallel_runs * self.threads > available_cpus():
             log.warning("%d parallel runs x %d intra-op threads is more than the %d CPUs: the "
@@ -489,7 +210,7 @@ class OrtBackend(Backend):
 
         c = config
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
-        self._kv_map, kv = _zeroed_buffers(2 * c.num_layers, shape)
+        self._kv_map, kv = zeroed_buffers(2 * c.num_layers, shape)
         self._k, self._v = kv[:c.num_layers], kv[c.num_layers:]
         self._row_bytes = c.num_kv_heads * max_seq_len * c.head_dim * 4
         self._phys = list(range(num_slots))             # slot -> physical row

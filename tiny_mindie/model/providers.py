@@ -1,0 +1,85 @@
+"""Where and how the ONNX Runtime session runs: execution providers, threads, session options.
+
+``CANNExecutionProvider`` (Ascend NPU) is asked for only when Ascend's ``libascendcl.so`` loads
+(asking without it makes onnxruntime print an error and a banner); otherwise the session runs on
+``CPUExecutionProvider`` without a word. Users who bring another provider pass
+``providers=[...]`` (names or ``(name, options)`` pairs, as onnxruntime takes them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from typing import Any
+
+from .backend import available_cpus
+
+CANN = "CANNExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def ascend_available() -> bool:
+    """True when Ascend's runtime library ``libascendcl.so`` can be loaded."""
+    try:
+        ctypes.CDLL("libascendcl.so")
+    except OSError:
+        return False
+    return True
+
+
+def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0) -> list:
+    """The execution providers to ask onnxruntime for.
+
+    Args:
+        providers: explicit list (names or ``(name, options)``); ``None`` chooses: CANN on
+            ``device_id`` when the build has it and ``libascendcl.so`` loads, then CPU.
+        device_id: NPU for the CANN provider (MindIE's ``npuDeviceIds[0]``).
+    """
+    if providers is not None:
+        return list(providers)
+    import onnxruntime as ort
+
+    chosen: list = []
+    if CANN in ort.get_available_providers() and ascend_available():
+        chosen.append((CANN, {"device_id": str(device_id)}))
+    chosen.append(CPU)
+    return chosen
+
+
+def device_name(provider: str, device_id: int) -> str:
+    """What a session on ``provider`` (the first it uses) runs on, as shown to users:
+    ``"CPU"``, ``"CANNExecutionProvider:<device_id>"``, or the provider's name."""
+    if provider == CPU:
+        return "CPU"
+    return f"{provider}:{device_id}" if provider == CANN else provider
+
+
+def default_threads() -> int:
+    """Intra-op threads when none are configured: all CPUs this process may run on but one,
+    at least 1 -- the other core serves the event loop, the engine thread and the sampler.
+
+    Why: spinning intra-op threads on every core fight the server's own Python threads (and
+    anyone else's work); under load one thread per run was as fast or faster, and steadier.
+    ``--threads`` (or ``intraOpThreads``) still selects more.
+    """
+    return max(1, available_cpus() - 1)
+
+
+def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None):
+    """``onnxruntime.SessionOptions`` for the decoder: all graph optimizations, ``threads``
+    intra-op threads (sequential execution, one inter-op thread), idle threads spinning or not,
+    errors-only logging (no banners, no warnings), plus the session config entries ``config``
+    (``add_session_config_entry``)."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    for key, value in (config or {}).items():
+        so.add_session_config_entry(key, str(value))
+    return so

@@ -1,0 +1,310 @@
+"""Weight packing: the GGUF's tensors as the arrays the ONNX graph (:mod:`.graph`) holds.
+
+A matrix ``W [N, K]`` (GGUF rows: ``N`` outputs of ``K`` inputs) becomes an :class:`NBitsWeight`,
+the operand of onnxruntime's ``MatMulNBits``; norm weights and biases stay float32 vectors.
+"Exact" below means the packed weight dequantizes to the same float32 values as
+``GGUFFile.dequantize``, bit for bit.
+
+- ``Q4_0`` (``w = d * (q - 8)``): 4 bits, block 32, scale ``d``, default zero point 8.  Exact.
+- ``Q4_1`` (``w = d * q + m``): 4 bits, block 32, scale ``d``, uint8 zero point
+  ``z = round(-m/d)``, plus the residual ``r = m + d*z`` (exact in float32), which the graph adds
+  as ``blocksum(x) @ r.T`` (per block ``w . x = d * ((q - z) . x) + r * sum(x)``).  Exact.
+  MatMulNBits' float zero points could express ``-m/d`` only with rounding, and they turn off
+  its packed kernels; MLAS derives its own block-sum correction from the zero point at prepack,
+  so ``m`` itself cannot be handed to it.
+- ``Q8_0`` (``w = d * q``, q int8): 8 bits, block 32, scale ``d``, default zero point 128
+  (``u = q + 128``).  Exact.  The token embedding is gathered from these bytes; a tied LM head is
+  a second copy, requantized to blocks of 128 where they divide ``K`` (:func:`lm_head_weight`).
+- ``Q5_0`` (``w = d * (q - 16)``, 5-bit q): 8 bits, block 32, scale ``d``, default zero point
+  128 (``u = q - 16 + 128``).  Exact.
+- anything else (F16, BF16, F32 matrices, Q4_K, Q6_K, ...): dequantized and requantized to
+  symmetric 8-bit blocks of 32 (``scale = absmax / 127``); the error is at most half a step,
+  ``absmax / 254`` per block.  Q4_K would fit Q4_1's exact form, but the residual's extra nodes
+  cost more per decode step than the bytes they save.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .gguf import GGUFFile, ModelFileError, RawTensor
+
+BLOCK = 32      # elements per GGUF block (Q4_0, Q4_1, Q5_0, Q8_0)
+
+
+@dataclass
+class NBitsWeight:
+    """A matrix ``W [N, K]`` in MatMulNBits form.
+
+    ``W[n, k] = scales[n, b] * (q[n, k] - zp[n, b]) + (mins[n, b] if mins is not None else 0)``
+    with ``b = k // block``. ``data`` is ``uint8 [N, K/block, block*bits/8]`` (4-bit: element
+    ``2i`` in the low nibble of byte ``i``, ``2i+1`` in the high nibble); ``zero_points`` is
+    ``None`` (the default ``2**(bits-1)``) or ``uint8 [N, ceil(K/block * bits / 8)]`` packed the
+    same way. ``block`` is 32 (GGUF's blocks) unless requantized (:func:`quantize_8bit`).
+    """
+
+    bits: int
+    n: int
+    k: int
+    data: np.ndarray
+    scales: np.ndarray          # float32 [N, K/block]
+    zero_points: np.ndarray | None
+    mins: np.ndarray | None     # float32 [N, K/block] per-block residual added to W (Q4_1 only)
+    exact: bool = True
+    block: int = BLOCK
+
+
+# ---- GGUF blocks -> MatMulNBits ----------------------------------------------------------------
+
+def _blocks(raw: RawTensor, block_bytes: int) -> np.ndarray:
+    n, k = raw.shape
+    if k % BLOCK:
+        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {BLOCK}")
+    return np.asarray(raw.data).reshape(n, k // BLOCK, block_bytes)
+
+
+def _nibbles_to_pairs(qs: np.ndarray) -> np.ndarray:
+    """ggml 4-bit block ``[..., 16]`` (low nibbles = elements 0..15, high = 16..31) ->
+    MatMulNBits layout ``[..., 16]`` (element 2i low, 2i+1 high)."""
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)            # [..., 32] values 0..15
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def pack_q4_0(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q4_0 (``w = d * (q - 8)``) -> 4-bit MatMulNBits with the default zero point 8."""
+    n, k = raw.shape
+    b = _blocks(raw, 18)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 2:18]), d, None, None)
+
+
+def pack_q4_1(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q4_1 (``w = d * q + m``) -> 4-bit MatMulNBits plus a per-block residual.
+
+    The zero point is the integer nearest to ``-m / d`` (clamped to 0..15), ``z``; the residual
+    ``r = m + d * z`` is then small (about ``d / 2``) and exact in float32, so
+    ``w = d * (q - z) + r`` holds bit for bit (``d * (q - z)`` is exact too, and both sides round
+    the same real number once). Centring ``q`` this way keeps the kernel's int8 activation error
+    proportional to ``w`` instead of to ``d * q`` (which would cancel against ``m``).
+    """
+    n, k = raw.shape
+    b = _blocks(raw, 20)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    d64, m64 = d.astype(np.float64), m.astype(np.float64)
+    z = np.clip(np.rint(np.divide(-m64, d64, out=np.zeros_like(d64), where=d64 != 0)), 0, 15)
+    r64 = m64 + d64 * z
+    inexact = r64.astype(np.float32).astype(np.float64) != r64
+    z[inexact] = 0                                  # keep exactness: r = m when z = 0
+    r = (m64 + d64 * z).astype(np.float32)
+    z = z.astype(np.uint8)
+    nb = k // BLOCK
+    if nb % 2:
+        z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+    zp = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 4:20]), d, zp, r)
+
+
+def pack_q8_0(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q8_0 (``w = d * q``, q int8) -> 8-bit MatMulNBits, default zero point 128."""
+    n, k = raw.shape
+    b = _blocks(raw, 34)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    u = b[..., 2:34] ^ np.uint8(0x80)                             # int8 q -> uint8 q + 128
+    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+
+
+def pack_q5_0(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q5_0 (``w = d * (q - 16)``, q 5-bit: low nibbles in ``qs``, fifth bits in the 32-bit
+    ``qh``) -> 8-bit MatMulNBits with the default zero point 128 (``u = q - 16 + 128``). Exact."""
+    n, k = raw.shape
+    b = _blocks(raw, 22)
+    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    qh = b[..., 2:6].copy().view("<u4")[..., 0]                       # [N, K/32]
+    qs = b[..., 6:22]
+    lo = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                 # [N, K/32, 32]
+    hi = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    u = ((lo | (hi << 4)).astype(np.int16) + (128 - 16)).astype(np.uint8)
+    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+
+
+def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
+    """Float ``w [N, K]`` -> symmetric 8-bit blocks of ``block`` (a power of two dividing
+    ``K``; error <= absmax/254 per block)."""
+    n, k = w.shape
+    blocks = w.reshape(n, k // block, block).astype(np.float32)
+    amax = np.abs(blocks).max(axis=-1)
+    scale = (amax / 127.0).astype(np.float32)
+    inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
+    q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int16) + 128
+    return NBitsWeight(8, n, k, q.astype(np.uint8), scale, None, None, exact=False, block=block)
+
+
+def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
+    """The matrix ``name`` of ``f`` in MatMulNBits form (exactly where the type allows).
+
+    Raises:
+        ModelFileError: ``name`` is missing, not a matrix, or its rows are not whole blocks.
+    """
+    raw = f.raw(name)
+    if len(raw.shape) != 2:
+        raise ModelFileError(f"{name}: expected a matrix, got shape {raw.shape}")
+    packer = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0,
+              "Q8_0": pack_q8_0}.get(raw.qtype)
+    if packer is not None:
+        return packer(raw)
+    return quantize_8bit(f.dequantize(name))
+
+
+def unpack_nbits(w: NBitsWeight) -> np.ndarray:
+    """Dequantize a MatMulNBits weight to float32 ``[N, K]`` the way ONNX Runtime defines it
+    (``scale * (q - zero_point)``, plus the block minimum for Q4_1); used to check packing."""
+    if w.bits == 4:
+        lo, hi = w.data & 0x0F, w.data >> 4
+        q = np.stack([lo, hi], axis=-1).reshape(w.n, -1, w.block)
+    else:
+        q = w.data.reshape(w.n, -1, w.block)
+    nb = q.shape[1]
+    if w.zero_points is None:
+        zp = np.full((w.n, nb), 2 ** (w.bits - 1), np.float32)
+    elif w.bits == 4:
+        zp = np.stack([w.zero_points & 0x0F, w.zero_points >> 4], -1).reshape(w.n, -1)[:, :nb]
+    else:
+        zp = w.zero_points[:, :nb]
+    deq = w.scales[..., None] * (q.astype(np.float32) - zp.astype(np.float32)[..., None])
+    if w.mins is not None:
+        deq = deq + w.mins[..., None]
+    return deq.reshape(w.n, w.k).astype(np.float32)
+
+
+def concat_weights(ws: Sequence[NBitsWeight]) -> list[NBitsWeight]:
+    """Stack matrices with the same input size along N where their forms match (fused QKV,
+    fused gate/up); returns one weight per run of matching forms."""
+    out: list[NBitsWeight] = []
+    for w in ws:
+        prev = out[-1] if out else None
+        if (prev is not None and prev.bits == w.bits and prev.k == w.k and prev.block == w.block
+                and (prev.zero_points is None) == (w.zero_points is None)
+                and (prev.mins is None) == (w.mins is None)):
+            out[-1] = NBitsWeight(
+                w.bits, prev.n + w.n, w.k, np.concatenate([prev.data, w.data]),
+                np.concatenate([prev.scales, w.scales]),
+                None if w.zero_points is None else np.concatenate([prev.zero_points, w.zero_points]),
+                None if w.mins is None else np.concatenate([prev.mins, w.mins]),
+                prev.exact and w.exact, w.block)
+        else:
+            out.append(w)
+    return out
+
+
+def power_of_two(s: float) -> float | None:
+    """``s`` when it is a power of two (so multiplying by it is exact in float32), else ``None``."""
+    m, _ = math.frexp(s)
+    return s if m == 0.5 else None
+
+
+def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
+    """``w * factor`` for a power-of-two ``factor``: scales and residuals multiplied, which is
+    exact in float32 (barring under/overflow), so the weight stays bit-exact up to that factor."""
+    f = np.float32(factor)
+    return NBitsWeight(w.bits, w.n, w.k, w.data, w.scales * f, w.zero_points,
+                       None if w.mins is None else w.mins * f, w.exact, w.block)
+
+
+# ---- the model's weights, as the graph reads them ------------------------------------------------
+
+@dataclass
+class LayerWeights:
+    """Decoder layer ``i`` (GGUF ``blk.{i}.*``) for the graph; the field names are those of
+    :class:`.reference.LayerWeights`. Matrices keep GGUF's ``[out, in]`` rows; vectors are float32.
+    ``D`` hidden size, ``H`` head_dim, ``Nq``/``Nkv`` query/KV heads, ``I`` MLP width."""
+
+    attn_norm: np.ndarray            # [D]
+    w_qkv: list[NBitsWeight]         # Wq [Nq H, D] (times the folded scale), Wk, Wv [Nkv H, D]
+    w_o: NBitsWeight                 # [D, Nq H]
+    ffn_norm: np.ndarray             # [D]
+    w_gate_up: list[NBitsWeight]     # Wgate, Wup [I, D]
+    w_down: NBitsWeight              # [D, I]
+    # Gemma 3 only (None otherwise):
+    q_norm: np.ndarray | None = None          # [H], per query head (times the folded scale)
+    k_norm: np.ndarray | None = None          # [H], per key head
+    post_attn_norm: np.ndarray | None = None  # [D], on the attention output
+    post_ffn_norm: np.ndarray | None = None   # [D], on the MLP output
+    # Qwen2 only (None otherwise):
+    b_qkv: np.ndarray | None = None           # [(Nq + 2 Nkv) H]: q (times the folded scale), k, v
+
+
+def load_embedding(f: GGUFFile) -> NBitsWeight:
+    """``token_embd.weight`` ``[V, D]`` as 8-bit blocks of 32 with the default zero point (what
+    the graph's ``GatherBlockQuantized`` reads): Q8_0 and Q5_0 as packed, others requantized."""
+    emb = pack_weight(f, "token_embd.weight")
+    if emb.bits != 8 or emb.zero_points is not None or emb.mins is not None:
+        emb = quantize_8bit(f.dequantize("token_embd.weight"))
+    return emb
+
+
+def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None) -> LayerWeights:
+    """Layer ``i``'s weights; ``q_scale`` (a power of two, or ``None``) is folded into the
+    queries, exactly: into Wq and the q bias, or, with q/k norms (Gemma 3), into the q norm's
+    weights (a factor on Wq would be normalized away)."""
+    p = f"blk.{i}"
+    wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
+    extra = {}
+    if config.qk_norm:
+        q_norm = f.dequantize(p + ".attn_q_norm.weight").astype(np.float32)
+        if q_scale is not None:
+            q_norm = q_norm * np.float32(q_scale)
+        extra.update(q_norm=q_norm, k_norm=f.dequantize(p + ".attn_k_norm.weight").astype(np.float32))
+    elif q_scale is not None:
+        wq = _scaled(wq, q_scale)
+    if config.qkv_bias:
+        bq, bk, bv = (f.dequantize(f"{p}.attn_{t}.bias").reshape(-1) for t in "qkv")
+        if q_scale is not None:
+            bq = bq * np.float32(q_scale)
+        extra.update(b_qkv=np.concatenate([bq, bk, bv]).astype(np.float32))
+    if config.post_norms:
+        extra.update(post_attn_norm=f.dequantize(p + ".post_attention_norm.weight"),
+                     post_ffn_norm=f.dequantize(p + ".post_ffw_norm.weight"))
+    return LayerWeights(
+        attn_norm=f.dequantize(p + ".attn_norm.weight"),
+        w_qkv=[wq, wk, wv],
+        w_o=pack_weight(f, p + ".attn_output.weight"),
+        ffn_norm=f.dequantize(p + ".ffn_norm.weight"),
+        w_gate_up=[pack_weight(f, p + ".ffn_gate.weight"), pack_weight(f, p + ".ffn_up.weight")],
+        w_down=pack_weight(f, p + ".ffn_down.weight"),
+        **extra,
+    )
+
+
+def lm_head_weight(w: NBitsWeight, block: int) -> NBitsWeight:
+    """The LM head as the graph computes it: an 8-bit ``w`` requantized to blocks of ``block``
+    when that is larger than its own and divides ``K``; else ``w`` unchanged.
+
+    Why: onnxruntime's 8-bit MatMulNBits kernel spends its time per block, not per byte, and
+    the head of a large vocabulary is about half of a decode step; the cost is a second rounding
+    of a Q8_0 weight, within half a step of its block of 128.
+    """
+    if w.bits != 8 or block <= w.block or w.k % block:
+        return w
+    out = NBitsWeight(8, w.n, w.k, np.empty((w.n, w.k // block, block), np.uint8),
+                      np.empty((w.n, w.k // block), np.float32), None, None, exact=False, block=block)
+    rows = 8192                      # in pieces: float32 [262144, 640] alone would be 671 MB
+    for a in range(0, w.n, rows):
+        part = quantize_8bit(unpack_nbits(NBitsWeight(
+            8, min(rows, w.n - a), w.k, w.data[a:a + rows], w.scales[a:a + rows],
+            None if w.zero_points is None else w.zero_points[a:a + rows], None, w.exact, w.block)),
+            block)
+        out.data[a:a + rows], out.scales[a:a + rows] = part.data, part.scales
+    return out
+
+
+def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight, block: int) -> NBitsWeight:
+    """The LM head ``[V, D]``: ``output.weight``, or the packed ``embedding`` when tied, through
+    :func:`lm_head_weight` with ``block``."""
+    return lm_head_weight(embedding if config.tied_embeddings else pack_weight(f, "output.weight"),
+                          block)
