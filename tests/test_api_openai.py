@@ -193,7 +193,8 @@ def test_chat_template_sandbox_bos_and_raise_exception():
     """Rendering as Hugging Face does: bos/eos tokens, raise_exception, tojson, the sandbox."""
     from types import SimpleNamespace
 
-    from tiny_mindie.api.openai import OpenAIError, render_chat
+    from tiny_mindie.api.chat_template import render_chat
+    from tiny_mindie.api.errors import OpenAIError
 
     def fake_llm(template: str, add_bos: bool):
         texts = {1: "<s>", 2: "</s>"}

@@ -46,3 +46,23 @@ _GENERATION_STATUS = {"too_long": 424, "empty": 422, "timeout": 500, "stopped": 
 def from_generation_error(err: GenerationError) -> APIError:
     """The HTTP answer for an engine error (424 too long, 500 timeout, 503 stopped, ...)."""
     return APIError(_GENERATION_STATUS.get(err.kind, 500), err.message)
+
+
+class OpenAIError(APIError):
+    """An error answered in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(status, message)
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> OpenAIError:
+    """400 invalid_request_error."""
+    return OpenAIError(400, message, param)

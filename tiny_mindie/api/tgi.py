@@ -1,4 +1,5 @@
-"""Hugging Face TGI family (TGI 0.9.4 behaviour) and the vLLM 0.2 form of ``/generate`` (spec §4).
+"""Hugging Face TGI family (TGI 0.9.4 behaviour), spec §4; ``/generate`` with vLLM 0.2's
+``prompt`` goes to :mod:`.vllm`.
 
 Routes: ``POST /generate``, ``POST /generate_stream``, ``POST /`` (a one-element JSON array, or
 a stream with ``"stream": true``), ``GET /info``. Thin adapters over the engine, like ``/infer``.
@@ -35,10 +36,16 @@ from ..engine.request import GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from ..server.sse import utf8
 from .errors import APIError, from_generation_error, invalid
 from .native import build_request, first_event, read_inputs, read_parameters, until_done_or_gone
-from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+from .validate import (
+    get_bool,
+    get_float,
+    get_int,
+    get_stop_list,
+    parse_json_object,
+    refuse_set,
+)
 
 INT32_MAX = 2**31 - 1
 MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
@@ -82,25 +89,6 @@ def _logprob(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _stop_list(p: dict, name: str = "stop", limit: int = MAX_STOP_SEQUENCES) -> list[str]:
-    """``stop``: a string or a list of non-empty strings (at most ``limit``); null -> []."""
-    v = p.get(name)
-    if v is None:
-        return []
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.")
-    if len(v) > limit:
-        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}")
-    return list(v)
-
-
-def _refuse_set(p: dict, name: str, neutral=(None,)) -> None:
-    if p.get(name) not in neutral:
-        raise invalid(f"Parameter {name} is not supported.")
-
-
 class TGIParams:
     """A validated TGI ``parameters`` object."""
 
@@ -124,7 +112,7 @@ class TGIParams:
                                          lo_open=True, hi_open=True),
             max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
             watermark=get_bool(p, "watermark", False),
-            stop=_stop_list(p),
+            stop=get_stop_list(p, "stop", MAX_STOP_SEQUENCES),
             include_stop_string=True,
         )
         self.details = get_bool(p, "details", False)
@@ -136,9 +124,9 @@ class TGIParams:
             raise invalid("Parameter best_of != 1 is not allowed for this endpoint "
                           "(max_best_of is 1).")
         self.top_n_tokens = get_int(p, "top_n_tokens", None, 0, MAX_TOP_N_TOKENS) or 0
-        _refuse_set(p, "grammar")
-        _refuse_set(p, "adapter_id")
-        _refuse_set(p, "frequency_penalty", (None, 0, 0.0))
+        refuse_set(p, "grammar")
+        refuse_set(p, "adapter_id")
+        refuse_set(p, "frequency_penalty", (None, 0, 0.0))
 
 
 def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
@@ -250,111 +238,6 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
     return None
 
 
-# ---- vLLM 0.2 ------------------------------------------------------------------------------
-
-def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
-    """vLLM 0.2's ``/generate`` body: ``prompt``, ``stream`` and sampling fields at the top
-    level. Returns ``(prompt, make_request parameters, n, stream)``."""
-    prompt = obj.get("prompt")
-    if prompt is None:
-        raise invalid("Prompt must not be null")
-    if not isinstance(prompt, str):
-        raise invalid("The type of prompt is abnormal")
-    if not prompt:
-        raise invalid("Prompt must not be empty")
-    if obj.get("use_beam_search"):
-        raise invalid("Parameter use_beam_search is not supported.")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _refuse_set(obj, name, (None, 0, 0.0))
-    n = get_int(obj, "n", 1, 1, 16)
-    best_of = get_int(obj, "best_of", None, 1, 16)
-    if best_of not in (None, n):
-        raise invalid("Parameter best_of different from n is not supported.")
-    # vLLM: temperature >= 0 (0 = greedy), top_p in (0, 1], top_k -1 (off) or >= 1.
-    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
-    top_k = get_int(obj, "top_k", -1, -1, INT32_MAX)
-    if top_k == 0:
-        raise invalid("Parameter top_k must be -1 (disable), or at least 1, got 0.")
-    top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
-    greedy = temperature == 0.0
-    make = dict(
-        temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
-        do_sample=not greedy,
-        seed=get_int(obj, "seed", None, 0, MAX_SEED),
-        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
-                                     lo_open=True, hi_open=False),
-        max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
-        stop=_stop_list(obj, limit=64),
-        include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
-        ignore_eos=get_bool(obj, "ignore_eos", False),
-    )
-    ids = obj.get("stop_token_ids")
-    if ids is not None:
-        make["stop_token_ids"] = check_token_ids(ids, "stop_token_ids", llm.tokenizer.vocab_size)
-    return prompt, make, n, get_bool(obj, "stream", False, "Field")
-
-
-async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
-    """``{"prompt", ...}`` -> ``{"text": [prompt + output, ...]}`` (``n`` outputs); with
-    ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
-    byte, every one holding the texts so far (vLLM 0.2's api_server)."""
-    prompt, make, n, streaming = parse_vllm(obj, llm)
-    first = await build_request(llm, prompt, make)
-    requests = [first]
-    for k in range(1, n):   # n samples: same prompt ids, distinct seeds
-        seed = None if make["seed"] is None else (make["seed"] + k) % (MAX_SEED + 1)
-        requests.append(await build_request(llm, first.prompt_ids, {**make, "seed": seed}))
-    if not streaming:
-        async def all_done():
-            tasks = [asyncio.ensure_future(_collect(llm, r)) for r in requests]
-            try:
-                return await asyncio.gather(*tasks)
-            finally:   # one failed or the client left: the others leave the engine too
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-        done = await until_done_or_gone(all_done(), stream)
-        if done is None:
-            return None
-        return json_response(200, {"text": [prompt + (evs[-1].generated_text or "") for evs in done]})
-    texts = [""] * n
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(k: int, r: GenerationRequest):
-        try:
-            async for ev in llm.stream_async(r):
-                await queue.put((k, ev))
-        except GenerationError as err:
-            await queue.put((k, err))
-        await queue.put((k, None))
-
-    tasks = [asyncio.ensure_future(pump(k, r)) for k, r in enumerate(requests)]
-    try:
-        k, item = await queue.get()
-        if isinstance(item, GenerationError):
-            raise from_generation_error(item)
-        out_stream = await stream.start(200, "application/json")
-        open_ = n
-        while True:
-            if isinstance(item, GenerationError):
-                await out_stream.send(utf8(_dumps(_tgi(from_generation_error(item)).body())) + b"\0")
-                break
-            if item is None:
-                open_ -= 1
-                if not open_:
-                    break
-            else:
-                texts[k] = item.generated_text if item.is_last else texts[k] + item.text
-                await out_stream.send(utf8(_dumps({"text": [prompt + t for t in texts]})) + b"\0")
-            k, item = await queue.get()
-        await out_stream.end()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return None
-
-
 # ---- /info ---------------------------------------------------------------------------------
 
 def info(app) -> dict:
@@ -388,8 +271,9 @@ def info(app) -> dict:
 
 
 def routes(app) -> list:
-    """The TGI / vLLM family's routes (spec §4)."""
+    """The TGI family's routes, ``/generate`` shared with vLLM 0.2 (spec §4)."""
     from ..server.routing import BUSINESS, MANAGEMENT, Route
+    from .vllm import vllm_generate
 
     async def generate(req, stream, params):
         obj = parse_json_object(req.body)

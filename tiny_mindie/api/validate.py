@@ -150,3 +150,23 @@ def get_float(d: dict, name: str, default: float | None, lo: float, hi: float, *
                     f"{'inf' if math.isinf(hi) else float(hi)}{')' if hi_open else ']'}")
         raise invalid(f"{what} {name} must be in {interval}, got {_fmt(v)}.")
     return x
+
+
+def get_stop_list(p: dict, name: str, limit: int) -> list[str]:
+    """``stop``: a string or a list of non-empty strings (at most ``limit``); null -> []."""
+    v = p.get(name)
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.")
+    if len(v) > limit:
+        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}")
+    return list(v)
+
+
+def refuse_set(p: dict, name: str, neutral=(None,)) -> None:
+    """422 ``Parameter <name> is not supported.`` unless ``p[name]`` is one of ``neutral``."""
+    if p.get(name) not in neutral:
+        raise invalid(f"Parameter {name} is not supported.")
