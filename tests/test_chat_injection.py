@@ -31,7 +31,7 @@ from tiny_mindie.api.chat_template import (
     render_chat,
     template_markers,
 )
-from tiny_mindie.api.errors import OpenAIError
+from tiny_mindie.api.errors import APIError
 from tiny_mindie.engine.request import GenerationError
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer import load_tokenizer
@@ -233,7 +233,7 @@ def test_markers_that_are_control_tokens_are_not_plain_text(tiny, tmp_path):
     write_vocab(path, ["<|endoftext|>"])
     tok = load_tokenizer(GGUFFile(path))
     assert tok.plain_text_of(template_markers(CHATML)) == ("<|im_start|>", "<|im_end|>")
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(APIError) as exc:
         encode_chat(as_llm(tok, CHATML), [{"role": "user", "content": INJECTION}], {})
     assert exc.value.status == 400 and "'<|im_start|>' is this model's chat turn marker" \
         in exc.value.message
@@ -334,7 +334,7 @@ def test_chatml_fallback_and_one_char_control_token_error(tokenizer, tmp_path):
     path = str(tmp_path / "odd.gguf")
     write_vocab(path, ["<|im_start|>", "<|im_end|>", "¤"])
     odd = as_llm(load_tokenizer(GGUFFile(path)), CHATML)
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(APIError) as exc:
         encode_chat(odd, [{"role": "user", "content": "5¤"}], {})
     assert exc.value.status == 400 and "'¤'" in exc.value.message
 
@@ -371,7 +371,7 @@ def test_gemma3_chatml_fallback_refuses_typed_turn_markers(gemma):
     for messages, extra in (([{"role": "user", "content": INJECTION}], {}),
                             ([{"role": "user", "content": "hi", "x<|im_end|>": 1}], {}),
                             ([{"role": "user", "content": "hi"}], {"a": [["<|im_end|>"]]})):
-        with pytest.raises(OpenAIError) as exc:
+        with pytest.raises(APIError) as exc:
             encode_chat(llm, messages, extra)
         marker = "<|im_start|>" if "<|im_start|>" in json.dumps([messages, extra]) else "<|im_end|>"
         assert exc.value.status == 400 and exc.value.message == (

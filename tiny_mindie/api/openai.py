@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
 import time
 import uuid
 
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent, next_request_id
+from ..engine.request import GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
+from ..server.routing import BUSINESS
 from .chat_template import chatml_stops, encode_chat
-from .errors import APIError, OpenAIError, bad, from_generation_error
-from .native import build_request, until_done_or_gone
-from .validate import JSONTooDeep, check_token_ids, get_bool, get_float, get_int, parse_json_object
+from .drive import build, collect, fan_out, merged, route, send_stream
+from .errors import OPENAI, APIError, Kind, bad, from_generation_error
+from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -41,26 +41,9 @@ MAX_TOP_LOGPROBS = 20       # OpenAI's limit for chat's top_logprobs
 MIN_LOGPROB = -9999.0       # JSON has no -inf (vLLM's convention)
 
 # ---- errors ------------------------------------------------------------------------------
-
-def _converted(err: APIError) -> OpenAIError:
-    if isinstance(err, OpenAIError):
-        return err
-    if isinstance(err, JSONTooDeep):     # valid JSON, but no field may nest so deep
-        return bad(err.message)
-    code = "context_length_exceeded" if err.status == 424 else None
-    return OpenAIError(err.status, err.message, code=code)
-
-
-def _openai_errors(handler):
-    """Every error of ``handler`` -- ours, the shared validators', the engine's -- leaves in
-    OpenAI's shape."""
-    @functools.wraps(handler)
-    async def wrapped(req: Request, stream: ResponseStream, params: dict):
-        try:
-            return await handler(req, stream, params)
-        except APIError as err:
-            raise _converted(err) from None
-    return wrapped
+def _no_such_model(name: str) -> APIError:
+    return APIError(Kind.NOT_FOUND, f"The model `{name}` does not exist.", param="model",
+                    code="model_not_found")
 
 
 def _field(getter, d: dict, name: str, *args, **kwargs):
@@ -69,9 +52,6 @@ def _field(getter, d: dict, name: str, *args, **kwargs):
         return getter(d, name, *args, **kwargs)
     except APIError as err:
         raise bad(err.message, name) from None
-
-
-# ---- chat template -----------------------------------------------------------------------
 
 
 # ---- request parsing ---------------------------------------------------------------------
@@ -98,7 +78,7 @@ def _check_model(app, obj: dict) -> None:
     if not isinstance(name, str):
         raise bad(f"Parameter model must be a string, got {json.dumps(name)}.", "model")
     if name != app.llm.model_name:
-        raise OpenAIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+        raise _no_such_model(name)
 
 
 def _stop_strings(obj: dict) -> tuple[str, ...]:
@@ -248,21 +228,16 @@ def parse_completion(app, body: bytes) -> Parsed:
 
 
 async def make_requests(llm: LLM, p: Parsed) -> list[list[GenerationRequest]]:
-    """One request per prompt and choice: prompt i's choice j is seeded ``seed + j`` (its first
-    request's seed, drawn when not given); each prompt is tokenized once, off the event loop."""
+    """One request per prompt and choice (:func:`~.drive.fan_out`: choice j seeded
+    ``seed + j``); each prompt is tokenized once, off the event loop."""
     out = []
     for prompt in p.prompts:
-        first = await build_request(llm, prompt, p.params)
-        sampling = dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
-                                       frequency_penalty=p.frequency_penalty)
-        group = []
-        for j in range(p.n):
-            group.append(dataclasses.replace(
-                first, prompt_ids=list(first.prompt_ids), request_id=next_request_id(),
-                top_logprobs=p.top_logprobs,
-                sampling=dataclasses.replace(sampling,
-                                             seed=(sampling.seed + j) % (MAX_SEED + 1))))
-        out.append(group)
+        first = await build(llm, prompt, p.params)
+        first = dataclasses.replace(
+            first, top_logprobs=p.top_logprobs,
+            sampling=dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
+                                         frequency_penalty=p.frequency_penalty))
+        out.append(fan_out(first, p.n))
     return out
 
 
@@ -322,54 +297,6 @@ def _usage(groups: list[list[list[TokenEvent]]]) -> dict:
             "total_tokens": prompt + completion}
 
 
-async def _collect(llm: LLM, reqs: list[GenerationRequest]) -> list[list[TokenEvent]]:
-    """Run ``reqs`` concurrently to the end; one failing (or our cancellation) cancels all."""
-    async def one(r: GenerationRequest) -> list[TokenEvent]:
-        return [ev async for ev in llm.stream_async(r)]
-    tasks = [asyncio.ensure_future(one(r)) for r in reqs]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _merged(llm: LLM, reqs: list[GenerationRequest]):
-    """``(choice index, event)`` pairs of all ``reqs`` as they come; raises the first
-    ``GenerationError``. A bounded queue keeps a slow client's back-pressure on the engine."""
-    queue: asyncio.Queue = asyncio.Queue(maxsize=max(4, 2 * len(reqs)))
-
-    async def pump(i: int, r: GenerationRequest) -> None:
-        events = llm.stream_async(r)
-        try:
-            async for ev in events:
-                await queue.put((i, ev))
-        except GenerationError as err:
-            await queue.put((i, err))
-        finally:
-            await events.aclose()
-
-    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
-    remaining = len(reqs)
-    try:
-        while remaining:
-            i, item = await queue.get()
-            if isinstance(item, GenerationError):
-                raise item
-            if item.is_last:
-                remaining -= 1
-            yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _dumps(obj: dict) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
 class _Kind:
     """What differs between chat and text completions."""
 
@@ -392,103 +319,96 @@ async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
     fmt = Formatter(llm)
     groups = await make_requests(llm, p)
     flat = [r for g in groups for r in g]
-    if not p.stream:
-        done = await until_done_or_gone(_collect(llm, flat), stream)
-        if done is None:
-            return None
-        by_group = [done[g * p.n:(g + 1) * p.n] for g in range(len(groups))]
-        choices = []
-        for idx, events in enumerate(done):
-            last = events[-1]
-            shown = [ev for ev in events if _counted(ev)]
-            text = last.generated_text or ""
-            if kind.chat:
-                choice = {"index": idx, "message": {"role": "assistant", "content": text},
-                          "logprobs": ({"content": [fmt.chat_entry(ev) for ev in shown]}
-                                       if p.logprobs else None)}
-            else:
-                prefix = prefixes[idx // p.n] if prefixes else ""
-                choice = {"index": idx, "text": prefix + text,
-                          "logprobs": (fmt.completion_logprobs(shown, len(prefix))
-                                       if p.logprobs else None)}
-            choice["finish_reason"] = _finish_reason(last)
-            choices.append(choice)
-        out = kind.envelope(choices, chunk=False)
-        out["usage"] = _usage(by_group)
-        return json_response(200, out)
-
-    events = _merged(llm, flat)
-    try:
-        first = await events.__anext__()   # errors before any token still get a proper status
-    except GenerationError as err:
-        await events.aclose()
-        raise from_generation_error(err) from None
-    usage_extra = {"usage": None} if p.include_usage else {}
-    out_stream = None
-
-    async def send(choices: list) -> None:
-        await out_stream.send_event(_dumps({**kind.envelope(choices, chunk=True), **usage_extra}))
-
-    counts = [0] * len(flat)
-    prompt_tokens = [0] * len(groups)
-    offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
-    try:   # the client may be gone already: then start() raises and the requests are cancelled
-        out_stream = await stream.start(200, "text/event-stream")
+    if p.stream:
+        await _stream(llm, stream, p, kind, prefixes, flat, fmt)
+        return None
+    done = await collect(llm, flat, stream)
+    if done is None:
+        return None
+    by_group = [done[g * p.n:(g + 1) * p.n] for g in range(len(groups))]
+    choices = []
+    for idx, events in enumerate(done):
+        last = events[-1]
+        shown = [ev for ev in events if _counted(ev)]
+        text = last.generated_text or ""
         if kind.chat:
-            await send([{"index": i, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None} for i in range(len(flat))])
-        elif any(prefixes):
-            await send([{"index": i, "text": prefixes[i // p.n], "logprobs": None,
-                         "finish_reason": None} for i in range(len(flat))])
-        item = first
-        while True:
-            i, ev = item
-            counts[i] += 1
-            prompt_tokens[i // p.n] = ev.prompt_tokens
-            lp_entry = p.logprobs and _counted(ev)
-            finish = _finish_reason(ev) if ev.is_last else None
-            if kind.chat:
-                if ev.text or lp_entry:
-                    await send([{"index": i, "delta": {"content": ev.text},
-                                 "logprobs": ({"content": [fmt.chat_entry(ev)]} if lp_entry
-                                              else None), "finish_reason": None}])
-                if finish:
-                    await send([{"index": i, "delta": {}, "logprobs": None,
-                                 "finish_reason": finish}])
-            elif ev.text or lp_entry or finish:
-                await send([{"index": i, "text": ev.text,
-                             "logprobs": (fmt.completion_logprobs([ev], offsets[i]) if lp_entry
-                                          else None), "finish_reason": finish}])
-                offsets[i] += len(ev.text)
-            try:
-                item = await events.__anext__()
-            except StopAsyncIteration:
-                break
-        if p.include_usage:
-            prompt = sum(prompt_tokens)
-            usage_extra = {"usage": {"prompt_tokens": prompt, "completion_tokens": sum(counts),
-                                     "total_tokens": prompt + sum(counts)}}
-            await send([])
-    except GenerationError as err:
-        await out_stream.send_event(_dumps(_converted(from_generation_error(err)).body()))
-    finally:
-        await events.aclose()
-    await out_stream.send_event("[DONE]")
-    await out_stream.end()
-    return None
+            choice = {"index": idx, "message": {"role": "assistant", "content": text},
+                      "logprobs": ({"content": [fmt.chat_entry(ev) for ev in shown]}
+                                   if p.logprobs else None)}
+        else:
+            prefix = prefixes[idx // p.n] if prefixes else ""
+            choice = {"index": idx, "text": prefix + text,
+                      "logprobs": (fmt.completion_logprobs(shown, len(prefix))
+                                   if p.logprobs else None)}
+        choice["finish_reason"] = _finish_reason(last)
+        choices.append(choice)
+    out = kind.envelope(choices, chunk=False)
+    out["usage"] = _usage(by_group)
+    return json_response(200, out)
+
+
+async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, prefixes: list[str],
+                  flat: list[GenerationRequest], fmt: Formatter) -> None:
+    """The SSE chunks of ``flat``'s choices as their tokens come, then ``data: [DONE]``."""
+    counts = [0] * len(flat)
+    prompt_tokens = [0] * (len(flat) // p.n)
+    offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
+
+    def chunk(choices: list, usage=None) -> dict:
+        return {**kind.envelope(choices, chunk=True),
+                **({"usage": usage} if p.include_usage else {})}
+
+    opening = []
+    if kind.chat:
+        opening.append(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": None, "finish_reason": None}
+                              for i in range(len(flat))]))
+    elif any(prefixes):
+        opening.append(chunk([{"index": i, "text": prefixes[i // p.n], "logprobs": None,
+                               "finish_reason": None} for i in range(len(flat))]))
+
+    def event(item: tuple[int, TokenEvent]) -> list[dict]:
+        i, ev = item
+        counts[i] += 1
+        prompt_tokens[i // p.n] = ev.prompt_tokens
+        lp_entry = p.logprobs and _counted(ev)
+        finish = _finish_reason(ev) if ev.is_last else None
+        out = []
+        if kind.chat:
+            if ev.text or lp_entry:
+                out.append(chunk([{"index": i, "delta": {"content": ev.text},
+                                   "logprobs": ({"content": [fmt.chat_entry(ev)]} if lp_entry
+                                                else None), "finish_reason": None}]))
+            if finish:
+                out.append(chunk([{"index": i, "delta": {}, "logprobs": None,
+                                   "finish_reason": finish}]))
+        elif ev.text or lp_entry or finish:
+            out.append(chunk([{"index": i, "text": ev.text,
+                               "logprobs": (fmt.completion_logprobs([ev], offsets[i]) if lp_entry
+                                            else None), "finish_reason": finish}]))
+            offsets[i] += len(ev.text)
+        return out
+
+    def usage() -> list[dict]:
+        if not p.include_usage:
+            return []
+        prompt, completion = sum(prompt_tokens), sum(counts)
+        return [chunk([], {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion})]
+
+    await send_stream(stream, merged(llm, flat), OPENAI, event, opening=opening, closing=usage,
+                      done="[DONE]")
 
 
 # ---- routes ------------------------------------------------------------------------------
 def routes(app) -> list:
     """The OpenAI family's routes (spec §4), all on the business plane."""
-    from ..server.routing import BUSINESS, Route
     created = int(time.time())
 
     def model_card() -> dict:
         return {"id": app.llm.model_name, "object": "model", "created": created,
                 "owned_by": OWNED_BY}
 
-    @_openai_errors
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         p, messages, extra = parse_chat(app, req.body)
         try:
@@ -500,7 +420,6 @@ def routes(app) -> list:
             p.params["stop"] += chatml_stops(app.llm.tokenizer)
         return await _answer(app.llm, stream, p, _Kind(chat=True, model=app.llm.model_name), [])
 
-    @_openai_errors
     async def completions(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         p = parse_completion(app, req.body)
         prefixes = []
@@ -510,20 +429,17 @@ def routes(app) -> list:
         return await _answer(app.llm, stream, p, _Kind(chat=False, model=app.llm.model_name),
                              prefixes)
 
-    @_openai_errors
     async def list_models(req: Request, stream: ResponseStream, params: dict) -> Response:
         return json_response(200, {"object": "list", "data": [model_card()]})
 
-    @_openai_errors
     async def get_model(req: Request, stream: ResponseStream, params: dict) -> Response:
         if params["model"] != app.llm.model_name:
-            raise OpenAIError(404, f"The model `{params['model']}` does not exist.", "model",
-                              "model_not_found")
+            raise _no_such_model(params["model"])
         return json_response(200, model_card())
 
     return [
-        Route("POST", "/v1/chat/completions", BUSINESS, chat),
-        Route("POST", "/v1/completions", BUSINESS, completions),
-        Route("GET", "/v1/models", BUSINESS, list_models),
-        Route("GET", "/v1/models/{model}", BUSINESS, get_model),
+        route("POST", "/v1/chat/completions", BUSINESS, chat, style=OPENAI, generation=True),
+        route("POST", "/v1/completions", BUSINESS, completions, style=OPENAI, generation=True),
+        route("GET", "/v1/models", BUSINESS, list_models, style=OPENAI),
+        route("GET", "/v1/models/{model}", BUSINESS, get_model, style=OPENAI),
     ]

@@ -26,18 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import os
 import re
 
 from .. import __version__
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent
+from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from .errors import APIError, from_generation_error, invalid
-from .native import build_request, first_event, read_inputs, read_parameters, until_done_or_gone
+from ..server.routing import BUSINESS, MANAGEMENT
+from .drive import build, collect, merged, route, send_stream
+from .errors import TGI, invalid
+from .native import read_inputs, read_parameters
 from .validate import (
     get_bool,
     get_float,
@@ -46,43 +47,12 @@ from .validate import (
     parse_json_object,
     refuse_set,
 )
+from .vllm import vllm_generate
 
 INT32_MAX = 2**31 - 1
 MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
 INF = float("inf")
 MAX_STOP_SEQUENCES = 4      # TGI's default --max-stop-sequences
-
-
-TGI_ERROR_TYPES = {422: "validation", 424: "generation", 500: "incomplete_generation",
-                   503: "overloaded"}
-
-
-class TGIError(APIError):
-    """An :class:`APIError` answered with TGI's ``error_type`` names."""
-
-    @property
-    def error_type(self) -> str:
-        return TGI_ERROR_TYPES.get(self.status) or super().error_type
-
-
-def _tgi(err: APIError) -> TGIError:
-    return TGIError(err.status, err.message, err.headers)
-
-
-def _tgi_errors(handler):
-    """Wrap a route handler so that its errors carry TGI's ``error_type``."""
-    async def wrapped(req, stream, params):
-        try:
-            return await handler(req, stream, params)
-        except TGIError:
-            raise
-        except APIError as err:
-            raise _tgi(err) from None
-    return wrapped
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def _logprob(x: float | None) -> float | None:
@@ -136,10 +106,10 @@ def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
 
 async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRequest:
     if params.truncate is None:
-        request = await build_request(llm, prompt, params.make)
+        request = await build(llm, prompt, params.make)
     else:   # TGI keeps the last `truncate` tokens of the prompt.
         ids = await asyncio.to_thread(llm.encode_tail, prompt, params.truncate)
-        request = await build_request(llm, ids, params.make)
+        request = await build(llm, ids, params.make)
     if params.top_n_tokens:
         request = dataclasses.replace(request, top_logprobs=params.top_n_tokens)
     return request
@@ -176,17 +146,14 @@ def _top_tokens(llm: LLM, ev: TokenEvent) -> list[dict]:
     return [_piece(llm, i, lp) for i, lp in ev.top_logprobs or ()]
 
 
-async def _collect(llm: LLM, request: GenerationRequest) -> list[TokenEvent]:
-    return [ev async for ev in llm.stream_async(request)]
-
-
 async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
                     as_list: bool) -> Response | None:
     prompt, params = parse_tgi(obj, llm)
     request = await _tgi_request(llm, prompt, params)
-    events = await until_done_or_gone(_collect(llm, request), stream)
-    if events is None:
+    done = await collect(llm, [request], stream)
+    if done is None:
         return None
+    events = done[0]
     last = events[-1]
     text = last.generated_text or ""
     if params.return_full_text:
@@ -210,31 +177,23 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
         raise invalid("Parameter decoder_input_details == true is not supported when "
                       "streaming tokens.")
     request = await _tgi_request(llm, prompt, params)
-    events, ev = await first_event(llm, request)
-    try:   # the client may be gone already: then start() raises and the request is cancelled
-        out_stream = await stream.start(200, "text/event-stream")
-        try:
-            while True:
-                out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
-                if params.top_n_tokens:
-                    out["top_tokens"] = _top_tokens(llm, ev)
-                if ev.is_last:
-                    text = ev.generated_text or ""
-                    out["generated_text"] = prompt + text if params.return_full_text else text
-                    if params.details:
-                        out["details"] = {"finish_reason": ev.finish_reason,
-                                          "generated_tokens": ev.index + 1,
-                                          "seed": request.sampling.seed,
-                                          "prompt_tokens": len(request.prompt_ids)}
-                await out_stream.send_event(_dumps(out))
-                if ev.is_last:
-                    break
-                ev = await events.__anext__()
-        except GenerationError as err:
-            await out_stream.send_event(_dumps(_tgi(from_generation_error(err)).body()))
-    finally:
-        await events.aclose()
-    await out_stream.end()
+
+    def event(item: tuple[int, TokenEvent]) -> list[dict]:
+        ev = item[1]
+        out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
+        if params.top_n_tokens:
+            out["top_tokens"] = _top_tokens(llm, ev)
+        if ev.is_last:
+            text = ev.generated_text or ""
+            out["generated_text"] = prompt + text if params.return_full_text else text
+            if params.details:
+                out["details"] = {"finish_reason": ev.finish_reason,
+                                  "generated_tokens": ev.index + 1,
+                                  "seed": request.sampling.seed,
+                                  "prompt_tokens": len(request.prompt_ids)}
+        return [out]
+
+    await send_stream(stream, merged(llm, [request]), TGI, event)
     return None
 
 
@@ -272,9 +231,6 @@ def info(app) -> dict:
 
 def routes(app) -> list:
     """The TGI family's routes, ``/generate`` shared with vLLM 0.2 (spec §4)."""
-    from ..server.routing import BUSINESS, MANAGEMENT, Route
-    from .vllm import vllm_generate
-
     async def generate(req, stream, params):
         obj = parse_json_object(req.body)
         if "prompt" in obj and "inputs" in obj:
@@ -296,8 +252,8 @@ def routes(app) -> list:
         return json_response(200, info(app))
 
     return [
-        Route("POST", "/generate", BUSINESS, _tgi_errors(generate)),
-        Route("POST", "/generate_stream", BUSINESS, _tgi_errors(generate_stream)),
-        Route("POST", "/", BUSINESS, _tgi_errors(root)),
-        Route("GET", "/info", MANAGEMENT, get_info),
+        route("POST", "/generate", BUSINESS, generate, style=TGI, generation=True),
+        route("POST", "/generate_stream", BUSINESS, generate_stream, style=TGI, generation=True),
+        route("POST", "/", BUSINESS, root, style=TGI, generation=True),
+        route("GET", "/info", MANAGEMENT, get_info),
     ]

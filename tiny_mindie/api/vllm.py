@@ -5,16 +5,12 @@ such objects each followed by a NUL byte (vLLM 0.2's api_server). Errors have TG
 
 from __future__ import annotations
 
-import asyncio
-
-from ..engine.request import GenerationError, GenerationRequest
+from ..engine.request import TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from ..server.sse import utf8
-from .errors import from_generation_error, invalid
-from .native import build_request, until_done_or_gone
-from .tgi import _collect, _dumps, _tgi
+from .drive import build, collect, fan_out, merged, send_stream
+from .errors import TGI, invalid
 from .validate import check_token_ids, get_bool, get_float, get_int, get_stop_list, refuse_set
 
 INT32_MAX = 2**31 - 1
@@ -68,57 +64,19 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dic
     ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
     byte, every one holding the texts so far (vLLM 0.2's api_server)."""
     prompt, make, n, streaming = parse_vllm(obj, llm)
-    first = await build_request(llm, prompt, make)
-    requests = [first]
-    for k in range(1, n):   # n samples: same prompt ids, distinct seeds
-        seed = None if make["seed"] is None else (make["seed"] + k) % (MAX_SEED + 1)
-        requests.append(await build_request(llm, first.prompt_ids, {**make, "seed": seed}))
+    requests = fan_out(await build(llm, prompt, make), n)
     if not streaming:
-        async def all_done():
-            tasks = [asyncio.ensure_future(_collect(llm, r)) for r in requests]
-            try:
-                return await asyncio.gather(*tasks)
-            finally:   # one failed or the client left: the others leave the engine too
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-        done = await until_done_or_gone(all_done(), stream)
+        done = await collect(llm, requests, stream)
         if done is None:
             return None
         return json_response(200, {"text": [prompt + (evs[-1].generated_text or "") for evs in done]})
     texts = [""] * n
-    queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(k: int, r: GenerationRequest):
-        try:
-            async for ev in llm.stream_async(r):
-                await queue.put((k, ev))
-        except GenerationError as err:
-            await queue.put((k, err))
-        await queue.put((k, None))
+    def event(item: tuple[int, TokenEvent]) -> list[dict]:
+        k, ev = item
+        texts[k] = ev.generated_text if ev.is_last else texts[k] + ev.text
+        return [{"text": [prompt + t for t in texts]}]
 
-    tasks = [asyncio.ensure_future(pump(k, r)) for k, r in enumerate(requests)]
-    try:
-        k, item = await queue.get()
-        if isinstance(item, GenerationError):
-            raise from_generation_error(item)
-        out_stream = await stream.start(200, "application/json")
-        open_ = n
-        while True:
-            if isinstance(item, GenerationError):
-                await out_stream.send(utf8(_dumps(_tgi(from_generation_error(item)).body())) + b"\0")
-                break
-            if item is None:
-                open_ -= 1
-                if not open_:
-                    break
-            else:
-                texts[k] = item.generated_text if item.is_last else texts[k] + item.text
-                await out_stream.send(utf8(_dumps({"text": [prompt + t for t in texts]})) + b"\0")
-            k, item = await queue.get()
-        await out_stream.end()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await send_stream(stream, merged(llm, requests), TGI, event, content_type="application/json",
+                      nul_framed=True)
     return None
