@@ -193,7 +193,8 @@ def test_chat_template_sandbox_bos_and_raise_exception():
     """Rendering as Hugging Face does: bos/eos tokens, raise_exception, tojson, the sandbox."""
     from types import SimpleNamespace
 
-    from tiny_mindie.api.openai import OpenAIError, render_chat
+    from tiny_mindie.api.chat_template import render_chat
+    from tiny_mindie.api.errors import APIError
 
     def fake_llm(template: str, add_bos: bool):
         texts = {1: "<s>", 2: "</s>"}
@@ -210,10 +211,10 @@ def test_chat_template_sandbox_bos_and_raise_exception():
     assert render_chat(fake_llm(tpl, add_bos=True), msgs, {}) == '[user] "héllo"</s>[assistant]'
     assert render_chat(fake_llm(tpl, add_bos=False), msgs, {}) == \
         '<s>[user] "héllo"</s>[assistant]'
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(APIError) as exc:
         render_chat(fake_llm(tpl, add_bos=True), [{"role": "system", "content": "x"}], {})
     assert exc.value.status == 400 and "System role not supported" in exc.value.message
-    with pytest.raises(OpenAIError):   # the sandbox refuses attribute games
+    with pytest.raises(APIError):   # the sandbox refuses attribute games
         render_chat(fake_llm("{{ messages.__class__.__mro__ }}", add_bos=True), msgs, {})
 
 

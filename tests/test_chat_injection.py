@@ -3,7 +3,7 @@
 ``/v1/chat/completions`` renders the chat template, then parses only the template's own control
 tokens (``<|im_start|>``, ``<start_of_turn>``); what a client wrote -- contents, names, tool calls,
 ``chat_template_kwargs`` -- is encoded as plain text even where it spells one
-(``Tokenizer.shield`` / ``Tokenizer.encode_shielded``, ``api.openai.encode_chat``). Chats that
+(``Tokenizer.shield`` / ``Tokenizer.encode_shielded``, ``api.chat_template.encode_chat``). Chats that
 spell none tokenize exactly as before. Raw-prompt routes keep parsing control tokens unless
 ``BackendConfig.ModelDeployConfig.parseSpecialTokens`` is false.
 
@@ -23,15 +23,15 @@ from types import SimpleNamespace
 import pytest
 from helpers import TEST_CONFIG, request, start_server
 
-from tiny_mindie.api.openai import (
+from tiny_mindie.api.chat_template import (
     CHATML,
-    OpenAIError,
     _shielded,
     _strings,
     encode_chat,
     render_chat,
     template_markers,
 )
+from tiny_mindie.api.errors import APIError
 from tiny_mindie.engine.request import GenerationError
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer import load_tokenizer
@@ -156,7 +156,7 @@ def test_shield_refuses_a_one_character_control_token(tmp_path):
 
 
 def test_the_mark_is_a_character_no_client_string_has(tiny):
-    from tiny_mindie.api.openai import _free_mark
+    from tiny_mindie.api.chat_template import _free_mark
 
     assert _free_mark(["hello", "{{ x }}"]) == MARK
     taken = "".join(chr(0x20000 + k) for k in range(5))
@@ -233,7 +233,7 @@ def test_markers_that_are_control_tokens_are_not_plain_text(tiny, tmp_path):
     write_vocab(path, ["<|endoftext|>"])
     tok = load_tokenizer(GGUFFile(path))
     assert tok.plain_text_of(template_markers(CHATML)) == ("<|im_start|>", "<|im_end|>")
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(APIError) as exc:
         encode_chat(as_llm(tok, CHATML), [{"role": "user", "content": INJECTION}], {})
     assert exc.value.status == 400 and "'<|im_start|>' is this model's chat turn marker" \
         in exc.value.message
@@ -334,7 +334,7 @@ def test_chatml_fallback_and_one_char_control_token_error(tokenizer, tmp_path):
     path = str(tmp_path / "odd.gguf")
     write_vocab(path, ["<|im_start|>", "<|im_end|>", "¤"])
     odd = as_llm(load_tokenizer(GGUFFile(path)), CHATML)
-    with pytest.raises(OpenAIError) as exc:
+    with pytest.raises(APIError) as exc:
         encode_chat(odd, [{"role": "user", "content": "5¤"}], {})
     assert exc.value.status == 400 and "'¤'" in exc.value.message
 
@@ -371,7 +371,7 @@ def test_gemma3_chatml_fallback_refuses_typed_turn_markers(gemma):
     for messages, extra in (([{"role": "user", "content": INJECTION}], {}),
                             ([{"role": "user", "content": "hi", "x<|im_end|>": 1}], {}),
                             ([{"role": "user", "content": "hi"}], {"a": [["<|im_end|>"]]})):
-        with pytest.raises(OpenAIError) as exc:
+        with pytest.raises(APIError) as exc:
             encode_chat(llm, messages, extra)
         marker = "<|im_start|>" if "<|im_start|>" in json.dumps([messages, extra]) else "<|im_end|>"
         assert exc.value.status == 400 and exc.value.message == (

@@ -266,6 +266,9 @@ NEVER_READ = {
         "max_new_tokens": 1900, "temperature": 10.0, "do_sample": True, "seed": 5}},
     "/v1/chat/completions": {"model": MODEL, "max_tokens": 1900, "ignore_eos": True,
                              "stream": True, "messages": [{"role": "user", "content": "A story"}]},
+    # vLLM 0.2, two samples merged into one stream: both leave the engine when it is cut off
+    "/generate": {"prompt": "Tell me a story", "n": 2, "stream": True, "max_tokens": 1900,
+                  "temperature": 10.0, "ignore_eos": True, "seed": 5},
 }
 
 

@@ -12,18 +12,13 @@ from __future__ import annotations
 import ssl
 
 from .api import manage, metrics, native, openai, tgi, triton
-from .api.errors import APIError
+from .api.errors import error_body
 from .config import Config
 from .llm import LLM
 from .server import listen
 from .server.conn import Handler, json_response
 from .server.listen import Listener, bind, connection_limit
 from .server.routing import BUSINESS, MANAGEMENT, METRICS, Route, Router
-
-
-def error_body(status: int, message: str) -> dict:
-    """MindIE's JSON error body (spec §3) for ``status`` and ``message``."""
-    return APIError(status, message).body()
 
 
 class App:
@@ -40,9 +35,11 @@ class App:
         #: Connections open at once: maxLinkNum, or less when the open files limit is lower
         #: (set by :func:`start_listeners`).
         self.max_link_num = cfg.server.max_link_num
-        # Each API family contributes its routes: ``module.routes(app) -> list[Route]``.
+        # Each API family contributes its routes: ``module.routes(app) -> list[Route]``; those
+        # that generate (``Route.generation``) are counted in /metrics.
         self.routes: list[Route] = metrics.count_requests(
-            [r for family in (native, manage, metrics, tgi, triton, openai) for r in family.routes(self)], llm.engine.metrics)
+            [r for family in (native, manage, metrics, tgi, triton, openai)
+             for r in family.routes(self)], llm.engine.metrics)
         self.router = Router(self.routes, error_body)
 
     def handler_for(self, planes: frozenset[str]) -> Handler:

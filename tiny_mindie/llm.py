@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from .engine.engine import Engine, EngineLimits
 from .engine.request import (
+    ErrorKind,
     GenerationError,
     GenerationRequest,
     SamplingParams,
@@ -181,9 +182,26 @@ class LLM:
         at_least = len(text.encode("utf-8", "surrogatepass")) // self._longest_token
         if at_least > self.engine.max_input_len:
             raise GenerationError(
-                "too_long", "Failed to enqueue inferRequest. This model's maximum input ids "
+                ErrorKind.TOO_LONG, "Failed to enqueue inferRequest. This model's maximum input ids "
                 f"length cannot be greater than {self.engine.max_input_len},the input ids "
                 f"length is at least {at_least}")
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        """The token ids of a prompt that fits: the one check of a prompt's length every route
+        makes. A text is first refused by its length alone (:meth:`check_text_length`), then
+        tokenized (:meth:`encode`); the ids must number 1 .. ``maxInputTokenLen``
+        (``Engine.check_prompt``, which ``Engine.generate`` applies again to any request).
+
+        Raises:
+            GenerationError: ``"too_long"`` (HTTP 424), ``"empty"`` (HTTP 422).
+        """
+        if isinstance(prompt, str):
+            self.check_text_length(prompt)
+            ids = self.encode(prompt)
+        else:
+            ids = list(prompt)
+        self.engine.check_prompt(len(ids))
+        return ids
 
     def make_request(self, prompt: str | Sequence[int], *, max_new_tokens: int = 20,
                      do_sample: bool | None = None, temperature: float = 1.0, top_k: int = 0,
@@ -199,16 +217,14 @@ class LLM:
 
         Raises:
             ValueError: a parameter out of range.
-            GenerationError: ``"too_long"`` when the prompt cannot fit (checked on the text's
-                length before tokenizing, so a huge text costs nothing).
+            GenerationError: ``"too_long"`` when the prompt cannot fit, ``"empty"`` when it has
+                no token (:meth:`prompt_ids`).
         """
         if not isinstance(prompt, str) and not (
                 isinstance(prompt, Sequence)
                 and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
             raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
-        if isinstance(prompt, str):
-            self.check_text_length(prompt)
-        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self.prompt_ids(prompt)
         if do_sample is None:
             do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
         if seed is None:

@@ -1,10 +1,35 @@
-"""MindIE's error bodies (spec §3): ``{"error": "<message>", "error_type": "<type>"}``."""
+"""One taxonomy of errors: each :class:`Kind` is answered with one HTTP status and counted in
+``/metrics`` under one failure reason; each API family writes an error in its own
+:class:`Style` (MindIE's ``{"error", "error_type"}``, TGI's type names, OpenAI's
+``{"error": {"message", "type", "param", "code"}}``), spec §3, §4.
+
+=============  ======  ==========  ==========================================================
+kind           status  reason      raised for
+=============  ======  ==========  ==========================================================
+BAD_REQUEST    400     validation  OpenAI: a bad field
+NOT_FOUND      404     validation  an unknown model, request id or route
+INVALID        422     validation  MindIE, TGI, vLLM, Triton: a bad field; a body not JSON
+TOO_DEEP       422     validation  a body nested deeper than ``MAX_JSON_DEPTH`` (OpenAI: 400)
+EMPTY          422     validation  an empty prompt (engine)
+TOO_LONG       424     too_long    a prompt longer than ``maxInputTokenLen`` (engine)
+TIMEOUT        500     timeout     a client, token or end-to-end time limit (engine)
+CANCELLED      500     cancelled   the client left or read too slowly (engine)
+INTERNAL       500     internal    a server bug (engine)
+STOPPED        503     stopped     the service is stopping (engine, ``/stopService``)
+=============  ======  ==========  ==========================================================
+
+The engine's kinds (:class:`~tiny_mindie.engine.request.ErrorKind`) are the members of the same
+names (:func:`from_generation_error`).
+"""
 
 from __future__ import annotations
+
+import enum
 
 from ..engine.request import GenerationError
 from ..server.routing import RouteError
 
+#: MindIE's ``error_type`` of each status (also the 404/405 of the router and the busy 503).
 ERROR_TYPES = {
     400: "Bad Request",
     404: "NotFoundError",
@@ -17,32 +42,124 @@ ERROR_TYPES = {
 }
 
 
-class APIError(RouteError):
-    """An error answered to the client with an HTTP status and MindIE's JSON body."""
+class Kind(enum.Enum):
+    """What went wrong; :attr:`status` and :attr:`reason` from the table above."""
 
-    def __init__(self, status: int, message: str, headers: tuple = ()):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = list(headers)
+    BAD_REQUEST = "bad_request"
+    NOT_FOUND = "not_found"
+    INVALID = "invalid"
+    TOO_DEEP = "too_deep"
+    EMPTY = "empty"
+    TOO_LONG = "too_long"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+    STOPPED = "stopped"
 
     @property
-    def error_type(self) -> str:
-        return ERROR_TYPES.get(self.status, "Bad Request")
+    def status(self) -> int:
+        return _ANSWERS[self][0]
+
+    @property
+    def reason(self) -> str:
+        """The ``reason`` label of ``request_failed_total`` (:data:`~tiny_mindie.engine.metrics.FAIL_REASONS`)."""
+        return _ANSWERS[self][1]
+
+
+_ANSWERS = {Kind.BAD_REQUEST: (400, "validation"), Kind.NOT_FOUND: (404, "validation"),
+            Kind.INVALID: (422, "validation"), Kind.TOO_DEEP: (422, "validation"),
+            Kind.EMPTY: (422, "validation"), Kind.TOO_LONG: (424, "too_long"),
+            Kind.TIMEOUT: (500, "timeout"), Kind.CANCELLED: (500, "cancelled"),
+            Kind.INTERNAL: (500, "internal"), Kind.STOPPED: (503, "stopped")}
+
+
+class APIError(RouteError):
+    """An error answered to the client: its kind's status and a body in :attr:`style`, which
+    the family's routes set (:func:`tiny_mindie.api.drive.route`); MindIE's by default.
+
+    Attributes:
+        kind, message: what went wrong, in MindIE's wording where MindIE has one.
+        param, code: OpenAI's ``param`` and ``code`` (other styles leave them out).
+        headers: extra response headers.
+    """
+
+    def __init__(self, kind: Kind, message: str, *, param: str | None = None,
+                 code: str | None = None, headers: tuple = ()):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = list(headers)
+        self.style: Style = MINDIE
+
+    @property
+    def status(self) -> int:
+        return self.style.status(self)
 
     def body(self) -> dict:
-        return {"error": self.message, "error_type": self.error_type}
+        return self.style.body(self)
 
 
 def invalid(message: str) -> APIError:
     """422 Input Validation Error."""
-    return APIError(422, message)
+    return APIError(Kind.INVALID, message)
 
 
-_GENERATION_STATUS = {"too_long": 424, "empty": 422, "timeout": 500, "stopped": 503,
-                      "cancelled": 500, "internal": 500}
+def bad(message: str, param: str | None = None) -> APIError:
+    """400 (OpenAI's invalid_request_error) about the field ``param``."""
+    return APIError(Kind.BAD_REQUEST, message, param=param)
 
 
 def from_generation_error(err: GenerationError) -> APIError:
-    """The HTTP answer for an engine error (424 too long, 500 timeout, 503 stopped, ...)."""
-    return APIError(_GENERATION_STATUS.get(err.kind, 500), err.message)
+    """The answer for an engine error (424 too long, 500 timeout, 503 stopped, ...)."""
+    return APIError(Kind(err.kind.value), err.message)
+
+
+def error_body(status: int, message: str) -> dict:
+    """MindIE's JSON error body (spec §3) for ``status`` and ``message``."""
+    return {"error": message, "error_type": ERROR_TYPES.get(status, "Bad Request")}
+
+
+class Style:
+    """MindIE's error style: ``{"error": message, "error_type": ERROR_TYPES[status]}``."""
+
+    def status(self, err: APIError) -> int:
+        return err.kind.status
+
+    def body(self, err: APIError) -> dict:
+        return error_body(self.status(err), err.message)
+
+
+class TGIStyle(Style):
+    """TGI's: MindIE's shape with TGI's ``error_type`` names (``validation`` 422, ``generation``
+    424, ``incomplete_generation`` 500, ``overloaded`` 503), so TGI's clients raise their typed
+    exceptions."""
+
+    TYPES = {422: "validation", 424: "generation", 500: "incomplete_generation",
+             503: "overloaded"}
+
+    def body(self, err: APIError) -> dict:
+        status = self.status(err)
+        return {"error": err.message,
+                "error_type": self.TYPES.get(status) or ERROR_TYPES.get(status, "Bad Request")}
+
+
+class OpenAIStyle(Style):
+    """OpenAI's: ``{"error": {"message", "type", "param", "code"}}``, ``type``
+    ``invalid_request_error`` below 500 else ``server_error``; a body nested too deep is a bad
+    field (400: valid JSON, but no field may nest so deep); a prompt too long has the code
+    ``context_length_exceeded``."""
+
+    def status(self, err: APIError) -> int:
+        return 400 if err.kind is Kind.TOO_DEEP else err.kind.status
+
+    def body(self, err: APIError) -> dict:
+        code = err.code or ("context_length_exceeded" if err.kind is Kind.TOO_LONG else None)
+        return {"error": {"message": err.message,
+                          "type": "invalid_request_error" if self.status(err) < 500
+                          else "server_error",
+                          "param": err.param, "code": code}}
+
+
+MINDIE, TGI, OPENAI = Style(), TGIStyle(), OpenAIStyle()

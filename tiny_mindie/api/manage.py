@@ -34,7 +34,7 @@ from ..engine.request import GenerationError
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import MANAGEMENT, Route
-from .errors import APIError
+from .errors import APIError, Kind
 
 STOPPED = "The service has been stopped."
 MAX_TIMED_S = 600
@@ -43,7 +43,7 @@ MAX_TIMED_S = 600
 def check_model(app, name: str) -> None:
     """404 ``Model <name> not found`` unless ``name`` is the served model's name."""
     if name != app.llm.model_name:
-        raise APIError(404, f"Model {name} not found")
+        raise APIError(Kind.NOT_FOUND, f"Model {name} not found")
 
 
 class ShutdownControl:
@@ -195,12 +195,12 @@ def routes(app) -> list[Route]:
         """``/health/timed-N``: a real one-token generation must finish within N seconds."""
         m = re.fullmatch(r"timed-([0-9]+)", params["probe"])       # ASCII digits only
         if m is None:
-            raise APIError(404, f"Route {req.path} not found")
+            raise APIError(Kind.NOT_FOUND, f"Route {req.path} not found")
         digits = m.group(1).lstrip("0") or "0"
         n = int(digits) if len(digits) <= 9 else None      # int() refuses > 4300 digits
         if n is None or not 1 <= n <= MAX_TIMED_S:
             shown = digits if len(digits) <= 20 else digits[:20] + "..."
-            raise APIError(422, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], got {shown}.")
+            raise APIError(Kind.INVALID, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], got {shown}.")
         llm = app.llm
         try:
             if not probe_ids:
@@ -228,7 +228,7 @@ def routes(app) -> list[Route]:
         of ``cacheBlockSize`` tokens; nothing is ever swapped to the CPU."""
         why = unavailable()
         if why:
-            raise APIError(503, why)
+            raise APIError(Kind.STOPPED, why)
         st = engine.stats()
         per_slot = _blocks_per_slot(app)
         return json_response(200, {
@@ -249,9 +249,9 @@ def routes(app) -> list[Route]:
         nothing is left running; the process exits right after."""
         mode = req.query.get("mode")
         if mode is not None and mode.lower() != "force":
-            raise APIError(422, f"mode must be Force (or absent for a graceful stop), got {mode}.")
+            raise APIError(Kind.INVALID, f"mode must be Force (or absent for a graceful stop), got {mode}.")
         if not ctl.request(force=mode is not None):
-            raise APIError(503, STOPPED)
+            raise APIError(Kind.STOPPED, STOPPED)
         await ctl.drained.wait()
         return Response(200, b"", "", [("Connection", "close")])
 

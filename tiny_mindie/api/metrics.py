@@ -32,61 +32,70 @@ request (an OpenAI request with ``n=2`` is one request).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
-import re
 
-from ..engine.metrics import Metrics, Tally, current_tally
+from ..engine.metrics import Metrics
 from ..server.conn import Response, ResponseStream
 from ..server.http import Request
-from ..server.routing import BUSINESS, METRICS, Route
+from ..server.routing import METRICS, Route
 from .errors import APIError
 
 PREFIX = "tiny_mindie:"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# The generation routes of every API family (spec §2, §4), with ``{}`` for a path parameter.
-GENERATION_ROUTES = frozenset({
-    "/infer", "/infer_token",                                        # MindIE native
-    "/", "/generate", "/generate_stream",                            # TGI, vLLM 0.2
-    "/v1/completions", "/v1/chat/completions",                       # OpenAI
-    "/v2/models/{}/generate", "/v2/models/{}/generate_stream", "/v2/models/{}/infer",  # Triton
-})
 
-# The failure reason of an answer the engine did not explain (it never saw the request).
-_REASON_BY_STATUS = {400: "validation", 404: "validation", 413: "validation", 422: "validation",
-                     424: "too_long", 503: "stopped"}
+class Tally:
+    """How the engine generations of one HTTP request ended, as the driver saw them
+    (:func:`tiny_mindie.api.drive.events` calls :func:`report`). A request may run several
+    generations (OpenAI ``n``): the first failure wins over success."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: str | None = None
+
+    def report(self, outcome: str) -> None:
+        if self.outcome is None or (self.outcome == "success" and outcome != "success"):
+            self.outcome = outcome
 
 
-def is_generation_route(route: Route) -> bool:
-    return (route.method == "POST" and route.plane == BUSINESS
-            and re.sub(r"\{[^}/]*\}", "{}", route.path) in GENERATION_ROUTES)
+# The Tally of the HTTP request being handled in this context (None outside a counted route:
+# health probes); asyncio copies it into the tasks a handler starts. A context variable rather
+# than an argument, so that it need not pass through every handler and helper of every family.
+_current: contextvars.ContextVar[Tally | None] = contextvars.ContextVar(
+    "tiny_mindie_tally", default=None)
+
+
+def report(outcome: str) -> None:
+    """Record how one generation of the current HTTP request ended: ``"success"`` or a failure
+    reason (:data:`~tiny_mindie.engine.metrics.FAIL_REASONS`); nothing outside a counted route."""
+    tally = _current.get()
+    if tally is not None:
+        tally.report(outcome)
 
 
 def count_requests(routes: list[Route], metrics: Metrics) -> list[Route]:
-    """``routes`` with the handlers of generation routes wrapped to count each request once in
-    ``metrics``: received on arrival, then its outcome when the handler returns (see
-    :mod:`tiny_mindie.engine.metrics`)."""
+    """``routes`` with the handlers of generation routes (``Route.generation``) wrapped to count
+    each request once in ``metrics``: received on arrival, then its outcome when the handler
+    returns."""
     return [dataclasses.replace(r, handler=_counted(r.handler, metrics))
-            if is_generation_route(r) else r for r in routes]
+            if r.generation else r for r in routes]
 
 
 def _counted(handler, metrics: Metrics):
     async def counted(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         metrics.request_received()
         tally = Tally()
-        token = current_tally.set(tally)
+        token = _current.set(tally)
         outcome = None
         try:
             resp = await handler(req, stream, params)
-            if resp is not None and resp.status >= 400:
-                outcome = _REASON_BY_STATUS.get(resp.status, "internal")
-            elif resp is not None:
-                outcome = "success"
-            else:   # streamed (the engine reported how it ended) or the client went away
-                outcome = "cancelled"
+            # None: streamed (the generations reported how it ended) or the client went away
+            outcome = "cancelled" if resp is None else "success"
             return resp
         except APIError as err:
-            outcome = _REASON_BY_STATUS.get(err.status, "internal")
+            outcome = err.kind.reason
             raise
         except (asyncio.CancelledError, ConnectionError):
             # ConnectionError: the client left (reset, closed, or cut off for not reading)
@@ -97,9 +106,9 @@ def _counted(handler, metrics: Metrics):
             outcome = "internal"
             raise
         finally:
-            current_tally.reset(token)
-            # The engine's word wins: it knows a timeout from a cancellation; but an answer the
-            # client left before its head was sent was not delivered.
+            _current.reset(token)
+            # The generations' word wins: they know a timeout from a cancellation; but an
+            # answer the client left before its head was sent was not delivered.
             final = tally.outcome or outcome or "internal"
             if final == "success" and not stream.started and stream.peer_gone():
                 final = "cancelled"

@@ -6,14 +6,15 @@ JSON -> validated :class:`GenerationRequest` -> engine -> MindIE's JSON / SSE ev
 from __future__ import annotations
 
 import asyncio
-import json
 
 from ..engine.request import GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from .errors import from_generation_error, invalid
-from .validate import get_bool, get_float, get_int, parse_json_object
+from ..server.routing import BUSINESS
+from .drive import build, collect, merged, route, send_stream
+from .errors import MINDIE, from_generation_error, invalid
+from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -33,13 +34,10 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, boo
     if "inputs" in obj and obj["inputs"] is not None and has_ids:
         raise invalid("Input conflict.")
     if has_ids:
-        ids = obj["input_id"]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-            raise invalid("The type of input_id is abnormal")
-        if not all(0 <= i < llm.tokenizer.vocab_size for i in ids):
-            raise invalid(f"input_id must be token ids in [0,{llm.tokenizer.vocab_size - 1}]")
-        prompt: str | list[int] = list(ids)
+        prompt: str | list[int] = check_token_ids(
+            obj["input_id"], "input_id", llm.tokenizer.vocab_size, non_empty=True,
+            type_message="The type of input_id is abnormal",
+            range_message="input_id must be token ids in [0,{max_id}]")
     else:
         prompt = read_inputs(obj)
     stream = get_bool(obj, "stream", False, "Field")
@@ -91,51 +89,6 @@ def mindie_parameters(p: dict, *, top_p_may_be_one: bool = False, top_k_min: int
     )
 
 
-async def build_request(llm: LLM, prompt: str | list[int], params: dict) -> GenerationRequest:
-    """Tokenize (in a worker thread: a long prompt must not stall the event loop) and check the
-    prompt's length; raises APIError 424 when it cannot fit."""
-    try:
-        request = await asyncio.to_thread(llm.make_request, prompt, **params)
-        llm.engine.check_prompt(len(request.prompt_ids))
-    except GenerationError as err:
-        raise from_generation_error(err) from None
-    return request
-
-
-async def first_event(llm: LLM, request: GenerationRequest):
-    """Start streaming ``request``: ``(events, first event)``. Waiting for the first event
-    before the response head is sent lets errors that come before any token (prompt too long,
-    service stopped, timeout in the queue) still get their own HTTP status."""
-    events = llm.stream_async(request)
-    try:
-        return events, await events.__anext__()
-    except GenerationError as err:
-        raise from_generation_error(err) from None
-
-
-async def until_done_or_gone(work, stream: ResponseStream, poll_s: float = 0.2):
-    """Await ``work`` (a coroutine), cancelling it -- and so the request in the engine -- when
-    the client disconnects meanwhile; returns ``None`` then.
-
-    Raises:
-        APIError: the engine's error, translated (424, 500, 503, ...).
-    """
-    task = asyncio.ensure_future(work)
-    try:
-        while not task.done():
-            await asyncio.wait({task}, timeout=poll_s)
-            if not task.done() and stream.peer_gone():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                return None
-        return task.result()
-    except GenerationError as err:
-        raise from_generation_error(err) from None
-    finally:
-        if not task.done():   # we were cancelled ourselves
-            task.cancel()
-
-
 def _details(ev: TokenEvent, request: GenerationRequest) -> dict:
     return {"finish_reason": ev.finish_reason, "generated_tokens": ev.index + 1,
             "seed": request.sampling.seed}
@@ -155,39 +108,22 @@ def stream_event(ev: TokenEvent, request: GenerationRequest, details: bool) -> d
     return out
 
 
-def _dumps(obj: dict) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
 async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
     """``POST /infer``: MindIE's text inference, plain JSON or an SSE stream."""
     prompt, params, streaming, details = parse_infer(req.body, llm)
-    request = await build_request(llm, prompt, params)
-    if not streaming:
-        done = await until_done_or_gone(llm.generate_async(request), stream)
-        if done is None:
-            return None
-        out: dict = {"generated_text": done.text}
-        if details:
-            out["details"] = {"finish_reason": done.finish_reason,
-                              "generated_tokens": len(done.token_ids), "seed": done.seed}
-        return json_response(200, out)
-    events, ev = await first_event(llm, request)
-    try:   # the client may be gone already: then start() raises and the request is cancelled
-        out_stream = await stream.start(200, "text/event-stream")
-        try:
-            while True:
-                await out_stream.send_event(_dumps(stream_event(ev, request, details)))
-                if ev.is_last:
-                    break
-                ev = await events.__anext__()
-        except GenerationError as err:
-            await out_stream.send_event(_dumps(from_generation_error(err).body()))
-    finally:
-        await events.aclose()
-    await out_stream.end()
-    return None
-
+    request = await build(llm, prompt, params)
+    if streaming:
+        await send_stream(stream, merged(llm, [request]), MINDIE,
+                          lambda item: [stream_event(item[1], request, details)])
+        return None
+    done = await collect(llm, [request], stream)
+    if done is None:
+        return None
+    evs = done[0]
+    out: dict = {"generated_text": evs[-1].generated_text or ""}
+    if details:
+        out["details"] = _details(evs[-1], request)
+    return json_response(200, out)
 
 
 async def infer_token(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
@@ -212,9 +148,7 @@ async def tokenizer(req: Request, stream: ResponseStream, llm: LLM) -> Response:
     decode = get_bool(obj, "do_decode", False, "Field")
 
     def run() -> tuple[int, list]:          # in a worker thread: the event loop serves others
-        llm.check_text_length(text)
-        ids = llm.encode(text)
-        llm.engine.check_prompt(len(ids))
+        ids = llm.prompt_ids(text)
         if not decode:
             return len(ids), ids
         tok = llm.tokenizer
@@ -230,7 +164,8 @@ async def tokenizer(req: Request, stream: ResponseStream, llm: LLM) -> Response:
 
 def routes(app) -> list:
     """The native family's routes (spec §2, §4)."""
-    from ..server.routing import BUSINESS, Route
-    return [Route("POST", "/infer", BUSINESS, lambda r, s, p: infer(r, s, app.llm)),
-            Route("POST", "/infer_token", BUSINESS, lambda r, s, p: infer_token(r, s, app.llm)),
-            Route("POST", "/v1/tokenizer", BUSINESS, lambda r, s, p: tokenizer(r, s, app.llm))]
+    return [route("POST", "/infer", BUSINESS, lambda r, s, p: infer(r, s, app.llm),
+                  generation=True),
+            route("POST", "/infer_token", BUSINESS, lambda r, s, p: infer_token(r, s, app.llm),
+                  generation=True),
+            route("POST", "/v1/tokenizer", BUSINESS, lambda r, s, p: tokenizer(r, s, app.llm))]

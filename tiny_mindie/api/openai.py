@@ -2,10 +2,8 @@
 ``GET /v1/models``, ``GET /v1/models/{model}``.
 
 JSON -> validated :class:`GenerationRequest` (one per prompt and choice) -> engine -> OpenAI's
-JSON objects or SSE chunks ending with ``data: [DONE]``. Chat prompts are the GGUF's
-``tokenizer.chat_template`` rendered with jinja2's sandbox, as Hugging Face's
-``apply_chat_template`` does; only the template's own control tokens are parsed in it, the
-client's text stays plain text (:func:`encode_chat`).
+JSON objects or SSE chunks ending with ``data: [DONE]``. Chat prompts are rendered by
+:mod:`.chat_template`.
 
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
@@ -21,20 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import json
-import re
 import time
 import uuid
-from datetime import datetime
 
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent, next_request_id
+from ..engine.request import GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from .errors import APIError, from_generation_error
-from .native import build_request, until_done_or_gone
-from .validate import JSONTooDeep, check_token_ids, get_bool, get_float, get_int, parse_json_object
+from ..server.routing import BUSINESS
+from .chat_template import chatml_stops, encode_chat
+from .drive import build, collect, fan_out, merged, route, send_stream
+from .errors import OPENAI, APIError, Kind, bad, from_generation_error
+from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -43,52 +40,10 @@ MAX_CHOICES = 128           # n x prompts per request: each is a sequence in the
 MAX_TOP_LOGPROBS = 20       # OpenAI's limit for chat's top_logprobs
 MIN_LOGPROB = -9999.0       # JSON has no -inf (vLLM's convention)
 
-# A model whose GGUF carries no chat template is prompted in ChatML (llama.cpp's default).
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
 # ---- errors ------------------------------------------------------------------------------
-class OpenAIError(APIError):
-    """An error answered in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None):
-        super().__init__(status, message)
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param,
-                          "code": self.code}}
-
-
-def bad(message: str, param: str | None = None) -> OpenAIError:
-    """400 invalid_request_error."""
-    return OpenAIError(400, message, param)
-
-
-def _converted(err: APIError) -> OpenAIError:
-    if isinstance(err, OpenAIError):
-        return err
-    if isinstance(err, JSONTooDeep):     # valid JSON, but no field may nest so deep
-        return bad(err.message)
-    code = "context_length_exceeded" if err.status == 424 else None
-    return OpenAIError(err.status, err.message, code=code)
-
-
-def _openai_errors(handler):
-    """Every error of ``handler`` -- ours, the shared validators', the engine's -- leaves in
-    OpenAI's shape."""
-    @functools.wraps(handler)
-    async def wrapped(req: Request, stream: ResponseStream, params: dict):
-        try:
-            return await handler(req, stream, params)
-        except APIError as err:
-            raise _converted(err) from None
-    return wrapped
+def _no_such_model(name: str) -> APIError:
+    return APIError(Kind.NOT_FOUND, f"The model `{name}` does not exist.", param="model",
+                    code="model_not_found")
 
 
 def _field(getter, d: dict, name: str, *args, **kwargs):
@@ -97,232 +52,6 @@ def _field(getter, d: dict, name: str, *args, **kwargs):
         return getter(d, name, *args, **kwargs)
     except APIError as err:
         raise bad(err.message, name) from None
-
-
-# ---- chat template -----------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def _template_env():
-    """The jinja2 environment chat templates compile in, as Hugging Face's
-    ``_compile_jinja_template`` makes it: an ``ImmutableSandboxedEnvironment`` with
-    ``trim_blocks``/``lstrip_blocks``, loop controls, ``raise_exception``, ``strftime_now``, a
-    ``tojson`` that keeps non-ASCII, and the ``{% generation %}`` tag (rendered as its body)."""
-    import jinja2
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class GenerationTag(Extension):
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env
-
-
-@functools.lru_cache(maxsize=8)
-def compile_template(source: str):
-    """The chat template compiled in :func:`_template_env`.
-
-    Raises:
-        jinja2.exceptions.TemplateSyntaxError: the template is not valid jinja2.
-    """
-    return _template_env().from_string(source)
-
-
-# What a turn marker looks like in a template's literal text: <|im_start|>, <start_of_turn>,
-# </s>, [INST], <<SYS>>. Not any tag: Qwen's template writes <tools> as plain text by design,
-# and a message that mentions <tools> is no forged turn.
-_MARKER = re.compile(r"<\|[^\s<>|]{1,64}\|>|</?[A-Za-z]{1,32}_of_turn>|</?s>"
-                     r"|\[/?[A-Z][A-Z_]{1,31}\]|<<[A-Z]{1,31}>>")
-
-
-@functools.lru_cache(maxsize=8)
-def template_markers(source: str) -> tuple[str, ...]:
-    """The turn markers a chat template writes: what looks like one (:data:`_MARKER`) in its
-    literal text (``{{ '<|im_start|>' + ... }}``, text outside tags), each once, in order.
-
-    Raises:
-        jinja2.exceptions.TemplateSyntaxError: the template is not valid jinja2.
-    """
-    from jinja2 import nodes
-
-    literals = [n.data if isinstance(n, nodes.TemplateData) else n.value
-                for n in _template_env().parse(source).find_all((nodes.Const, nodes.TemplateData))]
-    found = (m for s in literals if isinstance(s, str) for m in _MARKER.findall(s))
-    return tuple(dict.fromkeys(found))
-
-
-def chatml_stops(tok) -> tuple[str, ...]:
-    """Stop strings a chat prompted in the :data:`CHATML` fallback needs: ``<|im_end|>`` when
-    the vocabulary has no such end-of-generation token (Gemma 3's base model, whose GGUF carries
-    no template, writes the marker out as text and would go on with the next turn)."""
-    if any(tok.token_text(i) == "<|im_end|>" for i in tok.eog_ids):
-        return ()
-    return ("<|im_end|>",)
-
-
-def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = None) -> str:
-    """The prompt text for ``messages`` (generation prompt added).
-
-    When the template writes the BOS token itself and the tokenizer adds one too, the written
-    one is dropped, so the prompt never starts with two (HF tokenizes the rendered text without
-    special tokens; here ``encode`` adds BOS by the GGUF's rule).
-
-    Args:
-        llm: the model (its tokenizer's template, BOS and EOS).
-        messages: the validated messages.
-        extra: the template's extra keyword arguments (``chat_template_kwargs``).
-        mark: when given, every client string (messages but their roles, ``extra``) goes
-            through ``Tokenizer.shield`` with it first; see :func:`encode_chat`.
-
-    Raises:
-        OpenAIError: 400 when the template refuses the conversation or fails to render.
-    """
-    import jinja2
-
-    tok = llm.tokenizer
-    bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-    eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-    if mark is not None:
-        try:
-            messages = [{_shielded(k, tok, mark): v if k == "role" else _shielded(v, tok, mark)
-                         for k, v in m.items()} for m in messages]
-            extra = _shielded(extra, tok, mark)
-        except ValueError as exc:
-            raise bad(f"Cannot keep the messages' text apart from the template: {exc}.",
-                      "messages") from None
-    kwargs = {**extra, "messages": messages, "add_generation_prompt": True,
-              "bos_token": bos, "eos_token": eos}
-    kwargs.setdefault("tools", None)
-    kwargs.setdefault("documents", None)
-    try:
-        text = compile_template(tok.chat_template or CHATML).render(**kwargs)
-    except jinja2.exceptions.TemplateError as exc:   # raise_exception(...), syntax, security
-        raise bad(f"Chat template error: {exc}", "messages") from None
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise bad(f"Chat template error: {type(exc).__name__}: {exc}", "messages") from None
-    if bos and tok.add_bos and text.startswith(bos):
-        text = text[len(bos):]
-    return text
-
-
-def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
-    """The prompt ids for ``messages``: the template's control tokens (``<|im_start|>``) as
-    their ids, the client's text -- contents, names, tool calls and results,
-    ``chat_template_kwargs`` -- as plain text even where it spells a control token, so that a
-    message cannot forge a turn. A chat whose strings spell none tokenizes exactly as
-    ``llm.tokenizer.encode(render_chat(...), parse_special=True)``.
-
-    The length check comes first, on the chat rendered as it is (cheap: a 40 MB chat is refused
-    before its strings are shielded). Where a marker the template writes (:func:`template_markers`)
-    is no control token of the vocabulary -- the ChatML fallback on Gemma 3 -- the model cannot
-    tell a client's copy from the template's, so a client string holding one is refused.
-
-    Raises:
-        OpenAIError: 400 as :func:`render_chat`; 400 when a client string holds a marker of
-            the template that the vocabulary writes as plain text.
-        GenerationError: ``"too_long"`` (HTTP 424) when the rendered text cannot fit.
-    """
-    tok = llm.tokenizer
-    template = tok.chat_template or CHATML
-    text = render_chat(llm, messages, extra)
-    llm.check_text_length(text)
-    strings = [*_strings(messages), *_strings(extra)]
-    for marker in tok.plain_text_of(template_markers(template)):
-        if any(marker in s for s in strings):
-            raise bad(f"The messages hold {marker!r}, but {marker!r} is this model's chat turn "
-                      "marker, which its vocabulary cannot keep apart from text.", "messages")
-    mark = _free_mark([*strings, template])
-    if not _any_shielded(tok, strings, mark):   # the usual chat: the render above is the one
-        return tok.encode(text, parse_special=True)
-    return tok.encode_shielded(render_chat(llm, messages, extra, mark), mark)
-
-
-def _any_shielded(tok, strings: list[str], mark: str) -> bool:
-    """Whether ``Tokenizer.shield`` marks any of ``strings`` (True also when it refuses one:
-    :func:`render_chat` then answers the 400)."""
-    try:
-        return any(tok.shield(s, mark) is not s for s in strings)
-    except ValueError:
-        return True
-
-
-def _strings(obj):
-    """Every string in ``obj`` (JSON values: dict keys included); iterative, so that no
-    nesting depth can exhaust the stack (``parse_json_object`` bounds it anyway)."""
-    stack = [obj]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, str):
-            yield x
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                stack += (v, k)
-        elif isinstance(x, (list, tuple)):
-            stack.extend(reversed(x))
-
-
-def _shielded(obj, tok, mark: str):
-    """``obj`` (JSON values) with each string, dict keys included, through ``tok.shield``;
-    a copy, made iteratively as :func:`_strings` walks."""
-    root = [obj]
-    todo = [(root, 0)]                    # (container, key): its value still to be copied
-    while todo:
-        parent, key = todo.pop()
-        x = parent[key]
-        if isinstance(x, str):
-            parent[key] = tok.shield(x, mark)
-        elif isinstance(x, dict):
-            parent[key] = copy = {}
-            for k, v in x.items():
-                k = tok.shield(k, mark) if isinstance(k, str) else k
-                copy[k] = v
-                todo.append((copy, k))
-        elif isinstance(x, (list, tuple)):
-            parent[key] = copy = list(x)
-            todo.extend((copy, i) for i in range(len(copy)))
-    return root[0]
-
-
-# Marks for Tokenizer.shield: CJK Extension B ideographs (printable, so a template's repr() of a
-# message keeps them, caseless, not whitespace), then plane 15's private use characters.
-_MARKS = (range(0x20000, 0x2A6E0), range(0xF0000, 0xFFFFE))
-
-
-def _free_mark(strings: list[str]) -> str:
-    """A character in none of ``strings``: the first of :data:`_MARKS` unless a string has it,
-    else the first one no string has (one pass over the text either way).
-
-    Raises:
-        OpenAIError: 400 when the strings hold every candidate (over 108,000 characters).
-    """
-    first = chr(_MARKS[0][0])
-    if not any(first in s for s in strings):
-        return first
-    used = set().union(*map(set, strings))
-    for block in _MARKS:
-        for cp in block:
-            if chr(cp) not in used:
-                return chr(cp)
-    raise bad("The messages use too many distinct characters.", "messages")
 
 
 # ---- request parsing ---------------------------------------------------------------------
@@ -349,7 +78,7 @@ def _check_model(app, obj: dict) -> None:
     if not isinstance(name, str):
         raise bad(f"Parameter model must be a string, got {json.dumps(name)}.", "model")
     if name != app.llm.model_name:
-        raise OpenAIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+        raise _no_such_model(name)
 
 
 def _stop_strings(obj: dict) -> tuple[str, ...]:
@@ -499,21 +228,16 @@ def parse_completion(app, body: bytes) -> Parsed:
 
 
 async def make_requests(llm: LLM, p: Parsed) -> list[list[GenerationRequest]]:
-    """One request per prompt and choice: prompt i's choice j is seeded ``seed + j`` (its first
-    request's seed, drawn when not given); each prompt is tokenized once, off the event loop."""
+    """One request per prompt and choice (:func:`~.drive.fan_out`: choice j seeded
+    ``seed + j``); each prompt is tokenized once, off the event loop."""
     out = []
     for prompt in p.prompts:
-        first = await build_request(llm, prompt, p.params)
-        sampling = dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
-                                       frequency_penalty=p.frequency_penalty)
-        group = []
-        for j in range(p.n):
-            group.append(dataclasses.replace(
-                first, prompt_ids=list(first.prompt_ids), request_id=next_request_id(),
-                top_logprobs=p.top_logprobs,
-                sampling=dataclasses.replace(sampling,
-                                             seed=(sampling.seed + j) % (MAX_SEED + 1))))
-        out.append(group)
+        first = await build(llm, prompt, p.params)
+        first = dataclasses.replace(
+            first, top_logprobs=p.top_logprobs,
+            sampling=dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
+                                         frequency_penalty=p.frequency_penalty))
+        out.append(fan_out(first, p.n))
     return out
 
 
@@ -573,54 +297,6 @@ def _usage(groups: list[list[list[TokenEvent]]]) -> dict:
             "total_tokens": prompt + completion}
 
 
-async def _collect(llm: LLM, reqs: list[GenerationRequest]) -> list[list[TokenEvent]]:
-    """Run ``reqs`` concurrently to the end; one failing (or our cancellation) cancels all."""
-    async def one(r: GenerationRequest) -> list[TokenEvent]:
-        return [ev async for ev in llm.stream_async(r)]
-    tasks = [asyncio.ensure_future(one(r)) for r in reqs]
-    try:
-        return await asyncio.gather(*tasks)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _merged(llm: LLM, reqs: list[GenerationRequest]):
-    """``(choice index, event)`` pairs of all ``reqs`` as they come; raises the first
-    ``GenerationError``. A bounded queue keeps a slow client's back-pressure on the engine."""
-    queue: asyncio.Queue = asyncio.Queue(maxsize=max(4, 2 * len(reqs)))
-
-    async def pump(i: int, r: GenerationRequest) -> None:
-        events = llm.stream_async(r)
-        try:
-            async for ev in events:
-                await queue.put((i, ev))
-        except GenerationError as err:
-            await queue.put((i, err))
-        finally:
-            await events.aclose()
-
-    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(reqs)]
-    remaining = len(reqs)
-    try:
-        while remaining:
-            i, item = await queue.get()
-            if isinstance(item, GenerationError):
-                raise item
-            if item.is_last:
-                remaining -= 1
-            yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _dumps(obj: dict) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
 class _Kind:
     """What differs between chat and text completions."""
 
@@ -643,103 +319,96 @@ async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
     fmt = Formatter(llm)
     groups = await make_requests(llm, p)
     flat = [r for g in groups for r in g]
-    if not p.stream:
-        done = await until_done_or_gone(_collect(llm, flat), stream)
-        if done is None:
-            return None
-        by_group = [done[g * p.n:(g + 1) * p.n] for g in range(len(groups))]
-        choices = []
-        for idx, events in enumerate(done):
-            last = events[-1]
-            shown = [ev for ev in events if _counted(ev)]
-            text = last.generated_text or ""
-            if kind.chat:
-                choice = {"index": idx, "message": {"role": "assistant", "content": text},
-                          "logprobs": ({"content": [fmt.chat_entry(ev) for ev in shown]}
-                                       if p.logprobs else None)}
-            else:
-                prefix = prefixes[idx // p.n] if prefixes else ""
-                choice = {"index": idx, "text": prefix + text,
-                          "logprobs": (fmt.completion_logprobs(shown, len(prefix))
-                                       if p.logprobs else None)}
-            choice["finish_reason"] = _finish_reason(last)
-            choices.append(choice)
-        out = kind.envelope(choices, chunk=False)
-        out["usage"] = _usage(by_group)
-        return json_response(200, out)
-
-    events = _merged(llm, flat)
-    try:
-        first = await events.__anext__()   # errors before any token still get a proper status
-    except GenerationError as err:
-        await events.aclose()
-        raise from_generation_error(err) from None
-    usage_extra = {"usage": None} if p.include_usage else {}
-    out_stream = None
-
-    async def send(choices: list) -> None:
-        await out_stream.send_event(_dumps({**kind.envelope(choices, chunk=True), **usage_extra}))
-
-    counts = [0] * len(flat)
-    prompt_tokens = [0] * len(groups)
-    offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
-    try:   # the client may be gone already: then start() raises and the requests are cancelled
-        out_stream = await stream.start(200, "text/event-stream")
+    if p.stream:
+        await _stream(llm, stream, p, kind, prefixes, flat, fmt)
+        return None
+    done = await collect(llm, flat, stream)
+    if done is None:
+        return None
+    by_group = [done[g * p.n:(g + 1) * p.n] for g in range(len(groups))]
+    choices = []
+    for idx, events in enumerate(done):
+        last = events[-1]
+        shown = [ev for ev in events if _counted(ev)]
+        text = last.generated_text or ""
         if kind.chat:
-            await send([{"index": i, "delta": {"role": "assistant", "content": ""},
-                         "logprobs": None, "finish_reason": None} for i in range(len(flat))])
-        elif any(prefixes):
-            await send([{"index": i, "text": prefixes[i // p.n], "logprobs": None,
-                         "finish_reason": None} for i in range(len(flat))])
-        item = first
-        while True:
-            i, ev = item
-            counts[i] += 1
-            prompt_tokens[i // p.n] = ev.prompt_tokens
-            lp_entry = p.logprobs and _counted(ev)
-            finish = _finish_reason(ev) if ev.is_last else None
-            if kind.chat:
-                if ev.text or lp_entry:
-                    await send([{"index": i, "delta": {"content": ev.text},
-                                 "logprobs": ({"content": [fmt.chat_entry(ev)]} if lp_entry
-                                              else None), "finish_reason": None}])
-                if finish:
-                    await send([{"index": i, "delta": {}, "logprobs": None,
-                                 "finish_reason": finish}])
-            elif ev.text or lp_entry or finish:
-                await send([{"index": i, "text": ev.text,
-                             "logprobs": (fmt.completion_logprobs([ev], offsets[i]) if lp_entry
-                                          else None), "finish_reason": finish}])
-                offsets[i] += len(ev.text)
-            try:
-                item = await events.__anext__()
-            except StopAsyncIteration:
-                break
-        if p.include_usage:
-            prompt = sum(prompt_tokens)
-            usage_extra = {"usage": {"prompt_tokens": prompt, "completion_tokens": sum(counts),
-                                     "total_tokens": prompt + sum(counts)}}
-            await send([])
-    except GenerationError as err:
-        await out_stream.send_event(_dumps(_converted(from_generation_error(err)).body()))
-    finally:
-        await events.aclose()
-    await out_stream.send_event("[DONE]")
-    await out_stream.end()
-    return None
+            choice = {"index": idx, "message": {"role": "assistant", "content": text},
+                      "logprobs": ({"content": [fmt.chat_entry(ev) for ev in shown]}
+                                   if p.logprobs else None)}
+        else:
+            prefix = prefixes[idx // p.n] if prefixes else ""
+            choice = {"index": idx, "text": prefix + text,
+                      "logprobs": (fmt.completion_logprobs(shown, len(prefix))
+                                   if p.logprobs else None)}
+        choice["finish_reason"] = _finish_reason(last)
+        choices.append(choice)
+    out = kind.envelope(choices, chunk=False)
+    out["usage"] = _usage(by_group)
+    return json_response(200, out)
+
+
+async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, prefixes: list[str],
+                  flat: list[GenerationRequest], fmt: Formatter) -> None:
+    """The SSE chunks of ``flat``'s choices as their tokens come, then ``data: [DONE]``."""
+    counts = [0] * len(flat)
+    prompt_tokens = [0] * (len(flat) // p.n)
+    offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
+
+    def chunk(choices: list, usage=None) -> dict:
+        return {**kind.envelope(choices, chunk=True),
+                **({"usage": usage} if p.include_usage else {})}
+
+    opening = []
+    if kind.chat:
+        opening.append(chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                               "logprobs": None, "finish_reason": None}
+                              for i in range(len(flat))]))
+    elif any(prefixes):
+        opening.append(chunk([{"index": i, "text": prefixes[i // p.n], "logprobs": None,
+                               "finish_reason": None} for i in range(len(flat))]))
+
+    def event(item: tuple[int, TokenEvent]) -> list[dict]:
+        i, ev = item
+        counts[i] += 1
+        prompt_tokens[i // p.n] = ev.prompt_tokens
+        lp_entry = p.logprobs and _counted(ev)
+        finish = _finish_reason(ev) if ev.is_last else None
+        out = []
+        if kind.chat:
+            if ev.text or lp_entry:
+                out.append(chunk([{"index": i, "delta": {"content": ev.text},
+                                   "logprobs": ({"content": [fmt.chat_entry(ev)]} if lp_entry
+                                                else None), "finish_reason": None}]))
+            if finish:
+                out.append(chunk([{"index": i, "delta": {}, "logprobs": None,
+                                   "finish_reason": finish}]))
+        elif ev.text or lp_entry or finish:
+            out.append(chunk([{"index": i, "text": ev.text,
+                               "logprobs": (fmt.completion_logprobs([ev], offsets[i]) if lp_entry
+                                            else None), "finish_reason": finish}]))
+            offsets[i] += len(ev.text)
+        return out
+
+    def usage() -> list[dict]:
+        if not p.include_usage:
+            return []
+        prompt, completion = sum(prompt_tokens), sum(counts)
+        return [chunk([], {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion})]
+
+    await send_stream(stream, merged(llm, flat), OPENAI, event, opening=opening, closing=usage,
+                      done="[DONE]")
 
 
 # ---- routes ------------------------------------------------------------------------------
 def routes(app) -> list:
     """The OpenAI family's routes (spec §4), all on the business plane."""
-    from ..server.routing import BUSINESS, Route
     created = int(time.time())
 
     def model_card() -> dict:
         return {"id": app.llm.model_name, "object": "model", "created": created,
                 "owned_by": OWNED_BY}
 
-    @_openai_errors
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         p, messages, extra = parse_chat(app, req.body)
         try:
@@ -751,7 +420,6 @@ def routes(app) -> list:
             p.params["stop"] += chatml_stops(app.llm.tokenizer)
         return await _answer(app.llm, stream, p, _Kind(chat=True, model=app.llm.model_name), [])
 
-    @_openai_errors
     async def completions(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         p = parse_completion(app, req.body)
         prefixes = []
@@ -761,20 +429,17 @@ def routes(app) -> list:
         return await _answer(app.llm, stream, p, _Kind(chat=False, model=app.llm.model_name),
                              prefixes)
 
-    @_openai_errors
     async def list_models(req: Request, stream: ResponseStream, params: dict) -> Response:
         return json_response(200, {"object": "list", "data": [model_card()]})
 
-    @_openai_errors
     async def get_model(req: Request, stream: ResponseStream, params: dict) -> Response:
         if params["model"] != app.llm.model_name:
-            raise OpenAIError(404, f"The model `{params['model']}` does not exist.", "model",
-                              "model_not_found")
+            raise _no_such_model(params["model"])
         return json_response(200, model_card())
 
     return [
-        Route("POST", "/v1/chat/completions", BUSINESS, chat),
-        Route("POST", "/v1/completions", BUSINESS, completions),
-        Route("GET", "/v1/models", BUSINESS, list_models),
-        Route("GET", "/v1/models/{model}", BUSINESS, get_model),
+        route("POST", "/v1/chat/completions", BUSINESS, chat, style=OPENAI, generation=True),
+        route("POST", "/v1/completions", BUSINESS, completions, style=OPENAI, generation=True),
+        route("GET", "/v1/models", BUSINESS, list_models, style=OPENAI),
+        route("GET", "/v1/models/{model}", BUSINESS, get_model, style=OPENAI),
     ]

@@ -1,4 +1,5 @@
-"""Hugging Face TGI family (TGI 0.9.4 behaviour) and the vLLM 0.2 form of ``/generate`` (spec §4).
+"""Hugging Face TGI family (TGI 0.9.4 behaviour), spec §4; ``/generate`` with vLLM 0.2's
+``prompt`` goes to :mod:`.vllm`.
 
 Routes: ``POST /generate``, ``POST /generate_stream``, ``POST /`` (a one-element JSON array, or
 a stream with ``"stream": true``), ``GET /info``. Thin adapters over the engine, like ``/infer``.
@@ -25,20 +26,28 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import os
 import re
 
 from .. import __version__
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent
+from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from ..server.sse import utf8
-from .errors import APIError, from_generation_error, invalid
-from .native import build_request, first_event, read_inputs, read_parameters, until_done_or_gone
-from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+from ..server.routing import BUSINESS, MANAGEMENT
+from .drive import build, collect, merged, route, send_stream
+from .errors import TGI, invalid
+from .native import read_inputs, read_parameters
+from .validate import (
+    get_bool,
+    get_float,
+    get_int,
+    get_stop_list,
+    parse_json_object,
+    refuse_set,
+)
+from .vllm import vllm_generate
 
 INT32_MAX = 2**31 - 1
 MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
@@ -46,59 +55,8 @@ INF = float("inf")
 MAX_STOP_SEQUENCES = 4      # TGI's default --max-stop-sequences
 
 
-TGI_ERROR_TYPES = {422: "validation", 424: "generation", 500: "incomplete_generation",
-                   503: "overloaded"}
-
-
-class TGIError(APIError):
-    """An :class:`APIError` answered with TGI's ``error_type`` names."""
-
-    @property
-    def error_type(self) -> str:
-        return TGI_ERROR_TYPES.get(self.status) or super().error_type
-
-
-def _tgi(err: APIError) -> TGIError:
-    return TGIError(err.status, err.message, err.headers)
-
-
-def _tgi_errors(handler):
-    """Wrap a route handler so that its errors carry TGI's ``error_type``."""
-    async def wrapped(req, stream, params):
-        try:
-            return await handler(req, stream, params)
-        except TGIError:
-            raise
-        except APIError as err:
-            raise _tgi(err) from None
-    return wrapped
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
 def _logprob(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
-
-
-def _stop_list(p: dict, name: str = "stop", limit: int = MAX_STOP_SEQUENCES) -> list[str]:
-    """``stop``: a string or a list of non-empty strings (at most ``limit``); null -> []."""
-    v = p.get(name)
-    if v is None:
-        return []
-    if isinstance(v, str):
-        v = [v]
-    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.")
-    if len(v) > limit:
-        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}")
-    return list(v)
-
-
-def _refuse_set(p: dict, name: str, neutral=(None,)) -> None:
-    if p.get(name) not in neutral:
-        raise invalid(f"Parameter {name} is not supported.")
 
 
 class TGIParams:
@@ -124,7 +82,7 @@ class TGIParams:
                                          lo_open=True, hi_open=True),
             max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
             watermark=get_bool(p, "watermark", False),
-            stop=_stop_list(p),
+            stop=get_stop_list(p, "stop", MAX_STOP_SEQUENCES),
             include_stop_string=True,
         )
         self.details = get_bool(p, "details", False)
@@ -136,9 +94,9 @@ class TGIParams:
             raise invalid("Parameter best_of != 1 is not allowed for this endpoint "
                           "(max_best_of is 1).")
         self.top_n_tokens = get_int(p, "top_n_tokens", None, 0, MAX_TOP_N_TOKENS) or 0
-        _refuse_set(p, "grammar")
-        _refuse_set(p, "adapter_id")
-        _refuse_set(p, "frequency_penalty", (None, 0, 0.0))
+        refuse_set(p, "grammar")
+        refuse_set(p, "adapter_id")
+        refuse_set(p, "frequency_penalty", (None, 0, 0.0))
 
 
 def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
@@ -148,10 +106,10 @@ def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
 
 async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRequest:
     if params.truncate is None:
-        request = await build_request(llm, prompt, params.make)
+        request = await build(llm, prompt, params.make)
     else:   # TGI keeps the last `truncate` tokens of the prompt.
         ids = await asyncio.to_thread(llm.encode_tail, prompt, params.truncate)
-        request = await build_request(llm, ids, params.make)
+        request = await build(llm, ids, params.make)
     if params.top_n_tokens:
         request = dataclasses.replace(request, top_logprobs=params.top_n_tokens)
     return request
@@ -188,17 +146,14 @@ def _top_tokens(llm: LLM, ev: TokenEvent) -> list[dict]:
     return [_piece(llm, i, lp) for i, lp in ev.top_logprobs or ()]
 
 
-async def _collect(llm: LLM, request: GenerationRequest) -> list[TokenEvent]:
-    return [ev async for ev in llm.stream_async(request)]
-
-
 async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
                     as_list: bool) -> Response | None:
     prompt, params = parse_tgi(obj, llm)
     request = await _tgi_request(llm, prompt, params)
-    events = await until_done_or_gone(_collect(llm, request), stream)
-    if events is None:
+    done = await collect(llm, [request], stream)
+    if done is None:
         return None
+    events = done[0]
     last = events[-1]
     text = last.generated_text or ""
     if params.return_full_text:
@@ -222,136 +177,23 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
         raise invalid("Parameter decoder_input_details == true is not supported when "
                       "streaming tokens.")
     request = await _tgi_request(llm, prompt, params)
-    events, ev = await first_event(llm, request)
-    try:   # the client may be gone already: then start() raises and the request is cancelled
-        out_stream = await stream.start(200, "text/event-stream")
-        try:
-            while True:
-                out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
-                if params.top_n_tokens:
-                    out["top_tokens"] = _top_tokens(llm, ev)
-                if ev.is_last:
-                    text = ev.generated_text or ""
-                    out["generated_text"] = prompt + text if params.return_full_text else text
-                    if params.details:
-                        out["details"] = {"finish_reason": ev.finish_reason,
-                                          "generated_tokens": ev.index + 1,
-                                          "seed": request.sampling.seed,
-                                          "prompt_tokens": len(request.prompt_ids)}
-                await out_stream.send_event(_dumps(out))
-                if ev.is_last:
-                    break
-                ev = await events.__anext__()
-        except GenerationError as err:
-            await out_stream.send_event(_dumps(_tgi(from_generation_error(err)).body()))
-    finally:
-        await events.aclose()
-    await out_stream.end()
-    return None
 
+    def event(item: tuple[int, TokenEvent]) -> list[dict]:
+        ev = item[1]
+        out: dict = {"token": _token(llm, ev), "generated_text": None, "details": None}
+        if params.top_n_tokens:
+            out["top_tokens"] = _top_tokens(llm, ev)
+        if ev.is_last:
+            text = ev.generated_text or ""
+            out["generated_text"] = prompt + text if params.return_full_text else text
+            if params.details:
+                out["details"] = {"finish_reason": ev.finish_reason,
+                                  "generated_tokens": ev.index + 1,
+                                  "seed": request.sampling.seed,
+                                  "prompt_tokens": len(request.prompt_ids)}
+        return [out]
 
-# ---- vLLM 0.2 ------------------------------------------------------------------------------
-
-def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
-    """vLLM 0.2's ``/generate`` body: ``prompt``, ``stream`` and sampling fields at the top
-    level. Returns ``(prompt, make_request parameters, n, stream)``."""
-    prompt = obj.get("prompt")
-    if prompt is None:
-        raise invalid("Prompt must not be null")
-    if not isinstance(prompt, str):
-        raise invalid("The type of prompt is abnormal")
-    if not prompt:
-        raise invalid("Prompt must not be empty")
-    if obj.get("use_beam_search"):
-        raise invalid("Parameter use_beam_search is not supported.")
-    for name in ("presence_penalty", "frequency_penalty"):
-        _refuse_set(obj, name, (None, 0, 0.0))
-    n = get_int(obj, "n", 1, 1, 16)
-    best_of = get_int(obj, "best_of", None, 1, 16)
-    if best_of not in (None, n):
-        raise invalid("Parameter best_of different from n is not supported.")
-    # vLLM: temperature >= 0 (0 = greedy), top_p in (0, 1], top_k -1 (off) or >= 1.
-    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
-    top_k = get_int(obj, "top_k", -1, -1, INT32_MAX)
-    if top_k == 0:
-        raise invalid("Parameter top_k must be -1 (disable), or at least 1, got 0.")
-    top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
-    greedy = temperature == 0.0
-    make = dict(
-        temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
-        do_sample=not greedy,
-        seed=get_int(obj, "seed", None, 0, MAX_SEED),
-        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
-                                     lo_open=True, hi_open=False),
-        max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
-        stop=_stop_list(obj, limit=64),
-        include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
-        ignore_eos=get_bool(obj, "ignore_eos", False),
-    )
-    ids = obj.get("stop_token_ids")
-    if ids is not None:
-        make["stop_token_ids"] = check_token_ids(ids, "stop_token_ids", llm.tokenizer.vocab_size)
-    return prompt, make, n, get_bool(obj, "stream", False, "Field")
-
-
-async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
-    """``{"prompt", ...}`` -> ``{"text": [prompt + output, ...]}`` (``n`` outputs); with
-    ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
-    byte, every one holding the texts so far (vLLM 0.2's api_server)."""
-    prompt, make, n, streaming = parse_vllm(obj, llm)
-    first = await build_request(llm, prompt, make)
-    requests = [first]
-    for k in range(1, n):   # n samples: same prompt ids, distinct seeds
-        seed = None if make["seed"] is None else (make["seed"] + k) % (MAX_SEED + 1)
-        requests.append(await build_request(llm, first.prompt_ids, {**make, "seed": seed}))
-    if not streaming:
-        async def all_done():
-            tasks = [asyncio.ensure_future(_collect(llm, r)) for r in requests]
-            try:
-                return await asyncio.gather(*tasks)
-            finally:   # one failed or the client left: the others leave the engine too
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-        done = await until_done_or_gone(all_done(), stream)
-        if done is None:
-            return None
-        return json_response(200, {"text": [prompt + (evs[-1].generated_text or "") for evs in done]})
-    texts = [""] * n
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(k: int, r: GenerationRequest):
-        try:
-            async for ev in llm.stream_async(r):
-                await queue.put((k, ev))
-        except GenerationError as err:
-            await queue.put((k, err))
-        await queue.put((k, None))
-
-    tasks = [asyncio.ensure_future(pump(k, r)) for k, r in enumerate(requests)]
-    try:
-        k, item = await queue.get()
-        if isinstance(item, GenerationError):
-            raise from_generation_error(item)
-        out_stream = await stream.start(200, "application/json")
-        open_ = n
-        while True:
-            if isinstance(item, GenerationError):
-                await out_stream.send(utf8(_dumps(_tgi(from_generation_error(item)).body())) + b"\0")
-                break
-            if item is None:
-                open_ -= 1
-                if not open_:
-                    break
-            else:
-                texts[k] = item.generated_text if item.is_last else texts[k] + item.text
-                await out_stream.send(utf8(_dumps({"text": [prompt + t for t in texts]})) + b"\0")
-            k, item = await queue.get()
-        await out_stream.end()
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await send_stream(stream, merged(llm, [request]), TGI, event)
     return None
 
 
@@ -388,9 +230,7 @@ def info(app) -> dict:
 
 
 def routes(app) -> list:
-    """The TGI / vLLM family's routes (spec §4)."""
-    from ..server.routing import BUSINESS, MANAGEMENT, Route
-
+    """The TGI family's routes, ``/generate`` shared with vLLM 0.2 (spec §4)."""
     async def generate(req, stream, params):
         obj = parse_json_object(req.body)
         if "prompt" in obj and "inputs" in obj:
@@ -412,8 +252,8 @@ def routes(app) -> list:
         return json_response(200, info(app))
 
     return [
-        Route("POST", "/generate", BUSINESS, _tgi_errors(generate)),
-        Route("POST", "/generate_stream", BUSINESS, _tgi_errors(generate_stream)),
-        Route("POST", "/", BUSINESS, _tgi_errors(root)),
-        Route("GET", "/info", MANAGEMENT, get_info),
+        route("POST", "/generate", BUSINESS, generate, style=TGI, generation=True),
+        route("POST", "/generate_stream", BUSINESS, generate_stream, style=TGI, generation=True),
+        route("POST", "/", BUSINESS, root, style=TGI, generation=True),
+        route("GET", "/info", MANAGEMENT, get_info),
     ]

@@ -20,28 +20,20 @@ import re
 import secrets
 
 from .. import __version__
-from ..engine.request import GenerationError, TokenEvent
+from ..engine.request import TokenEvent
 from ..llm import LLM
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from .errors import APIError, from_generation_error, invalid
+from ..server.routing import BUSINESS
+from .drive import build, collect, merged, route, send_stream
+from .errors import MINDIE, APIError, Kind, invalid
 from .manage import check_model
-from .native import (
-    build_request,
-    mindie_parameters,
-    read_inputs,
-    read_parameters,
-    until_done_or_gone,
-)
-from .validate import get_bool, get_int, parse_json_object
+from .native import mindie_parameters, read_inputs, read_parameters
+from .validate import check_token_ids, get_bool, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def parse_parameters(obj: dict) -> tuple[dict, bool, bool]:
@@ -68,28 +60,6 @@ class _Running:
     def __init__(self, request_id: str):
         self.request_id = request_id
         self.stop = asyncio.Event()
-
-
-async def _next(events, stop: asyncio.Event) -> TokenEvent | None:
-    """The next token event, or ``None`` once ``stop`` is set (the request is then cancelled).
-
-    Raises:
-        GenerationError: from the engine.
-    """
-    if stop.is_set():
-        return None
-    nxt = asyncio.ensure_future(events.__anext__())
-    waiter = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({nxt, waiter}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
-        if not nxt.done():
-            nxt.cancel()   # leaves the engine's generator: the request is cancelled there
-            await asyncio.gather(nxt, return_exceptions=True)
-    if nxt.cancelled():
-        return None
-    return nxt.result()
 
 
 class Triton:
@@ -149,29 +119,10 @@ class Triton:
         client_id = _client_id(obj)
         rec = self.running.get(client_id)
         if rec is None:
-            raise APIError(404, f"Request id {client_id} not found")
+            raise APIError(Kind.NOT_FOUND, f"Request id {client_id} not found")
         rec.stop.set()
         self.llm.engine.cancel(rec.request_id)
         return json_response(200, {"id": client_id})
-
-    async def _run_to_end(self, request, rec: _Running, stream: ResponseStream):
-        """All token events of a request, or those before stopInfer: ``(events, stopped)``;
-        ``None`` when the client went away."""
-        events = self.llm.stream_async(request)
-
-        async def collect():
-            got: list[TokenEvent] = []
-            try:
-                while True:
-                    ev = await _next(events, rec.stop)
-                    if ev is None:
-                        return got, True
-                    got.append(ev)
-                    if ev.is_last:
-                        return got, False
-            finally:
-                await events.aclose()
-        return await until_done_or_gone(collect(), stream)
 
     # ---- text inference ---------------------------------------------------------------
     def _text_request(self, obj: dict) -> str:
@@ -193,9 +144,13 @@ class Triton:
         returns ``(client id, (events, stopped) or None when the client left)``."""
         client_id, rec = self._register(client_id, request.request_id)
         try:
-            return client_id, await self._run_to_end(request, rec, stream)
+            done = await collect(self.llm, [request], stream, stop=rec.stop)
         finally:
             self.running.pop(client_id, None)
+        if done is None:
+            return client_id, None
+        evs = done[0]
+        return client_id, (evs, not (evs and evs[-1].is_last))
 
     async def _text_generation(self, req: Request, params: dict):
         """The common front of generate and generate_stream: model check, body, parameters,
@@ -205,7 +160,7 @@ class Triton:
         client_id = _client_id(obj)
         text = self._text_request(obj)
         make, details, perf = parse_parameters(obj)
-        return client_id, await build_request(self.llm, text, make), details, perf
+        return client_id, await build(self.llm, text, make), details, perf
 
     async def generate(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
         client_id, request, details, perf = await self._text_generation(req, params)
@@ -224,45 +179,39 @@ class Triton:
                               params: dict) -> Response | None:
         client_id, request, details, perf = await self._text_generation(req, params)
         client_id, rec = self._register(client_id, request.request_id)
-        events = self.llm.stream_async(request)
         base = {"id": client_id, "model_name": self.llm.model_name, "model_version": None}
+        n, finished = 0, False
+
+        def event(item: tuple[int, TokenEvent]) -> list[dict]:
+            nonlocal n, finished
+            ev = item[1]
+            n, finished = n + 1, ev.is_last
+            out = {**base, "text_output": ev.text}
+            if details:
+                out["details"] = {"finish_reason": ev.finish_reason, "generated_tokens": n}
+                if ev.is_last:
+                    out["details"]["seed"] = request.sampling.seed
+                if perf:
+                    ms = ev.prefill_time_ms if n == 1 else ev.decode_time_ms
+                    out["details"]["first_token_cost" if n == 1 else "decode_cost"] = (
+                        None if ms is None else round(ms, 2))
+            return [out]
+
+        def stopped() -> list[dict]:      # the events ended before the last one: stopInfer
+            if finished:
+                return []
+            out = {**base, "text_output": ""}
+            if details:
+                out["details"] = {"finish_reason": "stop_sequence", "generated_tokens": n,
+                                  "seed": request.sampling.seed}
+            return [out]
+
         try:
-            try:
-                ev = await _next(events, rec.stop)   # errors before any token get a status
-            except GenerationError as err:
-                raise from_generation_error(err) from None
-            out_stream = await stream.start(200, "text/event-stream")
-            n = 0
-            try:
-                while True:
-                    if ev is None:   # stopInfer
-                        out = {**base, "text_output": ""}
-                        if details:
-                            out["details"] = {"finish_reason": "stop_sequence",
-                                              "generated_tokens": n, "seed": request.sampling.seed}
-                        await out_stream.send_event(_dumps(out))
-                        break
-                    n += 1
-                    out = {**base, "text_output": ev.text}
-                    if details:
-                        out["details"] = {"finish_reason": ev.finish_reason, "generated_tokens": n}
-                        if ev.is_last:
-                            out["details"]["seed"] = request.sampling.seed
-                        if perf:
-                            ms = ev.prefill_time_ms if n == 1 else ev.decode_time_ms
-                            out["details"]["first_token_cost" if n == 1 else "decode_cost"] = (
-                                None if ms is None else round(ms, 2))
-                    await out_stream.send_event(_dumps(out))
-                    if ev.is_last:
-                        break
-                    ev = await _next(events, rec.stop)
-            except GenerationError as err:
-                await out_stream.send_event(_dumps(from_generation_error(err).body()))
-            await out_stream.end()
-            return None
+            await send_stream(stream, merged(self.llm, [request], stop=rec.stop), MINDIE, event,
+                              closing=stopped)
         finally:
             self.running.pop(client_id, None)
-            await events.aclose()
+        return None
 
     # ---- token inference --------------------------------------------------------------
     def _token_inputs(self, obj: dict) -> list[int]:
@@ -275,12 +224,9 @@ class Triton:
         if inp.get("datatype") != "UINT32":
             raise invalid("Field inputs[0].datatype must be \"UINT32\".")
         data = inp.get("data")
-        vocab = self.llm.tokenizer.vocab_size
-        if (not isinstance(data, list) or not data
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in data)):
-            raise invalid("Field inputs[0].data must be a non-empty array of token ids.")
-        if not all(0 <= i < vocab for i in data):
-            raise invalid(f"Field inputs[0].data must hold token ids in [0,{vocab - 1}].")
+        data = check_token_ids(
+            data, "inputs[0].data", self.llm.tokenizer.vocab_size, "Field", non_empty=True,
+            type_message="Field inputs[0].data must be a non-empty array of token ids.")
         shape = inp.get("shape")
         if (not isinstance(shape, list) or not shape
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
@@ -300,7 +246,7 @@ class Triton:
         outputs = obj.get("outputs") or [{}]
         out_name = outputs[0].get("name", "output0") if isinstance(outputs[0], dict) else "output0"
         make, _details, _perf = parse_parameters(obj)
-        request = await build_request(self.llm, ids, make)
+        request = await build(self.llm, ids, make)
         client_id, got = await self._run_registered(client_id, request, stream)
         if got is None:
             return None
@@ -312,14 +258,14 @@ class Triton:
 
 def routes(app) -> list:
     """The Triton family's routes (spec §4)."""
-    from ..server.routing import BUSINESS, Route
     t = Triton(app)
     return [
-        Route("GET", "/v2", BUSINESS, t.server_meta),
-        Route("GET", "/v2/models/{model}", BUSINESS, t.model_meta),
-        Route("GET", "/v2/models/{model}/config", BUSINESS, t.model_config),
-        Route("POST", "/v2/models/{model}/generate", BUSINESS, t.generate),
-        Route("POST", "/v2/models/{model}/generate_stream", BUSINESS, t.generate_stream),
-        Route("POST", "/v2/models/{model}/infer", BUSINESS, t.infer),
-        Route("POST", "/v2/models/{model}/stopInfer", BUSINESS, t.stop_infer),
+        route("GET", "/v2", BUSINESS, t.server_meta),
+        route("GET", "/v2/models/{model}", BUSINESS, t.model_meta),
+        route("GET", "/v2/models/{model}/config", BUSINESS, t.model_config),
+        route("POST", "/v2/models/{model}/generate", BUSINESS, t.generate, generation=True),
+        route("POST", "/v2/models/{model}/generate_stream", BUSINESS, t.generate_stream,
+              generation=True),
+        route("POST", "/v2/models/{model}/infer", BUSINESS, t.infer, generation=True),
+        route("POST", "/v2/models/{model}/stopInfer", BUSINESS, t.stop_infer),
     ]

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import APIError, invalid
+from .errors import APIError, Kind, invalid
 
 #: How deeply arrays and objects may nest in a request body. No real request comes near (a
 #: chat with tool calls nests about 6 deep); code that walks a parsed body recursively -- the
@@ -26,11 +26,10 @@ _DEPTH_CHUNK = 1 << 20
 
 
 class JSONTooDeep(APIError):
-    """422: a request body nested deeper than :data:`MAX_JSON_DEPTH` (the OpenAI family answers
-    it as a 400 bad field)."""
+    """A request body nested deeper than :data:`MAX_JSON_DEPTH`: 422 (400 in OpenAI's style)."""
 
     def __init__(self, depth_limit: int):
-        super().__init__(422, f"Failed to parse request context to json: arrays and objects "
+        super().__init__(Kind.TOO_DEEP, f"Failed to parse request context to json: arrays and objects "
                               f"nest deeper than {depth_limit} levels")
 
 
@@ -111,12 +110,23 @@ def get_bool(d: dict, name: str, default: bool | None, what: str = "Parameter") 
     return v
 
 
-def check_token_ids(value: Any, name: str, vocab_size: int, what: str = "Parameter") -> list[int]:
-    """``value`` as a list of token ids in ``[0, vocab_size)``; 422 when it is not one."""
-    if not isinstance(value, list) or not all(_is_int(i) for i in value):
-        raise invalid(f"{what} {name} must be a list of token ids.")
+def check_token_ids(value: Any, name: str, vocab_size: int, what: str = "Parameter", *,
+                    non_empty: bool = False, type_message: str | None = None,
+                    range_message: str | None = None) -> list[int]:
+    """``value`` as a list of token ids in ``[0, vocab_size)`` (``non_empty``: at least one).
+
+    Raises:
+        APIError: 422 ``type_message`` (default ``<what> <name> must be a list of token
+            ids.``) when it is not a list of integers, or an empty one when ``non_empty``;
+            422 ``range_message`` (``{max_id}`` filled in; default ``<what> <name> must hold
+            token ids in [0,<max_id>].``) when an id is out of range.
+    """
+    if (not isinstance(value, list) or (non_empty and not value)
+            or not all(_is_int(i) for i in value)):
+        raise invalid(type_message or f"{what} {name} must be a list of token ids.")
     if not all(0 <= i < vocab_size for i in value):
-        raise invalid(f"{what} {name} must hold token ids in [0,{vocab_size - 1}].")
+        raise invalid((range_message or f"{what} {name} must hold token ids in [0,{{max_id}}].")
+                      .format(max_id=vocab_size - 1))
     return list(value)
 
 
@@ -150,3 +160,23 @@ def get_float(d: dict, name: str, default: float | None, lo: float, hi: float, *
                     f"{'inf' if math.isinf(hi) else float(hi)}{')' if hi_open else ']'}")
         raise invalid(f"{what} {name} must be in {interval}, got {_fmt(v)}.")
     return x
+
+
+def get_stop_list(p: dict, name: str, limit: int) -> list[str]:
+    """``stop``: a string or a list of non-empty strings (at most ``limit``); null -> []."""
+    v = p.get(name)
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.")
+    if len(v) > limit:
+        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}")
+    return list(v)
+
+
+def refuse_set(p: dict, name: str, neutral=(None,)) -> None:
+    """422 ``Parameter <name> is not supported.`` unless ``p[name]`` is one of ``neutral``."""
+    if p.get(name) not in neutral:
+        raise invalid(f"Parameter {name} is not supported.")

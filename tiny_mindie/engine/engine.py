@@ -21,7 +21,7 @@ import numpy as np
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
 from .detok import IncrementalDetokenizer
-from .metrics import Metrics, current_tally
+from .metrics import Metrics
 from .request import GenerationError, GenerationRequest, TokenEvent
 from .sampler import SampleRow, make_rng, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
@@ -163,20 +163,12 @@ class Engine:
         ``finish_reason`` and ``generated_text``.
 
         Leaving the iteration early (client gone) cancels the request in the engine.
-        The outcome (success, or the error's kind; ``"cancelled"`` when left early) is
-        reported to the HTTP request's :class:`~.metrics.Tally` when there is one.
 
         Raises:
             GenerationError: prompt too long, timeout, engine stopped or draining, or an
                 internal error.
         """
-        tally = current_tally.get()
-        try:
-            self.check_prompt(len(req.prompt_ids))
-        except GenerationError as err:
-            if tally is not None:
-                tally.report(err.kind)
-            raise
+        self.check_prompt(len(req.prompt_ids))
         self.start()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -186,8 +178,6 @@ class Engine:
                         self.limits.max_buffered_events)
         with self._cond:
             if self._stopping or self._draining:
-                if tally is not None:
-                    tally.report("stopped")
                 raise GenerationError("stopped", "The service has been stopped.")
             self._by_id[req.request_id] = seq
             self._waiting.push(req.priority, seq)
@@ -198,20 +188,13 @@ class Engine:
                 item = await queue.get()
                 if isinstance(item, GenerationError):
                     done = True
-                    if tally is not None:
-                        tally.report(item.kind)
                     raise item
-                if item.is_last:
-                    done = True
-                    if tally is not None:
-                        tally.report("success")
+                done = item.is_last
                 yield item
                 if done:
                     return
         finally:
             if not done:
-                if tally is not None:
-                    tally.report("cancelled")
                 self.cancel(req.request_id)
 
     def cancel(self, request_id: str) -> bool:

@@ -8,18 +8,13 @@ Two layers feed one :class:`Metrics` object (``Engine.metrics``):
 * the engine reports token counts and latencies as it generates (TTFT, time per output token,
   end-to-end latency of completed requests), for every request it runs.
 
-The outcome of a request is known best by the engine (a timeout, a cancellation, the stop of the
-service), and early failures (a 422 while parsing) only by the API layer. They meet in a
-:class:`Tally`: the request layer opens one per HTTP request in a context variable; the engine's
-``generate()``, which runs in that request's context, records the outcome in it; the request
-layer counts the outcome when the handler returns, inferring it from the answer when the engine
-never saw the request.
+The engine counts no HTTP requests: the API layer, which consumes every engine stream, knows
+how each one ended.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextvars
 import threading
 
 # Failure reasons, the ``reason`` label of ``request_failed_total``: validation (a 4xx for the
@@ -27,7 +22,6 @@ import threading
 # left -- disconnected, stopped by stopInfer, or cut off for leaving too much of a stream unread --
 # before its answer was delivered), stopped (the service is stopping), internal (a server bug).
 FAIL_REASONS = ("validation", "too_long", "timeout", "cancelled", "stopped", "internal")
-_KIND_TO_REASON = {"empty": "validation"}   # GenerationError kinds that are not reasons as such
 
 # Bucket boundaries in seconds: MindIE's (prometheus_metrics.cpp), plus finer e2e buckets below
 # 1 s, where a small model on a device answers short requests.
@@ -35,12 +29,6 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
-
-
-def reason_of(kind: str) -> str:
-    """The failure reason for a ``GenerationError.kind`` (``"empty"`` -> ``"validation"``)."""
-    kind = _KIND_TO_REASON.get(kind, kind)
-    return kind if kind in FAIL_REASONS else "internal"
 
 
 class Histogram:
@@ -95,12 +83,16 @@ class Metrics:
             self.received += 1
 
     def request_done(self, outcome: str) -> None:
-        """Count a request's outcome: ``"success"`` or a failure reason / engine error kind."""
+        """Count a request's outcome: ``"success"`` or a reason of :data:`FAIL_REASONS`.
+
+        Raises:
+            KeyError: ``outcome`` is neither.
+        """
         with self._lock:
             if outcome == "success":
                 self.success += 1
             else:
-                self.failed[reason_of(outcome)] += 1
+                self.failed[outcome] += 1
 
     @property
     def in_flight(self) -> int:
@@ -134,25 +126,3 @@ class Metrics:
                     "ttft": (self.ttft.cumulative(), self.ttft.sum, self.ttft.count),
                     "tpot": (self.tpot.cumulative(), self.tpot.sum, self.tpot.count),
                     "e2e": (self.e2e.cumulative(), self.e2e.sum, self.e2e.count)}
-
-
-class Tally:
-    """The outcome of one HTTP request, as its engine generations report it.
-
-    A request may run several generations (OpenAI ``n``): any failure wins over success.
-    """
-
-    __slots__ = ("outcome",)
-
-    def __init__(self) -> None:
-        self.outcome: str | None = None
-
-    def report(self, outcome: str) -> None:
-        if self.outcome is None or (self.outcome == "success" and outcome != "success"):
-            self.outcome = outcome
-
-
-# The Tally of the HTTP request being handled in this context (None outside one: the in-process
-# API, health probes). asyncio copies it into the tasks a handler starts.
-current_tally: contextvars.ContextVar[Tally | None] = contextvars.ContextVar(
-    "tiny_mindie_tally", default=None)

@@ -6,6 +6,7 @@ Nothing here knows about HTTP or numpy; the API families translate their JSON in
 
 from __future__ import annotations
 
+import enum
 import itertools
 from dataclasses import dataclass, field
 
@@ -157,15 +158,30 @@ class TokenEvent:
         return self.finish_reason is not None
 
 
+class ErrorKind(str, enum.Enum):
+    """Why the engine could not complete a request (the API answers each with its status:
+    :class:`tiny_mindie.api.errors.Kind` has a member of the same name for each)."""
+
+    TOO_LONG = "too_long"      # the prompt has more tokens than maxInputTokenLen
+    EMPTY = "empty"            # the prompt has no token
+    TIMEOUT = "timeout"        # a client, token or end-to-end time limit passed
+    CANCELLED = "cancelled"    # the caller left, or read its events too slowly
+    STOPPED = "stopped"        # the engine is stopping or draining
+    INTERNAL = "internal"      # a bug in generation
+
+
 class GenerationError(Exception):
     """A request could not be completed.
 
     Attributes:
-        kind: ``"timeout"``, ``"too_long"``, ``"stopped"``, ``"cancelled"`` or ``"internal"``.
+        kind: an :class:`ErrorKind` (its value may be given, e.g. ``"timeout"``).
         message: text for the client, in MindIE's wording where MindIE has one.
+
+    Raises:
+        ValueError: ``kind`` is no :class:`ErrorKind`.
     """
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: ErrorKind | str, message: str):
         super().__init__(message)
-        self.kind = kind
+        self.kind = ErrorKind(kind)
         self.message = message

@@ -40,12 +40,15 @@ class RouteError(Exception):
 
 @dataclass(frozen=True)
 class Route:
-    """``path`` may hold ``{name}`` segments, matched by any one non-empty path segment."""
+    """``path`` may hold ``{name}`` segments, matched by any one non-empty path segment;
+    ``generation`` marks a route that runs generations (its requests are counted in
+    ``/metrics``)."""
 
     method: str
     path: str
     plane: str
     handler: RouteHandler
+    generation: bool = False
 
     def match(self, path: str) -> dict | None:
         """The path parameters when ``path`` fits this route's template, else ``None``."""

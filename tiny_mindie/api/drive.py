@@ -1,0 +1,265 @@
+"""The driver of every API family's generation routes: from validated parameters to the
+engine and back to the wire. A family module keeps only its request parsing and the shapes of
+its answers; what they share is here, once:
+
+* :func:`route`: a family's route, its errors answered in the family's style;
+* :func:`build` and :func:`fan_out`: the engine request (tokenized off the event loop, its
+  length checked) and its ``n`` samples, seeded ``seed + j``;
+* :func:`events`: one engine stream, whose outcome it reports to the request counter
+  (:func:`tiny_mindie.api.metrics.report`); every generation of a route goes through it;
+* :func:`merged` and :func:`collect`: several engine streams at once through one bounded queue
+  (a slow client holds the engine back, and the engine cuts it off as it would a single
+  stream), every stream closed on every way out;
+* :func:`send_stream`: a streamed answer -- the first event awaited before the head (so an
+  error before any token keeps its own HTTP status), each event in the family's shape, an
+  engine error after the head written in the family's style, the engine streams closed;
+* :func:`dumps`: the JSON encoding of every body and event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+
+from ..engine.request import GenerationError, GenerationRequest, TokenEvent, next_request_id
+from ..llm import LLM, MAX_SEED
+from ..server.conn import Response, ResponseStream
+from ..server.http import Request
+from ..server.routing import Route, RouteHandler
+from ..server.sse import utf8
+from . import metrics
+from .errors import MINDIE, APIError, Style, from_generation_error
+
+SSE = "text/event-stream"
+_END = object()
+
+
+def dumps(obj) -> str:
+    """``obj`` as compact JSON text, non-ASCII kept (the encoding of ``json_response``).
+
+    Raises:
+        ValueError: ``obj`` holds NaN or an infinity (JSON has neither).
+    """
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def route(method: str, path: str, plane: str, handler: RouteHandler, *, style: Style = MINDIE,
+          generation: bool = False) -> Route:
+    """A family's route: every :class:`APIError` of ``handler`` -- its own, the shared
+    validators', the engine's -- is answered in ``style`` (MindIE's needs nothing: errors
+    have it by default); ``generation`` routes are counted in ``/metrics``."""
+    async def styled(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        try:
+            return await handler(req, stream, params)
+        except APIError as err:
+            err.style = style
+            raise
+    return Route(method, path, plane, handler if style is MINDIE else styled,
+                 generation=generation)
+
+
+# ---- requests ----------------------------------------------------------------------------
+async def build(llm: LLM, prompt: str | Sequence[int], params: dict) -> GenerationRequest:
+    """``LLM.make_request(prompt, **params)`` in a worker thread (a long prompt must not stall
+    the event loop).
+
+    Raises:
+        APIError: 424 when the prompt cannot fit (422 when it has no token).
+    """
+    try:
+        return await asyncio.to_thread(llm.make_request, prompt, **params)
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+
+
+def fan_out(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """``n`` samples of ``request``: copies with their own ids, the ``j``-th seeded
+    ``request.sampling.seed + j`` (that seed drawn by ``make_request`` when the client gave
+    none), so a given seed reproduces all ``n``."""
+    return [dataclasses.replace(
+        request, prompt_ids=list(request.prompt_ids), request_id=next_request_id(),
+        sampling=dataclasses.replace(request.sampling,
+                                     seed=(request.sampling.seed + j) % (MAX_SEED + 1)))
+        for j in range(n)]
+
+
+# ---- engine streams ----------------------------------------------------------------------
+async def events(llm: LLM, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+    """The token events of ``request`` (``LLM.stream_async``), its outcome reported to the
+    request counter: success at the last event, the error's reason, or ``cancelled`` when
+    closed before its end (which cancels it in the engine).
+
+    Raises:
+        GenerationError: from the engine.
+    """
+    source = llm.stream_async(request)
+    ended = False
+    try:
+        async for ev in source:
+            if ev.is_last:
+                ended = True
+                metrics.report("success")
+            yield ev
+    except GenerationError as err:
+        ended = True
+        metrics.report(from_generation_error(err).kind.reason)
+        raise
+    finally:
+        if not ended:
+            metrics.report("cancelled")
+        await source.aclose()
+
+
+async def merged(llm: LLM, requests: Sequence[GenerationRequest], *,
+                 stop: asyncio.Event | None = None) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """``(index in requests, event)`` of all ``requests`` as they come, until each has its
+    last event -- or until ``stop`` is set (Triton's stopInfer). The streams run concurrently
+    into a queue of ``max(4, 2 * len(requests))`` events, so a consumer that does not keep up
+    holds them back (and the engine cuts them off past ``max_buffered_events``). Closing this
+    iterator, an error or a cancellation closes every stream (cancelling it in the engine).
+
+    Raises:
+        GenerationError: the first engine error.
+    """
+    if len(requests) == 1 and stop is None:     # one stream needs no queue
+        source = events(llm, requests[0])
+        try:
+            async for ev in source:
+                yield 0, ev
+        finally:
+            await source.aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue(maxsize=max(4, 2 * len(requests)))
+
+    async def pump(i: int, r: GenerationRequest) -> None:
+        source = events(llm, r)
+        try:
+            async for ev in source:
+                await queue.put((i, ev))
+        except GenerationError as err:
+            await queue.put((i, err))
+        finally:
+            await source.aclose()
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(requests)]
+    stopped = None if stop is None else asyncio.ensure_future(stop.wait())
+    remaining = len(requests)
+    try:
+        while remaining:
+            if stopped is None:
+                i, item = await queue.get()
+            else:
+                if stop.is_set():
+                    return
+                get = asyncio.ensure_future(queue.get())
+                await asyncio.wait({get, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.is_set():      # stop wins over an event that came at the same time
+                    get.cancel()
+                    return
+                i, item = get.result()
+            if isinstance(item, GenerationError):
+                raise item
+            if item.is_last:
+                remaining -= 1
+            yield i, item
+    finally:
+        if stopped is not None:
+            stopped.cancel()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until_done_or_gone(work, stream: ResponseStream, poll_s: float = 0.2):
+    """Await ``work`` (a coroutine), cancelling it -- and so its requests in the engine -- when
+    the client disconnects meanwhile; returns ``None`` then.
+
+    Raises:
+        APIError: the engine's error (424, 500, 503, ...).
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=poll_s)
+            if not task.done() and stream.peer_gone():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+        return task.result()
+    except GenerationError as err:
+        raise from_generation_error(err) from None
+    finally:
+        if not task.done():   # we were cancelled ourselves
+            task.cancel()
+
+
+async def collect(llm: LLM, requests: Sequence[GenerationRequest], stream: ResponseStream, *,
+                  stop: asyncio.Event | None = None) -> list[list[TokenEvent]] | None:
+    """Every request's events (as :func:`merged` gives them, so up to ``stop``), one list per
+    request; ``None`` when the client left meanwhile (the requests are then cancelled).
+
+    Raises:
+        APIError: the first engine error (the other requests are cancelled).
+    """
+    async def run() -> list[list[TokenEvent]]:
+        got: list[list[TokenEvent]] = [[] for _ in requests]
+        source = merged(llm, requests, stop=stop)
+        try:
+            async for i, ev in source:
+                got[i].append(ev)
+        finally:
+            await source.aclose()
+        return got
+    return await until_done_or_gone(run(), stream)
+
+
+# ---- streamed answers --------------------------------------------------------------------
+async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style,
+                      render: Callable[[object], Iterable[dict]], *,
+                      opening: Iterable[dict] = (),
+                      closing: Callable[[], Iterable[dict]] = tuple,
+                      done: str | None = None, content_type: str = SSE,
+                      nul_framed: bool = False) -> None:
+    """Stream ``items`` (an iterator of :func:`merged`) as one answer.
+
+    The first item is awaited before the head, so that an error before any token (prompt too
+    long, service stopped, timeout in the queue) is answered with its own status. Then: the
+    head (200, ``content_type``); the ``opening`` objects; each item's ``render(item)``
+    objects; once ``items`` end, the ``closing()`` objects. An engine error after the head is
+    sent as the last object, in ``style``; ``done`` (OpenAI's ``[DONE]``) follows in any case.
+    Each object goes as one SSE event, or with ``nul_framed`` as JSON followed by a NUL byte
+    (vLLM 0.2). ``items`` is closed on every way out.
+
+    Raises:
+        APIError: an engine error before the first item.
+        ConnectionError: the client left (the requests are cancelled).
+    """
+    try:
+        try:
+            first = await anext(items, _END)
+        except GenerationError as err:
+            raise from_generation_error(err) from None
+        out = await stream.start(200, content_type)   # the client may be gone: ConnectionError
+
+        async def send(text: str) -> None:
+            await (out.send(utf8(text) + b"\0") if nul_framed else out.send_event(text))
+
+        try:
+            for obj in opening:
+                await send(dumps(obj))
+            item = first
+            while item is not _END:
+                for obj in render(item):
+                    await send(dumps(obj))
+                item = await anext(items, _END)
+            for obj in closing():
+                await send(dumps(obj))
+        except GenerationError as err:
+            await send(dumps(style.body(from_generation_error(err))))
+        if done is not None:
+            await send(done)
+        await out.end()
+    finally:
+        await items.aclose()

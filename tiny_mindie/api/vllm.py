@@ -1,0 +1,82 @@
+"""vLLM 0.2's form of ``POST /generate`` (spec §4): ``{"prompt", "n"?, "stream"?, sampling
+fields at the top level}`` -> ``{"text": [prompt + output, ...]}``; streamed, a chunked body of
+such objects each followed by a NUL byte (vLLM 0.2's api_server). Errors have TGI's shape.
+"""
+
+from __future__ import annotations
+
+from ..engine.request import TokenEvent
+from ..llm import LLM, MAX_SEED
+from ..server.conn import Response, ResponseStream, json_response
+from ..server.http import Request
+from .drive import build, collect, fan_out, merged, send_stream
+from .errors import TGI, invalid
+from .validate import check_token_ids, get_bool, get_float, get_int, get_stop_list, refuse_set
+
+INT32_MAX = 2**31 - 1
+INF = float("inf")
+
+
+def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
+    """vLLM 0.2's ``/generate`` body: ``prompt``, ``stream`` and sampling fields at the top
+    level. Returns ``(prompt, make_request parameters, n, stream)``."""
+    prompt = obj.get("prompt")
+    if prompt is None:
+        raise invalid("Prompt must not be null")
+    if not isinstance(prompt, str):
+        raise invalid("The type of prompt is abnormal")
+    if not prompt:
+        raise invalid("Prompt must not be empty")
+    if obj.get("use_beam_search"):
+        raise invalid("Parameter use_beam_search is not supported.")
+    for name in ("presence_penalty", "frequency_penalty"):
+        refuse_set(obj, name, (None, 0, 0.0))
+    n = get_int(obj, "n", 1, 1, 16)
+    best_of = get_int(obj, "best_of", None, 1, 16)
+    if best_of not in (None, n):
+        raise invalid("Parameter best_of different from n is not supported.")
+    # vLLM: temperature >= 0 (0 = greedy), top_p in (0, 1], top_k -1 (off) or >= 1.
+    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
+    top_k = get_int(obj, "top_k", -1, -1, INT32_MAX)
+    if top_k == 0:
+        raise invalid("Parameter top_k must be -1 (disable), or at least 1, got 0.")
+    top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
+    greedy = temperature == 0.0
+    make = dict(
+        temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
+        do_sample=not greedy,
+        seed=get_int(obj, "seed", None, 0, MAX_SEED),
+        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
+                                     lo_open=True, hi_open=False),
+        max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
+        stop=get_stop_list(obj, "stop", 64),
+        include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
+        ignore_eos=get_bool(obj, "ignore_eos", False),
+    )
+    ids = obj.get("stop_token_ids")
+    if ids is not None:
+        make["stop_token_ids"] = check_token_ids(ids, "stop_token_ids", llm.tokenizer.vocab_size)
+    return prompt, make, n, get_bool(obj, "stream", False, "Field")
+
+
+async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
+    """``{"prompt", ...}`` -> ``{"text": [prompt + output, ...]}`` (``n`` outputs); with
+    ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
+    byte, every one holding the texts so far (vLLM 0.2's api_server)."""
+    prompt, make, n, streaming = parse_vllm(obj, llm)
+    requests = fan_out(await build(llm, prompt, make), n)
+    if not streaming:
+        done = await collect(llm, requests, stream)
+        if done is None:
+            return None
+        return json_response(200, {"text": [prompt + (evs[-1].generated_text or "") for evs in done]})
+    texts = [""] * n
+
+    def event(item: tuple[int, TokenEvent]) -> list[dict]:
+        k, ev = item
+        texts[k] = ev.generated_text if ev.is_last else texts[k] + ev.text
+        return [{"text": [prompt + t for t in texts]}]
+
+    await send_stream(stream, merged(llm, requests), TGI, event, content_type="application/json",
+                      nul_framed=True)
+    return None
