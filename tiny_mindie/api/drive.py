@@ -13,19 +13,17 @@ its answers; what they share is here, once:
 * :func:`send_stream`: a streamed answer -- the first event awaited before the head (so an
   error before any token keeps its own HTTP status), each event in the family's shape, an
   engine error after the head written in the family's style, the engine streams closed;
-* :func:`dumps`: the JSON encoding of every body and event.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from ..engine.request import GenerationError, GenerationRequest, TokenEvent, next_request_id
 from ..llm import LLM, MAX_SEED
-from ..server.conn import Response, ResponseStream
+from ..server.conn import Response, ResponseStream, json_text
 from ..server.http import Request
 from ..server.routing import Route, RouteHandler
 from ..server.sse import utf8
@@ -34,15 +32,6 @@ from .errors import MINDIE, APIError, Style, from_generation_error
 
 SSE = "text/event-stream"
 _END = object()
-
-
-def dumps(obj) -> str:
-    """``obj`` as compact JSON text, non-ASCII kept (the encoding of ``json_response``).
-
-    Raises:
-        ValueError: ``obj`` holds NaN or an infinity (JSON has neither).
-    """
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def route(method: str, path: str, plane: str, handler: RouteHandler, *, style: Style = MINDIE,
@@ -248,16 +237,16 @@ async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style
 
         try:
             for obj in opening:
-                await send(dumps(obj))
+                await send(json_text(obj))
             item = first
             while item is not _END:
                 for obj in render(item):
-                    await send(dumps(obj))
+                    await send(json_text(obj))
                 item = await anext(items, _END)
             for obj in closing():
-                await send(dumps(obj))
+                await send(json_text(obj))
         except GenerationError as err:
-            await send(dumps(style.body(from_generation_error(err))))
+            await send(json_text(style.body(from_generation_error(err))))
         if done is not None:
             await send(done)
         await out.end()

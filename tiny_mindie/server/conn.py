@@ -80,15 +80,24 @@ class Response:
     headers: list[tuple[str, str]] = field(default_factory=list)
 
 
+def json_text(obj: Any) -> str:
+    """``obj`` as compact JSON text, non-ASCII kept as is: the encoding of every JSON body and
+    event (write it with :func:`tiny_mindie.server.sse.utf8`, which escapes a lone surrogate).
+
+    Raises:
+        TypeError / ValueError: ``obj`` is not JSON-serialisable (or contains NaN/Infinity).
+    """
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def json_response(status: int, obj: Any, headers: list[tuple[str, str]] | None = None) -> Response:
-    """A :class:`Response` whose body is ``obj`` as compact UTF-8 JSON (non-ASCII kept as is;
+    """A :class:`Response` whose body is ``obj`` as compact UTF-8 JSON (:func:`json_text`;
     a lone surrogate, which a client can send as ``"\\ud800"``, as that escape).
 
     Raises:
         TypeError / ValueError: ``obj`` is not JSON-serialisable (or contains NaN/Infinity).
     """
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return Response(status, utf8(body), "application/json", list(headers or []))
+    return Response(status, utf8(json_text(obj)), "application/json", list(headers or []))
 
 
 Handler = Callable[[Request, "ResponseStream"], Awaitable[Response | None]]
@@ -186,9 +195,8 @@ def _error_body(status: int, message: str, max_body_bytes: int) -> bytes:
     return json_response(status, obj).body
 
 
-_INTERNAL_ERROR_BODY = json.dumps(
-    {"error": "Internal server error", "error_type": "Incomplete Generation"},
-    separators=(",", ":")).encode("utf-8")
+_INTERNAL_ERROR_BODY = utf8(json_text(
+    {"error": "Internal server error", "error_type": "Incomplete Generation"}))
 
 
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

@@ -6,13 +6,12 @@ family: they bring their routes, the JSON body of an error, and errors derived f
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from .conn import Handler, Response, ResponseStream, json_response
+from .conn import Handler, Response, ResponseStream, json_response, json_text
 from .http import Request
 
 access = logging.getLogger("tiny_mindie.access")   # one line per request
@@ -111,8 +110,7 @@ class Router:
                 return await route.handler(req, stream, params)
             except RouteError as err:
                 if stream.started:   # the status line is gone: tell the client in the stream
-                    await stream.chunked_stream.send_event(
-                        json.dumps(err.body(), ensure_ascii=False))
+                    await stream.chunked_stream.send_event(json_text(err.body()))
                     await stream.chunked_stream.end()
                     return None
                 return json_response(err.status, err.body(), err.headers)
