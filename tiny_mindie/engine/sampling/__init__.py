@@ -17,6 +17,8 @@ with ``B = 1``. The modules, each with one job:
 - :mod:`.draw`        the per-request generator, the inverse-CDF draw, logprobs
 - :mod:`.batch`       :func:`sample_batch`: the batch's passes, the helper thread, one-row forms
 - :mod:`.scratch`     the per-thread work arrays reused from step to step
+- :mod:`.reference`   a short, plain definition of the same choice, one row at a time, that the
+                      tests hold the fast path to (same uniform number -> same token)
 """
 
 from .batch import sample, sample_batch, sample_with_top
