@@ -192,7 +192,7 @@ def _sampler_share(logits, step_s: float, prompt: list[int]) -> dict:
 
     try:
         from tiny_mindie.engine.request import SamplingParams
-        from tiny_mindie.engine.sampler import make_rng, sample
+        from tiny_mindie.engine.sampling import make_rng, sample
     except ImportError:
         return {}
     seen = np.array(prompt, np.int64)
@@ -240,7 +240,7 @@ def _sampler_configs():
 
 
 def sampler_table(model: str | None, reps: int) -> int:
-    """Time :func:`~tiny_mindie.engine.sampler.sample_batch` on real logits: Gemma 3 270M on the
+    """Time :func:`~tiny_mindie.engine.sampling.sample_batch` on real logits: Gemma 3 270M on the
     onnxruntime backend with the server's default threads, 8 prompts prefilled into 8 slots.
 
     Each repetition runs one batch-8 decode step (timed: the step's median is the reference),
@@ -253,7 +253,7 @@ def sampler_table(model: str | None, reps: int) -> int:
     import numpy as np
 
     sys.path.insert(0, ROOT)
-    from tiny_mindie.engine import sampler
+    from tiny_mindie.engine import sampling
     from tiny_mindie.model.backend import SeqChunk
     from tiny_mindie.model.config import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
@@ -287,14 +287,14 @@ def sampler_table(model: str | None, reps: int) -> int:
     results = []
     for label, kinds in configs:
         spec = [k if isinstance(k, tuple) else (k, 0) for k in kinds]
-        rngs = [sampler.make_rng(1000 + i) for i in range(8)]
+        rngs = [sampling.make_rng(1000 + i) for i in range(8)]
         times = []
         for r in range(reps + 1):
-            rows = [sampler.SampleRow(p, np.array(s, np.int64), g, n, len(ids))
+            rows = [sampling.SampleRow(p, np.array(s, np.int64), g, n, len(ids))
                     for (p, n), s, g, ids in zip(spec, seqs, rngs, prompts, strict=True)]
             own = logits.copy()              # the engine hands over its own array, as here
             t0 = time.perf_counter()
-            out = sampler.sample_batch(own, rows, overwrite=True)
+            out = sampling.sample_batch(own, rows, overwrite=True)
             if r:                            # the first call sets up the scratch arrays
                 times.append(time.perf_counter() - t0)
             logits = step([t for t, _, _ in out])

@@ -9,24 +9,23 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tiny_mindie.engine import sampler
 from tiny_mindie.engine.request import SamplingParams
-from tiny_mindie.engine.sampler import (
-    SampleRow,
-    _block_sums,
-    _inverse_cdf,
-    apply_presence_frequency,
-    apply_repetition_penalty,
+from tiny_mindie.engine.sampling import SampleRow, make_rng, sample, sample_batch, sample_with_top
+from tiny_mindie.engine.sampling import batch as sampling_batch
+from tiny_mindie.engine.sampling.candidates import (
     largest_ids,
-    make_rng,
     nucleus_candidates,
-    nucleus_of_vocab,
-    sample,
-    sample_batch,
-    sample_with_top,
     top_k_candidates,
     typical_candidates,
+)
+from tiny_mindie.engine.sampling.draw import block_sums, inverse_cdf
+from tiny_mindie.engine.sampling.penalties import apply_presence_frequency, apply_repetition_penalty
+from tiny_mindie.engine.sampling.vocab_sets import (
+    SAMPLE,
+    dot,
+    nucleus_of_vocab,
     typical_of_vocab,
+    vocab_sets,
 )
 from tiny_mindie.engine.watermark import apply_watermark
 
@@ -149,19 +148,19 @@ def test_largest_ids_is_exact_with_ties(k):
 def test_inverse_cdf_matches_cumsum():
     p = np.random.default_rng(1).random(262_144).astype(np.float32)
     cum = np.cumsum(p, dtype=np.float64)
-    sums = _block_sums(p[None])[0]
+    sums = block_sums(p[None])[0]
     assert sums.sum() == pytest.approx(cum[-1])
     for u in (0.0, 1e-9, 0.25, 0.5, 0.999999, 0.9999999999):
-        j = _inverse_cdf(p, sums, u)
+        j = inverse_cdf(p, sums, u)
         assert j == min(int(np.searchsorted(cum, u * cum[-1], side="right")), p.shape[0] - 1)
 
 
 def test_inverse_cdf_never_returns_a_zero_weight_id():
     p = np.zeros(5000, dtype=np.float32)          # an odd length: the last block is short
     p[[3, 1500, 4100]] = [1.0, 2.0, 1.0]
-    sums = _block_sums(p[None])[0]
-    got = {_inverse_cdf(p, sums, u) for u in np.linspace(0, 1, 101)[:-1]} | {
-        _inverse_cdf(p, sums, 1 - 1e-17)}
+    sums = block_sums(p[None])[0]
+    got = {inverse_cdf(p, sums, u) for u in np.linspace(0, 1, 101)[:-1]} | {
+        inverse_cdf(p, sums, 1 - 1e-17)}
     assert got == {3, 1500, 4100}
 
 
@@ -251,9 +250,9 @@ def test_the_batched_first_round_gives_each_row_its_own_set():
     z = w.sum(axis=1, dtype=np.float64)
     typical = np.array([True, True, False, False, True])
     mass = np.array([0.9, 0.9, 0.95, 0.9, 0.5])
-    center = np.where(typical, [sampler._dot(w[i], x[i]) / z[i] for i in range(5)], np.nan)
-    assert not typical[1] or x[1, ::v // sampler._SAMPLE].max() >= center[1]      # one flat row
-    got = sampler._vocab_sets(x, w, np.arange(5), mass * z, center)
+    center = np.where(typical, [dot(w[i], x[i]) / z[i] for i in range(5)], np.nan)
+    assert not typical[1] or x[1, ::v // SAMPLE].max() >= center[1]      # one flat row
+    got = vocab_sets(x, w, np.arange(5), mass * z, center)
     for i in range(5):
         alone = (typical_of_vocab if typical[i] else nucleus_of_vocab)(x[i], w[i], z[i], mass[i])
         if typical[i]:
@@ -289,8 +288,8 @@ def row_for(kind, seed, logits_seen):
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_a_row_samples_the_same_alone_and_in_a_mixed_batch_of_eight(kind, split, monkeypatch):
     if split:                                   # half the batch on the helper thread
-        monkeypatch.setattr(sampler, "PARALLEL_MIN", 0)
-        monkeypatch.setattr(sampler, "_CPUS", 2)
+        monkeypatch.setattr(sampling_batch, "PARALLEL_MIN", 0)
+        monkeypatch.setattr(sampling_batch, "_CPUS", 2)
     v = 20_000
     gen = np.random.default_rng(7)
     logits = np.stack([zipf(v, 10 + i, 0.8 + 0.1 * i) * 3 for i in range(8)])
@@ -432,8 +431,8 @@ def test_overwrite_gives_the_same_tokens_and_restores_the_logits_on_an_error(spl
     batch); the tokens are the same as with a copy, and an exception leaves the array as it was
     -- also the rows a helper thread finished without error (``split``)."""
     if split:
-        monkeypatch.setattr(sampler, "PARALLEL_MIN", 0)
-        monkeypatch.setattr(sampler, "_CPUS", 2)
+        monkeypatch.setattr(sampling_batch, "PARALLEL_MIN", 0)
+        monkeypatch.setattr(sampling_batch, "_CPUS", 2)
     v = 20_000
     logits = np.stack([zipf(v, 30 + i) * 3 for i in range(6)])
     seen = np.random.default_rng(4).integers(0, v, 50)

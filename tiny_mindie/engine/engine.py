@@ -2,7 +2,7 @@
 
 ``Engine.generate(request)`` is called on the event loop and returns an async iterator of
 :class:`TokenEvent`. The inference thread admits requests, runs ``backend.forward`` on the batch,
-samples the rows in one :func:`~.sampler.sample_batch` call (each row with its request's own
+samples the rows in one :func:`~.sampling.sample_batch` call (each row with its request's own
 RNG), detokenizes, and hands events back to the loop with ``call_soon_threadsafe``. numpy and
 ONNX Runtime release the GIL, so the loop stays responsive.
 """
@@ -23,7 +23,7 @@ from ..model.tokenizer import Tokenizer
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import GenerationError, GenerationRequest, TokenEvent
-from .sampler import SampleRow, make_rng, sample_batch
+from .sampling import SampleRow, make_rng, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
 
 log = logging.getLogger("tiny_mindie.engine")

@@ -20,7 +20,7 @@ def next_request_id() -> str:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen from the logits (see :mod:`tiny_mindie.engine.sampler`).
+    """How the next token is chosen from the logits (see :mod:`tiny_mindie.engine.sampling`).
 
     Attributes:
         do_sample: ``False`` -> greedy (argmax after the repetition penalty).
