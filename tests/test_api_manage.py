@@ -213,11 +213,13 @@ def test_three_ports_give_three_listeners_each_with_its_own_routes(tmp_path):
     try:
         listens = dict((p, planes) for p, planes in
                        re.findall(r"listens\s+https://127\.0\.0\.1:(\d+)\s+\((\w+)\)", srv.banner))
-        assert listens == {str(ports["port"]): "business", str(ports["managementPort"]): "management",
+        assert listens == {str(ports["port"]): "business",
+                           str(ports["managementPort"]): "management",
                            str(ports["metricsPort"]): "metrics"}
 
         def status(port: int, method: str, path: str, body: bytes | None = None) -> int:
-            conn = http.client.HTTPSConnection("127.0.0.1", port, context=srv.ssl_context(), timeout=60)
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=srv.ssl_context(),
+                                               timeout=60)
             conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
             code = conn.getresponse().status
             conn.close()

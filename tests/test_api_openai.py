@@ -1,4 +1,5 @@
-"""The OpenAI family against the real server and model, driven by the official ``openai`` package."""
+"""The OpenAI family against the real server and model, driven by the official ``openai``
+package."""
 
 from __future__ import annotations
 
@@ -62,7 +63,8 @@ def test_chat_stream_matches_plain_with_usage(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == plain.choices[0].message.content
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [c.choices[0].finish_reason for c in chunks
+                if c.choices and c.choices[0].finish_reason]
     assert finishes == [plain.choices[0].finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage == plain.usage
     assert all(c.usage is None for c in chunks[:-1])
@@ -245,6 +247,7 @@ def test_client_leaving_a_stream_with_n2_frees_both_slots(server):
 def test_chat_messages_need_a_known_role_and_content(server):
     for bad_msg in ({"role": "bogus", "content": "hi"}, {"role": "user"}):
         status, _, raw = request(server, "POST", "/v1/chat/completions",
-                                 {"model": "smollm2-135m-instruct", "messages": [bad_msg], "max_tokens": 2})
+                                 {"model": "smollm2-135m-instruct", "messages": [bad_msg],
+                                  "max_tokens": 2})
         err = json.loads(raw)["error"]
         assert status == 400 and err["param"] == "messages", raw

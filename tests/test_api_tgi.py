@@ -95,14 +95,14 @@ def test_text_generation_client_top_n_tokens(tgi_client):
     r = tgi_client.generate(PROMPT, max_new_tokens=4, top_n_tokens=3)
     tops = r.details.top_tokens
     assert len(tops) == len(r.details.tokens) == 4
-    for tok, top in zip(r.details.tokens, tops):
+    for tok, top in zip(r.details.tokens, tops, strict=True):
         assert len(top) == 3 and top[0].id == tok.id
         assert top[0].logprob == pytest.approx(tok.logprob, abs=1e-5)
         lps = [t.logprob for t in top]
         assert lps == sorted(lps, reverse=True) and lps[-1] < lps[0] <= 0.0
         assert len({t.id for t in top}) == 3
-    events = list(tgi_client.generate_stream(PROMPT, max_new_tokens=4, top_n_tokens=2, do_sample=True,
-                                             top_k=5, seed=3))
+    events = list(tgi_client.generate_stream(PROMPT, max_new_tokens=4, top_n_tokens=2,
+                                             do_sample=True, top_k=5, seed=3))
     for e in events:
         assert len(e.top_tokens) == 2
         assert e.top_tokens[0].logprob >= e.top_tokens[1].logprob
@@ -164,7 +164,8 @@ def test_root_route_answers_a_one_element_array_or_a_stream(server):
     events = sse_events(raw)
     assert all(set(e) == {"token", "generated_text", "details"} for e in events)
     assert all(set(e["token"]) == {"id", "text", "logprob", "special"} for e in events)
-    assert events[-1]["details"] is None and events[-1]["generated_text"] == ans[0]["generated_text"]
+    assert (events[-1]["details"] is None
+            and events[-1]["generated_text"] == ans[0]["generated_text"])
 
 
 def test_generate_stream_last_event_carries_text_and_details(server):

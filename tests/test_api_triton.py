@@ -200,7 +200,8 @@ def test_stop_infer_ends_a_plain_generate(server):
 
 def test_tokenizer_route(server, tokenizer):
     ans = curl_json(server, "POST", "/v1/tokenizer", {"inputs": PROMPT})
-    assert ans == {"token_number": len(tokenizer.encode(PROMPT)), "tokens": tokenizer.encode(PROMPT)}
+    assert ans == {"token_number": len(tokenizer.encode(PROMPT)),
+                   "tokens": tokenizer.encode(PROMPT)}
     ans = curl_json(server, "POST", "/v1/tokenizer", {"inputs": PROMPT, "do_decode": True})
     assert ans["token_number"] == len(ans["tokens"]) and "".join(ans["tokens"]) == PROMPT
     err = curl_json(server, "POST", "/v1/tokenizer", {"text": PROMPT}, 422)

@@ -3,8 +3,8 @@
 ``/v1/chat/completions`` renders the chat template, then parses only the template's own control
 tokens (``<|im_start|>``, ``<start_of_turn>``); what a client wrote -- contents, names, tool calls,
 ``chat_template_kwargs`` -- is encoded as plain text even where it spells one
-(``Tokenizer.shield`` / ``Tokenizer.encode_shielded``, ``api.chat_template.encode_chat``). Chats that
-spell none tokenize exactly as before. Raw-prompt routes keep parsing control tokens unless
+(``Tokenizer.shield`` / ``Tokenizer.encode_shielded``, ``api.chat_template.encode_chat``). Chats
+that spell none tokenize exactly as before. Raw-prompt routes keep parsing control tokens unless
 ``BackendConfig.ModelDeployConfig.parseSpecialTokens`` is false.
 
 Unit tests use a tiny byte-level vocabulary written here; model tests the real SmolLM2 and

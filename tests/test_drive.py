@@ -27,7 +27,8 @@ def test_fan_out_seeds_sample_j_with_seed_plus_j_and_wraps():
     first = GenerationRequest([1, 2, 3], sampling=SamplingParams(do_sample=True, seed=MAX_SEED - 1))
     out = fan_out(first, 3)
     assert [r.sampling.seed for r in out] == [MAX_SEED - 1, MAX_SEED, 0]
-    assert len({r.request_id for r in out}) == 3 and first.request_id not in {r.request_id for r in out}
+    assert (len({r.request_id for r in out}) == 3
+            and first.request_id not in {r.request_id for r in out})
     assert all(r.prompt_ids == [1, 2, 3] and r.prompt_ids is not first.prompt_ids for r in out)
     assert all(r.sampling.do_sample for r in out)
 
@@ -45,7 +46,8 @@ def test_every_engine_error_has_its_kind_status_and_reason():
 
 def test_each_style_writes_the_same_error_its_own_way():
     err = APIError(Kind.TOO_LONG, "too long")
-    assert (err.status, err.body()) == (424, {"error": "too long", "error_type": "Generation Error"})
+    assert (err.status, err.body()) == (
+        424, {"error": "too long", "error_type": "Generation Error"})
     err.style = TGI
     assert (err.status, err.body()) == (424, {"error": "too long", "error_type": "generation"})
     err.style = OPENAI

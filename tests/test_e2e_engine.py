@@ -39,7 +39,7 @@ def test_eight_concurrent_requests_all_complete(server):
                                                ("def main():", 16), ("Emoji time 🎉", 11)])]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda b: request(server, "POST", "/infer", b), bodies))
-    for body, (status, _, raw) in zip(bodies, results):
+    for body, (status, _, raw) in zip(bodies, results, strict=True):
         assert status == 200
         n = body["parameters"]["max_new_tokens"]
         last = sse_events(raw)[-1] if body["stream"] else json.loads(raw)
@@ -113,7 +113,8 @@ def test_a_timed_out_request_frees_its_slot_and_the_server_keeps_serving(server)
     assert status == 500
     s = wait_all_slots_free(server, timeout=0.5)
     assert s["free_slots"] == s["total_slots"]
-    status, _, raw = request(server, "POST", "/infer", {"inputs": "Hello", "parameters": {"max_new_tokens": 2}})
+    status, _, raw = request(server, "POST", "/infer",
+                             {"inputs": "Hello", "parameters": {"max_new_tokens": 2}})
     assert status == 200 and json.loads(raw)["generated_text"]
 
 
@@ -124,9 +125,11 @@ def test_seeded_request_gives_the_same_text_alone_or_beside_seven_others(server)
                             "max_new_tokens": 48, "details": True}}
     alone = sse_events(request(server, "POST", "/infer", probe)[2])[-1]["generated_text"]
     others = [{"inputs": p, "stream": i % 2 == 0,
-               "parameters": {"seed": i, "temperature": 0.7 + 0.1 * i, "max_new_tokens": 20 + 7 * i}}
-              for i, p in enumerate(["Hi", "A long time ago in a galaxy", "def fib(n):", "Dear diary,",
-                                     "The weather today", "Ingredients: flour,", "Q: What is 2+2?\nA:"])]
+               "parameters": {"seed": i, "temperature": 0.7 + 0.1 * i,
+                              "max_new_tokens": 20 + 7 * i}}
+              for i, p in enumerate(["Hi", "A long time ago in a galaxy", "def fib(n):",
+                                     "Dear diary,", "The weather today", "Ingredients: flour,",
+                                     "Q: What is 2+2?\nA:"])]
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(request, server, "POST", "/infer", b) for b in others[:4]]
         mine = pool.submit(request, server, "POST", "/infer", probe)
@@ -177,7 +180,8 @@ def test_identical_seeded_requests_sent_at_once_all_give_the_text_of_one_alone(s
 def test_a_greedy_request_gives_the_same_text_beside_three_others(server):
     probe = {"inputs": "Once upon a time", "parameters": {"do_sample": False, "max_new_tokens": 40}}
     alone = _texts_at_once(server, [probe])[0]
-    others = [{"inputs": p, "parameters": {"seed": i, "temperature": 1.0, "max_new_tokens": 30 + 5 * i}}
+    others = [{"inputs": p,
+               "parameters": {"seed": i, "temperature": 1.0, "max_new_tokens": 30 + 5 * i}}
               for i, p in enumerate(["def fib(n):", "Dear diary,", "The weather today"])]
     for _ in range(3):
         assert _texts_at_once(server, [probe] + others)[0] == alone

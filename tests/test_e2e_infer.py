@@ -15,7 +15,8 @@ from helpers import request, seed_body, sse_events
 
 def curl(server, body: dict, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["curl", "-sS", "-N", "-H", "Accept: application/json", "-H", "Content-type: application/json",
+        ["curl", "-sS", "-N", "-H", "Accept: application/json",
+         "-H", "Content-type: application/json",
          "--cacert", server.ca, "--cert", server.client_cert, "--key", server.client_key,
          "-X", "POST", "-d", json.dumps(body), *extra, f"{server.url}/infer"],
         capture_output=True, timeout=120)
@@ -176,7 +177,8 @@ def test_keep_alive_serves_several_requests_on_one_connection(server):
     conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=server.ssl_context(),
                                        timeout=60)
     for _ in range(3):
-        conn.request("POST", "/infer", body=json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 2}}),
+        conn.request("POST", "/infer",
+                     body=json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 2}}),
                      headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         assert resp.status == 200 and "generated_text" in json.loads(resp.read())

@@ -75,7 +75,8 @@ def pki(home: str):
     """The server's TLS files in ``home``, plus a second client certificate that the CRL revokes."""
     files = tls_files(replace(load_config(None), home=home))
     make_certificates(files)
-    revoked = replace(files, client_cert=f"{home}/revoked.pem", client_key=f"{home}/revoked.key.pem")
+    revoked = replace(files, client_cert=f"{home}/revoked.pem",
+                      client_key=f"{home}/revoked.key.pem")
     issue_certificate(files.ca[0], files.ca_key, revoked.client_cert, revoked.client_key,
                       "revoked client")
     issue_crl(files.crls[0], files.ca[0], files.ca_key, (revoked.client_cert,))

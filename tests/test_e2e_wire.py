@@ -136,7 +136,8 @@ def test_lone_surrogates_get_their_4xx_or_answer_on_every_route_family(server):
     assert answer("/generate", '{"prompt":%s,"max_tokens":2}' % S, 200)["text"][0].startswith(LONE)
     # Triton
     assert answer(f"/v2/models/{MODEL}/generate",
-                 '{"text_input":"hi","parameters":{"temperature":%s}}' % S, 422)["error"] == wrong_type
+                 '{"text_input":"hi","parameters":{"temperature":%s}}' % S,
+                 422)["error"] == wrong_type
     # OpenAI: an unknown model; the prompt echoed, plain and streamed; a stop string
     for path in ("/v1/chat/completions", "/v1/completions"):
         err = answer(path, '{"model":%s,"prompt":"hi","messages":[{"role":"user","content":"hi"}]}'

@@ -83,7 +83,8 @@ def test_priority_one_overtakes_thirty_waiting_priority_five(llm):
 
 
 def test_a_client_that_stops_reading_is_cut_off(llm):
-    """Events are buffered up to a bound; past it the request is cancelled, never the batch slowed."""
+    """Events are buffered up to a bound; past it the request is cancelled, never the batch
+    slowed."""
     import asyncio
     import time
     from dataclasses import replace

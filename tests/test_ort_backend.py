@@ -128,7 +128,7 @@ def test_default_graph_matches_reference_within_int8_tolerance(ort, reference, p
     for i, p in enumerate(prompts):
         a = _prefill_and_decode(ort, 0, p, FOLLOW)
         b = _prefill_and_decode(reference, 0, p, FOLLOW)
-        for row_a, row_b in zip(a, b):
+        for row_a, row_b in zip(a, b, strict=True):
             assert np.abs(row_a - row_b).max() < MAX_ABS_INT8, i
             rel = np.linalg.norm(row_a - row_b) / np.linalg.norm(row_b - row_b.mean())
             assert rel < REL_INT8, (i, rel)
@@ -283,7 +283,8 @@ def test_parallel_runs_give_the_tokens_of_single_runs(gguf, config, prompts):
         assert toks == single
         assert len({name for name, _, _ in spy.calls}) >= 2
         calls = sorted(spy.calls, key=lambda c: c[1])
-        assert any(b[1] < a[2] for a, b in zip(calls, calls[1:]))     # some runs overlapped
+        # some runs overlapped
+        assert any(b[1] < a[2] for a, b in zip(calls, calls[1:], strict=False))
     finally:
         be.close()
 

@@ -65,7 +65,7 @@ def _byte_tokens() -> list[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    table = dict(zip(bs, cs))
+    table = dict(zip(bs, cs, strict=True))
     return [chr(table[b]) for b in range(256)]
 
 
@@ -221,7 +221,8 @@ def hf_qwen2_logits(f: GGUFFile, ids: np.ndarray) -> np.ndarray:
 def test_config(config, model):
     assert config.architecture == "qwen2"
     assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads,
-            config.head_dim, config.intermediate_size, config.vocab_size) == (N_LAYERS, D, H, KV, HD, FFN, VOCAB)
+            config.head_dim, config.intermediate_size,
+            config.vocab_size) == (N_LAYERS, D, H, KV, HD, FFN, VOCAB)
     assert config.rope_neox and config.qkv_bias and not config.tied_embeddings
     assert config.rope_theta == THETA and config.rms_eps == pytest.approx(EPS)
     assert model.raw("blk.0.ffn_down.weight").qtype == "Q4_0"
@@ -263,7 +264,7 @@ def test_biases_and_neox_matter(model, reference):
             lw.b_qkv = None
         no_bias = ref.prefill(w, ref.KVCache(w.cfg, 1, MAX_SEQ_LEN), 0, 0, ids)
     finally:
-        for lw, b in zip(w.layers, saved):
+        for lw, b in zip(w.layers, saved, strict=True):
             lw.b_qkv = b
     assert np.abs(no_bias - want).max() > 100 * ATOL_VS_FLOAT64
     adjacent = NumpyBackend(model, dataclasses.replace(w.cfg, rope_neox=False), num_slots=1,
@@ -271,9 +272,10 @@ def test_biases_and_neox_matter(model, reference):
     assert np.abs(adjacent.forward([SeqChunk(0, 0, ids)])[0] - want).max() > 100 * ATOL_VS_FLOAT64
 
 
-def _greedy(be, prompts: list[np.ndarray], slots: list[int], steps: int) -> tuple[list[list[int]], list[np.ndarray]]:
+def _greedy(be, prompts: list[np.ndarray], slots: list[int],
+            steps: int) -> tuple[list[list[int]], list[np.ndarray]]:
     """Prefill each prompt (one batch), then decode ``steps`` greedy tokens for all rows."""
-    logits = be.forward([SeqChunk(s, 0, p) for s, p in zip(slots, prompts)])
+    logits = be.forward([SeqChunk(s, 0, p) for s, p in zip(slots, prompts, strict=True)])
     out: list[list[int]] = [[] for _ in prompts]
     all_logits = [logits.copy()]
     pos = [len(p) for p in prompts]
@@ -294,14 +296,15 @@ def test_ort_float_matches_reference(reference, ort_float, batch):
     slots = list(range(batch))
     want_tok, want_logits = _greedy(reference, prompts, slots, GREEDY_STEPS)
     got_tok, got_logits = _greedy(ort_float, prompts, slots, GREEDY_STEPS)
-    for step, (a, b) in enumerate(zip(got_logits, want_logits)):
+    for step, (a, b) in enumerate(zip(got_logits, want_logits, strict=True)):
         assert np.abs(a - b).max() < ATOL_FLOAT, step
     assert got_tok == want_tok
     assert len(set(want_tok[0])) > 1                   # not a degenerate constant stream
 
 
 def test_ort_default_close_to_reference(reference, ort_default):
-    """The default graph (int8 activations inside MatMulNBits) stays within test_ort_backend's bounds."""
+    """The default graph (int8 activations inside MatMulNBits) stays within test_ort_backend's
+    bounds."""
     for slot, ids in enumerate(PROMPTS):
         want = reference.forward([SeqChunk(slot, 0, ids)])[0]
         got = ort_default.forward([SeqChunk(slot, 0, ids)])[0]

@@ -86,7 +86,8 @@ def hf_logits(f: GGUFFile, cfg: ModelConfig, ids: np.ndarray) -> np.ndarray:
         q = h @ unpermute(W(p + "attn_q.weight"), H).T
         k = h @ unpermute(W(p + "attn_k.weight"), KV).T
         v = h @ W(p + "attn_v.weight").T
-        x = x + attention(q, k, v, H, KV, cos, sin, causal, 1 / np.sqrt(hd)) @ W(p + "attn_output.weight").T
+        x = x + attention(q, k, v, H, KV, cos, sin, causal,
+                          1 / np.sqrt(hd)) @ W(p + "attn_output.weight").T
         h = norm(x, W(p + "ffn_norm.weight"))
         g = h @ W(p + "ffn_gate.weight").T
         u = h @ W(p + "ffn_up.weight").T
@@ -129,7 +130,7 @@ def test_batched_rows_do_not_leak_and_start0_forgets(backend, gguf):
     nxt = ids_of(gguf, ["Ġshe", "ĠParis", "Ġthe"])
 
     alone_prefill, alone_decode = [], []
-    for p, t in zip(prompts, nxt):
+    for p, t in zip(prompts, nxt, strict=True):
         alone_prefill.append(backend.forward([SeqChunk(0, 0, p)])[0])
         alone_decode.append(backend.forward([SeqChunk(0, len(p), t[None])])[0])
 
@@ -137,8 +138,10 @@ def test_batched_rows_do_not_leak_and_start0_forgets(backend, gguf):
         np.testing.assert_allclose(got, np.stack(want), rtol=0, atol=ATOL_SAME_MODEL)
 
     for slots in ([5, 1, 3], [4, 5, 6]):  # scattered slots (gathered K/V) and consecutive (views)
-        check(backend.forward([SeqChunk(s, 0, p) for s, p in zip(slots, prompts)]), alone_prefill)
-        check(backend.forward([SeqChunk(s, len(p), t[None]) for s, p, t in zip(slots, prompts, nxt)]),
+        check(backend.forward([SeqChunk(s, 0, p) for s, p in zip(slots, prompts, strict=True)]),
+              alone_prefill)
+        check(backend.forward([SeqChunk(s, len(p), t[None])
+                               for s, p, t in zip(slots, prompts, nxt, strict=True)]),
               alone_decode)
 
     # Slot 4 now holds the 20-position story; start=0 there must forget it (here in a batch that
@@ -146,7 +149,8 @@ def test_batched_rows_do_not_leak_and_start0_forgets(backend, gguf):
     # makes the attended length pass slot 4's new sequence (its stale positions 6..11).
     got = backend.forward([SeqChunk(4, 0, france), SeqChunk(6, len(prompts[2]) + 1, story[:1])])
     np.testing.assert_allclose(got[0], alone_prefill[1], rtol=0, atol=ATOL_SAME_MODEL)
-    got = backend.forward([SeqChunk(4, len(france), nxt[1:2]), SeqChunk(6, len(prompts[2]) + 2, story[:1])])
+    got = backend.forward([SeqChunk(4, len(france), nxt[1:2]),
+                           SeqChunk(6, len(prompts[2]) + 2, story[:1])])
     np.testing.assert_allclose(got[0], alone_decode[1], rtol=0, atol=ATOL_SAME_MODEL)
 
 
@@ -183,14 +187,16 @@ def test_last_position_of_a_slot_is_usable(backend, gguf):
     out = backend.forward([SeqChunk(6, MAX_SEQ_LEN - 1, ids[:1])])
     assert out.shape == (1, backend.config.vocab_size) and np.isfinite(out).all()
     c = backend.config
-    assert backend.kv_cache_bytes() == 2 * c.num_layers * 8 * c.num_kv_heads * MAX_SEQ_LEN * c.head_dim * 4
+    assert backend.kv_cache_bytes() == (2 * c.num_layers * 8 * c.num_kv_heads * MAX_SEQ_LEN
+                                        * c.head_dim * 4)
 
 
 def test_linear_gemv_and_gemm_paths_agree(backend):
     from tiny_mindie.model.reference import GEMV_MAX_ROWS, linear
 
     w = backend.weights.layers[0].w_gate_up  # [576, 3072]
-    x = np.random.default_rng(0).standard_normal((1, GEMV_MAX_ROWS + 1, w.shape[0])).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal(
+        (1, GEMV_MAX_ROWS + 1, w.shape[0])).astype(np.float32)
     for rows in (1, GEMV_MAX_ROWS, GEMV_MAX_ROWS + 1):  # per-row GEMVs, then one GEMM
         got = linear(x[:, :rows], w)  # [1, rows, 576] -> [1, rows, 3072]
         want = x[:, :rows].astype(np.float64) @ w.astype(np.float64)

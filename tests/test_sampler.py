@@ -47,7 +47,7 @@ def brute_top_p(x, p):
     probs = softmax(x[order].astype(np.float64))
     keep = []
     mass = 0.0
-    for i, pi in zip(order, probs):
+    for i, pi in zip(order, probs, strict=True):
         keep.append(i)
         mass += pi
         if mass >= p:
@@ -134,7 +134,8 @@ def test_logprob_is_of_the_final_distribution(logits):
     tok, lp = sample(logits, p, np.array([], dtype=np.int64), make_rng(0))
     top2 = np.argsort(-logits)[:2]
     assert tok in top2
-    assert lp == pytest.approx(np.log(softmax(logits[top2].astype(np.float64))[list(top2).index(tok)]))
+    assert lp == pytest.approx(
+        np.log(softmax(logits[top2].astype(np.float64))[list(top2).index(tok)]))
 
 
 @pytest.mark.parametrize("k", [1, 5, 40, 300, 4999, 5000])
@@ -234,8 +235,8 @@ def test_vocab_wide_sets_break_ties_by_the_lower_id():
         expected = order[:int(np.sum(cum < top_p)) + 1]
         assert nucleus_of_vocab(x, w, z, top_p).tolist() == expected.tolist()
     for mass in (0.1, 0.6):
-        assert typical_of_vocab(x, w, z, mass).tolist() == top_k_candidates(
-            x, x.shape[0])[np.isin(top_k_candidates(x, x.shape[0]), brute_typical(x, mass))].tolist()
+        assert typical_of_vocab(x, w, z, mass).tolist() == top_k_candidates(x, x.shape[0])[
+            np.isin(top_k_candidates(x, x.shape[0]), brute_typical(x, mass))].tolist()
 
 
 
@@ -335,7 +336,8 @@ def test_penalties_and_watermark_act_before_the_temperature():
 def test_batch_logprobs_follow_the_definitions():
     v = 262_144
     x = np.stack([zipf(v, 20, 1.1) * 2, zipf(v, 21, 0.9) * 2, zipf(v, 22, 1.3) * 2])
-    params = [SamplingParams(do_sample=True, top_p=0.9), SamplingParams(do_sample=True, typical_p=0.9),
+    params = [SamplingParams(do_sample=True, top_p=0.9),
+              SamplingParams(do_sample=True, typical_p=0.9),
               SamplingParams(do_sample=True, temperature=0.8)]
     empty = np.array([], dtype=np.int64)
     rows = [SampleRow(p, empty, make_rng(i)) for i, p in enumerate(params)]
@@ -343,10 +345,12 @@ def test_batch_logprobs_follow_the_definitions():
         (t0, lp0, _), (t1, lp1, _), (t2, lp2, _) = sample_batch(x, rows)
         nucleus = list(brute_top_p(x[0], 0.9))
         assert t0 in nucleus
-        assert lp0 == pytest.approx(x[0, t0] - np.logaddexp.reduce(x[0, nucleus].astype(np.float64)))
+        assert lp0 == pytest.approx(
+            x[0, t0] - np.logaddexp.reduce(x[0, nucleus].astype(np.float64)))
         typical = brute_typical(x[1], 0.9)
         assert t1 in typical
-        assert lp1 == pytest.approx(x[1, t1] - np.logaddexp.reduce(x[1, typical].astype(np.float64)))
+        assert lp1 == pytest.approx(
+            x[1, t1] - np.logaddexp.reduce(x[1, typical].astype(np.float64)))
         x2 = (x[2] / np.float32(0.8)).astype(np.float64)
         assert lp2 == pytest.approx(x2[t2] - np.logaddexp.reduce(x2))
 
@@ -380,7 +384,8 @@ def test_a_temperature_below_the_float32_range_is_greedy(temperature):
     x = zipf(30_000, 11) * 3
     seen = np.array([3, 4], np.int64)
     for params in (SamplingParams(do_sample=True, temperature=temperature),
-                   SamplingParams(do_sample=True, temperature=temperature, top_p=1e-300, watermark=True),
+                   SamplingParams(do_sample=True, temperature=temperature, top_p=1e-300,
+                                  watermark=True),
                    SamplingParams(do_sample=True, temperature=temperature, top_k=5, typical_p=0.2)):
         greedy = SamplingParams(watermark=params.watermark)
         rng = make_rng(1)
@@ -391,7 +396,8 @@ def test_a_temperature_below_the_float32_range_is_greedy(temperature):
 @pytest.mark.parametrize("params", [SamplingParams(do_sample=True, temperature=1e308),
                                     SamplingParams(repetition_penalty=1e-300),
                                     SamplingParams(repetition_penalty=5e-324),
-                                    SamplingParams(do_sample=True, repetition_penalty=1e300, top_p=0.5),
+                                    SamplingParams(do_sample=True, repetition_penalty=1e300,
+                                                   top_p=0.5),
                                     SamplingParams(repetition_penalty=1.7976931348623157e308,
                                                    watermark=True)])
 def test_extreme_accepted_values_sample_quietly(params):

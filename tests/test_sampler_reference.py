@@ -68,7 +68,8 @@ def clear_choice(x, params, coin, seen, n_prompt, top_n):
     got = reference.sample(x, params, coin, seen, n_prompt, top_n)
     variants = [(params, c) for c in shifted(coin)]
     if params.top_p < 1:
-        variants += [(SamplingParams(**{**vars(params), "top_p": m}), coin) for m in shifted(params.top_p)]
+        variants += [(SamplingParams(**{**vars(params), "top_p": m}), coin)
+                     for m in shifted(params.top_p)]
     if params.typical_p < 1:
         variants += [(SamplingParams(**{**vars(params), "typical_p": m}), coin)
                      for m in shifted(params.typical_p)]
@@ -86,7 +87,8 @@ def assert_same(fast, ref):
         assert fast[2] is None
     else:
         assert [i for i, _ in fast[2]] == [i for i, _ in ref[2]]
-        assert [lp for _, lp in fast[2]] == pytest.approx([lp for _, lp in ref[2]], abs=TOL, rel=TOL)
+        assert ([lp for _, lp in fast[2]]
+                == pytest.approx([lp for _, lp in ref[2]], abs=TOL, rel=TOL))
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
@@ -97,7 +99,7 @@ def test_the_batch_sampler_picks_the_reference_token_for_the_same_uniform_number
     gen = np.random.default_rng(v)
     seen = [gen.integers(0, v, n) for *_, n in rows]
     batch = [SampleRow(p, s, make_rng(p.seed), top_n, len(s) // 3)
-             for (_, _, p, top_n, _), s in zip(rows, seen)]
+             for (_, _, p, top_n, _), s in zip(rows, seen, strict=True)]
     fast = sample_batch(x, batch)
     checked = 0
     for i, row in enumerate(batch):

@@ -24,7 +24,8 @@ def gguf(model_path) -> GGUFFile:
 
 
 def test_gguf_matrices_pack_bit_exactly(gguf):
-    """Q4_1 (and the Q8_0 embedding) -> MatMulNBits form dequantizes to GGUF's values, bit for bit."""
+    """Q4_1 (and the Q8_0 embedding) -> MatMulNBits form dequantizes to GGUF's values, bit for
+    bit."""
     names = ["token_embd.weight"] + [f"blk.{i}.{t}.weight" for i in (0, 29) for t in
                                     ("attn_q", "attn_k", "attn_v", "attn_output",
                                      "ffn_gate", "ffn_up", "ffn_down")]
@@ -76,7 +77,8 @@ def test_matmulnbits_reads_the_packing_as_documented(gguf):
     inits = [numpy_helper.from_array(a, n) for n, a in
              (("B", w.data), ("S", w.scales.reshape(-1)), ("Z", w.zero_points.reshape(-1)),
               ("I", ind), ("R", np.ascontiguousarray(w.mins.T)))]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, w.k])],
+    g = helper.make_graph(nodes, "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, w.k])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, w.n])], inits)
     m = helper.make_model(g, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
                                                            helper.make_opsetid("com.microsoft", 1)])

@@ -46,7 +46,8 @@ def test_sse_event_and_error_body_escape_lone_surrogates():
     raw = sse_event(data)
     assert raw == b'data: {"text":"\\ud800\\n\\ud800"}\n\n'
     assert json.loads(raw.decode("utf-8")[len("data: "):]) == {"text": text + "\n" + text}
-    assert json.loads(_error_body(400, "bad " + text, 2**20).decode("utf-8"))["error"] == "bad " + text
+    assert (json.loads(_error_body(400, "bad " + text, 2**20).decode("utf-8"))["error"]
+            == "bad " + text)
     assert utf8("\ud800") == b"\\ud800" and utf8("\u00e9") == "\u00e9".encode()
 
 

@@ -45,13 +45,15 @@ class App:
     def handler_for(self, planes: frozenset[str]) -> Handler:
         """The connection handler of a listener that serves ``planes``."""
         backlog_kb = self.cfg.server.max_stream_backlog_kb
-        return self.router.handler_for(planes, max_backlog_bytes=backlog_kb * 1024 if backlog_kb else None)
+        return self.router.handler_for(
+            planes, max_backlog_bytes=backlog_kb * 1024 if backlog_kb else None)
 
 
 def plan_listeners(cfg: Config) -> list[Listener]:
     """Group the planes by port: equal ports share one listener (MindIE's rule)."""
     s = cfg.server
-    wanted = [(BUSINESS, s.ip_address, s.port), (MANAGEMENT, s.management_ip_address, s.management_port),
+    wanted = [(BUSINESS, s.ip_address, s.port),
+              (MANAGEMENT, s.management_ip_address, s.management_port),
               (METRICS, s.management_ip_address, s.metrics_port)]
     by_port: dict[int, Listener] = {}
     for plane, host, port in wanted:

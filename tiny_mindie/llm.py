@@ -182,7 +182,8 @@ class LLM:
         at_least = len(text.encode("utf-8", "surrogatepass")) // self._longest_token
         if at_least > self.engine.max_input_len:
             raise GenerationError(
-                ErrorKind.TOO_LONG, "Failed to enqueue inferRequest. This model's maximum input ids "
+                ErrorKind.TOO_LONG,
+                "Failed to enqueue inferRequest. This model's maximum input ids "
                 f"length cannot be greater than {self.engine.max_input_len},the input ids "
                 f"length is at least {at_least}")
 
@@ -223,7 +224,8 @@ class LLM:
         if not isinstance(prompt, str) and not (
                 isinstance(prompt, Sequence)
                 and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
-            raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+            raise TypeError("prompt must be a str or a sequence of token ids, "
+                            f"got {type(prompt).__name__}")
         ids = self.prompt_ids(prompt)
         if do_sample is None:
             do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0

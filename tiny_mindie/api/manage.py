@@ -200,7 +200,8 @@ def routes(app) -> list[Route]:
         n = int(digits) if len(digits) <= 9 else None      # int() refuses > 4300 digits
         if n is None or not 1 <= n <= MAX_TIMED_S:
             shown = digits if len(digits) <= 20 else digits[:20] + "..."
-            raise APIError(Kind.INVALID, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], got {shown}.")
+            raise APIError(Kind.INVALID, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], "
+                                         f"got {shown}.")
         llm = app.llm
         try:
             if not probe_ids:
@@ -249,7 +250,8 @@ def routes(app) -> list[Route]:
         nothing is left running; the process exits right after."""
         mode = req.query.get("mode")
         if mode is not None and mode.lower() != "force":
-            raise APIError(Kind.INVALID, f"mode must be Force (or absent for a graceful stop), got {mode}.")
+            raise APIError(Kind.INVALID, "mode must be Force (or absent for a graceful stop), "
+                                         f"got {mode}.")
         if not ctl.request(force=mode is not None):
             raise APIError(Kind.STOPPED, STOPPED)
         await ctl.drained.wait()

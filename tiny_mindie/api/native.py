@@ -97,8 +97,9 @@ def _details(ev: TokenEvent, request: GenerationRequest) -> dict:
 def stream_event(ev: TokenEvent, request: GenerationRequest, details: bool) -> dict:
     """One SSE event of the ``/infer`` stream (spec §2): the last one carries
     ``generated_text``, ``details`` (or null) and its token with ``"text": null``."""
-    out: dict = {"prefill_time": None if ev.prefill_time_ms is None else round(ev.prefill_time_ms, 2),
-                 "decode_time": None if ev.decode_time_ms is None else round(ev.decode_time_ms, 2)}
+    out: dict = {
+        "prefill_time": None if ev.prefill_time_ms is None else round(ev.prefill_time_ms, 2),
+        "decode_time": None if ev.decode_time_ms is None else round(ev.decode_time_ms, 2)}
     if ev.is_last:
         out["generated_text"] = ev.generated_text
         out["details"] = _details(ev, request) if details else None

@@ -234,7 +234,8 @@ def routes(app) -> list:
     async def generate(req, stream, params):
         obj = parse_json_object(req.body)
         if "prompt" in obj and "inputs" in obj:
-            raise invalid("Input conflict: /generate takes TGI's inputs or vLLM's prompt, not both.")
+            raise invalid("Input conflict: /generate takes TGI's inputs or vLLM's prompt, "
+                          "not both.")
         if "prompt" in obj:
             return await vllm_generate(req, stream, app.llm, obj)
         return await tgi_plain(req, stream, app.llm, obj, as_list=False)

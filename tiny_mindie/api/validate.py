@@ -29,8 +29,8 @@ class JSONTooDeep(APIError):
     """A request body nested deeper than :data:`MAX_JSON_DEPTH`: 422 (400 in OpenAI's style)."""
 
     def __init__(self, depth_limit: int):
-        super().__init__(Kind.TOO_DEEP, f"Failed to parse request context to json: arrays and objects "
-                              f"nest deeper than {depth_limit} levels")
+        super().__init__(Kind.TOO_DEEP, "Failed to parse request context to json: arrays and "
+                         f"objects nest deeper than {depth_limit} levels")
 
 
 def json_depth(text: bytes) -> int:

@@ -59,7 +59,8 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
     return prompt, make, n, get_bool(obj, "stream", False, "Field")
 
 
-async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
+async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM,
+                        obj: dict) -> Response | None:
     """``{"prompt", ...}`` -> ``{"text": [prompt + output, ...]}`` (``n`` outputs); with
     ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
     byte, every one holding the texts so far (vLLM 0.2's api_server)."""
@@ -69,7 +70,8 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM, obj: dic
         done = await collect(llm, requests, stream)
         if done is None:
             return None
-        return json_response(200, {"text": [prompt + (evs[-1].generated_text or "") for evs in done]})
+        return json_response(200, {"text": [prompt + (evs[-1].generated_text or "")
+                                            for evs in done]})
     texts = [""] * n
 
     def event(item: tuple[int, TokenEvent]) -> list[dict]:

@@ -108,7 +108,8 @@ class Engine:
         limits: server-wide limits.
     """
 
-    def __init__(self, backend: Backend, tokenizer: Tokenizer, limits: EngineLimits = EngineLimits()):
+    def __init__(self, backend: Backend, tokenizer: Tokenizer,
+                 limits: EngineLimits = EngineLimits()):
         self.backend = backend
         self.tokenizer = tokenizer
         self.limits = limits
@@ -242,7 +243,8 @@ class Engine:
                 log.exception("forward pass failed")
                 with self._cond:
                     for seq, _ in batch:
-                        self._finish(seq, GenerationError("internal", "Internal error in generation."))
+                        self._finish(seq, GenerationError("internal",
+                                                          "Internal error in generation."))
         with self._cond:
             for seq in list(self._running) + list(self._waiting):
                 self._finish(seq, GenerationError("stopped", "The service has been stopped."))
@@ -279,7 +281,8 @@ class Engine:
 
     def _plan(self) -> list[tuple[_Sequence, int]]:
         """This step's rows: ``(sequence, tokens to feed)``; decode rows feed 1 token."""
-        decode = [(s, 1) for s in self._running if s.n_cached == len(s.tokens) - 1 and s.n_generated]
+        decode = [(s, 1) for s in self._running
+                  if s.n_cached == len(s.tokens) - 1 and s.n_generated]
         prefill = plan_prefill(((s, s.n_cached, s.n_prompt - s.n_cached) for s in self._running
                                 if s.n_cached < s.n_prompt), self.limits.schedule)
         return decode + prefill
@@ -307,7 +310,7 @@ class Engine:
                           seq.n_prompt) for _, seq in ready]
         sampled = self._sample(logits, rows)
         with self._cond:
-            for (_, seq), result in zip(ready, sampled):
+            for (_, seq), result in zip(ready, sampled, strict=True):
                 if seq.cancelled or seq.slot is None:
                     continue
                 if result is None:
@@ -326,7 +329,7 @@ class Engine:
         except Exception:
             log.exception("sampling the batch failed; sampling its rows one by one")
         out: list[tuple | None] = []
-        for i, (row, state) in enumerate(zip(rows, states)):
+        for i, (row, state) in enumerate(zip(rows, states, strict=True)):
             row.rng.bit_generator.state = state
             try:
                 out.append(sample_batch(logits[i:i + 1], [row])[0])

@@ -48,7 +48,7 @@ class Histogram:
     def cumulative(self) -> list[tuple[float, int]]:
         """``(upper bound, observations <= it)`` for every bucket, ``+Inf`` last."""
         out, total = [], 0
-        for bound, n in zip(self.buckets + (float("inf"),), self.counts):
+        for bound, n in zip(self.buckets + (float("inf"),), self.counts, strict=True):
             total += n
             out.append((bound, total))
         return out

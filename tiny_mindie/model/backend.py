@@ -79,7 +79,8 @@ class Backend(ABC):
             float32 ``[len(chunks), vocab_size]``: logits of the last token of each chunk.
 
         Raises:
-            ValueError: a chunk is empty, its slot is out of range, or it would pass ``max_seq_len``.
+            ValueError: a chunk is empty, its slot is out of range, or it would pass
+                ``max_seq_len``.
         """
 
     def kv_cache_bytes(self) -> int:
@@ -103,7 +104,7 @@ def check_chunks(chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int,
     """
     seen = set()
     ids = [np.asarray(c.token_ids, dtype=np.int64) for c in chunks]
-    for c, a in zip(chunks, ids):
+    for c, a in zip(chunks, ids, strict=True):
         if a.ndim != 1:
             raise ValueError(f"token_ids must be one-dimensional, got shape {a.shape}")
         n = len(a)
@@ -115,7 +116,8 @@ def check_chunks(chunks: Sequence[SeqChunk], num_slots: int, max_seq_len: int,
             raise ValueError(f"slot {c.slot} appears twice in one batch")
         seen.add(c.slot)
         if c.start < 0 or c.start + n > max_seq_len:
-            raise ValueError(f"chunk positions {c.start}..{c.start + n} pass max_seq_len {max_seq_len}")
+            raise ValueError(f"chunk positions {c.start}..{c.start + n} pass max_seq_len "
+                             f"{max_seq_len}")
         if a.min() < 0 or a.max() >= vocab_size:
             raise ValueError(f"token id out of range 0..{vocab_size - 1}")
     return ids

@@ -37,8 +37,9 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
     digest = sha256_of(f.path)
     stem = os.path.splitext(os.path.basename(f.path))[0]
     entry = f"{stem}-{digest[:16]}-b{BUILDER_VERSION}-{options.key()}"
-    roots = [cache_dir] if cache_dir else [os.path.join(os.path.dirname(os.path.abspath(f.path)),
-                                                        "onnx-cache"), os.path.join(cache_root(), "onnx")]
+    roots = ([cache_dir] if cache_dir else
+             [os.path.join(os.path.dirname(os.path.abspath(f.path)), "onnx-cache"),
+              os.path.join(cache_root(), "onnx")])
     for root in roots:
         path = os.path.join(root, entry, "model.onnx")
         if os.path.isfile(os.path.join(root, entry, "complete")):

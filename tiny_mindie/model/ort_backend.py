@@ -167,8 +167,8 @@ class OrtBackend(Backend):
         import onnxruntime  # noqa: F401  (missing: ImportError now, before a graph is built)
 
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
-            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be >= 1, "
-                             f"parallel_runs ({parallel_runs}) >= 0")
+            raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be "
+                             f">= 1, parallel_runs ({parallel_runs}) >= 0")
         if max_seq_len > (graph_options.max_positions or config.context_length):
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
                              f"({graph_options.max_positions or config.context_length})")
@@ -186,7 +186,8 @@ class OrtBackend(Backend):
         if release_pages and self.built:                # building read every tensor of the GGUF
             release.append(f.path)
         self._session, self.huge_page_bytes = _open_session(
-            self.graph_path, session_options(self.threads, spinning=spinning, config=session_config),
+            self.graph_path,
+            session_options(self.threads, spinning=spinning, config=session_config),
             select_providers(providers, device_id), release=release, huge_pages=huge_pages)
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
@@ -201,8 +202,10 @@ class OrtBackend(Backend):
             log.warning("%d parallel runs x %d intra-op threads is more than the %d CPUs: the "
                         "runs will only take turns", parallel_runs, self.threads, available_cpus())
         # more runs than slots could never all be busy (a run has at least one row)
-        self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads), num_slots)
-        self._pool = (ThreadPoolExecutor(self.parallel_runs - 1, thread_name_prefix="tiny_mindie-run")
+        self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads),
+                                 num_slots)
+        self._pool = (ThreadPoolExecutor(self.parallel_runs - 1,
+                                         thread_name_prefix="tiny_mindie-run")
                       if self.parallel_runs > 1 else None)
         log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of it moved "
                  "to huge pages)", self.device, "built" if self.built else "cached", t1 - t0,
@@ -252,7 +255,8 @@ class OrtBackend(Backend):
                                           [chunks[i].start for i in decode],
                                           [ids[i][0] for i in decode], decode, out,
                                           1 if prefill else self.parallel_runs)
-            runs += [(len(ids[i]), self._prefill_run(chunks[i].slot, chunks[i].start, ids[i], out, i))
+            runs += [(len(ids[i]),
+                      self._prefill_run(chunks[i].slot, chunks[i].start, ids[i], out, i))
                      for i in prefill]
             lanes: list[list[Callable[[], None]]] = [[] for _ in range(self.parallel_runs)]
             load = [0] * self.parallel_runs
@@ -331,7 +335,8 @@ class OrtBackend(Backend):
         consecutive, then split into up to ``groups`` runs of consecutive rows; each run writes
         its logits to ``out[out_rows[j]]`` for its chunks ``j``. Returns ``(cost, run)`` pairs,
         the cost in prompt-token equivalents (:data:`DECODE_RUN_COST` + rows)."""
-        for s, st in zip(slots, starts):            # positions >= start are about to be rewritten
+        # positions >= start are about to be rewritten
+        for s, st in zip(slots, starts, strict=True):
             self._used[s] = min(self._used[s], st)
         self._arrange(slots)
         order = sorted(range(len(slots)), key=lambda j: self._phys[slots[j]])
@@ -355,7 +360,7 @@ class OrtBackend(Backend):
         total[()] = max(starts) + 1
         self._session.run_with_iobinding(binding)
         out[out_rows] = logits
-        for s, st in zip(slots, starts):
+        for s, st in zip(slots, starts, strict=True):
             self._used[s] = st + 1
 
     def _prefill_run(self, slot: int, start: int, tokens: np.ndarray, out: np.ndarray,
@@ -399,7 +404,7 @@ class OrtBackend(Backend):
                 best, best_cost = w, cost
         outside = [s for s in slots if not best <= self._phys[s] < best + B]
         free = [r for r in range(best, best + B) if self._slot_at[r] not in members]
-        for s, r in zip(outside, free):
+        for s, r in zip(outside, free, strict=True):
             self._swap_rows(self._phys[s], r)
         return best
 

@@ -194,7 +194,8 @@ def concat_weights(ws: Sequence[NBitsWeight]) -> list[NBitsWeight]:
             out[-1] = NBitsWeight(
                 w.bits, prev.n + w.n, w.k, np.concatenate([prev.data, w.data]),
                 np.concatenate([prev.scales, w.scales]),
-                None if w.zero_points is None else np.concatenate([prev.zero_points, w.zero_points]),
+                None if w.zero_points is None
+                else np.concatenate([prev.zero_points, w.zero_points]),
                 None if w.mins is None else np.concatenate([prev.mins, w.mins]),
                 prev.exact and w.exact, w.block)
         else:
@@ -259,7 +260,8 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None) 
         q_norm = f.dequantize(p + ".attn_q_norm.weight").astype(np.float32)
         if q_scale is not None:
             q_norm = q_norm * np.float32(q_scale)
-        extra.update(q_norm=q_norm, k_norm=f.dequantize(p + ".attn_k_norm.weight").astype(np.float32))
+        extra.update(q_norm=q_norm,
+                     k_norm=f.dequantize(p + ".attn_k_norm.weight").astype(np.float32))
     elif q_scale is not None:
         wq = _scaled(wq, q_scale)
     if config.qkv_bias:
@@ -292,7 +294,8 @@ def lm_head_weight(w: NBitsWeight, block: int) -> NBitsWeight:
     if w.bits != 8 or block <= w.block or w.k % block:
         return w
     out = NBitsWeight(8, w.n, w.k, np.empty((w.n, w.k // block, block), np.uint8),
-                      np.empty((w.n, w.k // block), np.float32), None, None, exact=False, block=block)
+                      np.empty((w.n, w.k // block), np.float32), None, None,
+                      exact=False, block=block)
     rows = 8192                      # in pieces: float32 [262144, 640] alone would be 671 MB
     for a in range(0, w.n, rows):
         part = quantize_8bit(unpack_nbits(NBitsWeight(
@@ -303,7 +306,8 @@ def lm_head_weight(w: NBitsWeight, block: int) -> NBitsWeight:
     return out
 
 
-def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight, block: int) -> NBitsWeight:
+def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight,
+                 block: int) -> NBitsWeight:
     """The LM head ``[V, D]``: ``output.weight``, or the packed ``embedding`` when tied, through
     :func:`lm_head_weight` with ``block``."""
     return lm_head_weight(embedding if config.tied_embeddings else pack_weight(f, "output.weight"),

@@ -61,7 +61,8 @@ def top_k_candidates(logits: np.ndarray, k: int) -> np.ndarray:
 
 def _prefix_reaching(mass: np.ndarray, target: float) -> int:
     """Length of the shortest prefix whose cumulative mass reaches ``target`` (at least 1)."""
-    return max(1, min(int(np.searchsorted(np.cumsum(mass), target, side="left")) + 1, mass.shape[0]))
+    return max(1, min(int(np.searchsorted(np.cumsum(mass), target, side="left")) + 1,
+                      mass.shape[0]))
 
 
 def nucleus_candidates(logits: np.ndarray, ids: np.ndarray, top_p: float) -> np.ndarray:

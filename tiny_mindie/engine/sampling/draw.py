@@ -67,7 +67,7 @@ def inverse_cdf(w: np.ndarray, sums: np.ndarray, u: float) -> int:
 
 
 def _top(ids: np.ndarray, logp: np.ndarray, n: int) -> Top:
-    return tuple((int(i), float(lp)) for i, lp in zip(ids[:n], logp[:n]))
+    return tuple((int(i), float(lp)) for i, lp in zip(ids[:n], logp[:n], strict=True))
 
 
 def top_of_vocab(x: np.ndarray, w: np.ndarray, z: float, n: int) -> Top | None:

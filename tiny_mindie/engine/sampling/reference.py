@@ -65,8 +65,9 @@ def processed(logits: np.ndarray, params: SamplingParams, seen=(), n_prompt: int
         v = float(x[i])
         x[i] = v / params.repetition_penalty if v > 0 else v * params.repetition_penalty
     output = seen[n_prompt:]
-    for i, count in zip(*np.unique(output[output < x.shape[0]], return_counts=True)):
-        x[i] -= np.float32(params.frequency_penalty) * np.float32(count) + np.float32(params.presence_penalty)
+    for i, count in zip(*np.unique(output[output < x.shape[0]], return_counts=True), strict=True):
+        x[i] -= (np.float32(params.frequency_penalty) * np.float32(count)
+                 + np.float32(params.presence_penalty))
     if params.watermark and seen.size:
         x += np.where(green_mask(int(seen[-1]), x.shape[0]), np.float32(DELTA), np.float32(0))
     return x

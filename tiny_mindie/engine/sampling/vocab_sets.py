@@ -42,7 +42,8 @@ def dot(a: np.ndarray, b: np.ndarray, width: int = 256) -> float:
     """``sum(a * b)`` of two float32 ``[V]`` arrays without a temporary: float32 dot products
     of ``width``-wide pieces (``einsum``; no BLAS threads), added in float64."""
     n = a.shape[0] // width * width
-    total = np.einsum("ni,ni->n", a[:n].reshape(-1, width), b[:n].reshape(-1, width)).sum(dtype=np.float64)
+    total = np.einsum("ni,ni->n", a[:n].reshape(-1, width),
+                      b[:n].reshape(-1, width)).sum(dtype=np.float64)
     return float(total + np.dot(a[n:].astype(np.float64), b[n:]) if n < a.shape[0] else total)
 
 
@@ -218,8 +219,8 @@ def row_sets(x: np.ndarray, w: np.ndarray, best: np.ndarray, z: np.ndarray,
         elif p.typical_p < 1.0:
             todo.append((i, p.typical_p * z[i], dot(w[i], x[i]) / z[i]))
     if todo:
-        sel, target, center = (np.array(a) for a in zip(*todo))
-        out.update(zip(sel.tolist(), vocab_sets(x, w, sel, target, center)))
+        sel, target, center = (np.array(a) for a in zip(*todo, strict=True))
+        out.update(zip(sel.tolist(), vocab_sets(x, w, sel, target, center), strict=True))
     return out
 
 
