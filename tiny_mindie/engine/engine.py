@@ -22,7 +22,7 @@ from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
-from .request import GenerationError, GenerationRequest, TokenEvent
+from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
 from .sampling import SampleRow, make_rng, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
 
@@ -94,7 +94,7 @@ class _Sequence:
             return
         if self.queue.qsize() >= self.max_buffered:
             self.cancelled = True      # the engine drops the request at its next step
-            item = GenerationError("cancelled", "Client too slow: "
+            item = GenerationError(ErrorKind.CANCELLED, "Client too slow: "
                                    f"more than {self.max_buffered} events unread.")
         self.queue.put_nowait(item)
 
@@ -143,21 +143,20 @@ class Engine:
 
     def drain(self) -> None:
         """Stop admitting requests (``/stopService``): from now on ``generate()`` fails with
-        ``GenerationError("stopped")`` (503 ``The service has been stopped.``), while the
+        ``GenerationError(STOPPED)`` (503 ``The service has been stopped.``), while the
         requests already running or waiting go on to their end. See :meth:`stats` for when
         the engine is idle."""
         with self._cond:
             self._draining = True
 
     def check_prompt(self, n_prompt: int) -> None:
-        """Raise ``GenerationError("too_long")`` (MindIE's 424) when a prompt cannot run."""
+        """Raise ``GenerationError(TOO_LONG)`` (MindIE's 424) when a prompt cannot run."""
         if n_prompt > self.max_input_len:
-            raise GenerationError(
-                "too_long",
+            raise GenerationError(ErrorKind.TOO_LONG,
                 "Failed to enqueue inferRequest. This model's maximum input ids length cannot be "
                 f"greater than {self.max_input_len},the input ids length is {n_prompt}")
         if n_prompt < 1:
-            raise GenerationError("empty", "Inputs must not be empty.")
+            raise GenerationError(ErrorKind.EMPTY, "Inputs must not be empty.")
 
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Generate for ``req``; yields one :class:`TokenEvent` per token, the last one carrying
@@ -179,7 +178,7 @@ class Engine:
                         self.limits.max_buffered_events)
         with self._cond:
             if self._stopping or self._draining:
-                raise GenerationError("stopped", "The service has been stopped.")
+                raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")
             self._by_id[req.request_id] = seq
             self._waiting.push(req.priority, seq)
             self._cond.notify()
@@ -243,11 +242,12 @@ class Engine:
                 log.exception("forward pass failed")
                 with self._cond:
                     for seq, _ in batch:
-                        self._finish(seq, GenerationError("internal",
+                        self._finish(seq, GenerationError(ErrorKind.INTERNAL,
                                                           "Internal error in generation."))
         with self._cond:
             for seq in list(self._running) + list(self._waiting):
-                self._finish(seq, GenerationError("stopped", "The service has been stopped."))
+                self._finish(seq, GenerationError(ErrorKind.STOPPED,
+                                                  "The service has been stopped."))
 
     def _expire(self, now: float) -> None:
         """Drop cancelled and timed-out requests (waiting or running)."""
@@ -263,12 +263,13 @@ class Engine:
         if seq.cancelled:
             return None
         if now > seq.deadline:
-            return GenerationError("timeout", "Engine callback timeout: client timeout")
+            return GenerationError(ErrorKind.TIMEOUT, "Engine callback timeout: client timeout")
         if now - seq.submitted > self.limits.e2e_timeout_s:
-            return GenerationError("timeout", "Engine callback timeout: server e2eTimeout")
+            return GenerationError(ErrorKind.TIMEOUT, "Engine callback timeout: server e2eTimeout")
         last = seq.last_token or seq.started
         if last is not None and now - last > self.limits.token_timeout_s:
-            return GenerationError("timeout", "Engine callback timeout: server tokenTimeout")
+            return GenerationError(ErrorKind.TIMEOUT,
+                                   "Engine callback timeout: server tokenTimeout")
         return None
 
     def _admit(self) -> None:
@@ -314,7 +315,8 @@ class Engine:
                 if seq.cancelled or seq.slot is None:
                     continue
                 if result is None:
-                    self._finish(seq, GenerationError("internal", "Internal error in generation."))
+                    self._finish(seq, GenerationError(ErrorKind.INTERNAL,
+                                                      "Internal error in generation."))
                 else:
                     self._next_token(seq, result, now)
 
