@@ -114,7 +114,7 @@ def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = 
             through ``Tokenizer.shield`` with it first; see :func:`encode_chat`.
 
     Raises:
-        OpenAIError: 400 when the template refuses the conversation or fails to render.
+        APIError: 400 when the template refuses the conversation or fails to render.
     """
     import jinja2
 
@@ -157,7 +157,7 @@ def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
     tell a client's copy from the template's, so a client string holding one is refused.
 
     Raises:
-        OpenAIError: 400 as :func:`render_chat`; 400 when a client string holds a marker of
+        APIError: 400 as :func:`render_chat`; 400 when a client string holds a marker of
             the template that the vocabulary writes as plain text.
         GenerationError: ``"too_long"`` (HTTP 424) when the rendered text cannot fit.
     """
@@ -232,7 +232,7 @@ def _free_mark(strings: list[str]) -> str:
     else the first one no string has (one pass over the text either way).
 
     Raises:
-        OpenAIError: 400 when the strings hold every candidate (over 108,000 characters).
+        APIError: 400 when the strings hold every candidate (over 108,000 characters).
     """
     first = chr(_MARKS[0][0])
     if not any(first in s for s in strings):
