@@ -96,6 +96,33 @@ def test_merged_streams_hold_the_engine_back_and_a_reader_that_stops_is_cut_off(
         engine.stop()
 
 
+def test_a_merge_with_a_stop_event_cancelled_while_it_waits_leaves_no_task_behind(llm):
+    """Triton's merge waits on its queue and its stopInfer event at once; a client that leaves
+    meanwhile cancels it there: every task it started must end with it (a pending queue read
+    left behind is logged as "Task was destroyed but it is pending" when collected)."""
+    async def run():
+        request = llm.make_request("1, 2, 3, 4, 5,", max_new_tokens=40, ignore_eos=True)
+
+        async def consume():
+            async for _ in merged(llm, [request], stop=asyncio.Event()):
+                pass
+
+        consumer = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.3)                  # inside its wait for the next event
+        assert not consumer.done()
+        consumer.cancel()
+        await asyncio.gather(consumer, return_exceptions=True)
+        await asyncio.sleep(0)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    left = asyncio.run(run())
+    assert left == [], left
+    deadline = time.monotonic() + 30           # the engine frees the slot at its next step
+    while llm.engine.stats()["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert llm.engine.stats()["free_slots"] == llm.engine.stats()["total_slots"]
+
+
 @pytest.fixture(scope="module")
 def llm(model_path):
     from tiny_mindie import LLM

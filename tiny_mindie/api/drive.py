@@ -134,6 +134,7 @@ async def merged(llm: LLM, requests: Sequence[GenerationRequest], *,
 
     tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(requests)]
     stopped = None if stop is None else asyncio.ensure_future(stop.wait())
+    get: asyncio.Future | None = None
     remaining = len(requests)
     try:
         while remaining:
@@ -154,8 +155,9 @@ async def merged(llm: LLM, requests: Sequence[GenerationRequest], *,
                 remaining -= 1
             yield i, item
     finally:
-        if stopped is not None:
-            stopped.cancel()
+        for waiter in (stopped, get):       # a client gone while we wait: leave no task behind
+            if waiter is not None:
+                waiter.cancel()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
