@@ -47,7 +47,11 @@ input padded to a multiple of rows and its output cut back (:func:`_pad_rows`, a
 
 Architectures: LLaMA (``llama``) as above, with a SiLU-gated MLP and rotary on adjacent pairs.
 Qwen2 (``qwen2``) adds the q/k/v biases after the fused QKV projection and rotates in NEOX mode
-(``rotary_interleaved=0``: llama.cpp's converter keeps Qwen2's Q/K rows in HF order). Gemma 3
+(``rotary_interleaved=0``: llama.cpp's converter keeps Qwen2's Q/K rows in HF order). Qwen3
+(``qwen3``): NEOX, q/k heads RMS-normalized as Gemma 3's (:func:`qk_norm`). Phi-3 (``phi3``):
+NEOX, fused tensors split at load (:func:`.weights.load_layer`), ``local_window_size`` on every
+layer. SmolLM3 (``smollm3``): ``do_rotary=0`` on every 4th layer. Rotary scaling lives in the
+cos/sin caches (:func:`rope_caches`). Gemma 3
 (``gemma3``) adds: the embedding times ``sqrt(D)`` (a float32 ``Mul``, as the reference); q and
 k heads RMS-normalized over ``H`` before GroupQueryAttention; the attention and MLP outputs
 RMS-normalized before each residual add; ``Gelu(approximate="tanh")`` instead of SiLU; NEOX

@@ -1,4 +1,5 @@
-"""The numpy reference decoder for the LLaMA and Gemma 3 architectures, with a slot-based KV cache.
+"""The numpy reference decoder for LLaMA-family and Gemma 3 architectures, with a slot-based KV
+cache.
 
 The whole forward pass, one small pure function per block (in the manner of picoGPT):
 
@@ -22,7 +23,11 @@ mode). Hugging Face checkpoints instead pair ``x[i]`` with ``x[i + d/2]`` (``rot
 This module reads GGUF, so :func:`rope` pairs adjacent elements -- except for Gemma 3 and Qwen2,
 whose Q/K rows llama.cpp leaves in HF order and rotates in "NEOX" mode (:func:`rope_neox`).
 
-Qwen2 is LLaMA's :func:`block` with a bias added to each of the q, k and v projections.
+Qwen2 is LLaMA's :func:`block` with a bias added to each of the q, k and v projections; Qwen3
+instead normalizes each q and k head (RMSNorm over ``head_dim``) before the rotation; Phi-3 stores
+Q/K/V and gate/up fused (split at load) and attends to a sliding window on every layer; SmolLM3
+skips the rotation on every 4th layer. Rotary scaling (llama3 factors, linear, YaRN, LongRoPE)
+only changes the cos/sin tables (:func:`rope_frequencies`).
 
 Gemma 3 (:func:`gemma3_block`) differs from LLaMA in: embeddings scaled by ``sqrt(d)``; an
 RMSNorm of every q and k head over ``head_dim`` before the rotation; RMSNorm of the attention and
