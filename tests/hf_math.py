@@ -30,9 +30,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, kv_heads:
               q_norm=None, k_norm=None) -> np.ndarray:
     """HF's eager grouped-query attention, float64: ``q [n, heads*hd]``, ``k, v
     [n, kv_heads*hd]`` -> ``[n, heads*hd]``. Query head ``j`` reads K/V head
-    ``j // (heads // kv_heads)`` (``repeat_kv``); NEOX rope with ``cos, sin [n, hd]``; then
-    ``softmax(q k^T * scale + mask) v``. ``q_norm``/``k_norm``: per-head functions applied
-    before the rope (Gemma 3's q/k norms)."""
+    ``j // (heads // kv_heads)`` (``repeat_kv``); NEOX rope with ``cos, sin [n, r]`` on the
+    first ``r <= hd`` elements of each head (HF's partial rotary), none when ``cos`` is
+    ``None``; then ``softmax(q k^T * scale + mask) v``. ``q_norm``/``k_norm``: per-head
+    functions applied before the rope (Gemma 3's and Qwen3's q/k norms)."""
     hd = q.shape[1] // heads
     out = []
     for j in range(heads):
@@ -40,8 +41,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, kv_heads:
         qj, kj = q[:, j * hd:(j + 1) * hd], k[:, kv * hd:(kv + 1) * hd]
         if q_norm is not None:
             qj, kj = q_norm(qj), k_norm(kj)
-        qj = qj * cos + rotate_half(qj) * sin
-        kj = kj * cos + rotate_half(kj) * sin
+        if cos is not None:
+            r = cos.shape[-1]
+            qj = np.concatenate([qj[:, :r] * cos + rotate_half(qj[:, :r]) * sin, qj[:, r:]], -1)
+            kj = np.concatenate([kj[:, :r] * cos + rotate_half(kj[:, :r]) * sin, kj[:, r:]], -1)
         s = qj @ kj.T * scale + mask
         a = np.exp(s - s.max(axis=-1, keepdims=True))
         out.append((a / a.sum(axis=-1, keepdims=True)) @ v[:, kv * hd:(kv + 1) * hd])

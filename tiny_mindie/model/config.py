@@ -7,7 +7,13 @@ from dataclasses import dataclass
 
 from .gguf import GGUFFile, ModelFileError
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "gemma3", "qwen2", "qwen3", "phi3", "smollm3")
+
+# SmolLM3 skips the rotary embedding on every 4th layer ("NoPE"); llama.cpp hard-codes the step
+# (``hparams.n_no_rope_layer_step = 4`` in src/models/smollm3.cpp), the GGUF stores no key.
+SMOLLM3_NO_ROPE_STEP = 4
+# YaRN's ramp ends (llama.cpp ``yarn_beta_fast`` / ``yarn_beta_slow`` defaults; HF the same).
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 
 # Gemma 3: every ``GEMMA3_SWA_PATTERN``-th layer is global, the others use sliding-window
 # attention (llama.cpp ``hparams.set_swa_pattern(6)``; HF ``sliding_window_pattern = 6``); the
@@ -50,11 +56,37 @@ class ModelConfig:
     rope_theta_local: float = 0.0    # rotary base of the local (sliding-window) layers
     # ---- Qwen2 ----
     qkv_bias: bool = False           # q, k, v projections add a bias (``blk.N.attn_{q,k,v}.bias``)
+    # ---- rotary scaling (see :func:`.reference.rope_frequencies`) ----
+    rope_scaling: str = "none"       # ``rope.scaling.type``: "none", "linear" or "yarn"
+    rope_factor: float = 1.0         # ``rope.scaling.factor`` (linear: positions / factor)
+    rope_attn_factor: float = 1.0    # ``rope.scaling.attn_factor``: cos and sin times this
+    rope_orig_context: int = 0       # ``rope.scaling.original_context_length`` (YaRN, LongRoPE)
+    rope_freq_factors: tuple[float, ...] = ()   # ``rope_freqs.weight`` (Llama 3.1+): divisors
+    rope_factors_long: tuple[float, ...] = ()   # ``rope_factors_long.weight`` (Phi-3 LongRoPE)
+    rope_factors_short: tuple[float, ...] = ()  # ``rope_factors_short.weight``
+    no_rope_step: int = 0            # layer i skips rotary when (i + 1) % step == 0 (SmolLM3)
 
     def is_local(self, layer: int) -> bool:
-        """Whether ``layer`` uses sliding-window attention (and the local rotary base)."""
-        return (self.sliding_window > 0 and self.swa_pattern > 0
-                and (layer + 1) % self.swa_pattern != 0)
+        """Whether ``layer`` uses sliding-window attention (and the local rotary base): every
+        layer when ``swa_pattern`` is 0 (Phi-3, Mistral), else all but every
+        ``swa_pattern``-th (Gemma 3)."""
+        return self.sliding_window > 0 and (self.swa_pattern == 0
+                                            or (layer + 1) % self.swa_pattern != 0)
+
+    def uses_rope(self, layer: int) -> bool:
+        """Whether ``layer`` rotates q and k (False on SmolLM3's every 4th, "NoPE", layer)."""
+        return self.no_rope_step == 0 or (layer + 1) % self.no_rope_step != 0
+
+    def freq_factors(self, n_ctx: int) -> tuple[float, ...]:
+        """The per-pair frequency divisors for sequences of up to ``n_ctx`` positions:
+        ``rope_freqs`` (Llama 3), or Phi-3's LongRoPE long factors when ``n_ctx`` exceeds the
+        original context and its short factors otherwise (llama.cpp
+        ``llama_model::get_rope_factors``); ``()`` when none."""
+        if self.rope_freq_factors:
+            return self.rope_freq_factors
+        if self.rope_factors_long and n_ctx > self.rope_orig_context:
+            return self.rope_factors_long
+        return self.rope_factors_short
 
     @property
     def attn_scale(self) -> float:
@@ -80,7 +112,8 @@ class ModelConfig:
         head_dim = int(f.get(p + "attention.key_length", hidden // heads))
         tokens = f.get("tokenizer.ggml.tokens")
         vocab = int(f.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
-        extra = {}
+        refuse_unsupported(f)
+        extra: dict = {}
         if arch == "gemma3":
             # query_pre_attn_scalar == head_dim for every Gemma 3 except 27B (which uses
             # d_model / n_head); llama.cpp derives the scale the same way (no GGUF key).
@@ -94,6 +127,26 @@ class ModelConfig:
             # LLaMA's block plus q/k/v biases; llama.cpp's converter leaves Q/K rows in HF order
             # and llama.cpp rotates qwen2 in NEOX mode (LLAMA_ROPE_TYPE_NEOX).
             extra = dict(rope_neox=True, qkv_bias=True)
+        elif arch == "qwen3":
+            # Qwen2 without the biases, plus an RMSNorm of each q and k head before the rotary
+            # (llama.cpp src/models/qwen3.cpp; NEOX rope as qwen2).
+            extra = dict(rope_neox=True, qk_norm=True)
+        elif arch == "phi3":
+            # fused attn_qkv and ffn_up (gate rows, then up rows); NEOX rope (llama.cpp
+            # src/models/phi3.cpp); every layer attends to the last ``sliding_window`` positions
+            # (HF Phi3; llama.cpp ignores the key, which agrees within the window).
+            extra = dict(rope_neox=True, swa_pattern=0,
+                         sliding_window=int(f.get(p + "attention.sliding_window", 0)))
+        elif arch == "smollm3":
+            extra = dict(no_rope_step=SMOLLM3_NO_ROPE_STEP)
+        elif arch == "llama":
+            # Mistral 7B v0.1 (llama architecture) attends to the last 4096 positions on every
+            # layer when the key is present; convert_hf_to_gguf.py writes none for llama.
+            extra = dict(sliding_window=int(f.get(p + "attention.sliding_window", 0)),
+                         swa_pattern=0)
+        if arch in ("llama", "qwen2", "smollm3") and f.has_tensor("blk.0.attn_q.bias"):
+            extra["qkv_bias"] = True
+        extra.update(_rope_scaling(f, p))
         return cls(
             architecture=arch,
             vocab_size=vocab,
@@ -110,3 +163,94 @@ class ModelConfig:
             tied_embeddings=not f.has_tensor("output.weight"),
             **extra,
         )
+
+
+def _vector(f: GGUFFile, name: str) -> tuple[float, ...]:
+    return tuple(float(v) for v in f.dequantize(name).reshape(-1)) if f.has_tensor(name) else ()
+
+
+def _rope_scaling(f: GGUFFile, p: str) -> dict:
+    """The rotary scaling fields of :class:`ModelConfig` from ``f`` (prefix ``p``: ``arch.``).
+
+    Raises:
+        ModelFileError: a scaling type other than none, linear, yarn or longrope, or YaRN
+            parameters other than llama.cpp's defaults.
+    """
+    kind = str(f.get(p + "rope.scaling.type", "none" if not f.get(p + "rope.scaling.factor")
+                     and not f.get(p + "rope.scale_linear") else "linear"))
+    factor = float(f.get(p + "rope.scaling.factor", f.get(p + "rope.scale_linear", 0.0)) or 1.0)
+    if kind not in ("none", "linear", "yarn", "longrope"):
+        raise ModelFileError(f"{f.path}: {p}rope.scaling.type {kind!r} is not supported "
+                             "(supported: none, linear, yarn, longrope)")
+    if kind == "yarn":
+        for key, default in (("yarn_beta_fast", YARN_BETA_FAST), ("yarn_beta_slow", YARN_BETA_SLOW),
+                             ("yarn_ext_factor", 1.0), ("yarn_log_multiplier", 0.0)):
+            value = f.get(p + "rope.scaling." + key)
+            if value is not None and float(value) != default:
+                raise ModelFileError(f"{f.path}: {p}rope.scaling.{key} = {value} is not "
+                                     f"supported (only {default})")
+        if f.get(p + "rope.scaling.yarn_attn_factor") is not None:
+            raise ModelFileError(f"{f.path}: {p}rope.scaling.yarn_attn_factor is not supported")
+    ctx = int(f.get(p + "context_length", 2048))
+    return dict(
+        rope_scaling="none" if kind == "longrope" or factor == 1.0 else kind,
+        rope_factor=factor,
+        rope_attn_factor=float(f.get(p + "rope.scaling.attn_factor", 1.0)),
+        rope_orig_context=int(f.get(p + "rope.scaling.original_context_length", ctx)),
+        rope_freq_factors=_vector(f, "rope_freqs.weight"),
+        rope_factors_long=_vector(f, "rope_factors_long.weight"),
+        rope_factors_short=_vector(f, "rope_factors_short.weight"),
+    )
+
+
+# Metadata keys (after ``arch.``) that change the mathematics and that no supported architecture
+# implements: a file carrying one (with a value other than the neutral one) is refused.
+UNSUPPORTED_KEYS = {
+    "attn_logit_softcapping": 0.0, "final_logit_softcapping": 0.0, "expert_count": 0,
+    "expert_used_count": 0, "logit_scale": 1.0, "residual_scale": 1.0, "embedding_scale": 1.0,
+    "attention.scale": 0.0, "attention.clamp_kqv": 0.0, "attention.max_alibi_bias": 0.0,
+    "attention.value_length": None, "attention.sliding_window_pattern": None,
+    "attention.causal": True, "use_parallel_residual": False, "rope.dimension_sections": None,
+    "rope.freq_base_swa": None, "rope.scaling.alpha": 0.0, "full_attention_interval": None,
+    "interleave_moe_layer_step": None, "leading_dense_block_count": 0,
+}
+# Tensors (in layer 0, or global) that change the mathematics and are not read.
+UNSUPPORTED_TENSORS = (
+    "blk.0.attn_output.bias", "blk.0.ffn_gate.bias", "blk.0.ffn_up.bias", "blk.0.ffn_down.bias",
+    "blk.0.attn_qkv.bias", "blk.0.attn_norm.bias", "blk.0.ffn_norm.bias", "output_norm.bias",
+    "output.bias", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_exps.weight",
+    "blk.0.ffn_up_exps.weight", "blk.0.attn_sinks.weight", "blk.0.attn_gate.weight",
+)
+
+
+def refuse_unsupported(f: GGUFFile) -> None:
+    """Raise :class:`ModelFileError` naming the first metadata key or tensor of ``f`` that
+    would change the mathematics in a way this server does not implement (soft-capping,
+    experts, ALiBi, per-layer patterns, biases other than q/k/v...), instead of answering
+    wrongly. Keys holding their neutral value (e.g. ``expert_count = 0``) pass."""
+    arch = f.architecture
+    for key, neutral in UNSUPPORTED_KEYS.items():
+        if arch == "gemma3" and key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            continue  # Gemma 3 files may carry them; llama.cpp's gemma3 graph ignores both
+        value = f.get(f"{arch}.{key}")
+        if value is None or (neutral is not None and _same(value, neutral)):
+            continue
+        if key == "attention.value_length" and int(value) == int(
+                f.get(f"{arch}.attention.key_length", 0) or 0):
+            continue
+        raise ModelFileError(f"{f.path}: metadata {arch}.{key} = {_short(value)} is not supported")
+    for name in UNSUPPORTED_TENSORS:
+        if f.has_tensor(name):
+            raise ModelFileError(f"{f.path}: tensor {name} is not supported for {arch}")
+
+
+def _same(value, neutral) -> bool:
+    try:
+        return float(value) == float(neutral)
+    except (TypeError, ValueError):
+        return False
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -47,7 +47,11 @@ input padded to a multiple of rows and its output cut back (:func:`_pad_rows`, a
 
 Architectures: LLaMA (``llama``) as above, with a SiLU-gated MLP and rotary on adjacent pairs.
 Qwen2 (``qwen2``) adds the q/k/v biases after the fused QKV projection and rotates in NEOX mode
-(``rotary_interleaved=0``: llama.cpp's converter keeps Qwen2's Q/K rows in HF order). Gemma 3
+(``rotary_interleaved=0``: llama.cpp's converter keeps Qwen2's Q/K rows in HF order). Qwen3
+(``qwen3``): NEOX, q/k heads RMS-normalized as Gemma 3's (:func:`qk_norm`). Phi-3 (``phi3``):
+NEOX, fused tensors split at load (:func:`.weights.load_layer`), ``local_window_size`` on every
+layer. SmolLM3 (``smollm3``): ``do_rotary=0`` on every 4th layer. Rotary scaling lives in the
+cos/sin caches (:func:`rope_caches`). Gemma 3
 (``gemma3``) adds: the embedding times ``sqrt(D)`` (a float32 ``Mul``, as the reference); q and
 k heads RMS-normalized over ``H`` before GroupQueryAttention; the attention and MLP outputs
 RMS-normalized before each residual add; ``Gelu(approximate="tanh")`` instead of SiLU; NEOX
@@ -82,7 +86,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .reference import rope_table
+from .reference import rope_frequencies, rope_table
 from .weights import (
     BLOCK,
     LayerWeights,
@@ -96,7 +100,7 @@ from .weights import (
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 7
+BUILDER_VERSION = 8
 
 #: ``model.onnx`` metadata entries: the graph options' key, and the row multiple of the
 #: ``logits`` output (see the table above).
@@ -284,14 +288,15 @@ class Shared:
 def rope_caches(g: _Builder, config: ModelConfig, positions: int
                 ) -> tuple[tuple[str, str], tuple[str, str] | None]:
     """The rotary cos/sin caches as initializers, float32 ``[positions, rope_dim / 2]``
-    (:func:`.reference.rope_table`): at ``rope_theta``, and for Gemma 3's local layers at
-    ``rope_theta_local`` (else ``None``)."""
+    (:func:`.reference.rope_table`): the model's, scaled as :func:`.reference.rope_frequencies`
+    says for sequences of up to ``positions`` (LongRoPE picks its factors by that), and for
+    Gemma 3's local layers at ``rope_theta_local`` (else ``None``)."""
     c = config
-    cos, sin = rope_table(positions, c.rope_dim, c.rope_theta)
+    cos, sin = rope_table(positions, *rope_frequencies(c, positions))
     glob = g.init("rope.cos", cos), g.init("rope.sin", sin)
-    if not c.sliding_window:
+    if not c.rope_theta_local:
         return glob, None
-    cos_l, sin_l = rope_table(positions, c.rope_dim, c.rope_theta_local)
+    cos_l, sin_l = rope_table(positions, *rope_frequencies(c, positions, local=True))
     return glob, (g.init("rope_local.cos", cos_l), g.init("rope_local.sin", sin_l))
 
 
@@ -440,14 +445,15 @@ def attention(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
         qkv = qk_norm(g, p, qkv, w, c)
     qkv = g.op1("Reshape", [qkv, s.qkv_shape])                               # [B, S, (Nq+2Nkv) H]
     local = c.is_local(i)
-    cos, sin = s.rope_local if local else s.rope
+    cos, sin = s.rope_local if local and s.rope_local else s.rope
     window = {"local_window_size": c.sliding_window} if local else {}
+    rotary = c.uses_rope(i)                                                  # SmolLM3: NoPE layers
     attn = g.op("GroupQueryAttention",
                 [qkv, "", "", f"past_key.{i}", f"past_value.{i}", "seqlens_k",
-                 "total_sequence_length", cos, sin],
+                 "total_sequence_length"] + ([cos, sin] if rotary else []),
                 domain=MS_DOMAIN, name=p + "/GroupQueryAttention",
                 outputs=[p + "/attn_out", f"present_key.{i}", f"present_value.{i}"],
-                num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=1,
+                num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=int(rotary),
                 rotary_interleaved=0 if c.rope_neox else 1, scale=s.attn_scale,
                 **window)[0]                                                 # [B, S, Nq H]
     attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
@@ -519,10 +525,14 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     Raises:
         ModelFileError: the architecture or a tensor is not supported.
     """
-    if config.architecture not in ("llama", "qwen2", "gemma3"):
+    if config.architecture not in ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"):
         raise ModelFileError(f"the onnxruntime backend does not support architecture "
                              f"{config.architecture!r} yet; use --backend numpy")
     c = config
+    if (c.rope_dim // 2) % 8 or c.rope_dim > c.head_dim:
+        raise ModelFileError(f"{c.architecture}.rope.dimension_count = {c.rope_dim}: onnxruntime's "
+                             "GroupQueryAttention rotates a multiple of 16 dimensions only; "
+                             "use --backend numpy")
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "model.onnx")
     g = _Builder(model_path + ".data")

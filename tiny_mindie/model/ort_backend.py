@@ -58,6 +58,7 @@ serves every row.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import threading
@@ -169,6 +170,10 @@ class OrtBackend(Backend):
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
             raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be "
                              f">= 1, parallel_runs ({parallel_runs}) >= 0")
+        if config.rope_factors_long and not graph_options.max_positions:
+            # LongRoPE picks its factors by the positions a sequence can reach (llama.cpp:
+            # n_ctx_seq), so the graph's rotary table is built for max_seq_len, as the reference
+            graph_options = dataclasses.replace(graph_options, max_positions=max_seq_len)
         if max_seq_len > (graph_options.max_positions or config.context_length):
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
                              f"({graph_options.max_positions or config.context_length})")

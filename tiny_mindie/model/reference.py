@@ -1,4 +1,5 @@
-"""The numpy reference decoder for the LLaMA and Gemma 3 architectures, with a slot-based KV cache.
+"""The numpy reference decoder for LLaMA-family and Gemma 3 architectures, with a slot-based KV
+cache.
 
 The whole forward pass, one small pure function per block (in the manner of picoGPT):
 
@@ -22,7 +23,11 @@ mode). Hugging Face checkpoints instead pair ``x[i]`` with ``x[i + d/2]`` (``rot
 This module reads GGUF, so :func:`rope` pairs adjacent elements -- except for Gemma 3 and Qwen2,
 whose Q/K rows llama.cpp leaves in HF order and rotates in "NEOX" mode (:func:`rope_neox`).
 
-Qwen2 is LLaMA's :func:`block` with a bias added to each of the q, k and v projections.
+Qwen2 is LLaMA's :func:`block` with a bias added to each of the q, k and v projections; Qwen3
+instead normalizes each q and k head (RMSNorm over ``head_dim``) before the rotation; Phi-3 stores
+Q/K/V and gate/up fused (split at load) and attends to a sliding window on every layer; SmolLM3
+skips the rotation on every 4th layer. Rotary scaling (llama3 factors, linear, YaRN, LongRoPE)
+only changes the cos/sin tables (:func:`rope_frequencies`).
 
 Gemma 3 (:func:`gemma3_block`) differs from LLaMA in: embeddings scaled by ``sqrt(d)``; an
 RMSNorm of every q and k head over ``head_dim`` before the rotation; RMSNorm of the attention and
@@ -42,7 +47,7 @@ from functools import partial
 import numpy as np
 
 from .backend import Backend, SeqChunk, check_chunks
-from .config import ModelConfig
+from .config import YARN_BETA_FAST, YARN_BETA_SLOW, ModelConfig
 from .gguf import GGUFFile
 
 # (k, v) of the new tokens, each [B, n, n_kv, head_dim]
@@ -62,15 +67,61 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(ms + eps)) * w
 
 
-def rope_table(n_pos: int, rope_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """Cosines and sines of the rotary angles (RoFormer, Su et al. 2021, eq. 15).
+def rope_frequencies(cfg: ModelConfig, n_ctx: int, local: bool = False
+                     ) -> tuple[np.ndarray, float]:
+    """The rotary angle per position of each pair, and the magnitude cos and sin are scaled by.
 
-    Pair ``i`` at position ``p`` turns by ``p * theta ** (-2i / rope_dim)``.
-    Returns (cos, sin), each float32 ``[n_pos, rope_dim // 2]``.
+    Pair ``i`` turns by ``p * inv_freq[i]`` at position ``p`` (RoFormer, Su et al. 2021,
+    eq. 15: ``theta ** (-2i / rope_dim)``), as llama.cpp's ``ggml_rope_cache_init`` and
+    ``rope_yarn`` (ggml-cpu/ops.cpp) compute it:
+
+    - frequency factors (``rope_freqs`` of Llama 3.1+, Phi-3's LongRoPE long/short factors
+      for sequences of up to ``n_ctx`` positions, :meth:`ModelConfig.freq_factors`) divide
+      the frequencies;
+    - ``linear`` scaling divides them by ``rope.scaling.factor`` (positions / factor);
+    - ``yarn`` (Peng et al. 2023, "YaRN", eq. 17-19) interpolates by the factor only the pairs
+      whose wavelength is long against the original context: with llama.cpp's
+      ``ggml_rope_yarn_corr_dims`` ends ``lo, hi`` (beta_fast 32, beta_slow 1) and
+      ``ramp = 1 - clip((i - lo) / max(0.001, hi - lo), 0, 1)``, the frequency is
+      ``inv * (ramp + (1 - ramp) / factor)``, and the magnitude ``1 + 0.1 ln(factor)``;
+    - ``rope.scaling.attn_factor`` multiplies the magnitude (Phi-3 LongRoPE).
+
+    ``local``: Gemma 3's local layers: base ``rope_theta_local``, unscaled.
+    Returns (inv_freq float64 ``[rope_dim / 2]``, magnitude).
     """
-    inv_freq = theta ** (-np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)  # [rope_dim/2]
+    d = cfg.rope_dim
+    i = np.arange(d // 2, dtype=np.float64)
+    if local:
+        return cfg.rope_theta_local ** (-2.0 * i / d), 1.0
+    inv = cfg.rope_theta ** (-2.0 * i / d)
+    factors = cfg.freq_factors(n_ctx)
+    if factors:
+        inv = inv / np.asarray(factors, dtype=np.float64)
+    mscale = cfg.rope_attn_factor
+    if cfg.rope_scaling == "linear":
+        inv = inv / cfg.rope_factor
+    elif cfg.rope_scaling == "yarn":
+        def corr_dim(n_rot: float) -> float:  # ggml_rope_yarn_corr_dim
+            return (d * np.log(cfg.rope_orig_context / (n_rot * 2 * np.pi))
+                    / (2 * np.log(cfg.rope_theta)))
+        lo = max(0.0, np.floor(corr_dim(YARN_BETA_FAST)))
+        hi = min(d - 1.0, np.ceil(corr_dim(YARN_BETA_SLOW)))
+        ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        inv = inv * (ramp + (1.0 - ramp) / cfg.rope_factor)
+        mscale *= 1.0 + 0.1 * np.log(cfg.rope_factor)
+    return inv, float(mscale)
+
+
+def rope_table(n_pos: int, inv_freq: np.ndarray, mscale: float = 1.0
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Cosines and sines of the rotary angles ``p * inv_freq[i]`` for ``p < n_pos``, times
+    ``mscale`` (see :func:`rope_frequencies`).
+
+    Returns (cos, sin), each float32 ``[n_pos, len(inv_freq)]``.
+    """
     angles = np.outer(np.arange(n_pos, dtype=np.float64), inv_freq)  # -> [n_pos, rope_dim/2]
-    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return ((np.cos(angles) * mscale).astype(np.float32),
+            (np.sin(angles) * mscale).astype(np.float32))
 
 
 def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
@@ -204,11 +255,14 @@ class LayerWeights:
     b_qkv: np.ndarray | None = None           # [(n_head + 2 * n_kv) * hd]: q, k, v biases
 
 
-def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin: np.ndarray,
-          mask: np.ndarray, update_kv: KVUpdate) -> np.ndarray:
-    """One pre-norm LLaMA decoder layer (also Qwen2: q/k/v biases and NEOX rope).
+def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray | None,
+          sin: np.ndarray | None, mask: np.ndarray, update_kv: KVUpdate) -> np.ndarray:
+    """One pre-norm LLaMA decoder layer; also Qwen2 (q/k/v biases, NEOX rope), Qwen3 (NEOX
+    rope, RMSNorm of each q and k head over ``head_dim`` before it), Phi-3 (NEOX rope) and
+    SmolLM3 (no rotary on every 4th layer: ``cos is None``).
 
-    x: float32 ``[B, n, d]``; cos, sin: ``[B, n, 1, rope_dim/2]`` at the tokens' positions;
+    x: float32 ``[B, n, d]``; cos, sin: ``[B, n, 1, rope_dim/2]`` at the tokens' positions, or
+    ``None`` for a layer without rotary;
     mask: ``[B, n, T]``; ``update_kv(k, v)`` stores the new keys/values in the cache and returns
     everything to attend to (see :data:`KVUpdate`). Returns float32 ``[B, n, d]``.
     """
@@ -219,11 +273,15 @@ def block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarray, sin
     if w.b_qkv is not None:
         qkv = qkv + w.b_qkv  # Qwen2
     q, k, v = np.split(qkv, [H * hd, (H + KV) * hd], axis=-1)
-    rot = rope_neox if cfg.rope_neox else rope
-    q = rot(q.reshape(B, n, H, hd), cos, sin)  # -> [B, n, H, hd]
-    k = rot(k.reshape(B, n, KV, hd), cos, sin)  # -> [B, n, KV, hd]
+    q, k = q.reshape(B, n, H, hd), k.reshape(B, n, KV, hd)
+    if w.q_norm is not None:  # Qwen3
+        q, k = rms_norm(q, w.q_norm, cfg.rms_eps), rms_norm(k, w.k_norm, cfg.rms_eps)
+    if cos is not None:
+        rot = rope_neox if cfg.rope_neox else rope
+        q, k = rot(q, cos, sin), rot(k, cos, sin)  # -> [B, n, H, hd], [B, n, KV, hd]
     k_all, v_all = update_kv(k, v.reshape(B, n, KV, hd))  # -> 2 x [B, KV, T, hd]
-    x = x + linear(attention(q, k_all, v_all, mask), w.w_o)  # [B, n, H*hd] -> [B, n, d]
+    a = attention(q, k_all, v_all, mask, cfg.attn_scale)  # -> [B, n, H*hd]
+    x = x + linear(a, w.w_o)  # [B, n, H*hd] -> [B, n, d]
     return x + mlp(rms_norm(x, w.ffn_norm, cfg.rms_eps), w.w_gate_up, w.w_down)  # [B, n, d]
 
 
@@ -247,7 +305,8 @@ def gemma3_block(x: np.ndarray, w: LayerWeights, cfg: ModelConfig, cos: np.ndarr
     return x + rms_norm(m, w.post_ffn_norm, eps)  # [B, n, d]
 
 
-BLOCKS = {"llama": block, "gemma3": gemma3_block, "qwen2": block}
+BLOCKS = {"llama": block, "gemma3": gemma3_block, "qwen2": block, "qwen3": block,
+          "phi3": block, "smollm3": block}
 
 
 # ---- weights and cache ----------------------------------------------------------------------
@@ -263,7 +322,7 @@ class Weights:
     lm_head: np.ndarray    # [d, vocab] (a view of ``embedding`` when tied)
     cos: np.ndarray        # [max_seq_len, rope_dim/2]
     sin: np.ndarray        # [max_seq_len, rope_dim/2]
-    cos_local: np.ndarray | None = None  # [max_seq_len, rope_dim/2], local layers' base (Gemma 3)
+    cos_local: np.ndarray | None = None  # [max_seq_len, rope_dim/2], local layers' (Gemma 3)
     sin_local: np.ndarray | None = None
 
 
@@ -299,21 +358,25 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
         if cfg.qkv_bias:
             extra.update(b_qkv=np.concatenate([f.dequantize(p + f"attn_{t}.bias").reshape(-1)
                                                for t in "qkv"]).astype(np.float32))
+        fused_qkv = f.has_tensor(p + "attn_qkv.weight")   # Phi-3: [q; k; v] rows in one
+        fused_up = not f.has_tensor(p + "ffn_gate.weight")  # Phi-3: ffn_up holds [gate; up]
         layers.append(LayerWeights(
             attn_norm=f.dequantize(p + "attn_norm.weight"),
-            w_qkv=t(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+            w_qkv=t(p + "attn_qkv.weight") if fused_qkv
+            else t(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
             w_o=t(p + "attn_output.weight"),
             ffn_norm=f.dequantize(p + "ffn_norm.weight"),
-            w_gate_up=t(p + "ffn_gate.weight", p + "ffn_up.weight"),
+            w_gate_up=t(p + "ffn_up.weight") if fused_up
+            else t(p + "ffn_gate.weight", p + "ffn_up.weight"),
             w_down=t(p + "ffn_down.weight"),
             **extra,
         ))
     # Tied LM head (no output.weight): a transposed view of the embedding (BLAS reads it in
     # place), not a second 100+ MB copy.
     lm_head = t("output.weight") if f.has_tensor("output.weight") else embedding.T
-    cos, sin = rope_table(max_seq_len, cfg.rope_dim, cfg.rope_theta)
-    local = (rope_table(max_seq_len, cfg.rope_dim, cfg.rope_theta_local)
-             if cfg.sliding_window else (None, None))
+    cos, sin = rope_table(max_seq_len, *rope_frequencies(cfg, max_seq_len))
+    local = (rope_table(max_seq_len, *rope_frequencies(cfg, max_seq_len, local=True))
+             if cfg.rope_theta_local else (None, None))
     return Weights(cfg, embedding, layers, f.dequantize("output_norm.weight"), lm_head, cos, sin,
                    *local)
 
@@ -387,13 +450,17 @@ def _run_layers(w: Weights, x: np.ndarray, positions: np.ndarray, T: int,
     cos, sin = w.cos[positions][:, :, None], w.sin[positions][:, :, None]  # [B, n, 1, rope_dim/2]
     mask = causal_mask(positions, T)  # [B, n, T]
     if cfg.sliding_window:
-        cos_l, sin_l = w.cos_local[positions][:, :, None], w.sin_local[positions][:, :, None]
+        cos_l, sin_l = cos, sin
+        if w.cos_local is not None:  # Gemma 3: the local layers' own rotary base
+            cos_l, sin_l = w.cos_local[positions][:, :, None], w.sin_local[positions][:, :, None]
         mask_l = causal_mask(positions, T, cfg.sliding_window)  # [B, n, T]
     for i, layer in enumerate(w.layers):
         if cfg.is_local(i):
             x = run(x, layer, cfg, cos_l, sin_l, mask_l, update_kv(i))
-        else:
+        elif cfg.uses_rope(i):
             x = run(x, layer, cfg, cos, sin, mask, update_kv(i))
+        else:  # SmolLM3's NoPE layers
+            x = run(x, layer, cfg, None, None, mask, update_kv(i))
     return x
 
 

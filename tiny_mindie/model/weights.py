@@ -203,6 +203,13 @@ def concat_weights(ws: Sequence[NBitsWeight]) -> list[NBitsWeight]:
     return out
 
 
+def row_slice(w: NBitsWeight, a: int, b: int) -> NBitsWeight:
+    """Rows ``a:b`` of ``w`` (outputs ``a..b-1``; blocks run along ``K``, so rows split whole)."""
+    zp = None if w.zero_points is None else w.zero_points[a:b]
+    mins = None if w.mins is None else w.mins[a:b]
+    return NBitsWeight(w.bits, b - a, w.k, w.data[a:b], w.scales[a:b], zp, mins, w.exact, w.block)
+
+
 def power_of_two(s: float) -> float | None:
     """``s`` when it is a power of two (so multiplying by it is exact in float32), else ``None``."""
     m, _ = math.frexp(s)
@@ -254,7 +261,13 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None) 
     queries, exactly: into Wq and the q bias, or, with q/k norms (Gemma 3), into the q norm's
     weights (a factor on Wq would be normalized away)."""
     p = f"blk.{i}"
-    wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
+    if f.has_tensor(p + ".attn_qkv.weight"):       # Phi-3: one [(Nq + 2 Nkv) H, D] matrix
+        wqkv = pack_weight(f, p + ".attn_qkv.weight")
+        nq, nkv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        wq, wk, wv = (row_slice(wqkv, a, b) for a, b in
+                      ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
+    else:
+        wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
     extra = {}
     if config.qk_norm:
         q_norm = f.dequantize(p + ".attn_q_norm.weight").astype(np.float32)
@@ -277,7 +290,9 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None) 
         w_qkv=[wq, wk, wv],
         w_o=pack_weight(f, p + ".attn_output.weight"),
         ffn_norm=f.dequantize(p + ".ffn_norm.weight"),
-        w_gate_up=[pack_weight(f, p + ".ffn_gate.weight"), pack_weight(f, p + ".ffn_up.weight")],
+        # Phi-3's ffn_up holds the gate rows, then the up rows: already the fused layout
+        w_gate_up=[pack_weight(f, p + ".ffn_up.weight")] if not f.has_tensor(p + ".ffn_gate.weight")
+        else [pack_weight(f, p + ".ffn_gate.weight"), pack_weight(f, p + ".ffn_up.weight")],
         w_down=pack_weight(f, p + ".ffn_down.weight"),
         **extra,
     )
