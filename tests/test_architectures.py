@@ -118,8 +118,20 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
         .reshape(w.shape)
 
 
-def write_tiny(path: str, case: Case, seed: int = 0) -> None:
-    """Write the tiny random model of ``case`` to ``path``, as llama.cpp's converter would."""
+def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None = None,
+               steer: tuple[int, int] | None = None, template: str | None = None) -> None:
+    """Write the tiny random model of ``case`` to ``path``, as llama.cpp's converter would.
+
+    Args:
+        vocab: a GGUF (``ggml-vocab-*.gguf``, a real model) whose ``tokenizer.*`` metadata the
+            file gets instead of the 300-token byte vocabulary, or that metadata
+            (:func:`tokenizer_meta`); the embedding and output matrices then have its rows.
+        steer: ``(text_id, end_id)``: make greedy decoding answer any prompt with ``text_id``
+            and then ``end_id``. Hidden dimension 0 of every token's embedding is +50, of
+            ``text_id``'s -50, and dominates the residual stream; output rows ``text_id`` and
+            ``end_id`` are +10 / -10 there, every other row 0.
+        template: ``tokenizer.chat_template`` to write (replacing the vocabulary's).
+    """
     Q = gguf_pkg.GGMLQuantizationType
     rng = np.random.default_rng(seed)
     w = gguf_pkg.GGUFWriter(path, case.arch)
@@ -150,20 +162,31 @@ def write_tiny(path: str, case: Case, seed: int = 0) -> None:
         w.add_float32(a + "rope.scaling.attn_factor",
                       math.sqrt(1 + math.log(case.ctx / orig) / math.log(orig)))
 
-    tokens = _byte_tokens()
-    merges = ["Ġ t", "h e", "Ġt he", "i n"]
-    tokens += [m.replace(" ", "") for m in merges]
-    while len(tokens) < VOCAB - 2:
-        tokens.append(f"[PAD{len(tokens)}]")
-    tokens += ["<|endoftext|>", "<|im_end|>"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (VOCAB - 2) + [3, 3])
-    w.add_token_merges(merges)
-    w.add_eos_token_id(VOCAB - 1)
+    if vocab is None:
+        n_vocab = VOCAB
+        tokens = _byte_tokens()
+        merges = ["Ġ t", "h e", "Ġt he", "i n"]
+        tokens += [m.replace(" ", "") for m in merges]
+        while len(tokens) < VOCAB - 2:
+            tokens.append(f"[PAD{len(tokens)}]")
+        tokens += ["<|endoftext|>", "<|im_end|>"]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types([1] * (VOCAB - 2) + [3, 3])
+        w.add_token_merges(merges)
+        w.add_eos_token_id(VOCAB - 1)
+    else:
+        meta = tokenizer_meta(vocab) if isinstance(vocab, str) else vocab
+        n_vocab = copy_tokenizer(w, meta, skip=() if template is None else
+                                 ("tokenizer.chat_template",))
+    if template is not None:
+        w.add_chat_template(template)
 
     def mat(name: str, a: np.ndarray) -> None:
+        if vocab is not None and a.shape[0] == n_vocab:   # a real vocabulary's rows: F16, fast
+            w.add_tensor(name, a.astype(np.float16))
+            return
         w.add_tensor(name, gguf_pkg.quants.quantize(a.astype(np.float32), Q.Q8_0),
                      raw_dtype=Q.Q8_0)
 
@@ -173,7 +196,10 @@ def write_tiny(path: str, case: Case, seed: int = 0) -> None:
     def vec(name: str, n: int, mean: float, scale: float) -> None:
         w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
 
-    mat("token_embd.weight", rand(VOCAB, D, 1.0))
+    embd = rand(n_vocab, D, 1.0)
+    if steer is not None:
+        embd[:, 0], embd[steer[0], 0] = 50.0, -50.0
+    mat("token_embd.weight", embd)
     if s.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", np.array(llama3_rope_freqs(case), np.float32))
     if s.get("rope_type") == "longrope":
@@ -205,11 +231,39 @@ def write_tiny(path: str, case: Case, seed: int = 0) -> None:
         mat(p + "ffn_down.weight", rand(D, FFN, FFN ** -0.5))
     vec("output_norm.weight", D, 1.0, 0.1)
     if not case.tied:
-        mat("output.weight", rand(VOCAB, D, 0.5))
+        head = rand(n_vocab, D, 0.5)
+        if steer is not None:
+            head[:, 0], head[steer[0], 0], head[steer[1], 0] = 0.0, 10.0, -10.0
+        mat("output.weight", head)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def tokenizer_meta(path: str) -> dict:
+    """The ``tokenizer.*`` metadata of the GGUF at ``path``."""
+    f = GGUFFile(path)
+    return {k: f.get(k) for k in f.keys() if k.startswith("tokenizer.")}
+
+
+def copy_tokenizer(w, meta: dict, skip: tuple[str, ...] = ()) -> int:
+    """Write the ``tokenizer.*`` metadata ``meta`` but ``skip`` with the writer ``w``, with the
+    types llama.cpp's converter gives them; returns the vocabulary size."""
+    for key, v in meta.items():
+        if key in skip:
+            continue
+        if isinstance(v, (list, tuple, np.ndarray)):
+            w.add_array(key, list(v))
+        elif isinstance(v, bool):
+            w.add_bool(key, v)
+        elif isinstance(v, str):
+            w.add_string(key, v)
+        elif isinstance(v, (int, np.integer)):
+            w.add_uint32(key, int(v))
+        else:
+            w.add_float32(key, float(v))
+    return len(meta["tokenizer.ggml.tokens"])
 
 
 # ---- the independent float64 recomputation (Hugging Face's layout and rope formulas) --------
