@@ -71,6 +71,7 @@ class Case:
     nope_step: int = 0          # SmolLM3: layer i without rotary when (i + 1) % step == 0
     tied: bool = False
     scaling: dict = dataclasses.field(default_factory=dict)   # HF rope_scaling
+    hidden: int = D             # llama.cpp's Phi-3 wants H * HD (128) here
 
 
 CASES = {c.name: c for c in [
@@ -119,7 +120,8 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None = None,
-               steer: tuple[int, int] | None = None, template: str | None = None) -> None:
+               steer: tuple[int, int] | None = None, template: str | None = None,
+               f32: bool = False) -> None:
     """Write the tiny random model of ``case`` to ``path``, as llama.cpp's converter would.
 
     Args:
@@ -131,13 +133,15 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
             ``text_id``'s -50, and dominates the residual stream; output rows ``text_id`` and
             ``end_id`` are +10 / -10 there, every other row 0.
         template: ``tokenizer.chat_template`` to write (replacing the vocabulary's).
+        f32: write the matrices as F32 instead of Q8_0 (same random draws).
     """
     Q = gguf_pkg.GGMLQuantizationType
+    d = case.hidden
     rng = np.random.default_rng(seed)
     w = gguf_pkg.GGUFWriter(path, case.arch)
     a = case.arch + "."
     w.add_context_length(case.ctx)
-    w.add_embedding_length(D)
+    w.add_embedding_length(d)
     w.add_feed_forward_length(FFN)
     w.add_block_count(case.layers)
     w.add_head_count(H)
@@ -184,6 +188,9 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
         w.add_chat_template(template)
 
     def mat(name: str, a: np.ndarray) -> None:
+        if f32:
+            w.add_tensor(name, a.astype(np.float32))
+            return
         if vocab is not None and a.shape[0] == n_vocab:   # a real vocabulary's rows: F16, fast
             w.add_tensor(name, a.astype(np.float16))
             return
@@ -196,7 +203,7 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
     def vec(name: str, n: int, mean: float, scale: float) -> None:
         w.add_tensor(name, (mean + rng.standard_normal(n) * scale).astype(np.float32))
 
-    embd = rand(n_vocab, D, 1.0)
+    embd = rand(n_vocab, d, 1.0)
     if steer is not None:
         embd[:, 0], embd[steer[0], 0] = 50.0, -50.0
     mat("token_embd.weight", embd)
@@ -207,8 +214,8 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
         w.add_tensor("rope_factors_short.weight", np.array(SHORT_FACTORS, np.float32))
     for i in range(case.layers):
         p = f"blk.{i}."
-        vec(p + "attn_norm.weight", D, 1.0, 0.1)
-        q, k, v = (rand(n * HD, D, D ** -0.5) for n in (H, KV, KV))
+        vec(p + "attn_norm.weight", d, 1.0, 0.1)
+        q, k, v = (rand(n * HD, d, d ** -0.5) for n in (H, KV, KV))
         if not case.neox:
             q, k = permute(q, H), permute(k, KV)
         if case.fused:
@@ -220,18 +227,18 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
         if case.qk_norm:
             vec(p + "attn_q_norm.weight", HD, 1.0, 0.3)
             vec(p + "attn_k_norm.weight", HD, 1.0, 0.3)
-        mat(p + "attn_output.weight", rand(D, H * HD, (H * HD) ** -0.5))
-        vec(p + "ffn_norm.weight", D, 1.0, 0.1)
-        gate, up = rand(FFN, D, D ** -0.5), rand(FFN, D, D ** -0.5)
+        mat(p + "attn_output.weight", rand(d, H * HD, (H * HD) ** -0.5))
+        vec(p + "ffn_norm.weight", d, 1.0, 0.1)
+        gate, up = rand(FFN, d, d ** -0.5), rand(FFN, d, d ** -0.5)
         if case.fused:
             mat(p + "ffn_up.weight", np.concatenate([gate, up]))
         else:
             mat(p + "ffn_gate.weight", gate)
             mat(p + "ffn_up.weight", up)
-        mat(p + "ffn_down.weight", rand(D, FFN, FFN ** -0.5))
-    vec("output_norm.weight", D, 1.0, 0.1)
+        mat(p + "ffn_down.weight", rand(d, FFN, FFN ** -0.5))
+    vec("output_norm.weight", d, 1.0, 0.1)
     if not case.tied:
-        head = rand(n_vocab, D, 0.5)
+        head = rand(n_vocab, d, 0.5)
         if steer is not None:
             head[:, 0], head[steer[0], 0], head[steer[1], 0] = 0.0, 10.0, -10.0
         mat("output.weight", head)
