@@ -61,62 +61,92 @@ class NBitsWeight:
 
 # ---- GGUF blocks -> MatMulNBits ----------------------------------------------------------------
 
-def _blocks(raw: RawTensor, block_bytes: int) -> np.ndarray:
+def _blocks(raw: RawTensor, block_bytes: int, elements: int = BLOCK) -> np.ndarray:
+    """The ggml blocks of ``raw`` as ``uint8 [N, K/elements, block_bytes]``."""
     n, k = raw.shape
-    if k % BLOCK:
-        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {BLOCK}")
-    return np.asarray(raw.data).reshape(n, k // BLOCK, block_bytes)
+    if k % elements:
+        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {elements} "
+                             f"({raw.qtype} blocks)")
+    return np.asarray(raw.data).reshape(n, k // elements, block_bytes)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """``uint8 [..., 2]`` little-endian half floats -> float32 ``[...]``."""
+    return b.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _pairs(q: np.ndarray) -> np.ndarray:
+    """4-bit values ``[..., 2m]`` -> MatMulNBits bytes ``[..., m]`` (element 2i low nibble,
+    2i+1 high)."""
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
 def _nibbles_to_pairs(qs: np.ndarray) -> np.ndarray:
     """ggml 4-bit block ``[..., 16]`` (low nibbles = elements 0..15, high = 16..31) ->
     MatMulNBits layout ``[..., 16]`` (element 2i low, 2i+1 high)."""
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)            # [..., 32] values 0..15
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    return _pairs(np.concatenate([qs & 0x0F, qs >> 4], axis=-1))   # [..., 32] values 0..15
+
+
+def _q5_values(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 5-bit values ``uint8 [..., 32]`` (0..31) from the low nibbles ``qs [..., 16]``
+    and the fifth bits ``qh`` (``uint8 [..., 4]``, one little-endian 32-bit word)."""
+    qh32 = qh.copy().view("<u4")[..., 0]
+    lo = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    hi = ((qh32[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    return lo | (hi << 4)
+
+
+def _affine(raw: RawTensor, bits: int, q: np.ndarray, d: np.ndarray, m: np.ndarray,
+            qmax: int) -> NBitsWeight:
+    """Blocks of 32 with ``w = d * q + m`` (``q uint8 [N, K/32, 32]`` in ``0 .. qmax``, ``d * q``
+    exact in float32; ``d``, ``m`` float32 ``[N, K/32]``) -> ``bits``-bit MatMulNBits with a
+    uint8 zero point and a per-block residual (the graph adds ``blocksum(x) @ r.T``).
+
+    The zero point is the integer nearest to ``-m / d`` clamped to ``0 .. qmax``, ``z``; the
+    residual ``r = m + d * z`` is then small (about ``d / 2``) and, where it is exact in float32,
+    ``w = d * (q - z) + r`` holds bit for bit (``|q - z| <= qmax``, so ``d * (q - z)`` is exact
+    like ``d * q``, and both sides round the same real number once); elsewhere ``z = 0`` and
+    ``r = m``. Centring ``q``
+    this way keeps the kernel's int8 activation error proportional to ``w`` instead of to
+    ``d * q`` (which would cancel against ``m``).
+    """
+    n, k = raw.shape
+    d64, m64 = d.astype(np.float64), m.astype(np.float64)
+    z = np.clip(np.rint(np.divide(-m64, d64, out=np.zeros_like(d64), where=d64 != 0)), 0, qmax)
+    r64 = m64 + d64 * z
+    z[r64.astype(np.float32).astype(np.float64) != r64] = 0   # keep exactness: r = m when z = 0
+    r = (m64 + d64 * z).astype(np.float32)
+    z = z.astype(np.uint8)
+    if bits == 4:
+        if z.shape[1] % 2:
+            z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+        data, z = _pairs(q), _pairs(z)
+    else:
+        data = np.ascontiguousarray(q, dtype=np.uint8)
+    return NBitsWeight(bits, n, k, data, d.astype(np.float32), z, r)
 
 
 def pack_q4_0(raw: RawTensor) -> NBitsWeight:
     """GGUF Q4_0 (``w = d * (q - 8)``) -> 4-bit MatMulNBits with the default zero point 8."""
     n, k = raw.shape
     b = _blocks(raw, 18)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 2:18]), d, None, None)
+    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 2:18]), _f16(b[..., 0:2]), None, None)
 
 
 def pack_q4_1(raw: RawTensor) -> NBitsWeight:
-    """GGUF Q4_1 (``w = d * q + m``) -> 4-bit MatMulNBits plus a per-block residual.
-
-    The zero point is the integer nearest to ``-m / d`` (clamped to 0..15), ``z``; the residual
-    ``r = m + d * z`` is then small (about ``d / 2``) and exact in float32, so
-    ``w = d * (q - z) + r`` holds bit for bit (``d * (q - z)`` is exact too, and both sides round
-    the same real number once). Centring ``q`` this way keeps the kernel's int8 activation error
-    proportional to ``w`` instead of to ``d * q`` (which would cancel against ``m``).
-    """
-    n, k = raw.shape
+    """GGUF Q4_1 (``w = d * q + m``) -> 4-bit MatMulNBits, uint8 zero point and residual
+    (:func:`_affine`). Exact."""
     b = _blocks(raw, 20)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    d64, m64 = d.astype(np.float64), m.astype(np.float64)
-    z = np.clip(np.rint(np.divide(-m64, d64, out=np.zeros_like(d64), where=d64 != 0)), 0, 15)
-    r64 = m64 + d64 * z
-    inexact = r64.astype(np.float32).astype(np.float64) != r64
-    z[inexact] = 0                                  # keep exactness: r = m when z = 0
-    r = (m64 + d64 * z).astype(np.float32)
-    z = z.astype(np.uint8)
-    nb = k // BLOCK
-    if nb % 2:
-        z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
-    zp = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
-    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 4:20]), d, zp, r)
+    q = np.concatenate([b[..., 4:20] & 0x0F, b[..., 4:20] >> 4], axis=-1)
+    return _affine(raw, 4, q, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 15)
 
 
 def pack_q8_0(raw: RawTensor) -> NBitsWeight:
     """GGUF Q8_0 (``w = d * q``, q int8) -> 8-bit MatMulNBits, default zero point 128."""
     n, k = raw.shape
     b = _blocks(raw, 34)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     u = b[..., 2:34] ^ np.uint8(0x80)                             # int8 q -> uint8 q + 128
-    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+    return NBitsWeight(8, n, k, np.ascontiguousarray(u), _f16(b[..., 0:2]), None, None)
 
 
 def pack_q5_0(raw: RawTensor) -> NBitsWeight:
@@ -124,13 +154,81 @@ def pack_q5_0(raw: RawTensor) -> NBitsWeight:
     ``qh``) -> 8-bit MatMulNBits with the default zero point 128 (``u = q - 16 + 128``). Exact."""
     n, k = raw.shape
     b = _blocks(raw, 22)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    qh = b[..., 2:6].copy().view("<u4")[..., 0]                       # [N, K/32]
-    qs = b[..., 6:22]
-    lo = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                 # [N, K/32, 32]
-    hi = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
-    u = ((lo | (hi << 4)).astype(np.int16) + (128 - 16)).astype(np.uint8)
-    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+    u = (_q5_values(b[..., 2:6], b[..., 6:22]).astype(np.int16) + (128 - 16)).astype(np.uint8)
+    return NBitsWeight(8, n, k, u, _f16(b[..., 0:2]), None, None)
+
+
+def pack_q5_1(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q5_1 (``w = d * q + m``, q 5-bit as in Q5_0) -> 8-bit MatMulNBits, uint8 zero point
+    and residual (:func:`_affine`). Exact."""
+    b = _blocks(raw, 24)
+    return _affine(raw, 8, _q5_values(b[..., 4:8], b[..., 8:24]), _f16(b[..., 0:2]),
+                   _f16(b[..., 2:4]), 31)
+
+
+QK_K = 256      # elements per K-quant super-block
+
+
+def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K super-blocks ``uint8 [N, K/256, bytes]`` -> each 32-block's scale ``d * sc``
+    and minimum ``-dmin * m``, float32 ``[N, K/32]`` (6-bit ``sc``, ``m`` unpacked by gguf's
+    ``Q4_K.get_scale_min``; llama.cpp ``dequantize_row_q4_K``). Both products are exact."""
+    from gguf.quants import Q4_K
+
+    n, nsb = b.shape[:2]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[..., 4:16]).reshape(-1, 12))
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    return ((d * sc.reshape(n, nsb, 8).astype(np.float32)).reshape(n, -1),
+            (-(dmin * m.reshape(n, nsb, 8).astype(np.float32))).reshape(n, -1))
+
+
+def pack_q4_k(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q4_K (super-blocks of 256: per 32-block ``w = d*sc * q - dmin*m``, q 4-bit) ->
+    4-bit MatMulNBits in Q4_1's form (:func:`_affine`: scale ``d*sc``, uint8 zero point,
+    residual). Exact.
+
+    Layout (llama.cpp ``block_q4_K``): ``d``, ``dmin`` (f16), 12 bytes of 6-bit scales and
+    mins, 128 bytes ``qs``: 32-block ``2j`` in the low nibbles of ``qs[32j:32j+32]``, ``2j+1``
+    in their high nibbles.
+    """
+    n, _ = raw.shape
+    b = _blocks(raw, 144, QK_K)
+    qs = b[..., 16:144].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8)[:, None]
+    q = (qs & 0x0F).reshape(n, -1, 32)
+    return _affine(raw, 4, q, *_k_scales(b), 15)
+
+
+def pack_q5_k(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q5_K (as Q4_K with 5-bit q: fifth bits in 32 bytes ``qh``, bit ``j`` of ``qh[i]``
+    for element ``i`` of 32-block ``j``) -> 8-bit MatMulNBits in Q4_1's form (:func:`_affine`).
+    Exact."""
+    n, _ = raw.shape
+    b = _blocks(raw, 176, QK_K)
+    ql = b[..., 48:176].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8)[:, None]
+    qh = b[..., 16:48].reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]
+    q = ((ql & 0x0F).reshape(n, -1, 32) | ((qh & 1).reshape(n, -1, 32) << 4)).astype(np.uint8)
+    return _affine(raw, 8, q, *_k_scales(b), 31)
+
+
+def pack_q6_k(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q6_K (super-blocks of 256: per 16-block ``w = d * sc * (q - 32)``, int8 ``sc``, q
+    6-bit) -> 8-bit MatMulNBits in blocks of 16, scale ``d * sc`` (exact: 11 x 8 bits), default
+    zero point 128 (``u = q - 32 + 128``). Exact.
+
+    Layout (llama.cpp ``block_q6_K``, ``dequantize_row_q6_K``): 128 bytes ``ql`` (low nibbles),
+    64 bytes ``qh`` (2-bit high parts), 16 int8 scales, ``d`` (f16); per half of 128 elements,
+    ``ql[64h:64h+64]`` gives elements ``0..63`` (low nibbles) and ``64..127`` (high), and
+    ``qh[32h + i]`` bits ``2s, 2s+1`` the high bits of element ``32s + i``.
+    """
+    n, k = raw.shape
+    b = _blocks(raw, 210, QK_K)
+    ql = b[..., 0:128].reshape(n, -1, 2, 1, 64) >> np.array([0, 4], np.uint8)[:, None]
+    qh = b[..., 128:192].reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]
+    q = (ql & 0x0F).reshape(n, -1) | ((qh & 0x03).reshape(n, -1) << 4)       # [N, K] 0..63
+    sc = b[..., 192:208].copy().view(np.int8).astype(np.float32)             # [N, K/256, 16]
+    scales = (_f16(b[..., 208:210])[..., None] * sc).reshape(n, -1)
+    u = (q + np.uint8(128 - 32)).reshape(n, k // 16, 16)
+    return NBitsWeight(8, n, k, u, scales, None, None, block=16)
 
 
 def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
@@ -145,8 +243,14 @@ def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
     return NBitsWeight(8, n, k, q.astype(np.uint8), scale, None, None, exact=False, block=block)
 
 
+#: GGUF types packed exactly, and their packers (others are requantized, :func:`pack_weight`).
+PACKERS = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0, "Q5_1": pack_q5_1,
+           "Q8_0": pack_q8_0, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k, "Q6_K": pack_q6_k}
+
+
 def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
-    """The matrix ``name`` of ``f`` in MatMulNBits form (exactly where the type allows).
+    """The matrix ``name`` of ``f`` in MatMulNBits form: exactly for the types of
+    :data:`PACKERS`, else requantized to symmetric 8-bit blocks of 32 (:func:`quantize_8bit`).
 
     Raises:
         ModelFileError: ``name`` is missing, not a matrix, or its rows are not whole blocks.
@@ -154,8 +258,7 @@ def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
     raw = f.raw(name)
     if len(raw.shape) != 2:
         raise ModelFileError(f"{name}: expected a matrix, got shape {raw.shape}")
-    packer = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0,
-              "Q8_0": pack_q8_0}.get(raw.qtype)
+    packer = PACKERS.get(raw.qtype)
     if packer is not None:
         return packer(raw)
     return quantize_8bit(f.dequantize(name))
@@ -244,7 +347,8 @@ def load_embedding(f: GGUFFile) -> NBitsWeight:
     """``token_embd.weight`` ``[V, D]`` as 8-bit blocks of 32 with the default zero point (what
     the graph's ``GatherBlockQuantized`` reads): Q8_0 and Q5_0 as packed, others requantized."""
     emb = pack_weight(f, "token_embd.weight")
-    if emb.bits != 8 or emb.zero_points is not None or emb.mins is not None:
+    if (emb.bits != 8 or emb.block != BLOCK or emb.zero_points is not None
+            or emb.mins is not None):
         emb = quantize_8bit(f.dequantize("token_embd.weight"))
     return emb
 
