@@ -80,7 +80,8 @@ def test_k_quant_rows_must_be_whole_super_blocks():
 
 def test_other_types_requantize_to_8bit_within_half_a_step(tmp_path):
     """F16, F32 and Q3_K matrices (no exact form) become symmetric 8-bit blocks of 32 within
-    half a step of their block; pack_weight dispatches each exact type to its packer; a Q6_K
+    half a step of their block; pack_weight dispatches each exact type to its packer and refuses
+    a type gguf cannot dequantize (Q8_1) by name; a Q6_K
     embedding (blocks of 16) is requantized to the blocks of 32 the embedding gather reads."""
     import gguf as gg
 
@@ -96,6 +97,8 @@ def test_other_types_requantize_to_8bit_within_half_a_step(tmp_path):
         raw, expect[name] = _synthetic(qtype, 16, 256, seed=len(expect))
         w.add_tensor(name, raw.data, raw_shape=(16, BLOCKS[qtype][1]),
                      raw_dtype=gg.GGMLQuantizationType[qtype])
+    w.add_tensor("Q8_1", np.zeros((16, 8 * 40), np.uint8), raw_shape=(16, 8 * 40),
+                 raw_dtype=gg.GGMLQuantizationType.Q8_1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -109,6 +112,8 @@ def test_other_types_requantize_to_8bit_within_half_a_step(tmp_path):
         assert np.all(err <= np.abs(ref).max(-1) / 254 * 1.001 + 1e-9), name
         assert err.max() > 0, name
     assert pack_weight(f, "Q4_K").exact and pack_weight(f, "Q4_K").bits == 4
+    with pytest.raises(ModelFileError, match="Q8_1: GGUF type Q8_1 is not supported"):
+        pack_weight(f, "Q8_1")
     emb = weights.load_embedding(f)
     assert emb.bits == 8 and emb.block == 32 and emb.zero_points is None and not emb.exact
     ref = expect["token_embd.weight"].reshape(16, -1, 32)

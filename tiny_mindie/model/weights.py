@@ -253,7 +253,8 @@ def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
     :data:`PACKERS`, else requantized to symmetric 8-bit blocks of 32 (:func:`quantize_8bit`).
 
     Raises:
-        ModelFileError: ``name`` is missing, not a matrix, or its rows are not whole blocks.
+        ModelFileError: ``name`` is missing, not a matrix, its rows are not whole blocks, or
+            gguf cannot dequantize its type (Q8_1, Q8_K: ggml's internal types).
     """
     raw = f.raw(name)
     if len(raw.shape) != 2:
@@ -261,7 +262,10 @@ def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
     packer = PACKERS.get(raw.qtype)
     if packer is not None:
         return packer(raw)
-    return quantize_8bit(f.dequantize(name))
+    try:
+        return quantize_8bit(f.dequantize(name))
+    except NotImplementedError:
+        raise ModelFileError(f"{name}: GGUF type {raw.qtype} is not supported") from None
 
 
 def unpack_nbits(w: NBitsWeight) -> np.ndarray:
