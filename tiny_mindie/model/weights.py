@@ -2,25 +2,40 @@
 
 A matrix ``W [N, K]`` (GGUF rows: ``N`` outputs of ``K`` inputs) becomes an :class:`NBitsWeight`,
 the operand of onnxruntime's ``MatMulNBits``; norm weights and biases stay float32 vectors.
-"Exact" below means the packed weight dequantizes to the same float32 values as
-``GGUFFile.dequantize``, bit for bit.
+"Exact" means the packed weight dequantizes to the same float32 values as
+``GGUFFile.dequantize`` (gguf's ``quants.dequantize``), bit for bit.
 
-- ``Q4_0`` (``w = d * (q - 8)``): 4 bits, block 32, scale ``d``, default zero point 8.  Exact.
-- ``Q4_1`` (``w = d * q + m``): 4 bits, block 32, scale ``d``, uint8 zero point
-  ``z = round(-m/d)``, plus the residual ``r = m + d*z`` (exact in float32), which the graph adds
-  as ``blocksum(x) @ r.T`` (per block ``w . x = d * ((q - z) . x) + r * sum(x)``).  Exact.
-  MatMulNBits' float zero points could express ``-m/d`` only with rounding, and they turn off
-  its packed kernels; MLAS derives its own block-sum correction from the zero point at prepack,
-  so ``m`` itself cannot be handed to it.
-- ``Q8_0`` (``w = d * q``, q int8): 8 bits, block 32, scale ``d``, default zero point 128
-  (``u = q + 128``).  Exact.  The token embedding is gathered from these bytes; a tied LM head is
-  a second copy, requantized to blocks of 128 where they divide ``K`` (:func:`lm_head_weight`).
-- ``Q5_0`` (``w = d * (q - 16)``, 5-bit q): 8 bits, block 32, scale ``d``, default zero point
-  128 (``u = q - 16 + 128``).  Exact.
-- anything else (F16, BF16, F32 matrices, Q4_K, Q6_K, ...): dequantized and requantized to
-  symmetric 8-bit blocks of 32 (``scale = absmax / 127``); the error is at most half a step,
-  ``absmax / 254`` per block.  Q4_K would fit Q4_1's exact form, but the residual's extra nodes
-  cost more per decode step than the bytes they save.
+What each GGUF type becomes, and the largest error measured (``max |w - dequant| / max |w|``
+over a matrix: random blocks of every type, and for Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 all
+matrices of gemma-3-270m Q4_K_M and SmolLM2-135M Q4_1):
+
+==========================  ===================================================  =========
+GGUF type                   MatMulNBits form                                     error
+==========================  ===================================================  =========
+Q4_0                        4-bit, block 32, scale ``d``, default zero point 8   0 (exact)
+Q4_1, Q4_K                  4-bit, block 32, uint8 zero point + residual [a]_    0 (exact)
+Q5_0                        8-bit, block 32, ``u = q - 16 + 128``                0 (exact)
+Q5_1, Q5_K                  8-bit, block 32, uint8 zero point + residual [a]_    0 (exact)
+Q8_0                        8-bit, block 32, ``u = q + 128``                     0 (exact)
+Q6_K                        8-bit, block 16, scale ``d * sc``, ``u = q + 96``    0 (exact)
+F32, F16, BF16, Q2_K,       requantized: symmetric 8-bit, block 32,              <= 1/254
+Q3_K, IQ*, TQ*, MXFP4       ``scale = absmax / 127`` [b]_                        (0.0039)
+Q8_1, Q8_K                  refused (``ModelFileError``): gguf cannot read them  --
+==========================  ===================================================  =========
+
+.. [a] A block ``w = d * q + m`` (Q4_1, Q5_1; Q4_K and Q5_K per 32-block with ``d = d*sc`` and
+   ``m = -dmin*m``) runs as ``d * (q - z) + r``: ``z`` the uint8 zero point nearest to
+   ``-m / d``, and the residual ``r = m + d * z``, which the graph adds as
+   ``blocksum(x) @ r.T`` (:func:`.graph.linear`; :func:`_affine`). The alternatives, measured
+   on gemma-3-270m's Q4_K matrices: a float zero point ``-m / d`` (MatMulNBits accepts zero
+   points of the scales' type) is exact to 1.0e-7, but onnxruntime (1.24, CPU) then skips its
+   prepacked kernels and dequantizes the whole matrix to float32 at every call (30-45x slower
+   per matrix product); a uint8 zero point alone (``z``, no residual) errs by 5.6e-2.
+.. [b] Half a quantization step of the block, at most ``absmax / 254``; 3.9e-3 measured (less
+   for types with few distinct values: IQ1_S 1.8e-3, TQ1_0/TQ2_0 6e-8). The token embedding
+   (gathered from 8-bit blocks of 32 with the default zero point) and an 8-bit LM head in
+   blocks of 128 (:func:`lm_head_weight`) are requantized the same way where their packed form
+   differs.
 """
 
 from __future__ import annotations
