@@ -17,9 +17,8 @@ Q4_1, Q4_K                  4-bit, block 32, uint8 zero point + residual [a]_   
 Q5_0                        8-bit, block 32, ``u = q - 16 + 128``                0 (exact)
 Q5_1, Q5_K                  8-bit, block 32, uint8 zero point + residual [a]_    0 (exact)
 Q8_0                        8-bit, block 32, ``u = q + 128``                     0 (exact)
-Q6_K                        8-bit, block 16, scale ``d * sc``, ``u = q + 96``    0 (exact)
-F32, F16, BF16, Q2_K,       requantized: symmetric 8-bit, block 32,              <= 1/254
-Q3_K, IQ*, TQ*, MXFP4       ``scale = absmax / 127`` [b]_                        (0.0039)
+Q6_K [c]_, F32, F16, BF16,  requantized: symmetric 8-bit, block 32,              <= 1/254
+Q2_K, Q3_K, IQ*, TQ*, MXFP4 ``scale = absmax / 127`` [b]_                        (0.0039)
 Q8_1, Q8_K                  refused (``ModelFileError``): gguf cannot read them  --
 ==========================  ===================================================  =========
 
@@ -36,6 +35,12 @@ Q8_1, Q8_K                  refused (``ModelFileError``): gguf cannot read them 
    (gathered from 8-bit blocks of 32 with the default zero point) and an 8-bit LM head in
    blocks of 128 (:func:`lm_head_weight`) are requantized the same way where their packed form
    differs.
+.. [c] Q6_K (``w = d * sc * (q - 32)`` per 16 elements, int8 ``sc``, 6-bit ``q``) would be
+   exact as 8-bit blocks of 16 (scale ``d * sc``, ``u = q + 96``), but onnxruntime's int8
+   kernel spends its time per block and keeps a scale and a block sum per block: blocks of 16
+   cost more time per product and more resident memory than blocks of 32, for an error 1/8 of
+   Q6_K's own rounding. Blocks of 32 cannot hold both 16-blocks' scales exactly
+   (``sc_a / g`` and ``sc_b / g`` would have to fit ``|.| <= 4``: 3 % of gemma-3-270m's blocks).
 """
 
 from __future__ import annotations
@@ -225,27 +230,6 @@ def pack_q5_k(raw: RawTensor) -> NBitsWeight:
     return _affine(raw, 8, q, *_k_scales(b), 31)
 
 
-def pack_q6_k(raw: RawTensor) -> NBitsWeight:
-    """GGUF Q6_K (super-blocks of 256: per 16-block ``w = d * sc * (q - 32)``, int8 ``sc``, q
-    6-bit) -> 8-bit MatMulNBits in blocks of 16, scale ``d * sc`` (exact: 11 x 8 bits), default
-    zero point 128 (``u = q - 32 + 128``). Exact.
-
-    Layout (llama.cpp ``block_q6_K``, ``dequantize_row_q6_K``): 128 bytes ``ql`` (low nibbles),
-    64 bytes ``qh`` (2-bit high parts), 16 int8 scales, ``d`` (f16); per half of 128 elements,
-    ``ql[64h:64h+64]`` gives elements ``0..63`` (low nibbles) and ``64..127`` (high), and
-    ``qh[32h + i]`` bits ``2s, 2s+1`` the high bits of element ``32s + i``.
-    """
-    n, k = raw.shape
-    b = _blocks(raw, 210, QK_K)
-    ql = b[..., 0:128].reshape(n, -1, 2, 1, 64) >> np.array([0, 4], np.uint8)[:, None]
-    qh = b[..., 128:192].reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]
-    q = (ql & 0x0F).reshape(n, -1) | ((qh & 0x03).reshape(n, -1) << 4)       # [N, K] 0..63
-    sc = b[..., 192:208].copy().view(np.int8).astype(np.float32)             # [N, K/256, 16]
-    scales = (_f16(b[..., 208:210])[..., None] * sc).reshape(n, -1)
-    u = (q + np.uint8(128 - 32)).reshape(n, k // 16, 16)
-    return NBitsWeight(8, n, k, u, scales, None, None, block=16)
-
-
 def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
     """Float ``w [N, K]`` -> symmetric 8-bit blocks of ``block`` (a power of two dividing
     ``K``; error <= absmax/254 per block)."""
@@ -260,7 +244,7 @@ def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
 
 #: GGUF types packed exactly, and their packers (others are requantized, :func:`pack_weight`).
 PACKERS = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0, "Q5_1": pack_q5_1,
-           "Q8_0": pack_q8_0, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k, "Q6_K": pack_q6_k}
+           "Q8_0": pack_q8_0, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k}
 
 
 def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
@@ -366,8 +350,7 @@ def load_embedding(f: GGUFFile) -> NBitsWeight:
     """``token_embd.weight`` ``[V, D]`` as 8-bit blocks of 32 with the default zero point (what
     the graph's ``GatherBlockQuantized`` reads): Q8_0 and Q5_0 as packed, others requantized."""
     emb = pack_weight(f, "token_embd.weight")
-    if (emb.bits != 8 or emb.block != BLOCK or emb.zero_points is not None
-            or emb.mins is not None):
+    if emb.bits != 8 or emb.zero_points is not None or emb.mins is not None:
         emb = quantize_8bit(f.dequantize("token_embd.weight"))
     return emb
 
