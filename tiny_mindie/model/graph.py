@@ -96,7 +96,7 @@ from .weights import (
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 8
+BUILDER_VERSION = 9
 
 #: ``model.onnx`` metadata entries: the graph options' key, and the row multiple of the
 #: ``logits`` output (see the table above).
