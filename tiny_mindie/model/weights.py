@@ -54,7 +54,7 @@ import numpy as np
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError, RawTensor
 
-BLOCK = 32      # elements per GGUF block (Q4_0, Q4_1, Q5_0, Q8_0)
+BLOCK = 32      # elements per GGUF block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; a K-quant's sub-block)
 
 
 @dataclass
@@ -74,7 +74,7 @@ class NBitsWeight:
     data: np.ndarray
     scales: np.ndarray          # float32 [N, K/block]
     zero_points: np.ndarray | None
-    mins: np.ndarray | None     # float32 [N, K/block] per-block residual added to W (Q4_1 only)
+    mins: np.ndarray | None     # float32 [N, K/block] per-block residual added to W (_affine)
     exact: bool = True
     block: int = BLOCK
 
@@ -269,7 +269,8 @@ def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
 
 def unpack_nbits(w: NBitsWeight) -> np.ndarray:
     """Dequantize a MatMulNBits weight to float32 ``[N, K]`` the way ONNX Runtime defines it
-    (``scale * (q - zero_point)``, plus the block minimum for Q4_1); used to check packing."""
+    (``scale * (q - zero_point)``, plus the residual ``mins`` where present); used to check
+    packing."""
     if w.bits == 4:
         lo, hi = w.data & 0x0F, w.data >> 4
         q = np.stack([lo, hi], axis=-1).reshape(w.n, -1, w.block)
