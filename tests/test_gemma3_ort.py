@@ -31,21 +31,21 @@ from tiny_mindie.model.graph import GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 from tiny_mindie.model.tokenizer import load_tokenizer
-from tiny_mindie.model.weights import quantize_8bit, unpack_nbits
+from tiny_mindie.model.weights import PACKERS, quantize_8bit, unpack_nbits
 
 MAX_SEQ_LEN = 768
 LONG = 700                 # > 512: the local layers' window is active
 ATOL_FLOAT = 1e-3          # float graph vs reference on the same weights (measured <= 1.2e-4)
-EXACT = ("Q4_0", "Q4_1", "Q5_0", "Q8_0")
 
 
 class RequantizedGGUF(GGUFFile):
     """The GGUF as the graph sees it: matrices of types ``pack_weight`` cannot express exactly
-    dequantize to their 8-bit requantization."""
+    (none in Gemma 3 270M Q4_K_M since Q4_K and Q6_K are packed exactly) dequantize to their
+    8-bit requantization."""
 
     def dequantize(self, name):
         raw = self.raw(name)
-        if len(raw.shape) == 2 and raw.qtype not in EXACT:
+        if len(raw.shape) == 2 and raw.qtype not in PACKERS:
             return unpack_nbits(quantize_8bit(GGUFFile.dequantize(self, name)))
         return GGUFFile.dequantize(self, name)
 

@@ -100,7 +100,7 @@ from .weights import (
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 8
+BUILDER_VERSION = 9
 
 #: ``model.onnx`` metadata entries: the graph options' key, and the row multiple of the
 #: ``logits`` output (see the table above).
@@ -340,7 +340,8 @@ def linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str, s: Share
            rows: str | None = None, *, keep_padding: bool = False) -> str:
     """``x @ [W_0; W_1; ...].T``: float32 ``x [T, K]`` -> ``[T, sum(N)]`` with MatMulNBits (one
     per run of matrices of the same form, :func:`.weights.concat_weights`), plus
-    ``blocksum(x) @ mins.T`` for Q4_1's residual.
+    ``blocksum(x) @ mins.T`` for the residual of a ``w = d * q + m`` type (Q4_1, Q5_1, Q4_K,
+    Q5_K: :func:`.weights._affine`).
 
     ``rows`` holds ``T`` (default ``s.tokens``); MatMulNBits runs on ``x`` padded to the row
     multiple of its weights' bits (:func:`_pad_rows`), and its output is cut back to ``T`` rows

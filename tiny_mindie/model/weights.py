@@ -2,25 +2,45 @@
 
 A matrix ``W [N, K]`` (GGUF rows: ``N`` outputs of ``K`` inputs) becomes an :class:`NBitsWeight`,
 the operand of onnxruntime's ``MatMulNBits``; norm weights and biases stay float32 vectors.
-"Exact" below means the packed weight dequantizes to the same float32 values as
-``GGUFFile.dequantize``, bit for bit.
+"Exact" means the packed weight dequantizes to the same float32 values as
+``GGUFFile.dequantize`` (gguf's ``quants.dequantize``), bit for bit.
 
-- ``Q4_0`` (``w = d * (q - 8)``): 4 bits, block 32, scale ``d``, default zero point 8.  Exact.
-- ``Q4_1`` (``w = d * q + m``): 4 bits, block 32, scale ``d``, uint8 zero point
-  ``z = round(-m/d)``, plus the residual ``r = m + d*z`` (exact in float32), which the graph adds
-  as ``blocksum(x) @ r.T`` (per block ``w . x = d * ((q - z) . x) + r * sum(x)``).  Exact.
-  MatMulNBits' float zero points could express ``-m/d`` only with rounding, and they turn off
-  its packed kernels; MLAS derives its own block-sum correction from the zero point at prepack,
-  so ``m`` itself cannot be handed to it.
-- ``Q8_0`` (``w = d * q``, q int8): 8 bits, block 32, scale ``d``, default zero point 128
-  (``u = q + 128``).  Exact.  The token embedding is gathered from these bytes; a tied LM head is
-  a second copy, requantized to blocks of 128 where they divide ``K`` (:func:`lm_head_weight`).
-- ``Q5_0`` (``w = d * (q - 16)``, 5-bit q): 8 bits, block 32, scale ``d``, default zero point
-  128 (``u = q - 16 + 128``).  Exact.
-- anything else (F16, BF16, F32 matrices, Q4_K, Q6_K, ...): dequantized and requantized to
-  symmetric 8-bit blocks of 32 (``scale = absmax / 127``); the error is at most half a step,
-  ``absmax / 254`` per block.  Q4_K would fit Q4_1's exact form, but the residual's extra nodes
-  cost more per decode step than the bytes they save.
+What each GGUF type becomes, and the largest error measured (``max |w - dequant| / max |w|``
+over a matrix: random blocks of every type, and for Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 all
+matrices of gemma-3-270m Q4_K_M and SmolLM2-135M Q4_1):
+
+==========================  ===================================================  =========
+GGUF type                   MatMulNBits form                                     error
+==========================  ===================================================  =========
+Q4_0                        4-bit, block 32, scale ``d``, default zero point 8   0 (exact)
+Q4_1, Q4_K                  4-bit, block 32, uint8 zero point + residual [a]_    0 (exact)
+Q5_0                        8-bit, block 32, ``u = q - 16 + 128``                0 (exact)
+Q5_1, Q5_K                  8-bit, block 32, uint8 zero point + residual [a]_    0 (exact)
+Q8_0                        8-bit, block 32, ``u = q + 128``                     0 (exact)
+Q6_K [c]_, F32, F16, BF16,  requantized: symmetric 8-bit, block 32,              <= 1/254
+Q2_K, Q3_K, IQ*, TQ*, MXFP4 ``scale = absmax / 127`` [b]_                        (0.0039)
+Q8_1, Q8_K                  refused (``ModelFileError``): gguf cannot read them  --
+==========================  ===================================================  =========
+
+.. [a] A block ``w = d * q + m`` (Q4_1, Q5_1; Q4_K and Q5_K per 32-block with ``d = d*sc`` and
+   ``m = -dmin*m``) runs as ``d * (q - z) + r``: ``z`` the uint8 zero point nearest to
+   ``-m / d``, and the residual ``r = m + d * z``, which the graph adds as
+   ``blocksum(x) @ r.T`` (:func:`.graph.linear`; :func:`_affine`). The alternatives, measured
+   on gemma-3-270m's Q4_K matrices: a float zero point ``-m / d`` (MatMulNBits accepts zero
+   points of the scales' type) is exact to 1.0e-7, but onnxruntime (1.24, CPU) then skips its
+   prepacked kernels and dequantizes the whole matrix to float32 at every call (30-45x slower
+   per matrix product); a uint8 zero point alone (``z``, no residual) errs by 5.6e-2.
+.. [b] Half a quantization step of the block, at most ``absmax / 254``; 3.9e-3 measured (less
+   for types with few distinct values: IQ1_S 1.8e-3, TQ1_0/TQ2_0 6e-8). The token embedding
+   (gathered from 8-bit blocks of 32 with the default zero point) and an 8-bit LM head in
+   blocks of 128 (:func:`lm_head_weight`) are requantized the same way where their packed form
+   differs.
+.. [c] Q6_K (``w = d * sc * (q - 32)`` per 16 elements, int8 ``sc``, 6-bit ``q``) would be
+   exact as 8-bit blocks of 16 (scale ``d * sc``, ``u = q + 96``), but onnxruntime's int8
+   kernel spends its time per block and keeps a scale and a block sum per block: blocks of 16
+   cost more time per product and more resident memory than blocks of 32, for an error 1/8 of
+   Q6_K's own rounding. Blocks of 32 cannot hold both 16-blocks' scales exactly
+   (``sc_a / g`` and ``sc_b / g`` would have to fit ``|.| <= 4``: 3 % of gemma-3-270m's blocks).
 """
 
 from __future__ import annotations
@@ -34,7 +54,7 @@ import numpy as np
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError, RawTensor
 
-BLOCK = 32      # elements per GGUF block (Q4_0, Q4_1, Q5_0, Q8_0)
+BLOCK = 32      # elements per GGUF block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; a K-quant's sub-block)
 
 
 @dataclass
@@ -54,69 +74,99 @@ class NBitsWeight:
     data: np.ndarray
     scales: np.ndarray          # float32 [N, K/block]
     zero_points: np.ndarray | None
-    mins: np.ndarray | None     # float32 [N, K/block] per-block residual added to W (Q4_1 only)
+    mins: np.ndarray | None     # float32 [N, K/block] per-block residual added to W (_affine)
     exact: bool = True
     block: int = BLOCK
 
 
 # ---- GGUF blocks -> MatMulNBits ----------------------------------------------------------------
 
-def _blocks(raw: RawTensor, block_bytes: int) -> np.ndarray:
+def _blocks(raw: RawTensor, block_bytes: int, elements: int = BLOCK) -> np.ndarray:
+    """The ggml blocks of ``raw`` as ``uint8 [N, K/elements, block_bytes]``."""
     n, k = raw.shape
-    if k % BLOCK:
-        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {BLOCK}")
-    return np.asarray(raw.data).reshape(n, k // BLOCK, block_bytes)
+    if k % elements:
+        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {elements} "
+                             f"({raw.qtype} blocks)")
+    return np.asarray(raw.data).reshape(n, k // elements, block_bytes)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """``uint8 [..., 2]`` little-endian half floats -> float32 ``[...]``."""
+    return b.copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _pairs(q: np.ndarray) -> np.ndarray:
+    """4-bit values ``[..., 2m]`` -> MatMulNBits bytes ``[..., m]`` (element 2i low nibble,
+    2i+1 high)."""
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
 
 
 def _nibbles_to_pairs(qs: np.ndarray) -> np.ndarray:
     """ggml 4-bit block ``[..., 16]`` (low nibbles = elements 0..15, high = 16..31) ->
     MatMulNBits layout ``[..., 16]`` (element 2i low, 2i+1 high)."""
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)            # [..., 32] values 0..15
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+    return _pairs(np.concatenate([qs & 0x0F, qs >> 4], axis=-1))   # [..., 32] values 0..15
+
+
+def _q5_values(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1 5-bit values ``uint8 [..., 32]`` (0..31) from the low nibbles ``qs [..., 16]``
+    and the fifth bits ``qh`` (``uint8 [..., 4]``, one little-endian 32-bit word)."""
+    qh32 = qh.copy().view("<u4")[..., 0]
+    lo = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    hi = ((qh32[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    return lo | (hi << 4)
+
+
+def _affine(raw: RawTensor, bits: int, q: np.ndarray, d: np.ndarray, m: np.ndarray,
+            qmax: int) -> NBitsWeight:
+    """Blocks of 32 with ``w = d * q + m`` (``q uint8 [N, K/32, 32]`` in ``0 .. qmax``, ``d * q``
+    exact in float32; ``d``, ``m`` float32 ``[N, K/32]``) -> ``bits``-bit MatMulNBits with a
+    uint8 zero point and a per-block residual (the graph adds ``blocksum(x) @ r.T``).
+
+    The zero point is the integer nearest to ``-m / d`` clamped to ``0 .. qmax``, ``z``; the
+    residual ``r = m + d * z`` is then small (about ``d / 2``) and, where it is exact in float32,
+    ``w = d * (q - z) + r`` holds bit for bit (``|q - z| <= qmax``, so ``d * (q - z)`` is exact
+    like ``d * q``, and both sides round the same real number once); elsewhere ``z = 0`` and
+    ``r = m``. Centring ``q``
+    this way keeps the kernel's int8 activation error proportional to ``w`` instead of to
+    ``d * q`` (which would cancel against ``m``).
+    """
+    n, k = raw.shape
+    d64, m64 = d.astype(np.float64), m.astype(np.float64)
+    z = np.clip(np.rint(np.divide(-m64, d64, out=np.zeros_like(d64), where=d64 != 0)), 0, qmax)
+    r64 = m64 + d64 * z
+    z[r64.astype(np.float32).astype(np.float64) != r64] = 0   # keep exactness: r = m when z = 0
+    r = (m64 + d64 * z).astype(np.float32)
+    z = z.astype(np.uint8)
+    if bits == 4:
+        if z.shape[1] % 2:
+            z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
+        data, z = _pairs(q), _pairs(z)
+    else:
+        data = np.ascontiguousarray(q, dtype=np.uint8)
+    return NBitsWeight(bits, n, k, data, d.astype(np.float32), z, r)
 
 
 def pack_q4_0(raw: RawTensor) -> NBitsWeight:
     """GGUF Q4_0 (``w = d * (q - 8)``) -> 4-bit MatMulNBits with the default zero point 8."""
     n, k = raw.shape
     b = _blocks(raw, 18)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 2:18]), d, None, None)
+    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 2:18]), _f16(b[..., 0:2]), None, None)
 
 
 def pack_q4_1(raw: RawTensor) -> NBitsWeight:
-    """GGUF Q4_1 (``w = d * q + m``) -> 4-bit MatMulNBits plus a per-block residual.
-
-    The zero point is the integer nearest to ``-m / d`` (clamped to 0..15), ``z``; the residual
-    ``r = m + d * z`` is then small (about ``d / 2``) and exact in float32, so
-    ``w = d * (q - z) + r`` holds bit for bit (``d * (q - z)`` is exact too, and both sides round
-    the same real number once). Centring ``q`` this way keeps the kernel's int8 activation error
-    proportional to ``w`` instead of to ``d * q`` (which would cancel against ``m``).
-    """
-    n, k = raw.shape
+    """GGUF Q4_1 (``w = d * q + m``) -> 4-bit MatMulNBits, uint8 zero point and residual
+    (:func:`_affine`). Exact."""
     b = _blocks(raw, 20)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    d64, m64 = d.astype(np.float64), m.astype(np.float64)
-    z = np.clip(np.rint(np.divide(-m64, d64, out=np.zeros_like(d64), where=d64 != 0)), 0, 15)
-    r64 = m64 + d64 * z
-    inexact = r64.astype(np.float32).astype(np.float64) != r64
-    z[inexact] = 0                                  # keep exactness: r = m when z = 0
-    r = (m64 + d64 * z).astype(np.float32)
-    z = z.astype(np.uint8)
-    nb = k // BLOCK
-    if nb % 2:
-        z = np.concatenate([z, np.zeros((n, 1), np.uint8)], axis=1)
-    zp = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
-    return NBitsWeight(4, n, k, _nibbles_to_pairs(b[..., 4:20]), d, zp, r)
+    q = np.concatenate([b[..., 4:20] & 0x0F, b[..., 4:20] >> 4], axis=-1)
+    return _affine(raw, 4, q, _f16(b[..., 0:2]), _f16(b[..., 2:4]), 15)
 
 
 def pack_q8_0(raw: RawTensor) -> NBitsWeight:
     """GGUF Q8_0 (``w = d * q``, q int8) -> 8-bit MatMulNBits, default zero point 128."""
     n, k = raw.shape
     b = _blocks(raw, 34)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     u = b[..., 2:34] ^ np.uint8(0x80)                             # int8 q -> uint8 q + 128
-    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+    return NBitsWeight(8, n, k, np.ascontiguousarray(u), _f16(b[..., 0:2]), None, None)
 
 
 def pack_q5_0(raw: RawTensor) -> NBitsWeight:
@@ -124,13 +174,60 @@ def pack_q5_0(raw: RawTensor) -> NBitsWeight:
     ``qh``) -> 8-bit MatMulNBits with the default zero point 128 (``u = q - 16 + 128``). Exact."""
     n, k = raw.shape
     b = _blocks(raw, 22)
-    d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    qh = b[..., 2:6].copy().view("<u4")[..., 0]                       # [N, K/32]
-    qs = b[..., 6:22]
-    lo = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)                 # [N, K/32, 32]
-    hi = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
-    u = ((lo | (hi << 4)).astype(np.int16) + (128 - 16)).astype(np.uint8)
-    return NBitsWeight(8, n, k, np.ascontiguousarray(u), d, None, None)
+    u = (_q5_values(b[..., 2:6], b[..., 6:22]).astype(np.int16) + (128 - 16)).astype(np.uint8)
+    return NBitsWeight(8, n, k, u, _f16(b[..., 0:2]), None, None)
+
+
+def pack_q5_1(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q5_1 (``w = d * q + m``, q 5-bit as in Q5_0) -> 8-bit MatMulNBits, uint8 zero point
+    and residual (:func:`_affine`). Exact."""
+    b = _blocks(raw, 24)
+    return _affine(raw, 8, _q5_values(b[..., 4:8], b[..., 8:24]), _f16(b[..., 0:2]),
+                   _f16(b[..., 2:4]), 31)
+
+
+QK_K = 256      # elements per K-quant super-block
+
+
+def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K super-blocks ``uint8 [N, K/256, bytes]`` -> each 32-block's scale ``d * sc``
+    and minimum ``-dmin * m``, float32 ``[N, K/32]`` (6-bit ``sc``, ``m`` unpacked by gguf's
+    ``Q4_K.get_scale_min``; llama.cpp ``dequantize_row_q4_K``). Both products are exact."""
+    from gguf.quants import Q4_K
+
+    n, nsb = b.shape[:2]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[..., 4:16]).reshape(-1, 12))
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    return ((d * sc.reshape(n, nsb, 8).astype(np.float32)).reshape(n, -1),
+            (-(dmin * m.reshape(n, nsb, 8).astype(np.float32))).reshape(n, -1))
+
+
+def pack_q4_k(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q4_K (super-blocks of 256: per 32-block ``w = d*sc * q - dmin*m``, q 4-bit) ->
+    4-bit MatMulNBits in Q4_1's form (:func:`_affine`: scale ``d*sc``, uint8 zero point,
+    residual). Exact.
+
+    Layout (llama.cpp ``block_q4_K``): ``d``, ``dmin`` (f16), 12 bytes of 6-bit scales and
+    mins, 128 bytes ``qs``: 32-block ``2j`` in the low nibbles of ``qs[32j:32j+32]``, ``2j+1``
+    in their high nibbles.
+    """
+    n, _ = raw.shape
+    b = _blocks(raw, 144, QK_K)
+    qs = b[..., 16:144].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8)[:, None]
+    q = (qs & 0x0F).reshape(n, -1, 32)
+    return _affine(raw, 4, q, *_k_scales(b), 15)
+
+
+def pack_q5_k(raw: RawTensor) -> NBitsWeight:
+    """GGUF Q5_K (as Q4_K with 5-bit q: fifth bits in 32 bytes ``qh``, bit ``j`` of ``qh[i]``
+    for element ``i`` of 32-block ``j``) -> 8-bit MatMulNBits in Q4_1's form (:func:`_affine`).
+    Exact."""
+    n, _ = raw.shape
+    b = _blocks(raw, 176, QK_K)
+    ql = b[..., 48:176].reshape(n, -1, 4, 1, 32) >> np.array([0, 4], np.uint8)[:, None]
+    qh = b[..., 16:48].reshape(n, -1, 1, 32) >> np.arange(8, dtype=np.uint8)[:, None]
+    q = ((ql & 0x0F).reshape(n, -1, 32) | ((qh & 1).reshape(n, -1, 32) << 4)).astype(np.uint8)
+    return _affine(raw, 8, q, *_k_scales(b), 31)
 
 
 def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
@@ -145,25 +242,35 @@ def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
     return NBitsWeight(8, n, k, q.astype(np.uint8), scale, None, None, exact=False, block=block)
 
 
+#: GGUF types packed exactly, and their packers (others are requantized, :func:`pack_weight`).
+PACKERS = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0, "Q5_1": pack_q5_1,
+           "Q8_0": pack_q8_0, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k}
+
+
 def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
-    """The matrix ``name`` of ``f`` in MatMulNBits form (exactly where the type allows).
+    """The matrix ``name`` of ``f`` in MatMulNBits form: exactly for the types of
+    :data:`PACKERS`, else requantized to symmetric 8-bit blocks of 32 (:func:`quantize_8bit`).
 
     Raises:
-        ModelFileError: ``name`` is missing, not a matrix, or its rows are not whole blocks.
+        ModelFileError: ``name`` is missing, not a matrix, its rows are not whole blocks, or
+            gguf cannot dequantize its type (Q8_1, Q8_K: ggml's internal types).
     """
     raw = f.raw(name)
     if len(raw.shape) != 2:
         raise ModelFileError(f"{name}: expected a matrix, got shape {raw.shape}")
-    packer = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0,
-              "Q8_0": pack_q8_0}.get(raw.qtype)
+    packer = PACKERS.get(raw.qtype)
     if packer is not None:
         return packer(raw)
-    return quantize_8bit(f.dequantize(name))
+    try:
+        return quantize_8bit(f.dequantize(name))
+    except NotImplementedError:
+        raise ModelFileError(f"{name}: GGUF type {raw.qtype} is not supported") from None
 
 
 def unpack_nbits(w: NBitsWeight) -> np.ndarray:
     """Dequantize a MatMulNBits weight to float32 ``[N, K]`` the way ONNX Runtime defines it
-    (``scale * (q - zero_point)``, plus the block minimum for Q4_1); used to check packing."""
+    (``scale * (q - zero_point)``, plus the residual ``mins`` where present); used to check
+    packing."""
     if w.bits == 4:
         lo, hi = w.data & 0x0F, w.data >> 4
         q = np.stack([lo, hi], axis=-1).reshape(w.n, -1, w.block)
