@@ -1,0 +1,90 @@
+#!/usr/bin/env python
+"""Start-up time of the ONNX Runtime backend: cold (graph built) and warm (graph cached).
+
+Each start runs in its own child process, the way the server loads a model (open the GGUF,
+read its configuration and tokenizer, then the backend with the server's defaults), against a
+graph cache in a scratch directory: the first start builds the graph (cold), the next ones find
+it (warm). The GGUF's pages stay in the OS page cache between starts (a first start after a
+reboot also reads the file from disk). Prints one line per start with each step's seconds.
+
+    python scripts/startup.py ~/.cache/tiny_mindie/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    python scripts/startup.py MODEL.gguf --warm 3 --profile      # cProfile of the cold start
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(path: str, cache_dir: str, profile: str | None) -> None:
+    sys.path.insert(0, os.path.dirname(HERE))
+    t0 = time.perf_counter()
+    from tiny_mindie.model.config import ModelConfig
+    from tiny_mindie.model.gguf import GGUFFile
+    from tiny_mindie.model.loader import slots_for_budget
+    from tiny_mindie.model.ort_backend import OrtBackend
+    from tiny_mindie.model.tokenizer import load_tokenizer
+
+    steps = {"import": time.perf_counter() - t0}
+    t = time.perf_counter()
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    steps["gguf+config"] = time.perf_counter() - t
+    t = time.perf_counter()
+    load_tokenizer(f)
+    steps["tokenizer"] = time.perf_counter() - t
+    max_seq_len = min(2560, cfg.context_length)
+    slots = slots_for_budget(cfg, max_seq_len, 1024, 200)
+    prof = None
+    if profile:
+        import cProfile
+        prof = cProfile.Profile()
+        prof.enable()
+    t = time.perf_counter()
+    be = OrtBackend(f, cfg, num_slots=slots, max_seq_len=max_seq_len, cache_dir=cache_dir)
+    steps["backend"] = time.perf_counter() - t
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(profile)
+    steps.update(be.load_seconds)
+    steps["total"] = time.perf_counter() - t0
+    print(json.dumps({"built": be.built, "steps": steps,
+                      "placement": getattr(be, "node_placement", None)}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--warm", type=int, default=2, help="warm starts after the cold one")
+    ap.add_argument("--cache-dir", help="graph cache (default: a new scratch directory: cold)")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the cold start's backend load")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.model, args.cache_dir, args.profile)
+        return
+    with tempfile.TemporaryDirectory(prefix="startup-") as tmp:
+        cache = args.cache_dir or tmp
+        print(f"{os.path.basename(args.model)} ({os.path.getsize(args.model) / 1e6:.0f} MB), "
+              f"graph cache {cache}")
+        for i in range(1 + args.warm):
+            cmd = [sys.executable, __file__, args.model, "--child", "--cache-dir", cache]
+            if i == 0 and args.profile:
+                cmd += ["--profile", args.profile]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            r = json.loads(out.strip().splitlines()[-1])
+            kind = "cold" if r["built"] else "warm"
+            steps = "  ".join(f"{k} {v:.2f}" for k, v in r["steps"].items())
+            print(f"  {kind}: {steps}" + (f"  [{r['placement']}]" if r["placement"] else ""))
+
+
+if __name__ == "__main__":
+    main()
