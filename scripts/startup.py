@@ -27,6 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def child(path: str, cache_dir: str, profile: str | None) -> None:
     sys.path.insert(0, os.path.dirname(HERE))
     t0 = time.perf_counter()
+    import logging
+    logging.basicConfig(level=logging.INFO, format="      log: %(message)s")
     from tiny_mindie.model.config import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.loader import slots_for_budget
@@ -56,8 +58,7 @@ def child(path: str, cache_dir: str, profile: str | None) -> None:
         prof.dump_stats(profile)
     steps.update(be.load_seconds)
     steps["total"] = time.perf_counter() - t0
-    print(json.dumps({"built": be.built, "steps": steps,
-                      "placement": getattr(be, "node_placement", None)}))
+    print(json.dumps({"built": be.built, "steps": steps}))
 
 
 def main() -> None:
@@ -66,6 +67,7 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=2, help="warm starts after the cold one")
     ap.add_argument("--cache-dir", help="graph cache (default: a new scratch directory: cold)")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the cold start's backend load")
+    ap.add_argument("--log", action="store_true", help="print each start's log lines")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -79,11 +81,15 @@ def main() -> None:
             cmd = [sys.executable, __file__, args.model, "--child", "--cache-dir", cache]
             if i == 0 and args.profile:
                 cmd += ["--profile", args.profile]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            r = json.loads(out.strip().splitlines()[-1])
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                sys.exit(f"start {i} failed:\n{proc.stderr}")
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
             kind = "cold" if r["built"] else "warm"
             steps = "  ".join(f"{k} {v:.2f}" for k, v in r["steps"].items())
-            print(f"  {kind}: {steps}" + (f"  [{r['placement']}]" if r["placement"] else ""))
+            print(f"  {kind}: {steps}")
+            if args.log:
+                print(proc.stderr.rstrip())
 
 
 if __name__ == "__main__":

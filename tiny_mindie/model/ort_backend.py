@@ -80,7 +80,16 @@ from .memory import (
     use_huge_pages,
     zeroed_buffers,
 )
-from .providers import CPU, default_threads, device_name, select_providers, session_options
+from .progress import slow_step
+from .providers import (
+    CPU,
+    default_threads,
+    device_name,
+    node_placement,
+    placement_summary,
+    select_providers,
+    session_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,19 +107,23 @@ def _open_session(path: str, options, providers: list, *, release: Sequence[str]
     Afterwards the pages of the files in ``release`` that this process mapped are given back
     (:func:`.memory.release_file_pages`: onnxruntime read them to prepack the weights) and,
     with ``huge_pages``, the memory the session wrote goes to huge pages
-    (:func:`.memory.use_huge_pages`).
+    (:func:`.memory.use_huge_pages`). Each step says so in the log when it takes over 2 s.
     """
     import onnxruntime as ort
 
     if huge_pages:      # freed heap pages out first, so memory the session reuses is new
         trim_heap()
     before = populated_pieces() if huge_pages else set()
-    session = ort.InferenceSession(path, options, providers=providers)
+    with slow_step(log, "creating the onnxruntime session (prepacking the weights)"):
+        session = ort.InferenceSession(path, options, providers=providers)
     if release:
         for name in release:
             release_file_pages(name)
         trim_heap()
-    return session, use_huge_pages(before) if huge_pages else 0
+    if not huge_pages:
+        return session, 0
+    with slow_step(log, "moving the prepacked weights to huge pages"):
+        return session, use_huge_pages(before)
 
 
 def _run_all(runs: Sequence[Callable[[], None]]) -> None:
@@ -150,6 +163,8 @@ class OrtBackend(Backend):
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
+        node_placement: nodes of the optimized graph per provider, most first
+            (:func:`.providers.node_placement`; empty where onnxruntime does not tell).
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
         load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
             ``"batch check"`` when :meth:`check_batch_invariance` ran.
@@ -196,6 +211,8 @@ class OrtBackend(Backend):
                                         .get(LOGITS_ROWS_KEY, "1"))
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
+        self.node_placement = node_placement(self._session)
+        log.info("execution providers: %s", placement_summary(self.node_placement))
         if self.providers[0] != CPU:
             parallel_runs = 1
         elif parallel_runs * self.threads > available_cpus():
@@ -227,7 +244,9 @@ class OrtBackend(Backend):
         self.batch_invariant = check_batching           # by the graph, or row by row (below)
         if check_batching and num_slots > 1:            # one slot: never a batch
             t3 = time.perf_counter()
-            if self.check_batch_invariance():
+            with slow_step(log, "checking that decode rows get the same logits in batches"):
+                invariant = self.check_batch_invariance()
+            if invariant:
                 log.info("decode rows checked: the same logits alone and in batches (%.2f s)",
                          time.perf_counter() - t3)
             else:

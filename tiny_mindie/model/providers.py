@@ -17,6 +17,9 @@ from .backend import available_cpus
 CANN = "CANNExecutionProvider"
 CPU = "CPUExecutionProvider"
 
+#: session config entry that makes onnxruntime (>= 1.24) keep which provider runs which node
+RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
+
 
 def ascend_available() -> bool:
     """True when Ascend's runtime library ``libascendcl.so`` can be loaded."""
@@ -68,7 +71,8 @@ def default_threads() -> int:
 def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None):
     """``onnxruntime.SessionOptions`` for the decoder: all graph optimizations, ``threads``
     intra-op threads (sequential execution, one inter-op thread), idle threads spinning or not,
-    errors-only logging (no banners, no warnings), plus the session config entries ``config``
+    errors-only logging (no banners, no warnings), the nodes' placement on execution providers
+    recorded (:func:`node_placement`), plus the session config entries ``config``
     (``add_session_config_entry``)."""
     import onnxruntime as ort
 
@@ -80,6 +84,30 @@ def session_options(threads: int, *, spinning: bool, config: dict[str, str] | No
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    so.add_session_config_entry(RECORD_PLACEMENT, "1")
     for key, value in (config or {}).items():
         so.add_session_config_entry(key, str(value))
     return so
+
+
+def node_placement(session) -> dict[str, int]:
+    """Nodes of the optimized graph of ``session`` per execution provider, most first, e.g.
+    ``{"CPUExecutionProvider": 1006}``: what onnxruntime recorded when the session was created
+    with :data:`RECORD_PLACEMENT` (``InferenceSession.get_provider_graph_assignment_info``,
+    onnxruntime >= 1.24); empty when it cannot tell."""
+    try:
+        subgraphs = session.get_provider_graph_assignment_info()
+    except (AttributeError, RuntimeError):      # older onnxruntime, or not recorded
+        return {}
+    counts: dict[str, int] = {}
+    for sub in subgraphs:
+        counts[sub.ep_name] = counts.get(sub.ep_name, 0) + len(sub.get_nodes())
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def placement_summary(counts: dict[str, int]) -> str:
+    """``"CPU 1006 nodes"``, ``"CANN 950, CPU 57 nodes"``; ``"not reported"`` for none."""
+    if not counts:
+        return "not reported"
+    return ", ".join(f"{name.removesuffix('ExecutionProvider')} {n}"
+                     for name, n in counts.items()) + " nodes"
