@@ -1,11 +1,13 @@
 #!/usr/bin/env python
 """Start-up time of the ONNX Runtime backend: cold (graph built) and warm (graph cached).
 
-Each start runs in its own child process, the way the server loads a model (open the GGUF,
-read its configuration and tokenizer, then the backend with the server's defaults), against a
-graph cache in a scratch directory: the first start builds the graph (cold), the next ones find
-it (warm). The GGUF's pages stay in the OS page cache between starts (a first start after a
-reboot also reads the file from disk). Prints one line per start with each step's seconds.
+Each start runs in its own child process, the way the server loads a model (``load_model``
+with the server's defaults: the tokenizer is read while the backend loads), against a graph
+cache in a scratch directory: the first start builds the graph (cold), the next ones find it
+(warm). ``load_model`` is the whole start-up; graph, session and batch check its backend's
+steps; total adds the imports. The GGUF's pages stay in the OS page cache between starts (a
+first start after a reboot also reads the file from disk). Prints one line per start with each
+step's seconds.
 
     python scripts/startup.py ~/.cache/tiny_mindie/models/SmolLM2-135M-Instruct.Q4_1.gguf
     python scripts/startup.py MODEL.gguf --warm 3 --profile      # cProfile of the cold start
@@ -29,30 +31,21 @@ def child(path: str, cache_dir: str, profile: str | None) -> None:
     t0 = time.perf_counter()
     import logging
     logging.basicConfig(level=logging.INFO, format="      log: %(message)s")
-    from tiny_mindie.model.config import ModelConfig
-    from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.loader import slots_for_budget
-    from tiny_mindie.model.ort_backend import OrtBackend
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.loader import load_model
 
     steps = {"import": time.perf_counter() - t0}
-    t = time.perf_counter()
-    f = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(f)
-    steps["gguf+config"] = time.perf_counter() - t
-    t = time.perf_counter()
-    load_tokenizer(f)
-    steps["tokenizer"] = time.perf_counter() - t
-    max_seq_len = min(2560, cfg.context_length)
-    slots = slots_for_budget(cfg, max_seq_len, 1024, 200)
+    # the graph cache sits next to the GGUF: a link to it in the scratch directory
+    link = os.path.join(cache_dir, os.path.basename(path))
+    if not os.path.exists(link):
+        os.symlink(os.path.abspath(path), link)
     prof = None
     if profile:
         import cProfile
         prof = cProfile.Profile()
         prof.enable()
     t = time.perf_counter()
-    be = OrtBackend(f, cfg, num_slots=slots, max_seq_len=max_seq_len, cache_dir=cache_dir)
-    steps["backend"] = time.perf_counter() - t
+    _, _, _, be = load_model(link, max_seq_len=2560, kv_cache_mb=1024, max_batch=200)
+    steps["load_model"] = time.perf_counter() - t
     if prof is not None:
         prof.disable()
         prof.dump_stats(profile)

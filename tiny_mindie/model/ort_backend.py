@@ -58,8 +58,11 @@ serves every row.
 
 from __future__ import annotations
 
+import json
 import logging
 import mmap
+import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -83,6 +86,7 @@ from .memory import (
 from .progress import slow_step
 from .providers import (
     CPU,
+    cpu_identity,
     default_threads,
     device_name,
     node_placement,
@@ -129,6 +133,34 @@ def _open_session(path: str, options, providers: list, *, release: Sequence[str]
 def _run_all(runs: Sequence[Callable[[], None]]) -> None:
     for run in runs:
         run()
+
+
+#: a graph entry's record of the batch-invariance checks it passed (see ``_batch_check_key``)
+BATCH_CHECKS = "batch-checks.json"
+
+
+def _batch_checks(graph_path: str) -> list:
+    """The keys of the batch-invariance checks the graph at ``graph_path`` passed before."""
+    try:
+        with open(os.path.join(os.path.dirname(graph_path), BATCH_CHECKS)) as fh:
+            keys = json.load(fh)
+    except (OSError, ValueError):
+        return []
+    return keys if isinstance(keys, list) else []
+
+
+def _record_batch_check(graph_path: str, key: dict) -> None:
+    """Add ``key`` to the graph entry's passed checks (written to a temporary file and renamed;
+    an entry that cannot be written is checked again at the next start)."""
+    folder = os.path.dirname(graph_path)
+    keys = [k for k in _batch_checks(graph_path) if k != key] + [key]
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(keys[-16:], fh)
+        os.replace(tmp, os.path.join(folder, BATCH_CHECKS))
+    except OSError as exc:
+        log.debug("cannot record the batch check in %s: %s", folder, exc)
 
 
 # ---- the backend -----------------------------------------------------------------------------
@@ -244,16 +276,23 @@ class OrtBackend(Backend):
         self.batch_invariant = check_batching           # by the graph, or row by row (below)
         if check_batching and num_slots > 1:            # one slot: never a batch
             t3 = time.perf_counter()
-            with slow_step(log, "checking that decode rows get the same logits in batches"):
-                invariant = self.check_batch_invariance()
-            if invariant:
-                log.info("decode rows checked: the same logits alone and in batches (%.2f s)",
-                         time.perf_counter() - t3)
+            key = self._batch_check_key(session_config)
+            if key in _batch_checks(self.graph_path):
+                log.info("decode rows: the same logits alone and in batches (checked at an "
+                         "earlier start, with this onnxruntime, CPU and thread count)")
             else:
-                self.rows_per_decode_run = 1
-                log.warning("onnxruntime computes a decode row differently alone and in a batch "
-                            "on this CPU: decode rows run one per session run, so that every "
-                            "answer stays the same under any load (slower with many streams)")
+                with slow_step(log, "checking that decode rows get the same logits in batches"):
+                    invariant = self.check_batch_invariance()
+                if invariant:
+                    _record_batch_check(self.graph_path, key)
+                    log.info("decode rows checked: the same logits alone and in batches "
+                             "(%.2f s)", time.perf_counter() - t3)
+                else:
+                    self.rows_per_decode_run = 1
+                    log.warning("onnxruntime computes a decode row differently alone and in a "
+                                "batch on this CPU: decode rows run one per session run, so "
+                                "that every answer stays the same under any load (slower with "
+                                "many streams)")
             self.load_seconds["batch check"] = time.perf_counter() - t3
 
     # ---- Backend interface ------------------------------------------------------------------
@@ -299,6 +338,21 @@ class OrtBackend(Backend):
         self._k = self._v = []
         self._kv_map = None             # unmapped once the last view is gone
 
+    def _batch_check_key(self, session_config: dict[str, str] | None) -> dict:
+        """What the outcome of :meth:`check_batch_invariance` depends on besides the graph (whose
+        entry keeps the record): onnxruntime's version, the CPU (model and feature flags), the
+        providers, intra-op threads, session config entries and the rows checked."""
+        import onnxruntime as ort
+
+        return {"onnxruntime": ort.__version__, "cpu": cpu_identity(),
+                "providers": [str(p) for p in self.providers], "threads": self.threads,
+                "session_config": {k: str(v) for k, v in sorted((session_config or {}).items())},
+                "rows": self._batch_check_rows()}
+
+    def _batch_check_rows(self) -> int:
+        tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
+        return min(self.num_slots, max(5, 2 * tile + 1))
+
     def check_batch_invariance(self) -> bool:
         """Whether a decode row gets bit for bit the same logits alone and in one session run
         of 2 .. ``n`` rows, ``n = min(num_slots, max(5, 2 m + 1))`` with ``m`` the largest row
@@ -311,8 +365,7 @@ class OrtBackend(Backend):
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
-        tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
-        n = min(self.num_slots, max(5, 2 * tile + 1))
+        n = self._batch_check_rows()
         vocab = self.config.vocab_size
         prompts = [np.arange(1, 4 + s, dtype=np.int64) % vocab for s in range(n)]
         tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]

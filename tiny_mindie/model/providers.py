@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ctypes
+import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -55,6 +56,24 @@ def device_name(provider: str, device_id: int) -> str:
     if provider == CPU:
         return "CPU"
     return f"{provider}:{device_id}" if provider == CANN else provider
+
+
+def cpu_identity() -> str:
+    """This CPU as kernels see it: machine type, model name and feature flags of
+    ``/proc/cpuinfo`` (sorted; just the machine type where that file cannot be read)."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "CPU part") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return f"{platform.machine()} | {model} | {flags}"
 
 
 def default_threads() -> int:
