@@ -369,11 +369,13 @@ class OrtBackend(Backend):
 
     def _batch_check_key(self, session_config: dict[str, str] | None) -> dict:
         """What the outcome of :meth:`check_batch_invariance` depends on besides the graph (whose
-        entry keeps the record): onnxruntime's version, the CPU (model and feature flags), the
+        entry keeps the record): onnxruntime's version and build (``onnxruntime`` and
+        ``onnxruntime-cann`` share version numbers), the CPU (model and feature flags), the
         providers, intra-op threads, session config entries and the rows checked."""
         import onnxruntime as ort
 
-        return {"onnxruntime": ort.__version__, "cpu": cpu_identity(),
+        build = f"{ort.__version__} {ort.get_device()} {ort.get_build_info()}"
+        return {"onnxruntime": build, "cpu": cpu_identity(),
                 "providers": [str(p) for p in self.providers], "threads": self.threads,
                 "session_config": {k: str(v) for k, v in sorted((session_config or {}).items())},
                 "rows": self._batch_check_rows()}
