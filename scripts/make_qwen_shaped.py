@@ -4,9 +4,9 @@ benchmark input for start-up, memory and speed: no real 0.5B file can be fetched
 
 Shapes (Qwen2.5-0.5B's config.json): 24 layers, hidden 896, FFN 4864, 14 query heads and 2 KV
 heads of 64, vocabulary 151,936, rope theta 1e6, tied embeddings; ``qwen2`` architecture (q/k/v
-biases). The tokenizer is a byte-level BPE of 256 byte tokens, one merge, and padding entries up
-to the vocabulary size (enough to load and run, not to read text; a real Qwen2.5 tokenizer with
-its 151,387 merges takes longer to load).
+biases). The tokenizer is a byte-level BPE of 256 byte tokens, one merge, and normal padding
+tokens up to the vocabulary size (enough to load and run, not to read text; a real Qwen2.5
+tokenizer with its 151,387 merges takes longer to load).
 
 Tensor types: ``--type q8_0`` (every matrix Q8_0), ``q4_0`` (matrices Q4_0, the embedding Q8_0,
 as a Q4_0 file from llama.cpp's quantizer), ``mixed`` (what a Q4_K_M file holds where ``gguf``'s
@@ -54,7 +54,7 @@ def write(path: str, size: str = "0.5b", kind: str = "mixed", seed: int = 0) -> 
     byte_map = _byte_tokens()
     tokens = byte_map + ["Ġt"]
     tokens += [f"[PAD{i}]" for i in range(len(tokens), vocab - len(specials))] + specials
-    types = [1] * 257 + [4] * (vocab - 257 - len(specials)) + [3] * len(specials)
+    types = [1] * (vocab - len(specials)) + [3] * len(specials)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2")
     w.add_token_list(tokens)
