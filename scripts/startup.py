@@ -5,9 +5,10 @@ Each start runs in its own child process, the way the server loads a model (``lo
 with the server's defaults: the tokenizer is read while the backend loads), against a graph
 cache in a scratch directory: the first start builds the graph (cold), the next ones find it
 (warm). ``load_model`` is the whole start-up; graph, session and batch check its backend's
-steps; total adds the imports. The GGUF's pages stay in the OS page cache between starts (a
-first start after a reboot also reads the file from disk). Prints one line per start with each
-step's seconds.
+steps; total adds the imports; cpu is the CPU time the start used (user + system, all threads:
+less sensitive to other work on the machine than the wall-clock times). The GGUF's pages stay
+in the OS page cache between starts (a first start after a reboot also reads the file from
+disk). Prints one line per start with each step's seconds.
 
     python scripts/startup.py ~/.cache/tiny_mindie/models/SmolLM2-135M-Instruct.Q4_1.gguf
     python scripts/startup.py MODEL.gguf --warm 3 --profile      # cProfile of the cold start
@@ -51,6 +52,10 @@ def child(path: str, cache_dir: str, profile: str | None) -> None:
         prof.dump_stats(profile)
     steps.update(be.load_seconds)
     steps["total"] = time.perf_counter() - t0
+    getattr(be, "huge_page_bytes", 0)             # the move to huge pages may run on: its end
+    import resource
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    steps["cpu"] = use.ru_utime + use.ru_stime     # CPU seconds of the whole start, all threads
     print(json.dumps({"built": be.built, "steps": steps}))
 
 

@@ -165,10 +165,7 @@ def record_index(root: str, ident: dict, digest: str) -> None:
     name = _index_name(ident)
     try:
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        with os.fdopen(fd, "w") as fh:
-            json.dump({**ident, "sha256": digest}, fh)
-        os.replace(tmp, os.path.join(folder, name))
+        write_json_atomic(os.path.join(folder, name), {**ident, "sha256": digest})
     except OSError as exc:
         log.debug("cannot write the graph cache index in %s: %s", folder, exc)
         return
@@ -181,6 +178,20 @@ def record_index(root: str, ident: dict, digest: str) -> None:
                     os.unlink(os.path.join(folder, other))
         except (OSError, ValueError, AttributeError):
             pass
+
+
+def write_json_atomic(path: str, value) -> None:
+    """Write ``value`` as JSON to ``path`` through a temporary file in the same directory and a
+    rename, so a reader sees the old file or the new one, never half of one. Raises OSError."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(value, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # ---- entries -------------------------------------------------------------------------------------

@@ -62,7 +62,6 @@ import json
 import logging
 import mmap
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -75,7 +74,7 @@ from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
 from .graph import LOGITS_ROWS_KEY, GraphOptions, default_row_multiples
-from .graph_cache import cached_graph
+from .graph_cache import cached_graph, write_json_atomic
 from .memory import (
     populated_pieces,
     release_file_pages,
@@ -131,7 +130,8 @@ class _HugePageMove(threading.Thread):
     """Moves the memory a session wrote (its prepacked weights above all) to huge pages
     (:func:`.memory.use_huge_pages` of the pieces not populated ``before``), in the background:
     the backend serves meanwhile, at full speed once it is done (2.0-3.6 s for 450 MB of a
-    0.5B model, measured on a busy 2-core machine: the longest step of a warm start). ``moved``
+    0.5B model, measured on a busy 2-core machine, where it was the longest step of a warm
+    start). ``moved``
     holds the bytes moved once :meth:`join` returns."""
 
     def __init__(self, before: set[int]):
@@ -171,10 +171,7 @@ def _record_batch_check(graph_path: str, key: dict) -> None:
     folder = os.path.dirname(graph_path)
     keys = [k for k in _batch_checks(graph_path) if k != key] + [key]
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(keys[-16:], fh)
-        os.replace(tmp, os.path.join(folder, BATCH_CHECKS))
+        write_json_atomic(os.path.join(folder, BATCH_CHECKS), keys[-16:])
     except OSError as exc:
         log.debug("cannot record the batch check in %s: %s", folder, exc)
 
