@@ -20,6 +20,8 @@ llama.cpp's ``llama-quantize`` on an F16 file written by this script).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
@@ -109,18 +111,12 @@ def write(path: str, size: str = "0.5b", kind: str = "mixed", seed: int = 0) -> 
 
 
 def _byte_tokens() -> list[str]:
-    """GPT-2's byte -> printable character map, in byte order."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs, strict=True))
-    return [chr(table[b]) for b in range(256)]
+    """GPT-2's byte -> printable character map, in byte order (the tokenizer's own table)."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tiny_mindie.model.tokenizer import _gpt2_byte_decoder
+
+    decoder = _gpt2_byte_decoder()
+    return sorted(decoder, key=decoder.__getitem__)
 
 
 def main() -> None:
