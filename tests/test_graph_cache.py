@@ -1,8 +1,14 @@
-"""The cache of built graphs (tiny_mindie/model/graph_cache.py) on the real SmolLM2-135M."""
+"""The cache of built graphs (tiny_mindie/model/graph_cache.py): its index on small files, and
+the removal of outdated graphs on the real SmolLM2-135M."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
+
+import pytest
 
 from tiny_mindie.model import graph_cache
 from tiny_mindie.model.config import ModelConfig
@@ -14,8 +20,8 @@ from tiny_mindie.model.registry import sha256_of
 def test_building_a_graph_removes_older_builders_graphs_of_the_model(model_path, tmp_path):
     """A builder version bump would leave the old graphs (1.5x the GGUF each) in the cache
     forever; the new build removes the model's graphs of older builders, whatever options they
-    were built with, and keeps the current builder's graphs with other options and other
-    models' graphs."""
+    were built with and whatever name the file had, and keeps the current builder's graphs with
+    other options and other models' graphs."""
     gguf = GGUFFile(model_path)
     config = ModelConfig.from_gguf(gguf)
     key = GraphOptions().key()
@@ -25,14 +31,140 @@ def test_building_a_graph_removes_older_builders_graphs_of_the_model(model_path,
     old = tmp_path / f"{stem}-{digest}-b{version - 1}-{key}"
     old_options = tmp_path / f"{stem}-{digest}-b{version - 1}-a4-h4-p0"    # an older key format
     other_options = tmp_path / f"{stem}-{digest}-b{version}-a0-h0-l32-p0"
-    other_model = tmp_path / f"other-{digest}-b{version - 1}-{key}"
-    for d in (old, old_options, other_options, other_model):
+    other_model = tmp_path / f"other-{'0' * 16}-b{version - 1}-{key}"
+    renamed = tmp_path / f"renamed-{digest}-b{version - 1}-{key}"        # this file, another name
+    for d in (old, old_options, other_options, other_model, renamed):
         d.mkdir()
         (d / "complete").write_text("")
     path, built = graph_cache.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
     assert built and os.path.isfile(path)
-    assert not old.exists() and not old_options.exists()
+    assert not old.exists() and not old_options.exists() and not renamed.exists()
     assert other_options.exists() and other_model.exists()
     old.mkdir()                     # left by an older version that ran after this one built
     again, built = graph_cache.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
     assert again == path and not built and not old.exists() and other_options.exists()
+
+
+# ---- the index: a warm start finds the graph without reading the file (unit tier) ------------
+
+class Builds:
+    """A build function for :func:`graph_cache.cached_build` writing a small ``model.onnx``,
+    counting its calls; ``delay`` seconds long."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls = 0
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def __call__(self, out: str) -> None:
+        with self.lock:
+            self.calls += 1
+        time.sleep(self.delay)
+        with open(os.path.join(out, "model.onnx"), "wb") as fh:
+            fh.write(b"graph")
+
+
+@pytest.fixture
+def hashes(monkeypatch) -> list[str]:
+    """The paths :func:`graph_cache.cached_build` hashed (the real sha256_of, recorded)."""
+    seen: list[str] = []
+
+    def recorded(path: str) -> str:
+        seen.append(path)
+        return sha256_of(path)
+
+    monkeypatch.setattr(graph_cache, "sha256_of", recorded)
+    return seen
+
+
+def _write(path, data: bytes) -> str:
+    with open(path, "wb") as fh:
+        fh.write(data)
+    return str(path)
+
+
+def _entries(cache) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if (p / "complete").exists())
+
+
+def test_second_start_finds_the_graph_without_hashing(tmp_path, hashes):
+    gguf = _write(tmp_path / "m.gguf", b"weights" * 1000)
+    cache = tmp_path / "cache"
+    build = Builds()
+    path, built = graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+    assert built and build.calls == 1 and hashes == [gguf]
+    assert open(path, "rb").read() == b"graph"
+    assert _entries(cache) == [f"m-{sha256_of(gguf)[:16]}-b3-opts"]
+    again, built = graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+    assert (again, built) == (path, False) and build.calls == 1
+    assert hashes == [gguf]                             # the index answered
+    other, built = graph_cache.cached_build(gguf, 3, "other", build, str(cache))
+    assert built and other != path and hashes == [gguf]  # other options: a build, no hash
+
+
+def test_a_changed_file_is_hashed_again_and_gets_its_own_graph(tmp_path, hashes):
+    gguf = _write(tmp_path / "m.gguf", b"a" * 4096)
+    cache = tmp_path / "cache"
+    build = Builds()
+    first, _ = graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+    st = os.stat(gguf)
+    _write(gguf, b"b" * 4096)                           # same size, new content ...
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... even with the old mtime
+    second, built = graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+    assert built and second != first and build.calls == 2 and hashes == [gguf, gguf]
+    assert len(os.listdir(cache / graph_cache.INDEX_DIR)) == 1   # the old identity dropped
+    os.utime(gguf)                                      # touched, same content: hashed, no build
+    third, built = graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+    assert (third, built) == (second, False) and build.calls == 2 and len(hashes) == 3
+    graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+    assert len(hashes) == 3
+
+
+def test_two_paths_of_one_file_share_one_graph(tmp_path, hashes):
+    a = _write(tmp_path / "a.gguf", b"same" * 1000)
+    (tmp_path / "elsewhere").mkdir()
+    b = _write(tmp_path / "elsewhere" / "b.gguf", b"same" * 1000)
+    cache = tmp_path / "cache"
+    build = Builds()
+    pa, built_a = graph_cache.cached_build(a, 3, "opts", build, str(cache))
+    pb, built_b = graph_cache.cached_build(b, 3, "opts", build, str(cache))
+    assert built_a and not built_b and pa == pb and build.calls == 1
+    assert hashes == [a, b] and len(_entries(cache)) == 1
+    graph_cache.cached_build(a, 3, "opts", build, str(cache))
+    graph_cache.cached_build(b, 3, "opts", build, str(cache))
+    assert hashes == [a, b]                             # both identities are in the index
+
+
+def test_a_damaged_index_file_means_a_hash_not_a_wrong_graph(tmp_path, hashes):
+    gguf = _write(tmp_path / "m.gguf", b"x" * 100)
+    cache = tmp_path / "cache"
+    path, _ = graph_cache.cached_build(gguf, 3, "opts", Builds(), str(cache))
+    (index,) = (cache / graph_cache.INDEX_DIR).iterdir()
+    index.write_text('{"sha256": "00"')                 # cut short
+    again, built = graph_cache.cached_build(gguf, 3, "opts", Builds(), str(cache))
+    assert (again, built) == (path, False) and len(hashes) == 2
+    other = json.loads(index.read_text())
+    other["size"] += 1                                  # an identity that is not the file's
+    index.write_text(json.dumps(other))
+    graph_cache.cached_build(gguf, 3, "opts", Builds(), str(cache))
+    assert len(hashes) == 3
+
+
+def test_two_starts_at_once_build_the_graph_once(tmp_path):
+    gguf = _write(tmp_path / "m.gguf", b"y" * 1000)
+    cache = tmp_path / "cache"
+    build = Builds(delay=0.5)
+    results: list = [None, None]
+
+    def start(i: int) -> None:
+        results[i] = graph_cache.cached_build(gguf, 3, "opts", build, str(cache))
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert build.calls == 1
+    assert results[0][0] == results[1][0] and sorted(r[1] for r in results) == [False, True]
+    assert _entries(cache) == [f"m-{sha256_of(gguf)[:16]}-b3-opts"]
+    assert not [n for n in os.listdir(cache) if n.startswith(".")]   # no temporary or lock left

@@ -22,3 +22,28 @@ def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
 def test_default_threads_leave_a_core():
     n = len(os.sched_getaffinity(0))
     assert providers.default_threads() == max(1, n - 1)
+
+
+def test_node_placement_counts_the_nodes_each_provider_runs():
+    """onnxruntime records which provider took which node of the optimized graph: a graph of
+    a MatMul (float) and a Sigmoid, with the project's session options, on the CPU provider."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]),
+         helper.make_node("Sigmoid", ["y"], ["z"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers.session_options(1, spinning=False),
+                                   providers=[providers.CPU])
+    counts = providers.node_placement(session)
+    assert counts == {providers.CPU: 2}
+    assert providers.placement_summary(counts) == "CPU 2 nodes"
+    assert providers.placement_summary({"CANNExecutionProvider": 950, providers.CPU: 57}) == \
+        "CANN 950, CPU 57 nodes"
+    assert providers.placement_summary({}) == "not reported"

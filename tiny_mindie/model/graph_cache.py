@@ -1,26 +1,45 @@
 """The cache of built graphs: build the ONNX graph of a GGUF once, load it on later starts.
 
-An entry is a directory ``<gguf stem>-<sha256[:16]>-b<BUILDER_VERSION>-<GraphOptions.key()>``
-holding ``model.onnx``, ``model.onnx.data`` and a ``complete`` marker, under
-``<dir of the GGUF>/onnx-cache/`` (or ``cache_dir``; when that directory is not writable,
-``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``). A graph is built into a temporary
-directory beside the entry and renamed into place, so a reader never sees a half-written entry.
-Building or loading a graph removes the model's graphs from older builder versions.
+Entries are content-addressed: a directory ``<gguf stem>-<sha256[:16]>-b<BUILDER_VERSION>-
+<GraphOptions.key()>`` holding ``model.onnx``, ``model.onnx.data`` and a ``complete`` marker,
+under ``<dir of the GGUF>/onnx-cache/`` (or ``cache_dir``; when that directory is not writable,
+``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``). An entry is found by its sha256
+whatever the stem, so two paths (or names) of the same file share one graph.
+
+Finding the sha256 without reading the file: the cache directory's ``index/`` folder maps a
+file's identity -- real path, size, modification and change times in ns, inode and device -- to
+its sha256, one small JSON file per identity. A start whose file has an identity in the index
+reads nothing of it; the first start, or one after the file changed (any of those fields), hashes
+it (about 1 s per GB) and records the new identity (dropping the path's older ones).
+
+Concurrency: a graph is built into a temporary directory beside the entry and renamed into place,
+index files are written to a temporary name and renamed, so a reader never sees half an entry or
+half an index file. Two processes that miss the same entry at once (two servers starting) build it
+once: the second waits on a lock file (``fcntl.flock``; where there is none, both build and the
+first rename wins). Building or loading a graph removes the file's graphs from older builder
+versions.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .graph import BUILDER_VERSION, GraphOptions, build_model
+from .progress import slow_step
 from .registry import cache_root, sha256_of
 
 log = logging.getLogger(__name__)
+
+INDEX_DIR = "index"
 
 
 def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = GraphOptions(),
@@ -34,17 +53,49 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
         ModelFileError: no cache directory is writable, or the graph cannot be built
             (see :func:`.graph.build_model`).
     """
-    digest = sha256_of(f.path)
-    stem = os.path.splitext(os.path.basename(f.path))[0]
-    entry = f"{stem}-{digest[:16]}-b{BUILDER_VERSION}-{options.key()}"
-    roots = ([cache_dir] if cache_dir else
-             [os.path.join(os.path.dirname(os.path.abspath(f.path)), "onnx-cache"),
-              os.path.join(cache_root(), "onnx")])
+    return cached_build(f.path, BUILDER_VERSION, options.key(),
+                        lambda out: build_model(f, config, out, options), cache_dir)
+
+
+def cache_roots(path: str, cache_dir: str | None = None) -> list[str]:
+    """The cache directories tried for the GGUF at ``path``, in order."""
+    if cache_dir:
+        return [cache_dir]
+    return [os.path.join(os.path.dirname(os.path.abspath(path)), "onnx-cache"),
+            os.path.join(cache_root(), "onnx")]
+
+
+def cached_build(path: str, version: int, options_key: str, build: Callable[[str], object],
+                 cache_dir: str | None = None) -> tuple[str, bool]:
+    """The cache's logic for any file: the ``model.onnx`` of the entry of ``path``'s content,
+    builder ``version`` and ``options_key``, made by ``build(directory)`` on a miss (it writes
+    ``directory/model.onnx`` and its data). See the module docstring.
+
+    Returns:
+        ``(path of model.onnx, True if it was built now)``.
+
+    Raises:
+        ModelFileError: no cache directory is writable.
+        OSError: ``path`` cannot be read.
+    """
+    roots = cache_roots(path, cache_dir)
+    ident = file_identity(path)
+    digest = next(filter(None, (lookup_index(root, ident) for root in roots)), None)
+    if digest is None:
+        mb = ident["size"] / 1e6
+        with slow_step(log, f"hashing {os.path.basename(path)} ({mb:.0f} MB) to find its graph"):
+            digest = sha256_of(path)
+        if file_identity(path) != ident:                # changed while it was read: not recorded
+            log.warning("%s changed while it was hashed", path)
+            ident = {}
+    suffix = f"-{digest[:16]}-b{version}-{options_key}"
     for root in roots:
-        path = os.path.join(root, entry, "model.onnx")
-        if os.path.isfile(os.path.join(root, entry, "complete")):
-            _drop_outdated(root, f"{stem}-{digest[:16]}-b")     # left by an older version, if any
-            return path, False
+        found = _find_entry(root, suffix)
+        if found:
+            _drop_outdated(root, digest, version)       # left by an older version, if any
+            record_index(root, ident, digest)
+            return os.path.join(found, "model.onnx"), False
+    stem = os.path.splitext(os.path.basename(path))[0]
     last_error: Exception | None = None
     for root in roots:
         try:
@@ -54,15 +105,23 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
             last_error = exc
             continue
         try:
-            build_model(f, config, tmp, options)
-            with open(os.path.join(tmp, "complete"), "w") as fh:
-                fh.write(f"sha256 {digest}\nbuilder {BUILDER_VERSION}\noptions {options.key()}\n")
-            final = os.path.join(root, entry)
-            try:
-                os.rename(tmp, final)
-            except OSError:                     # another process built it meanwhile
-                shutil.rmtree(tmp, ignore_errors=True)
-            _drop_outdated(root, f"{stem}-{digest[:16]}-b")
+            with _lock(root, stem + suffix):
+                found = _find_entry(root, suffix)      # built by another process meanwhile
+                if found:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    record_index(root, ident, digest)
+                    return os.path.join(found, "model.onnx"), False
+                with slow_step(log, f"building the ONNX graph of {os.path.basename(path)}"):
+                    build(tmp)
+                with open(os.path.join(tmp, "complete"), "w") as fh:
+                    fh.write(f"sha256 {digest}\nbuilder {version}\noptions {options_key}\n")
+                final = os.path.join(root, stem + suffix)
+                try:
+                    os.rename(tmp, final)
+                except OSError:                         # another process built it meanwhile
+                    shutil.rmtree(tmp, ignore_errors=True)
+            _drop_outdated(root, digest, version)
+            record_index(root, ident, digest)
             return os.path.join(final, "model.onnx"), True
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -70,12 +129,117 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
     raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
 
 
-def _drop_outdated(root: str, prefix: str) -> None:
-    """Remove this model's graphs (entries ``prefix + version + "-" + options``) built by an
-    older builder, whatever their options: this code never loads them again (a builder version
-    bump would leave ~1.5x the GGUF behind for each)."""
+# ---- the index: file identity -> sha256 ----------------------------------------------------------
+
+def file_identity(path: str) -> dict:
+    """What tells a file apart from its other versions without reading it: real path, size,
+    modification and change times (ns), inode and device. Raises OSError when it is missing."""
+    st = os.stat(path)
+    return {"path": os.path.realpath(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+            "ctime_ns": st.st_ctime_ns, "inode": st.st_ino, "device": st.st_dev}
+
+
+def _index_name(ident: dict) -> str:
+    blob = json.dumps(ident, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:32] + ".json"
+
+
+def lookup_index(root: str, ident: dict) -> str | None:
+    """The sha256 recorded in ``root``'s index for a file of identity ``ident``, else None."""
+    try:
+        with open(os.path.join(root, INDEX_DIR, _index_name(ident))) as fh:
+            entry = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    digest = entry.pop("sha256", None) if isinstance(entry, dict) else None
+    return digest if entry == ident and isinstance(digest, str) else None
+
+
+def record_index(root: str, ident: dict, digest: str) -> None:
+    """Record ``ident -> digest`` in ``root``'s index (atomically: written to a temporary file,
+    then renamed) and drop the index files of the same path with another identity. Does nothing
+    for an empty ``ident`` or when ``root`` is not writable (the next start hashes again)."""
+    if not ident:
+        return
+    folder = os.path.join(root, INDEX_DIR)
+    name = _index_name(ident)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        write_json_atomic(os.path.join(folder, name), {**ident, "sha256": digest})
+    except OSError as exc:
+        log.debug("cannot write the graph cache index in %s: %s", folder, exc)
+        return
+    for other in os.listdir(folder):
+        if other == name or not other.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(folder, other)) as fh:
+                if json.load(fh).get("path") == ident["path"]:
+                    os.unlink(os.path.join(folder, other))
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def write_json_atomic(path: str, value) -> None:
+    """Write ``value`` as JSON to ``path`` through a temporary file in the same directory and a
+    rename, so a reader sees the old file or the new one, never half of one. Raises OSError."""
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(value, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ---- entries -------------------------------------------------------------------------------------
+
+def _find_entry(root: str, suffix: str) -> str | None:
+    """A complete entry of ``root`` whose name ends with ``suffix`` (any stem), else None."""
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return None
+    for name in names:
+        if name.endswith(suffix) and os.path.isfile(os.path.join(root, name, "complete")):
+            return os.path.join(root, name)
+    return None
+
+
+@contextlib.contextmanager
+def _lock(root: str, entry: str) -> Iterator[None]:
+    """Hold ``root/.<entry>.lock`` exclusively (``fcntl.flock``; a no-op where there is none),
+    saying so when another process holds it. The lock file is removed by the holder that leaves
+    normally (the entry is complete then: a process still waiting finds it when it gets the lock
+    on the removed file, and a later one finds it before locking)."""
+    try:
+        import fcntl
+    except ImportError:                                 # Windows: no lock, at worst built twice
+        yield
+        return
+    lock_path = os.path.join(root, f".{entry}.lock")
+    with open(lock_path, "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            with slow_step(log, "waiting for another process building the same graph", 0.0):
+                fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+        with contextlib.suppress(OSError):
+            os.unlink(lock_path)
+
+
+def _drop_outdated(root: str, digest: str, version: int) -> None:
+    """Remove the graphs of the file of ``digest`` (entries ``<stem>-<digest[:16]>-b<v>-
+    <options>``, any stem) built by a builder older than ``version``, whatever their options:
+    this code never loads them again (a builder version bump would leave ~1.5x the GGUF behind
+    for each)."""
+    marker = f"-{digest[:16]}-b"
     for name in os.listdir(root):
-        version = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if version.isdigit() and int(version) < BUILDER_VERSION:
+        at = name.find(marker)
+        v = name[at + len(marker):].split("-", 1)[0] if at > 0 else ""
+        if v.isdigit() and int(v) < version:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             log.info("removed the outdated graph %s", name)

@@ -59,8 +59,10 @@ serves every row.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import mmap
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -73,7 +75,7 @@ from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
 from .graph import LOGITS_ROWS_KEY, GraphOptions, default_row_multiples
-from .graph_cache import cached_graph
+from .graph_cache import cached_graph, write_json_atomic
 from .memory import (
     populated_pieces,
     release_file_pages,
@@ -81,7 +83,17 @@ from .memory import (
     use_huge_pages,
     zeroed_buffers,
 )
-from .providers import CPU, default_threads, device_name, select_providers, session_options
+from .progress import slow_step
+from .providers import (
+    CPU,
+    cpu_identity,
+    default_threads,
+    device_name,
+    node_placement,
+    placement_summary,
+    select_providers,
+    session_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,30 +105,76 @@ DECODE_RUN_COST = 4
 
 def _open_session(path: str, options, providers: list, *, release: Sequence[str],
                   huge_pages: bool):
-    """An ``onnxruntime.InferenceSession`` on the graph at ``path``, and the bytes of memory
-    moved to huge pages.
+    """An ``onnxruntime.InferenceSession`` on the graph at ``path``, and the pieces of memory
+    populated before it (:func:`.memory.populated_pieces`; ``None`` without ``huge_pages``),
+    for :class:`_HugePageMove`.
 
     Afterwards the pages of the files in ``release`` that this process mapped are given back
-    (:func:`.memory.release_file_pages`: onnxruntime read them to prepack the weights) and,
-    with ``huge_pages``, the memory the session wrote goes to huge pages
-    (:func:`.memory.use_huge_pages`).
+    (:func:`.memory.release_file_pages`: onnxruntime read them to prepack the weights). Says so
+    in the log when creating the session takes over 2 s.
     """
     import onnxruntime as ort
 
     if huge_pages:      # freed heap pages out first, so memory the session reuses is new
         trim_heap()
-    before = populated_pieces() if huge_pages else set()
-    session = ort.InferenceSession(path, options, providers=providers)
+    before = populated_pieces() if huge_pages else None
+    with slow_step(log, "creating the onnxruntime session (prepacking the weights)"):
+        session = ort.InferenceSession(path, options, providers=providers)
     if release:
         for name in release:
             release_file_pages(name)
         trim_heap()
-    return session, use_huge_pages(before) if huge_pages else 0
+    return session, before
+
+
+class _HugePageMove(threading.Thread):
+    """Moves the memory a session wrote (its prepacked weights above all) to huge pages
+    (:func:`.memory.use_huge_pages` of the pieces not populated ``before``), in the background:
+    the backend serves meanwhile, at full speed once it is done (2.0-3.6 s for 450 MB of a
+    0.5B model, measured on a busy 2-core machine, where it was the longest step of a warm
+    start). ``moved``
+    holds the bytes moved once :meth:`join` returns."""
+
+    def __init__(self, before: set[int]):
+        super().__init__(name="tiny_mindie-huge-pages", daemon=True)
+        self.before = before
+        self.moved = 0
+
+    def run(self) -> None:
+        t0 = time.perf_counter()
+        self.moved = use_huge_pages(self.before)
+        log.info("%d MB of the session's memory moved to huge pages (%.2f s, in the background)",
+                 self.moved // 10**6, time.perf_counter() - t0)
 
 
 def _run_all(runs: Sequence[Callable[[], None]]) -> None:
     for run in runs:
         run()
+
+
+#: a graph entry's record of the batch-invariance checks it passed (see ``_batch_check_key``)
+BATCH_CHECKS = "batch-checks.json"
+
+
+def _batch_checks(graph_path: str) -> list:
+    """The keys of the batch-invariance checks the graph at ``graph_path`` passed before."""
+    try:
+        with open(os.path.join(os.path.dirname(graph_path), BATCH_CHECKS)) as fh:
+            keys = json.load(fh)
+    except (OSError, ValueError):
+        return []
+    return keys if isinstance(keys, list) else []
+
+
+def _record_batch_check(graph_path: str, key: dict) -> None:
+    """Add ``key`` to the graph entry's passed checks (written to a temporary file and renamed;
+    an entry that cannot be written is checked again at the next start)."""
+    folder = os.path.dirname(graph_path)
+    keys = [k for k in _batch_checks(graph_path) if k != key] + [key]
+    try:
+        write_json_atomic(os.path.join(folder, BATCH_CHECKS), keys[-16:])
+    except OSError as exc:
+        log.debug("cannot record the batch check in %s: %s", folder, exc)
 
 
 # ---- the backend -----------------------------------------------------------------------------
@@ -142,7 +200,7 @@ class OrtBackend(Backend):
         release_pages: after loading, give back the weight-file pages onnxruntime read while
             prepacking (see :func:`.memory.release_file_pages`).
         huge_pages: after loading, move the prepacked weights to huge pages
-            (:func:`.memory.use_huge_pages`).
+            (:func:`.memory.use_huge_pages`), in the background (:attr:`huge_page_bytes`).
         parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
             threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
             docstring.
@@ -151,6 +209,8 @@ class OrtBackend(Backend):
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
+        node_placement: nodes of the optimized graph per provider, most first
+            (:func:`.providers.node_placement`; empty where onnxruntime does not tell).
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
         load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
             ``"batch check"`` when :meth:`check_batch_invariance` ran.
@@ -190,10 +250,13 @@ class OrtBackend(Backend):
         release = [self.graph_path + ".data"] if release_pages else []
         if release_pages and self.built:                # building read every tensor of the GGUF
             release.append(f.path)
-        self._session, self.huge_page_bytes = _open_session(
+        self._session, before = _open_session(
             self.graph_path,
             session_options(self.threads, spinning=spinning, config=session_config),
             select_providers(providers, device_id), release=release, huge_pages=huge_pages)
+        self._huge_pages = _HugePageMove(before) if before is not None else None
+        if self._huge_pages is not None:
+            self._huge_pages.start()
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
@@ -201,6 +264,8 @@ class OrtBackend(Backend):
                                         .get(LOGITS_ROWS_KEY, "1"))
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
+        self.node_placement = node_placement(self._session)
+        log.info("execution providers: %s", placement_summary(self.node_placement))
         if self.providers[0] != CPU:
             parallel_runs = 1
         elif parallel_runs * self.threads > available_cpus():
@@ -212,9 +277,8 @@ class OrtBackend(Backend):
         self._pool = (ThreadPoolExecutor(self.parallel_runs - 1,
                                          thread_name_prefix="tiny_mindie-run")
                       if self.parallel_runs > 1 else None)
-        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s; %d MB of it moved "
-                 "to huge pages)", self.device, "built" if self.built else "cached", t1 - t0,
-                 t2 - t1, self.huge_page_bytes // 10**6)
+        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)", self.device,
+                 "built" if self.built else "cached", t1 - t0, t2 - t1)
 
         c = config
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
@@ -232,15 +296,33 @@ class OrtBackend(Backend):
         self.batch_invariant = check_batching           # by the graph, or row by row (below)
         if check_batching and num_slots > 1:            # one slot: never a batch
             t3 = time.perf_counter()
-            if self.check_batch_invariance():
-                log.info("decode rows checked: the same logits alone and in batches (%.2f s)",
-                         time.perf_counter() - t3)
+            key = self._batch_check_key(session_config)
+            if key in _batch_checks(self.graph_path):
+                log.info("decode rows: the same logits alone and in batches (checked at an "
+                         "earlier start, with this onnxruntime, CPU and thread count)")
             else:
-                self.rows_per_decode_run = 1
-                log.warning("onnxruntime computes a decode row differently alone and in a batch "
-                            "on this CPU: decode rows run one per session run, so that every "
-                            "answer stays the same under any load (slower with many streams)")
+                with slow_step(log, "checking that decode rows get the same logits in batches"):
+                    invariant = self.check_batch_invariance()
+                if invariant:
+                    _record_batch_check(self.graph_path, key)
+                    log.info("decode rows checked: the same logits alone and in batches "
+                             "(%.2f s)", time.perf_counter() - t3)
+                else:
+                    self.rows_per_decode_run = 1
+                    log.warning("onnxruntime computes a decode row differently alone and in a "
+                                "batch on this CPU: decode rows run one per session run, so "
+                                "that every answer stays the same under any load (slower with "
+                                "many streams)")
             self.load_seconds["batch check"] = time.perf_counter() - t3
+
+    @property
+    def huge_page_bytes(self) -> int:
+        """Bytes of the session's memory moved to huge pages after loading (0 without
+        ``huge_pages``); waits for the move, which runs in the background."""
+        if self._huge_pages is None:
+            return 0
+        self._huge_pages.join()
+        return self._huge_pages.moved
 
     # ---- Backend interface ------------------------------------------------------------------
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:
@@ -276,6 +358,8 @@ class OrtBackend(Backend):
         return 2 * sum(k.nbytes for k in self._k)
 
     def close(self) -> None:
+        if self._huge_pages is not None:
+            self._huge_pages.join()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -284,6 +368,23 @@ class OrtBackend(Backend):
         self._session = None
         self._k = self._v = []
         self._kv_map = None             # unmapped once the last view is gone
+
+    def _batch_check_key(self, session_config: dict[str, str] | None) -> dict:
+        """What the outcome of :meth:`check_batch_invariance` depends on besides the graph (whose
+        entry keeps the record): onnxruntime's version and build (``onnxruntime`` and
+        ``onnxruntime-cann`` share version numbers), the CPU (model and feature flags), the
+        providers, intra-op threads, session config entries and the rows checked."""
+        import onnxruntime as ort
+
+        build = f"{ort.__version__} {ort.get_device()} {ort.get_build_info()}"
+        return {"onnxruntime": build, "cpu": cpu_identity(),
+                "providers": [str(p) for p in self.providers], "threads": self.threads,
+                "session_config": {k: str(v) for k, v in sorted((session_config or {}).items())},
+                "rows": self._batch_check_rows()}
+
+    def _batch_check_rows(self) -> int:
+        tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
+        return min(self.num_slots, max(5, 2 * tile + 1))
 
     def check_batch_invariance(self) -> bool:
         """Whether a decode row gets bit for bit the same logits alone and in one session run
@@ -297,8 +398,7 @@ class OrtBackend(Backend):
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
-        tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
-        n = min(self.num_slots, max(5, 2 * tile + 1))
+        n = self._batch_check_rows()
         vocab = self.config.vocab_size
         prompts = [np.arange(1, 4 + s, dtype=np.int64) % vocab for s in range(n)]
         tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]

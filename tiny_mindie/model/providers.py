@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ctypes
+import platform
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,9 @@ from .backend import available_cpus
 
 CANN = "CANNExecutionProvider"
 CPU = "CPUExecutionProvider"
+
+#: session config entry that makes onnxruntime (>= 1.24) keep which provider runs which node
+RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
 
 
 def ascend_available() -> bool:
@@ -54,6 +58,24 @@ def device_name(provider: str, device_id: int) -> str:
     return f"{provider}:{device_id}" if provider == CANN else provider
 
 
+def cpu_identity() -> str:
+    """This CPU as kernels see it: machine type, model name and feature flags of
+    ``/proc/cpuinfo`` (sorted; just the machine type where that file cannot be read)."""
+    model, flags = "", ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "CPU part") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = " ".join(sorted(value.split()))
+    except OSError:
+        pass
+    return f"{platform.machine()} | {model} | {flags}"
+
+
 def default_threads() -> int:
     """Intra-op threads when none are configured: all CPUs this process may run on but one,
     at least 1 -- the other core serves the event loop, the engine thread and the sampler.
@@ -68,7 +90,8 @@ def default_threads() -> int:
 def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None):
     """``onnxruntime.SessionOptions`` for the decoder: all graph optimizations, ``threads``
     intra-op threads (sequential execution, one inter-op thread), idle threads spinning or not,
-    errors-only logging (no banners, no warnings), plus the session config entries ``config``
+    errors-only logging (no banners, no warnings), the nodes' placement on execution providers
+    recorded (:func:`node_placement`), plus the session config entries ``config``
     (``add_session_config_entry``)."""
     import onnxruntime as ort
 
@@ -80,6 +103,30 @@ def session_options(threads: int, *, spinning: bool, config: dict[str, str] | No
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    so.add_session_config_entry(RECORD_PLACEMENT, "1")
     for key, value in (config or {}).items():
         so.add_session_config_entry(key, str(value))
     return so
+
+
+def node_placement(session) -> dict[str, int]:
+    """Nodes of the optimized graph of ``session`` per execution provider, most first, e.g.
+    ``{"CPUExecutionProvider": 1006}``: what onnxruntime recorded when the session was created
+    with :data:`RECORD_PLACEMENT` (``InferenceSession.get_provider_graph_assignment_info``,
+    onnxruntime >= 1.24); empty when it cannot tell."""
+    try:
+        subgraphs = session.get_provider_graph_assignment_info()
+    except (AttributeError, RuntimeError):      # older onnxruntime, or not recorded
+        return {}
+    counts: dict[str, int] = {}
+    for sub in subgraphs:
+        counts[sub.ep_name] = counts.get(sub.ep_name, 0) + len(sub.get_nodes())
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def placement_summary(counts: dict[str, int]) -> str:
+    """``"CPU 1006 nodes"``, ``"CANN 950, CPU 57 nodes"``; ``"not reported"`` for none."""
+    if not counts:
+        return "not reported"
+    return ", ".join(f"{name.removesuffix('ExecutionProvider')} {n}"
+                     for name, n in counts.items()) + " nodes"

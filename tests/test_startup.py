@@ -1,0 +1,80 @@
+"""Start-up of the ONNX Runtime backend on a tiny random Qwen2 GGUF (tests/test_qwen2.py's):
+the batch-invariance check runs once per graph, onnxruntime version, CPU and thread count; the
+tokenizer is read beside the backend, and its errors still stop the load."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.model          # writes a model file and loads it (about a second)
+
+from test_qwen2 import write_tiny_qwen2  # noqa: E402
+
+from tiny_mindie.model import ort_backend  # noqa: E402
+from tiny_mindie.model.config import ModelConfig  # noqa: E402
+from tiny_mindie.model.gguf import GGUFFile, ModelFileError  # noqa: E402
+from tiny_mindie.model.loader import load_model  # noqa: E402
+from tiny_mindie.model.ort_backend import OrtBackend  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("tiny") / "tiny-qwen2.gguf")
+    write_tiny_qwen2(path)
+    return path
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == ort_backend.__name__]
+
+
+def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=ort_backend.__name__)
+    f = GGUFFile(tiny)
+    cfg = ModelConfig.from_gguf(f)
+
+    def backend(threads: int) -> OrtBackend:
+        return OrtBackend(f, cfg, num_slots=4, max_seq_len=32, threads=threads,
+                          cache_dir=str(tmp_path), huge_pages=False)
+
+    first = backend(1)
+    record = os.path.join(os.path.dirname(first.graph_path), ort_backend.BATCH_CHECKS)
+    (key,) = json.load(open(record))
+    assert key["threads"] == 1 and key["rows"] == 4 and key["cpu"]
+    assert any(m.startswith("decode rows checked:") for m in _messages(caplog))
+    first.close()
+    caplog.clear()
+    second = backend(1)
+    assert second.batch_invariant and second.rows_per_decode_run == 0
+    assert any("checked at an earlier start" in m for m in _messages(caplog))
+    assert not any(m.startswith("decode rows checked:") for m in _messages(caplog))
+    second.close()
+    caplog.clear()
+    third = backend(2)                                  # another thread count: checked again
+    assert any(m.startswith("decode rows checked:") for m in _messages(caplog))
+    assert [k["threads"] for k in json.load(open(record))] == [1, 2]
+    third.close()
+
+
+def test_load_model_reads_the_tokenizer_beside_the_backend(tiny):
+    f, cfg, tok, be = load_model(tiny, num_slots=2, max_seq_len=32, threads=1)
+    try:
+        assert be.name == "onnxruntime" and cfg.architecture == "qwen2"
+        assert tok.vocab_size == cfg.vocab_size
+        assert tok.decode(tok.encode("the")) == "the"
+    finally:
+        be.close()
+
+
+def test_a_tokenizer_error_still_stops_the_load(tiny, tmp_path):
+    data = open(tiny, "rb").read()
+    at = data.index(b"gpt2", data.index(b"tokenizer.ggml.model"))
+    bad = tmp_path / "bert-tokenizer.gguf"
+    bad.write_bytes(data[:at] + b"bert" + data[at + 4:])  # same length: still a valid GGUF
+    with pytest.raises(ModelFileError, match="unsupported tokenizer model 'bert'"):
+        load_model(str(bad), num_slots=2, max_seq_len=32, threads=1)
