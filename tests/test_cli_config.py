@@ -326,7 +326,7 @@ def test_crl_of_another_ca_is_an_error(tmp_path):
     from cryptography.x509.oid import NameOID
     files = default_tls_set(tmp_path)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     crl = (x509.CertificateRevocationListBuilder()
            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Someone Else CA")]))
            .last_update(now).next_update(now + dt.timedelta(days=1)).sign(key, hashes.SHA256()))
@@ -344,8 +344,8 @@ def test_expired_crl_is_a_loud_warning(tmp_path):
     from tiny_mindie.server.tls import issue_crl
     files = default_tls_set(tmp_path)
     issue_crl(files.crls[0], files.ca[0], files.ca_key,
-              last_update=dt.datetime(2025, 12, 1, tzinfo=dt.timezone.utc),
-              next_update=dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.timezone.utc))
+              last_update=dt.datetime(2025, 12, 1, tzinfo=dt.UTC),
+              next_update=dt.datetime(2026, 1, 2, 3, 4, tzinfo=dt.UTC))
     r = serve_until_model(tmp_path, {})
     assert r.returncode == 2 and "model file not found" in r.stderr     # it starts
     assert (f"WARNING tiny_mindie.tls: TLS CRL file {files.crls[0]} expired on 2026-01-02 03:04 "

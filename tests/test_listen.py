@@ -229,7 +229,7 @@ def test_client_without_certificate_is_refused_and_logged(pki, caplog):
 
 def test_expired_crl_warns_at_start_and_every_client_is_refused(pki, tmp_path, caplog):
     files, _ = pki
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     expired = str(tmp_path / "expired_crl.pem")
     issue_crl(expired, files.ca[0], files.ca_key, last_update=now - datetime.timedelta(days=2),
               next_update=now - datetime.timedelta(days=1))

@@ -209,7 +209,7 @@ def routes(app) -> list[Route]:
             request = llm.make_request(probe_ids, max_new_tokens=1, do_sample=False, priority=1,
                                        timeout_s=n)
             await asyncio.wait_for(llm.generate_async(request), n)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return json_response(503, {"status": "unhealthy",
                                        "message": f"No token generated within {n} s."})
         except GenerationError as err:

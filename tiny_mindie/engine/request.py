@@ -158,7 +158,7 @@ class TokenEvent:
         return self.finish_reason is not None
 
 
-class ErrorKind(str, enum.Enum):
+class ErrorKind(enum.StrEnum):
     """Why the engine could not complete a request (the API answers each with its status:
     :class:`tiny_mindie.api.errors.Kind` has a member of the same name for each)."""
 

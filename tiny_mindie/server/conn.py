@@ -251,7 +251,7 @@ class _Connection:
                 keep_alive, abort = await self._respond(request)
                 if not keep_alive:
                     return
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, asyncio.TimeoutError,
+        except (TimeoutError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError,
                 OSError) as exc:
             log.debug("%s: connection ended: %r", self.peer, exc)
             abort = True
@@ -278,9 +278,9 @@ class _Connection:
                 wait = self.idle_timeout if head_deadline is None else head_deadline - loop.time()
                 try:
                     if wait <= 0:
-                        raise asyncio.TimeoutError
+                        raise TimeoutError
                     data = await asyncio.wait_for(self.reader.read(READ_SIZE), wait)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if parser.has_partial_request:
                         raise HTTPError(408, "Request timed out") from None
                     log.debug("%s: idle keep-alive connection timed out", self.peer)
@@ -324,7 +324,7 @@ class _Connection:
     async def _drain(self) -> None:
         try:
             await asyncio.wait_for(self.writer.drain(), self.idle_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ConnectionAbortedError("client stopped reading") from None
 
     async def _respond(self, request: Request) -> tuple[bool, bool]:
@@ -405,7 +405,7 @@ class _Connection:
                     break
                 if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
                     break
-        except (asyncio.TimeoutError, ConnectionError, ssl.SSLError, OSError):
+        except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             pass
 
     async def _close(self, abort: bool) -> None:

@@ -343,7 +343,7 @@ class TCPListener:
             self.logs.timed_out(f"closed the connection from {peer}: no TLS handshake within "
                                 f"{self.handshake_timeout:g} s ({exc})", "handshake")
             return
-        except asyncio.TimeoutError:              # plain TCP: no first byte in time
+        except TimeoutError:              # plain TCP: no first byte in time
             what = "TLS handshake" if self.ssl_ctx else "request"
             self.logs.timed_out(f"closed the connection from {peer}: no {what} within "
                                 f"{self.handshake_timeout:g} s", what)

@@ -220,7 +220,7 @@ class ChunkedStream:
                 await writer.drain()          # returns at once unless writing is paused
             else:
                 await asyncio.wait_for(writer.drain(), self._write_timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             writer.transport.abort()
             raise ConnectionAbortedError(
                 f"client did not read for {self._write_timeout:g} s") from None

@@ -86,7 +86,7 @@ def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
 
 
 def _utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def make_certificates(files: TLSFiles, hosts: tuple[str, ...] = ()) -> None:
