@@ -100,24 +100,42 @@ class Client:
     def stream(self, body: dict) -> tuple[float, list[float], int]:
         """Returns (TTFT s, inter-token gaps s, tokens)."""
         t0 = time.perf_counter()
-        self.conn.request("POST", "/infer", json.dumps(body), {"Content-Type": "application/json"})
-        resp = self.conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
         times = []
-        buf = b""
-        while True:
-            chunk = resp.read1(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if event.startswith(b"data: "):
-                    times.append(time.perf_counter())
-                    if b'"error"' in event[:20]:
-                        raise RuntimeError(event.decode())
+        for event in sse_events(self.conn, "/infer", body):
+            times.append(time.perf_counter())
+            if b'"error"' in event[:20]:
+                raise RuntimeError(event.decode())
         return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], len(times)
+
+
+def sse_events(conn: http.client.HTTPConnection, path: str, body: dict):
+    """POST ``body`` as JSON to ``path`` on ``conn`` and yield each ``data: `` event of the
+    streamed answer as it arrives (bytes, ``data: `` included); RuntimeError unless HTTP 200."""
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    buf = b""
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if event.startswith(b"data: "):
+                yield event
+
+
+def run_clients(n: int, worker) -> float:
+    """Run ``worker(i)`` for ``i`` in ``range(n)`` in ``n`` threads at once; the wall time, s."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
 
 
 def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
@@ -141,13 +159,7 @@ def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
                 tpot.extend(g * 1000 for g in gaps)
                 tokens[0] += k
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(n, worker)
     if errors:
         raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
     return {"n": n, "tok_s": tokens[0] / wall, "ttft50": percentile(ttft, 50),
@@ -184,24 +196,12 @@ class PlainClient:
         body = {"model": self.model, "prompt": PROMPT, "stream": True, "max_tokens": new_tokens,
                 "temperature": 0, "ignore_eos": True}
         t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/completions", json.dumps(body),
-                          {"Content-Type": "application/json"})
-        resp = self.conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-        times, buf = [], b""
-        while True:
-            chunk = resp.read1(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if not event.startswith(b"data: ") or event.startswith(b"data: [DONE]"):
-                    continue
-                choice = (json.loads(event[6:]).get("choices") or [{}])[0]
-                if choice.get("text"):
-                    times.append(time.perf_counter())
+        times = []
+        for event in sse_events(self.conn, "/v1/completions", body):
+            if event.startswith(b"data: [DONE]"):
+                continue
+            if ((json.loads(event[6:]).get("choices") or [{}])[0]).get("text"):
+                times.append(time.perf_counter())
         return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], len(times)
 
 
@@ -210,7 +210,7 @@ def plain_level(n: int, port: int, model: str, rounds: int, new_tokens: int) -> 
     tokens, errors = [0], []
     lock = threading.Lock()
 
-    def worker() -> None:
+    def worker(_: int) -> None:
         c = PlainClient(port, model)
         for _ in range(rounds):
             try:
@@ -221,15 +221,10 @@ def plain_level(n: int, port: int, model: str, rounds: int, new_tokens: int) -> 
             with lock:
                 tokens[0] += k
 
-    threads = [threading.Thread(target=worker) for _ in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    wall = run_clients(n, worker)
     if errors:
         raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
-    return {"n": n, "tok_s": tokens[0] / (time.perf_counter() - t0), "tokens": tokens[0]}
+    return {"n": n, "tok_s": tokens[0] / wall, "tokens": tokens[0]}
 
 
 def start_llama_server(where: str, model: str, threads: int, parallel: int = 8
