@@ -44,6 +44,8 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
     python scripts/bench.py --llama-bench PATH  # default model from the registry
     python scripts/bench.py --model gemma3-270m --threads 2 --backends onnxruntime,llama-bench
     python scripts/bench.py --concurrency       # then the HTTP sweep: 1, 4, 8, 16 clients
+    python scripts/bench.py --llama-bin DIR --concurrency 1 8   # llama.cpp's binaries in DIR:
+                                    # llama-bench in process, llama-server over plain HTTP
     python scripts/bench.py --sampler           # only: the batch sampler's share of a decode step
 """
 
@@ -523,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
                          "DIR (e.g. an older commit unpacked with git archive) for an A/B")
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"),
                     help="llama.cpp's llama-bench binary (the speed anchor; default $LLAMA_BENCH)")
+    ap.add_argument("--llama-bin", metavar="DIR",
+                    help="llama.cpp's binaries folder: llama-bench from there (unless "
+                         "--llama-bench), and with --concurrency llama-server as the HTTP baseline")
     ap.add_argument("--llama-python", help="interpreter that can import llama_cpp")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--concurrency", type=int, nargs="*", metavar="N",
@@ -548,12 +553,17 @@ def main(argv: list[str] | None = None) -> int:
             child_tiny(args.child[0], p["model"], p["prompt"], p["threads"], p.get("root", ROOT))
         return 0
 
+    if args.llama_bin and not args.llama_bench:
+        args.llama_bench = os.path.join(args.llama_bin, "llama-bench")
     sys.path.insert(0, ROOT)
+    from loadtest import cpu_line
+
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
     # a .gguf path or a registry name, pulled if missing
     model = resolve(args.model or DEFAULT_MODEL)
     prompt = prompt_ids(model, args.prompt_tokens)
     payload = {"model": model, "prompt": prompt, "threads": args.threads}
+    print(cpu_line())
     print(f"model {model} ({os.path.getsize(model) / 1e6:.1f} MB), prompt {len(prompt)} tokens, "
           f"{args.gen_tokens} decode tokens, {args.threads} threads, {os.cpu_count()} CPUs, "
           f"{args.reps} interleaved repetitions (segments of {args.segment} decode tokens), "
@@ -669,10 +679,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
     if args.concurrency is not None:
-        print("\nconcurrency sweep over HTTPS (scripts/loadtest.py):", flush=True)
+        print("\nconcurrency sweep over HTTP(S) (scripts/loadtest.py):", flush=True)
         cmd = [sys.executable, os.path.join(HERE, "loadtest.py")]
         if args.concurrency:
             cmd += ["--levels", *map(str, args.concurrency)]
+        if args.llama_bin:
+            cmd += ["--llama-server", args.llama_bin, "--model", model]
         subprocess.run(cmd, check=True)
     return 0
 

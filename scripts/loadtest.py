@@ -16,6 +16,16 @@ every level is bounded by its request count.
 
     python scripts/loadtest.py                         # default backend, levels 1 4 8 16
     python scripts/loadtest.py --backend numpy --levels 1 8 --rounds 3
+
+Against llama.cpp's own server (``--llama-server DIR``: the folder of llama.cpp's binaries, or
+the ``llama-server`` binary): both servers run the same model file over plain HTTP (tiny_mindie
+with ``--no-tls``, llama-server with ``-t CPUs -np 8``), and every client sends the same greedy
+OpenAI ``/v1/completions`` stream (temperature 0, ``ignore_eos``, ``--new-tokens`` tokens). The
+servers take turns level by level, ``--alternate`` times over (the host may be shared and noisy:
+every figure is printed, then the per-turn ratios tiny_mindie / llama-server), after the CPU
+model and its SIMD flags.
+
+    python scripts/loadtest.py --llama-server /path/to/llama.cpp/build/bin --levels 1 8
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def start_server(backend: str | None, threads: int | None, home: str,
-                 log_path: str | None = None) -> tuple[subprocess.Popen, int]:
+                 log_path: str | None = None, extra: list[str] | None = None
+                 ) -> tuple[subprocess.Popen, int]:
     """Start the server in ``home`` and wait for its banner; returns (process, business port).
     Its log (stderr) goes to ``log_path``, or nowhere."""
     cfg = {"ServerConfig": {"port": 0, "managementPort": 0, "metricsPort": 0, "maxLinkNum": 256},
@@ -62,6 +73,7 @@ def start_server(backend: str | None, threads: int | None, home: str,
         cmd += ["--backend", backend]
     if threads is not None:
         cmd += ["--threads", str(threads)]
+    cmd += extra or []
     stderr = open(log_path, "w") if log_path else subprocess.DEVNULL
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
     deadline = time.monotonic() + 300
@@ -71,7 +83,7 @@ def start_server(backend: str | None, threads: int | None, home: str,
         if not line:
             break
         banner += line
-        m = re.search(r"listens\s+https://127\.0\.0\.1:(\d+)", line)
+        m = re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", line)
         if m:
             threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, int(m.group(1))
@@ -88,24 +100,42 @@ class Client:
     def stream(self, body: dict) -> tuple[float, list[float], int]:
         """Returns (TTFT s, inter-token gaps s, tokens)."""
         t0 = time.perf_counter()
-        self.conn.request("POST", "/infer", json.dumps(body), {"Content-Type": "application/json"})
-        resp = self.conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
         times = []
-        buf = b""
-        while True:
-            chunk = resp.read1(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if event.startswith(b"data: "):
-                    times.append(time.perf_counter())
-                    if b'"error"' in event[:20]:
-                        raise RuntimeError(event.decode())
+        for event in sse_events(self.conn, "/infer", body):
+            times.append(time.perf_counter())
+            if b'"error"' in event[:20]:
+                raise RuntimeError(event.decode())
         return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], len(times)
+
+
+def sse_events(conn: http.client.HTTPConnection, path: str, body: dict):
+    """POST ``body`` as JSON to ``path`` on ``conn`` and yield each ``data: `` event of the
+    streamed answer as it arrives (bytes, ``data: `` included); RuntimeError unless HTTP 200."""
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
+    buf = b""
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if event.startswith(b"data: "):
+                yield event
+
+
+def run_clients(n: int, worker) -> float:
+    """Run ``worker(i)`` for ``i`` in ``range(n)`` in ``n`` threads at once; the wall time, s."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
 
 
 def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
@@ -129,18 +159,143 @@ def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
                 tpot.extend(g * 1000 for g in gaps)
                 tokens[0] += k
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = run_clients(n, worker)
     if errors:
         raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
     return {"n": n, "tok_s": tokens[0] / wall, "ttft50": percentile(ttft, 50),
             "ttft99": percentile(ttft, 99), "tpot50": percentile(tpot, 50),
             "tpot99": percentile(tpot, 99), "requests": len(ttft)}
+
+
+def cpu_line() -> str:
+    """The CPU model and its SIMD flags (from ``/proc/cpuinfo``), and how many CPUs we may use."""
+    model, flags = "unknown CPU", []
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = value.split()
+    except OSError:
+        pass
+    simd = [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4", "vnni"))]
+    return f"{model}, {len(os.sched_getaffinity(0))} CPUs, flags: {' '.join(simd) or '-'}"
+
+
+class PlainClient:
+    """Greedy OpenAI ``/v1/completions`` streams over one kept-alive plain-HTTP connection."""
+
+    def __init__(self, port: int, model: str):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.model = model
+
+    def stream(self, new_tokens: int) -> tuple[float, list[float], int]:
+        """Returns (TTFT s, gaps between token events s, token events)."""
+        body = {"model": self.model, "prompt": PROMPT, "stream": True, "max_tokens": new_tokens,
+                "temperature": 0, "ignore_eos": True}
+        t0 = time.perf_counter()
+        times = []
+        for event in sse_events(self.conn, "/v1/completions", body):
+            if event.startswith(b"data: [DONE]"):
+                continue
+            if ((json.loads(event[6:]).get("choices") or [{}])[0]).get("text"):
+                times.append(time.perf_counter())
+        return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], len(times)
+
+
+def plain_level(n: int, port: int, model: str, rounds: int, new_tokens: int) -> dict:
+    """Like :func:`run_level`, with :class:`PlainClient` streams."""
+    tokens, errors = [0], []
+    lock = threading.Lock()
+
+    def worker(_: int) -> None:
+        c = PlainClient(port, model)
+        for _ in range(rounds):
+            try:
+                _, _, k = c.stream(new_tokens)
+            except Exception as exc:   # report, do not hide
+                errors.append(repr(exc))
+                return
+            with lock:
+                tokens[0] += k
+
+    wall = run_clients(n, worker)
+    if errors:
+        raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
+    return {"n": n, "tok_s": tokens[0] / wall, "tokens": tokens[0]}
+
+
+def start_llama_server(where: str, model: str, threads: int, parallel: int = 8
+                       ) -> tuple[subprocess.Popen, int]:
+    """llama.cpp's ``llama-server`` (``where``: the binary or its folder) on ``model``, plain
+    HTTP on a free port, ``-t threads -np parallel``; waits until ``/health`` answers 200."""
+    import socket
+
+    binary = os.path.join(where, "llama-server") if os.path.isdir(where) else where
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([binary, "-m", model, "-t", str(threads), "-np", str(parallel),
+                             "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return proc, port
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"llama-server did not start ({binary})")
+
+
+def versus_llama_server(args) -> int:
+    """tiny_mindie (plain HTTP) against llama-server on the same model, turns alternating."""
+    from tiny_mindie.model.registry import resolve
+
+    model = resolve(args.model or "smollm2-135m-instruct")
+    cpus = len(os.sched_getaffinity(0))
+    extra = ["--no-tls", "--model", model]
+    if args.parallel_runs is not None:
+        extra += ["--parallel-runs", str(args.parallel_runs)]
+    with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
+        tiny, tiny_port = start_server(args.backend, args.threads, home, extra=extra)
+        llama, llama_port = start_llama_server(args.llama_server, model, cpus)
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", tiny_port, timeout=60)
+            conn.request("GET", "/v1/models")
+            name = json.loads(conn.getresponse().read())["data"][0]["id"]
+            servers = {"tiny_mindie": (tiny_port, name), "llama-server": (llama_port, "m")}
+            for port, m in servers.values():            # warm up
+                PlainClient(port, m).stream(4)
+            figures: dict[tuple[str, int], list[float]] = {}
+            for _ in range(args.alternate):
+                for n in args.levels:
+                    for label, (port, m) in servers.items():
+                        r = plain_level(n, port, m, args.rounds, args.new_tokens)
+                        figures.setdefault((label, n), []).append(r["tok_s"])
+        finally:
+            for proc in (tiny, llama):
+                proc.terminate()
+                proc.wait(timeout=30)
+    print(cpu_line())
+    print(f"{os.path.basename(model)}: greedy /v1/completions streams, {args.new_tokens} tokens, "
+          f"{args.rounds} per client, plain HTTP; tiny_mindie threads "
+          f"{args.threads if args.threads is not None else 'default'}, parallel runs "
+          f"{args.parallel_runs if args.parallel_runs is not None else 'default'}; llama-server "
+          f"-t {cpus} -np 8; load average {os.getloadavg()[0]:.2f}")
+    print(f"{'clients':>7}  {'tiny_mindie tok/s':<28} {'llama-server tok/s':<28} ratio per turn")
+    for n in args.levels:
+        a, b = figures[("tiny_mindie", n)], figures[("llama-server", n)]
+        ratios = " ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True))
+        print(f"{n:>7}  {' '.join(f'{x:.1f}' for x in a):<28} "
+              f"{' '.join(f'{x:.1f}' for x in b):<28} {ratios}")
+    return 0
 
 
 def main() -> int:
@@ -150,7 +305,15 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--backend", choices=["onnxruntime", "numpy"])
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--parallel-runs", type=int, help="tiny_mindie's --parallel-runs")
+    ap.add_argument("--model", help="a .gguf file or a registry name (with --llama-server)")
+    ap.add_argument("--llama-server", metavar="DIR",
+                    help="llama.cpp's binaries folder (or llama-server): compare against it")
+    ap.add_argument("--alternate", type=int, default=3,
+                    help="turns of each server per level (with --llama-server)")
     args = ap.parse_args()
+    if args.llama_server:
+        return versus_llama_server(args)
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
         proc, port = start_server(args.backend, args.threads, home)
         try:

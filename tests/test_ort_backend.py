@@ -196,6 +196,31 @@ def test_a_row_gets_the_same_logits_alone_and_in_any_batch(gguf, config, threads
         be.close()
 
 
+def test_a_row_gets_the_same_logits_whatever_the_intra_op_thread_count(gguf, config):
+    """One and two intra-op threads (``--threads``) give bit for bit the same logits, for
+    prompts and for decode rows alone and in a batch of four: the kernels split the work over
+    threads by output columns and heads, not along a sum, so a row's arithmetic does not
+    depend on the thread count (if it did, an answer would change with ``--threads``)."""
+    prompts = [(np.arange(6 + 3 * s) * 37 + 11 * s) % config.vocab_size for s in range(4)]
+    tokens = [np.array([(5 + 101 * s) % config.vocab_size]) for s in range(4)]
+
+    def logits(threads: int) -> list[np.ndarray]:
+        be = OrtBackend(gguf, config, num_slots=4, max_seq_len=64, threads=threads,
+                        parallel_runs=1, check_batching=False)
+        try:
+            out = [be.forward([SeqChunk(s, 0, p)]) for s, p in enumerate(prompts)]
+            out.append(be.forward([SeqChunk(0, len(prompts[0]), tokens[0])]))     # alone
+            out.append(be.forward([SeqChunk(s, len(p) + (s == 0), tokens[s])      # batch of 4
+                                   for s, p in enumerate(prompts)]))
+            return out
+        finally:
+            be.close()
+
+    one, two = logits(1), logits(2)
+    for k, (a, b) in enumerate(zip(one, two, strict=True)):
+        assert np.array_equal(a, b), f"forward call {k}: max |diff| {np.abs(a - b).max():.3g}"
+
+
 def test_a_graph_whose_rows_depend_on_the_batch_is_caught_and_run_row_by_row(gguf, config,
                                                                             tmp_path):
     """Without the row padding, a one-row session run takes another kernel on AVX2 (MLAS's

@@ -36,7 +36,10 @@ Why: with one intra-op thread, decode at a large batch is compute-bound, and a s
 thread splits every operator, so each one waits for the slower core (with another process busy
 on one core, a single stream slows down badly), while separate runs leave a single stream on its
 one core. Default ``L = CPUs // threads`` (2 on a 2-core machine with the default single
-intra-op thread); 1 on other execution providers.
+intra-op thread); 1 on other execution providers. A second session with more intra-op threads
+for a lone stream would hold its own copy of the prepacked weights (the Python binding cannot
+share them between sessions), so there is none. The intra-op thread count does not change a
+row's arithmetic (the kernels split output columns and heads over threads, not sums).
 
 Batch invariance: a decode row must get the same logits in a run of one row and in a run of
 many (else a seeded or greedy answer would change with the load). The graph pads the matrix
