@@ -43,6 +43,7 @@ import threading
 import time
 
 from tiny_mindie.config import load_config
+from tiny_mindie.model.providers import cpu_info
 from tiny_mindie.security import tls_files
 from tiny_mindie.server.tls import client_context
 
@@ -128,20 +129,31 @@ def sse_events(conn: http.client.HTTPConnection, path: str, body: dict):
 
 
 def run_clients(n: int, worker) -> float:
-    """Run ``worker(i)`` for ``i`` in ``range(n)`` in ``n`` threads at once; the wall time, s."""
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    """Run ``worker(i)`` for ``i`` in ``range(n)`` in ``n`` threads at once; the wall time, s.
+    A worker that raises stops there; the level then ends with SystemExit naming the first
+    error (reported, not hidden)."""
+    errors: list[str] = []
+
+    def guarded(i: int) -> None:
+        try:
+            worker(i)
+        except Exception as exc:
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(n)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
     return time.perf_counter() - t0
 
 
 def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
     ttft, tpot, tokens = [], [], [0]
     lock = threading.Lock()
-    errors: list[str] = []
 
     def worker(i: int) -> None:
         c = Client(port, ctx)
@@ -149,19 +161,13 @@ def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
             body = {"inputs": PROMPT, "stream": True,
                     "parameters": {"max_new_tokens": new_tokens, "seed": 1000 * i + r,
                                    "temperature": 0.8, "top_k": 50, "top_p": 0.95}}
-            try:
-                first, gaps, k = c.stream(body)
-            except Exception as exc:   # report, do not hide
-                errors.append(repr(exc))
-                return
+            first, gaps, k = c.stream(body)
             with lock:
                 ttft.append(first * 1000)
                 tpot.extend(g * 1000 for g in gaps)
                 tokens[0] += k
 
     wall = run_clients(n, worker)
-    if errors:
-        raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
     return {"n": n, "tok_s": tokens[0] / wall, "ttft50": percentile(ttft, 50),
             "ttft99": percentile(ttft, 99), "tpot50": percentile(tpot, 50),
             "tpot99": percentile(tpot, 99), "requests": len(ttft)}
@@ -169,18 +175,9 @@ def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
 
 def cpu_line() -> str:
     """The CPU model and its SIMD flags (from ``/proc/cpuinfo``), and how many CPUs we may use."""
-    model, flags = "unknown CPU", []
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    flags = value.split()
-    except OSError:
-        pass
-    simd = [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4", "vnni"))]
+    model, flags = cpu_info()
+    model = model or "unknown CPU"
+    simd = sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4", "vnni")))
     return f"{model}, {len(os.sched_getaffinity(0))} CPUs, flags: {' '.join(simd) or '-'}"
 
 
@@ -207,23 +204,17 @@ class PlainClient:
 
 def plain_level(n: int, port: int, model: str, rounds: int, new_tokens: int) -> dict:
     """Like :func:`run_level`, with :class:`PlainClient` streams."""
-    tokens, errors = [0], []
+    tokens = [0]
     lock = threading.Lock()
 
     def worker(_: int) -> None:
         c = PlainClient(port, model)
         for _ in range(rounds):
-            try:
-                _, _, k = c.stream(new_tokens)
-            except Exception as exc:   # report, do not hide
-                errors.append(repr(exc))
-                return
+            _, _, k = c.stream(new_tokens)
             with lock:
                 tokens[0] += k
 
     wall = run_clients(n, worker)
-    if errors:
-        raise SystemExit(f"level {n}: {len(errors)} failed requests, first: {errors[0]}")
     return {"n": n, "tok_s": tokens[0] / wall, "tokens": tokens[0]}
 
 

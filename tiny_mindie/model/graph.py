@@ -86,6 +86,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
+from .providers import cpu_info
 from .reference import rope_frequencies, rope_table
 from .weights import (
     BLOCK,
@@ -185,14 +186,7 @@ class _Builder:
 
 def cpu_flags() -> set[str]:
     """The CPU feature flags of ``/proc/cpuinfo`` (empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return cpu_info()[1]
 
 
 def default_row_multiples() -> tuple[tuple[int, int], ...]:

@@ -58,10 +58,11 @@ def device_name(provider: str, device_id: int) -> str:
     return f"{provider}:{device_id}" if provider == CANN else provider
 
 
-def cpu_identity() -> str:
-    """This CPU as kernels see it: machine type, model name and feature flags of
-    ``/proc/cpuinfo`` (sorted; just the machine type where that file cannot be read)."""
-    model, flags = "", ""
+def cpu_info() -> tuple[str, set[str]]:
+    """``(model name, feature flags)`` of the first CPU in ``/proc/cpuinfo`` (x86's
+    ``model name``/``flags``, aarch64's ``CPU part``/``Features``); ``("", set())`` where that
+    file cannot be read."""
+    model, flags = "", None
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -69,11 +70,18 @@ def cpu_identity() -> str:
                 key = key.strip()
                 if key in ("model name", "CPU part") and not model:
                     model = value.strip()
-                elif key in ("flags", "Features") and not flags:
-                    flags = " ".join(sorted(value.split()))
+                elif key in ("flags", "Features") and flags is None:
+                    flags = set(value.split())
     except OSError:
         pass
-    return f"{platform.machine()} | {model} | {flags}"
+    return model, flags or set()
+
+
+def cpu_identity() -> str:
+    """This CPU as kernels see it: machine type, model name and feature flags (sorted) of
+    :func:`cpu_info`."""
+    model, flags = cpu_info()
+    return f"{platform.machine()} | {model} | {' '.join(sorted(flags))}"
 
 
 def default_threads() -> int:
