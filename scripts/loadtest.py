@@ -182,10 +182,11 @@ def cpu_line() -> str:
 
 
 class PlainClient:
-    """Greedy OpenAI ``/v1/completions`` streams over one kept-alive plain-HTTP connection."""
+    """Greedy OpenAI ``/v1/completions`` streams over plain HTTP, a new connection for each
+    (llama-server closes a connection after a stream without saying so)."""
 
     def __init__(self, port: int, model: str):
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.port = port
         self.model = model
 
     def stream(self, new_tokens: int) -> tuple[float, list[float], int]:
@@ -194,11 +195,13 @@ class PlainClient:
                 "temperature": 0, "ignore_eos": True}
         t0 = time.perf_counter()
         times = []
-        for event in sse_events(self.conn, "/v1/completions", body):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        for event in sse_events(conn, "/v1/completions", body):
             if event.startswith(b"data: [DONE]"):
                 continue
             if ((json.loads(event[6:]).get("choices") or [{}])[0]).get("text"):
                 times.append(time.perf_counter())
+        conn.close()
         return times[0] - t0, [b - a for a, b in zip(times, times[1:], strict=False)], len(times)
 
 

@@ -79,11 +79,14 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .backend import available_cpus
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .providers import cpu_info
@@ -531,31 +534,52 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "model.onnx")
     g = _Builder(model_path + ".data")
+    pool = ThreadPoolExecutor(max(1, available_cpus()), thread_name_prefix="tiny_mindie-pack")
     try:
-        rope, rope_local = rope_caches(g, c, options.max_positions or c.context_length)
         emb = load_embedding(f)
+        q_scale = power_of_two(c.attn_scale)
+        # the weights are packed on every core (numpy releases the GIL), a few layers ahead of
+        # the nodes written in order; the LM head beside them
+        head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block)
+        layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale), range(c.num_layers),
+                        depth=max(2, available_cpus()))
+        rope, rope_local = rope_caches(g, c, options.max_positions or c.context_length)
         h = embed(g, c, emb)                                                # [T, D]
         tokens = _rows(g, h)
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
                           axis=0)                                           # [B, S, (Nq+2Nkv) H]
-        q_scale = power_of_two(c.attn_scale)
         s = Shared(c, options, tokens, qkv_shape, rope, rope_local,
                    1.0 if q_scale is not None else float(c.attn_scale))
         pending = None
-        for i in range(c.num_layers):
-            h, pending = block(g, i, h, pending, load_layer(f, c, i, q_scale), s)
-        head = load_lm_head(f, c, emb, options.lm_head_block)
+        for i, weights in enumerate(layers):
+            h, pending = block(g, i, h, pending, weights, s)
+        head = head_job.result()
         logits = lm_head(g, h, pending, f.dequantize("output_norm.weight"), head,
                          "token_embd" if c.tied_embeddings else "output", s)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
         model = _model_proto(g, c, {GRAPH_OPTIONS_KEY: options.key(),
                                     LOGITS_ROWS_KEY: str(options.row_multiple(head.bits))})
     finally:
+        pool.shutdown(cancel_futures=True)
         g.close()
     with open(model_path, "wb") as out:
         out.write(model.SerializeToString())
     return model_path
+
+
+def _ahead(pool: ThreadPoolExecutor, fn: Callable, items, depth: int) -> Iterator:
+    """``fn(item)`` for each of ``items``, in order, computed on ``pool`` at most ``depth``
+    items ahead of the one yielded (so at most ``depth + 1`` results are held at once);
+    an exception of ``fn`` is raised when its item's turn comes."""
+    jobs: deque = deque()
+    todo = iter(items)
+    for item in todo:
+        jobs.append(pool.submit(fn, item))
+        if len(jobs) > depth:
+            yield jobs.popleft().result()
+    while jobs:
+        yield jobs.popleft().result()
 
 
 def _model_proto(g: _Builder, c: ModelConfig, metadata: dict[str, str]):

@@ -110,9 +110,8 @@ def _nibbles_to_pairs(qs: np.ndarray) -> np.ndarray:
 def _q5_values(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
     """Q5_0/Q5_1 5-bit values ``uint8 [..., 32]`` (0..31) from the low nibbles ``qs [..., 16]``
     and the fifth bits ``qh`` (``uint8 [..., 4]``, one little-endian 32-bit word)."""
-    qh32 = qh.copy().view("<u4")[..., 0]
     lo = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
-    hi = ((qh32[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)
+    hi = np.unpackbits(qh, axis=-1, bitorder="little")     # bit j of the word: element j
     return lo | (hi << 4)
 
 
@@ -234,11 +233,14 @@ def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
     """Float ``w [N, K]`` -> symmetric 8-bit blocks of ``block`` (a power of two dividing
     ``K``; error <= absmax/254 per block)."""
     n, k = w.shape
-    blocks = w.reshape(n, k // block, block).astype(np.float32)
-    amax = np.abs(blocks).max(axis=-1)
+    blocks = np.asarray(w, dtype=np.float32).reshape(n, k // block, block)
+    amax = np.maximum(blocks.max(axis=-1), -blocks.min(axis=-1))
     scale = (amax / 127.0).astype(np.float32)
     inv = np.divide(1.0, scale, out=np.zeros_like(scale), where=scale > 0)
-    q = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int16) + 128
+    q = blocks * inv[..., None]                     # a new array: the steps below work in it
+    np.rint(q, out=q)
+    np.clip(q, -127, 127, out=q)
+    q += 128
     return NBitsWeight(8, n, k, q.astype(np.uint8), scale, None, None, exact=False, block=block)
 
 
