@@ -168,7 +168,7 @@ def serve(args: argparse.Namespace) -> int:
               parse_special_tokens=b.model.parse_special_tokens,
               schedule=_schedule(cfg), max_iter_times=b.schedule.max_iter_times,
               token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,
-              model_name=b.model.model_name, log=_say)
+              model_name=b.model.model_name, prefix_cache=b.schedule.prefix_caching, log=_say)
     app = App(llm, cfg)
     try:
         import uvloop  # optional: a faster event loop when installed

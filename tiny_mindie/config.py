@@ -74,6 +74,7 @@ class ScheduleConfig:
     max_iter_times: int = 512
     max_queue_delay_microseconds: int = 5000
     prefill_chunk_size: int = 512  # tiny_mindie: prompt tokens per step, so decode keeps flowing
+    prefix_caching: bool = True    # tiny_mindie: reuse the KV of a prompt prefix seen before
 
 
 @dataclass(frozen=True)
@@ -282,6 +283,7 @@ def load_config(path: str | None = None) -> Config:
         max_queue_delay_microseconds=_get(sc, "maxQueueDelayMicroseconds", int,
                                           SC.max_queue_delay_microseconds, W),
         prefill_chunk_size=_get(sc, "prefillChunkSize", int, SC.prefill_chunk_size, W),
+        prefix_caching=_get(sc, "prefixCaching", bool, SC.prefix_caching, W),
     )
     W = "BackendConfig"
     ids = b.get("npuDeviceIds", [[0]])

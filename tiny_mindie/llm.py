@@ -53,6 +53,7 @@ class Completion:
         prompt_tokens: prompt length in tokens.
         logprobs: natural-log probability of each generated token.
         prefill_time_ms: time from the start of prefill to the first token, ms.
+        cached_tokens: prompt tokens whose KV came from the prefix cache (not prefilled).
     """
 
     text: str
@@ -62,6 +63,7 @@ class Completion:
     prompt_tokens: int
     logprobs: list[float]
     prefill_time_ms: float
+    cached_tokens: int = 0
 
 
 class LLM:
@@ -84,6 +86,7 @@ class LLM:
         parse_special_tokens: whether control tokens written in a text prompt
             (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
+        prefix_cache: reuse the KV of prompt prefixes seen before (see :class:`EngineLimits`).
         log: where progress lines go (``print`` by default; ``None`` for silence).
 
     Raises:
@@ -97,7 +100,7 @@ class LLM:
                  providers: list | None = None, parse_special_tokens: bool = True,
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
-                 model_name: str | None = None, log=print):
+                 model_name: str | None = None, prefix_cache: bool = True, log=print):
         say = log or (lambda _msg: None)
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
@@ -124,6 +127,7 @@ class LLM:
         self.engine = Engine(self.backend, self.tokenizer, EngineLimits(
             max_seq_len=max_seq_len, max_input_len=max_input_len, max_iter_times=max_iter_times,
             token_timeout_s=token_timeout_s, e2e_timeout_s=e2e_timeout_s,
+            prefix_cache=prefix_cache,
             schedule=SchedulerLimits(max_batch_size=min(schedule.max_batch_size, num_slots),
                                      max_prefill_batch_size=schedule.max_prefill_batch_size,
                                      max_prefill_tokens=schedule.max_prefill_tokens)))
@@ -255,7 +259,8 @@ class LLM:
                           finish_reason=last.finish_reason or "length",
                           seed=request.sampling.seed, prompt_tokens=last.prompt_tokens,
                           logprobs=[e.logprob for e in events],
-                          prefill_time_ms=events[0].prefill_time_ms or 0.0)
+                          prefill_time_ms=events[0].prefill_time_ms or 0.0,
+                          cached_tokens=last.cached_tokens)
 
     # ---- synchronous conveniences (each call runs its own event loop) ------------------------
     def generate(self, prompt: str | Sequence[int], **params) -> Completion:

@@ -25,7 +25,7 @@ from ..engine.request import GenerationError, GenerationRequest, TokenEvent, nex
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_text
 from ..server.http import Request
-from ..server.routing import Route, RouteHandler
+from ..server.routing import Route, RouteHandler, count_in_access_log
 from ..server.sse import utf8
 from . import metrics
 from .errors import MINDIE, APIError, Style, from_generation_error
@@ -87,6 +87,8 @@ async def events(llm: LLM, request: GenerationRequest) -> AsyncIterator[TokenEve
     ended = False
     try:
         async for ev in source:
+            if ev.index == 0:
+                count_in_access_log("cached", ev.cached_tokens)
             if ev.is_last:
                 ended = True
                 metrics.report("success")

@@ -149,6 +149,7 @@ def effective_config(app) -> dict:
                 "maxIterTimes": sc.max_iter_times,
                 "maxQueueDelayMicroseconds": sc.max_queue_delay_microseconds,
                 "prefillChunkSize": sc.prefill_chunk_size,
+                "prefixCaching": llm.engine.limits.prefix_cache,
             },
         },
     }

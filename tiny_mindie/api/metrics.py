@@ -22,6 +22,11 @@ series                                                 type       meaning
                                                                   (completed requests)
 ``tiny_mindie:npu_cache_usage_perc``                   gauge      fraction of KV slots in use
                                                                   (0..1; the device may be a CPU)
+``tiny_mindie:npu_prefix_cache_hit_rate``              gauge      fraction of admitted prompt
+                                                                  tokens whose KV came from the
+                                                                  prefix cache (0..1)
+``tiny_mindie:prefix_cache_hit_tokens_total``          counter    ... those tokens
+``tiny_mindie:prefix_cache_miss_tokens_total``         counter    ... the prompt tokens prefilled
 =====================================================  =========  =================================
 
 Token counters and histograms cover everything the engine runs (``/health/timed-N`` probes
@@ -175,6 +180,14 @@ def render(metrics: Metrics, stats: dict, model_name: str) -> str:
     simple("npu_cache_usage_perc", "gauge",
            "KV-cache usage: fraction of KV slots in use. 1 means 100 percent usage.",
            (total - stats["free_slots"]) / total if total else 0.0)
+    hits, misses = snap["prefix_hit_tokens"], snap["prefix_miss_tokens"]
+    simple("npu_prefix_cache_hit_rate", "gauge",
+           "Prefix cache hit rate: fraction of prompt tokens whose KV was reused.",
+           hits / (hits + misses) if hits + misses else 0.0)
+    simple("prefix_cache_hit_tokens_total", "counter",
+           "Number of prompt tokens whose KV came from the prefix cache.", hits)
+    simple("prefix_cache_miss_tokens_total", "counter",
+           "Number of prompt tokens prefilled (not in the prefix cache).", misses)
     return "\n".join(out) + "\n"
 
 

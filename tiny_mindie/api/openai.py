@@ -293,8 +293,15 @@ class Formatter:
 def _usage(groups: list[list[list[TokenEvent]]]) -> dict:
     prompt = sum(g[0][0].prompt_tokens for g in groups)
     completion = sum(len(evs) for g in groups for evs in g)
+    return _usage_dict(prompt, completion, sum(g[0][0].cached_tokens for g in groups))
+
+
+def _usage_dict(prompt: int, completion: int, cached: int) -> dict:
+    """OpenAI's ``usage``; ``cached``: prompt tokens served from the prefix cache (per prompt,
+    as ``prompt_tokens``: its first choice's)."""
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 class _Kind:
@@ -352,6 +359,7 @@ async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, pref
     """The SSE chunks of ``flat``'s choices as their tokens come, then ``data: [DONE]``."""
     counts = [0] * len(flat)
     prompt_tokens = [0] * (len(flat) // p.n)
+    cached_tokens = [0] * (len(flat) // p.n)
     offsets = [len(prefixes[i // p.n]) if prefixes else 0 for i in range(len(flat))]
 
     def chunk(choices: list, usage=None) -> dict:
@@ -371,6 +379,8 @@ async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, pref
         i, ev = item
         counts[i] += 1
         prompt_tokens[i // p.n] = ev.prompt_tokens
+        if i % p.n == 0:
+            cached_tokens[i // p.n] = ev.cached_tokens
         lp_entry = p.logprobs and _counted(ev)
         finish = _finish_reason(ev) if ev.is_last else None
         out = []
@@ -392,9 +402,7 @@ async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, pref
     def usage() -> list[dict]:
         if not p.include_usage:
             return []
-        prompt, completion = sum(prompt_tokens), sum(counts)
-        return [chunk([], {"prompt_tokens": prompt, "completion_tokens": completion,
-                           "total_tokens": prompt + completion})]
+        return [chunk([], _usage_dict(sum(prompt_tokens), sum(counts), sum(cached_tokens)))]
 
     await send_stream(stream, merged(llm, flat), OPENAI, event, opening=opening, closing=usage,
                       done="[DONE]")

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
 from .sampling import SampleRow, make_rng, sample_batch
-from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill
+from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusable_prefix
 
 log = logging.getLogger("tiny_mindie.engine")
 
@@ -42,6 +43,9 @@ class EngineLimits:
         max_buffered_events: token events a request may have waiting for its client; a
             client that reads slower than that is cut off (the batch never waits for it).
         schedule: batch and prefill limits.
+        prefix_cache: a finished request leaves its prompt's KV in its slot, and a new request
+            whose prompt starts with the same tokens reuses it instead of prefilling them again
+            (see :class:`~.scheduler.SlotPool`); the answer is the same either way.
     """
 
     max_seq_len: int = 2560
@@ -51,6 +55,7 @@ class EngineLimits:
     e2e_timeout_s: float = 600.0
     max_buffered_events: int = 1024
     schedule: SchedulerLimits = field(default_factory=SchedulerLimits)
+    prefix_cache: bool = True
 
 
 class _Sequence:
@@ -64,7 +69,9 @@ class _Sequence:
         self.queue = queue
         self.tokens: list[int] = list(req.prompt_ids)
         self.n_prompt = len(req.prompt_ids)
-        self.n_cached = 0
+        self.n_cached = 0         # positions [0, n_cached) of the slot hold this sequence's KV
+        self.n_reused = 0         # ... of which these came from the prefix cache
+        self.n_exact = 0          # ... of which these a fresh prefill computes bit for bit alike
         self.max_new_tokens = max_new_tokens
         self.slot: int | None = None
         self.rng = make_rng(req.sampling.seed)
@@ -243,7 +250,8 @@ class Engine:
                 with self._cond:
                     for seq, _ in batch:
                         self._finish(seq, GenerationError(ErrorKind.INTERNAL,
-                                                          "Internal error in generation."))
+                                                          "Internal error in generation."),
+                                     keep_kv=False)
         with self._cond:
             for seq in list(self._running) + list(self._waiting):
                 self._finish(seq, GenerationError(ErrorKind.STOPPED,
@@ -276,9 +284,21 @@ class Engine:
         while (len(self._waiting) and len(self._running) < self.limits.schedule.max_batch_size
                and self._slots.free):
             seq = self._waiting.pop()
-            seq.slot = self._slots.take()
+            seq.slot, seq.n_reused = self._slots.take(seq.tokens[:seq.n_prompt],
+                                                      partial(self._reusable, seq.n_prompt))
+            seq.n_cached = seq.n_exact = seq.n_reused
+            self.metrics.prefix_cache(hit_tokens=seq.n_reused,
+                                      miss_tokens=seq.n_prompt - seq.n_reused)
             seq.started = time.monotonic()
             self._running.append(seq)
+
+    def _reusable(self, n_prompt: int, common: int) -> int:
+        """How many of ``common`` cached leading tokens a prompt of ``n_prompt`` reuses (see
+        :func:`~.scheduler.reusable_prefix`); 0 with the prefix cache off."""
+        if not self.limits.prefix_cache:
+            return 0
+        return reusable_prefix(common, n_prompt, self.limits.schedule.max_prefill_tokens,
+                               self.backend.prefix_split_invariant)
 
     def _plan(self) -> list[tuple[_Sequence, int]]:
         """This step's rows: ``(sequence, tokens to feed)``; decode rows feed 1 token."""
@@ -297,6 +317,9 @@ class Engine:
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now
             for row, (seq, n) in enumerate(batch):
+                if n > 1 and seq.n_exact == seq.n_cached and seq.n_cached + n <= seq.n_prompt \
+                        and self._exact_piece(seq.n_cached, n):
+                    seq.n_exact += n              # prompt KV a later prefill would match
                 seq.n_cached += n
                 if seq.cancelled or seq.slot is None or seq.n_cached < len(seq.tokens):
                     continue  # cancelled meanwhile, or a prompt chunk with more to come
@@ -319,6 +342,16 @@ class Engine:
                                                       "Internal error in generation."))
                 else:
                     self._next_token(seq, result, now)
+
+    def _exact_piece(self, start: int, n: int) -> bool:
+        """Whether the KV of a prompt chunk ``[start, start + n)`` (``n >= 2``) is what any
+        later prefill computes for those positions: any such chunk on a backend that is
+        :attr:`~tiny_mindie.model.backend.Backend.prefix_split_invariant`, else only a whole
+        piece between two cuts of :func:`~.scheduler.plan_prefill`."""
+        if self.backend.prefix_split_invariant:
+            return True
+        chunk = self.limits.schedule.max_prefill_tokens
+        return start % chunk == 0 and n == chunk
 
     @staticmethod
     def _sample(logits: np.ndarray, rows: list[SampleRow]) -> list[tuple | None]:
@@ -367,17 +400,25 @@ class Engine:
                             prefill_time_ms=prefill_ms, decode_time_ms=decode_ms,
                             finish_reason=finish,
                             generated_text=seq.detok.text if finish else None,
-                            prompt_tokens=seq.n_prompt, top_logprobs=top))
+                            prompt_tokens=seq.n_prompt, top_logprobs=top,
+                            cached_tokens=seq.n_reused))
         if finish is not None:
             self.metrics.completed(now - seq.submitted)
             self._finish(seq, None)
 
-    def _finish(self, seq: _Sequence, error: GenerationError | None) -> None:
-        """Remove ``seq`` from the engine and free its slot; tell the client about ``error``."""
+    def _finish(self, seq: _Sequence, error: GenerationError | None,
+                keep_kv: bool = True) -> None:
+        """Remove ``seq`` from the engine and free its slot; tell the client about ``error``.
+
+        The slot keeps the KV of the prompt positions a later prefill would compute alike
+        (``seq.n_exact``; also after a cancellation or a timeout, which only come between
+        steps) for the prefix cache, unless ``keep_kv`` is false (a failed forward pass may
+        have written part of it)."""
         if seq in self._running:
             self._running.remove(seq)
         if seq.slot is not None:
-            self._slots.give_back(seq.slot)
+            keep = seq.n_exact if keep_kv and self.limits.prefix_cache else 0
+            self._slots.give_back(seq.slot, seq.tokens[:keep])
             seq.slot = None
         self._by_id.pop(seq.req.request_id, None)
         if error is not None:

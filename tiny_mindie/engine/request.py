@@ -137,6 +137,8 @@ class TokenEvent:
         finish_reason: on the last event only: ``"length"``, ``"eos_token"``, ``"stop_sequence"``.
         generated_text: on the last event only: the whole output text.
         prompt_tokens: number of prompt tokens (all events).
+        cached_tokens: how many of them were not prefilled: their KV came from the prefix
+            cache (all events; 0 on a miss or with the cache off).
         top_logprobs: when the request asked for ``top_logprobs > 0``: the most likely
             ``(token_id, logprob)`` pairs of the distribution ``logprob`` comes from, most
             likely first; else ``None``.
@@ -152,6 +154,7 @@ class TokenEvent:
     generated_text: str | None = None
     prompt_tokens: int = 0
     top_logprobs: tuple[tuple[int, float], ...] | None = None
+    cached_tokens: int = 0
 
     @property
     def is_last(self) -> bool:

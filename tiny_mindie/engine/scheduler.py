@@ -5,16 +5,18 @@ batch between steps whenever a KV-cache slot is free; every step decodes one tok
 running sequence that has finished its prompt, and spends a token budget on the prompts of the
 others (chunked prefill), so a long prompt never stalls the running streams.
 
-Pure bookkeeping: no threads, no numpy, no I/O. The engine owns the lock around it.
+Pure bookkeeping: no threads, no I/O. The engine owns the lock around it.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -70,23 +72,105 @@ class WaitQueue(Generic[T]):
 
 
 class SlotPool:
-    """The KV-cache slots of the backend: ``num_slots`` sequences fit at once."""
+    """The KV-cache slots of the backend (``num_slots`` sequences fit at once), and the prefix
+    cache they hold.
+
+    A slot given back keeps the KV of the tokens its sequence had (those whose KV a fresh prefill
+    would compute bit for bit alike, see :func:`reusable_prefix`): a later request whose prompt
+    starts with them reuses them. :meth:`take` picks the free slot that spares the most prefill,
+    and among ties and misses the least recently given back, so cached KV never blocks a request:
+    every free slot can be taken, its cache is simply overwritten.
+    """
 
     def __init__(self, num_slots: int):
         self.total = num_slots
-        self._free = list(range(num_slots - 1, -1, -1))
+        # slot -> when it was last given back (the never used first, lowest slot first)
+        self._free: dict[int, int] = {s: s - num_slots for s in range(num_slots)}
+        self._cached: dict[int, np.ndarray] = {}   # free slot -> int64 [n] tokens in its KV
+        self._clock = itertools.count(1)
 
-    def take(self) -> int | None:
-        return self._free.pop() if self._free else None
+    def take(self, prompt: Sequence[int] = (), reusable: Callable[[int], int] = lambda n: 0
+             ) -> tuple[int, int] | None:
+        """Take a free slot for a sequence with the given prompt.
 
-    def give_back(self, slot: int) -> None:
+        Args:
+            prompt: the sequence's prompt token ids.
+            reusable: ``reusable(n)``: how many of ``n`` leading tokens shared with a slot's
+                cache may be reused (0: none).
+
+        Returns:
+            ``(slot, reused)``: the slot and the number of leading prompt tokens whose KV it
+            already holds (positions ``[0, reused)``); ``None`` when every slot is taken.
+        """
+        if not self._free:
+            return None
+        ids = np.asarray(prompt, dtype=np.int64)
+        best, best_key = None, None
+        for slot, used in self._free.items():
+            n = reusable(common_prefix(self._cached.get(slot), ids))
+            key = (-n, used)                        # the longest reuse, then the LRU
+            if best_key is None or key < best_key:
+                best, best_key = slot, key
+        assert best is not None and best_key is not None
+        del self._free[best]
+        self._cached.pop(best, None)
+        return best, -best_key[0]
+
+    def give_back(self, slot: int, cached: Sequence[int] = ()) -> None:
+        """Return ``slot``; ``cached``: the tokens whose KV it keeps at positions
+        ``[0, len(cached))`` (empty: nothing reusable).
+
+        Raises:
+            ValueError: the slot is already free.
+        """
         if slot in self._free:
             raise ValueError(f"slot {slot} freed twice")
-        self._free.append(slot)
+        self._free[slot] = next(self._clock)
+        if len(cached):
+            self._cached[slot] = np.array(cached, dtype=np.int64)
+
+    def cached_tokens(self, slot: int) -> int:
+        """Tokens whose KV the free ``slot`` keeps for reuse (0 for a slot in use)."""
+        c = self._cached.get(slot)
+        return 0 if c is None else len(c)
 
     @property
     def free(self) -> int:
         return len(self._free)
+
+
+def common_prefix(a: np.ndarray | None, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int64 ``[n]`` arrays (0 for ``a=None``)."""
+    if a is None:
+        return 0
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+def reusable_prefix(common: int, n_prompt: int, chunk: int, any_split: bool) -> int:
+    """How many of the ``common`` leading prompt tokens whose KV a slot holds a prompt of
+    ``n_prompt`` tokens may reuse, so that its KV and first logits are bit for bit those of a
+    prefill without the cache (:func:`plan_prefill` cuts it at the multiples of ``chunk``).
+
+    At least the last prompt token is always prefilled (its logits are needed). With
+    ``any_split`` (the backend computes a position alike in any chunk of two tokens or more,
+    :attr:`~tiny_mindie.model.backend.Backend.prefix_split_invariant`) the reused prefix may end
+    anywhere, except one token before the end of a piece the plan would have run whole: that
+    last token would run alone, through the decode kernels. Without it, the reused prefix ends
+    at a cut (a multiple of ``chunk``), so the rest is prefilled in the same pieces as without
+    the cache.
+    """
+    h = min(common, n_prompt - 1)
+    if h <= 0:
+        return 0
+    if not any_split:
+        return h - h % chunk
+    piece_start = h - h % chunk
+    piece_end = min(piece_start + chunk, n_prompt)
+    if h != piece_start and piece_end - h < 2:
+        h -= 1
+    return h
 
 
 def plan_prefill(pending: Iterable[tuple[T, int, int]],

@@ -59,6 +59,11 @@ class Backend(ABC):
         num_slots: number of sequences the KV cache holds at once.
         max_seq_len: positions per slot (prompt + generated tokens).
         batch_invariant: a row's logits are bit for bit the same alone and in any batch.
+        prefix_split_invariant: a prompt's KV cache and last logits are bit for bit the same
+            however it is split into chunks of two tokens or more (a one-token chunk runs
+            through the decode kernels, which round differently). Where this holds, the prefix
+            cache may reuse a prefix of any length; else only whole pieces between the fixed
+            cuts of the engine's prefill plan.
     """
 
     name: str
@@ -67,6 +72,7 @@ class Backend(ABC):
     num_slots: int
     max_seq_len: int
     batch_invariant: bool = False
+    prefix_split_invariant: bool = False
 
     @abstractmethod
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:

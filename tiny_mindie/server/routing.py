@@ -6,6 +6,7 @@ family: they bring their routes, the JSON body of an error, and errors derived f
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -15,6 +16,20 @@ from .conn import Handler, Response, ResponseStream, json_response, json_text
 from .http import Request
 
 access = logging.getLogger("tiny_mindie.access")   # one line per request
+
+# Counts the handler of the request being handled adds to its access line (``name=value``), in a
+# mutable dict so the tasks a handler starts (which get a copy of the context) add to it too.
+_access_counts: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+    "tiny_mindie_access_counts", default=None)
+
+
+def count_in_access_log(name: str, n: int) -> None:
+    """Add ``n`` to the count ``name`` shown as ``name=N`` at the end of the current request's
+    access log line (e.g. ``cached``: prompt tokens served from the prefix cache, summed over
+    the request's generations); nothing outside a request."""
+    counts = _access_counts.get()
+    if counts is not None:
+        counts[name] = counts.get(name, 0) + n
 
 # The planes of spec §1: each listens on its own port unless the ports are equal.
 BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
@@ -88,10 +103,16 @@ class Router:
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
             t0 = time.monotonic()
             stream.max_backlog = max_backlog_bytes
-            resp = await dispatch(req, stream)
+            counts: dict[str, int] = {}
+            token = _access_counts.set(counts)
+            try:
+                resp = await dispatch(req, stream)
+            finally:
+                _access_counts.reset(token)
             status = resp.status if resp is not None else ("stream" if stream.started else "gone")
-            access.info('"%s %s" %s %.1f ms', req.method, req.target[:200], status,
-                        (time.monotonic() - t0) * 1000)
+            extra = "".join(f" {k}={v}" for k, v in counts.items())
+            access.info('"%s %s" %s %.1f ms%s', req.method, req.target[:200], status,
+                        (time.monotonic() - t0) * 1000, extra)
             return resp
 
         async def dispatch(req: Request, stream: ResponseStream) -> Response | None:
