@@ -66,7 +66,12 @@ def test_chat_stream_matches_plain_with_usage(client):
     finishes = [c.choices[0].finish_reason for c in chunks
                 if c.choices and c.choices[0].finish_reason]
     assert finishes == [plain.choices[0].finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage == plain.usage
+    # the same prompt again: its KV comes from the prefix cache, all but the last 2 tokens
+    usage, prompt = chunks[-1].usage, plain.usage.prompt_tokens
+    assert chunks[-1].choices == [] and usage.prompt_tokens == prompt
+    assert usage.completion_tokens == plain.usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens == prompt - 2
+    assert plain.usage.prompt_tokens_details.cached_tokens in (0, prompt - 2)
     assert all(c.usage is None for c in chunks[:-1])
 
 

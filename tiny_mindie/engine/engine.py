@@ -29,6 +29,11 @@ from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusa
 
 log = logging.getLogger("tiny_mindie.engine")
 
+#: A prefix is copied from another slot (``Backend.copy_kv``) when that spares at least this many
+#: tokens of prefill. Copying is a memory copy: SmolLM2-135M keeps 46 KB of KV per token; copying
+#: 500 positions took about 3 ms, prefilling them about 1.2 s, on a 2-core AVX2 EPYC.
+MIN_COPY_TOKENS = 1
+
 
 @dataclass(frozen=True)
 class EngineLimits:
@@ -123,6 +128,7 @@ class Engine:
         self.max_seq_len = min(limits.max_seq_len, backend.max_seq_len)
         self.max_input_len = min(limits.max_input_len, self.max_seq_len - 1)
         self._slots = SlotPool(backend.num_slots)
+        self._can_copy = type(backend).copy_kv is not Backend.copy_kv
         self._waiting: WaitQueue[_Sequence] = WaitQueue()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
@@ -155,6 +161,12 @@ class Engine:
         the engine is idle."""
         with self._cond:
             self._draining = True
+
+    def forget_prefix_cache(self) -> None:
+        """Drop every cached prefix: later requests prefill their whole prompt (until they
+        leave prefixes of their own)."""
+        with self._cond:
+            self._slots.forget()
 
     def check_prompt(self, n_prompt: int) -> None:
         """Raise ``GenerationError(TOO_LONG)`` (MindIE's 424) when a prompt cannot run."""
@@ -284,8 +296,13 @@ class Engine:
         while (len(self._waiting) and len(self._running) < self.limits.schedule.max_batch_size
                and self._slots.free):
             seq = self._waiting.pop()
-            seq.slot, seq.n_reused = self._slots.take(seq.tokens[:seq.n_prompt],
-                                                      partial(self._reusable, seq.n_prompt))
+            running = [(s.slot, s.tokens[:s.n_exact]) for s in self._running if s.n_exact]
+            taken = self._slots.take(seq.tokens[:seq.n_prompt],
+                                     partial(self._reusable, seq.n_prompt), running,
+                                     MIN_COPY_TOKENS if self._can_copy else None)
+            seq.slot, seq.n_reused = taken.slot, taken.reused
+            if taken.copy_from is not None:
+                self.backend.copy_kv(taken.copy_from, taken.slot, taken.reused)
             seq.n_cached = seq.n_exact = seq.n_reused
             self.metrics.prefix_cache(hit_tokens=seq.n_reused,
                                       miss_tokens=seq.n_prompt - seq.n_reused)

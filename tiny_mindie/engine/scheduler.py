@@ -71,6 +71,23 @@ class WaitQueue(Generic[T]):
         return (w.item for w in sorted(self._heap))
 
 
+@dataclass(frozen=True)
+class Taken:
+    """A slot taken by :meth:`SlotPool.take`.
+
+    Attributes:
+        slot: the slot.
+        reused: leading prompt tokens whose KV the slot holds once ``copy_from`` is copied:
+            positions ``[0, reused)`` need no prefill.
+        copy_from: the slot to copy positions ``[0, reused)`` from (``Backend.copy_kv``)
+            before the first prefill chunk; ``None``: the slot holds them already.
+    """
+
+    slot: int
+    reused: int
+    copy_from: int | None = None
+
+
 class SlotPool:
     """The KV-cache slots of the backend (``num_slots`` sequences fit at once), and the prefix
     cache they hold.
@@ -89,32 +106,53 @@ class SlotPool:
         self._cached: dict[int, np.ndarray] = {}   # free slot -> int64 [n] tokens in its KV
         self._clock = itertools.count(1)
 
-    def take(self, prompt: Sequence[int] = (), reusable: Callable[[int], int] = lambda n: 0
-             ) -> tuple[int, int] | None:
+    def take(self, prompt: Sequence[int] = (), reusable: Callable[[int], int] = lambda n: 0,
+             running: Iterable[tuple[int, Sequence[int]]] = (), min_copy: int | None = None
+             ) -> Taken | None:
         """Take a free slot for a sequence with the given prompt.
+
+        The longest reusable prefix may sit in a free slot or, with ``min_copy``, in a running
+        sequence's slot. A free slot whose whole cache the prompt starts with is taken as it is;
+        otherwise the least recently used free slot is taken (what it holds is lost), and the
+        longest prefix is copied into it from wherever it is when that spares at least
+        ``min_copy`` more tokens of prefill than the slot's own cache.
 
         Args:
             prompt: the sequence's prompt token ids.
             reusable: ``reusable(n)``: how many of ``n`` leading tokens shared with a slot's
                 cache may be reused (0: none).
+            running: ``(slot, tokens)`` of the running sequences: the tokens whose KV their
+                slot holds at positions ``[0, len(tokens))`` and will not rewrite.
+            min_copy: copy a prefix from another slot when it spares at least this many tokens
+                of prefill; ``None``: never copy.
 
         Returns:
-            ``(slot, reused)``: the slot and the number of leading prompt tokens whose KV it
-            already holds (positions ``[0, reused)``); ``None`` when every slot is taken.
+            ``None`` when every slot is taken, else the slot and how its KV is reused.
         """
         if not self._free:
             return None
         ids = np.asarray(prompt, dtype=np.int64)
-        best, best_key = None, None
-        for slot, used in self._free.items():
-            n = reusable(common_prefix(self._cached.get(slot), ids))
-            key = (-n, used)                        # the longest reuse, then the LRU
-            if best_key is None or key < best_key:
-                best, best_key = slot, key
-        assert best is not None and best_key is not None
-        del self._free[best]
-        self._cached.pop(best, None)
-        return best, -best_key[0]
+        common = {slot: common_prefix(self._cached.get(slot), ids) for slot in self._free}
+        hits = {slot: reusable(n) for slot, n in common.items()}
+        lru = min(self._free, key=self._free.__getitem__)
+        best = max(self._free, key=lambda s: (hits[s], -self._free[s]))  # longest, then LRU
+        source, longest = best, hits[best]
+        if min_copy is not None:
+            for slot, tokens in running:
+                h = reusable(common_prefix(np.asarray(tokens, dtype=np.int64), ids))
+                if h > longest:
+                    source, longest = slot, h
+        # the prompt starts with the slot's whole cache: the sequence leaves it there again
+        kept = self.cached_tokens(best) <= common[best]
+        if source == best and (kept or best == lru or min_copy is None):
+            taken = Taken(best, hits[best])     # nothing of its cache is lost, or no copying
+        elif min_copy is not None and longest - hits[lru] >= max(1, min_copy):
+            taken = Taken(lru, longest, source)
+        else:
+            taken = Taken(lru, hits[lru])
+        del self._free[taken.slot]
+        self._cached.pop(taken.slot, None)
+        return taken
 
     def give_back(self, slot: int, cached: Sequence[int] = ()) -> None:
         """Return ``slot``; ``cached``: the tokens whose KV it keeps at positions
@@ -128,6 +166,10 @@ class SlotPool:
         self._free[slot] = next(self._clock)
         if len(cached):
             self._cached[slot] = np.array(cached, dtype=np.int64)
+
+    def forget(self) -> None:
+        """Drop every cached prefix (the free slots stay free)."""
+        self._cached.clear()
 
     def cached_tokens(self, slot: int) -> int:
         """Tokens whose KV the free ``slot`` keeps for reuse (0 for a slot in use)."""

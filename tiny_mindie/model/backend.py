@@ -89,6 +89,27 @@ class Backend(ABC):
                 ``max_seq_len``.
         """
 
+    def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
+        """Copy the KV cache of positions ``[0, n)`` of ``src_slot`` into ``dst_slot`` (bit for
+        bit; ``dst_slot``'s positions from ``n`` on are left as they are, past its sequence).
+        Not during :meth:`forward`.
+
+        Raises:
+            ValueError: a slot out of range, the same slot twice, or ``n`` outside
+                ``[0, max_seq_len]``.
+            NotImplementedError: the backend cannot copy (the engine then prefills instead).
+        """
+        raise NotImplementedError
+
+    def _check_copy(self, src_slot: int, dst_slot: int, n: int) -> None:
+        for s in (src_slot, dst_slot):
+            if not 0 <= s < self.num_slots:
+                raise ValueError(f"slot {s} out of range 0..{self.num_slots - 1}")
+        if src_slot == dst_slot:
+            raise ValueError(f"cannot copy slot {src_slot} onto itself")
+        if not 0 <= n <= self.max_seq_len:
+            raise ValueError(f"{n} positions outside 0..{self.max_seq_len}")
+
     def kv_cache_bytes(self) -> int:
         """Bytes held by the KV cache (all slots)."""
         return 0

@@ -373,6 +373,16 @@ class OrtBackend(Backend):
             self._run_lanes(lanes)
         return out
 
+    def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
+        """See :meth:`Backend.copy_kv`: positions ``[0, n)`` of every layer's key and value
+        buffer, from the source slot's physical row to the destination's."""
+        self._check_copy(src_slot, dst_slot, n)
+        with self._lock:
+            a, b = self._phys[src_slot], self._phys[dst_slot]
+            for buf in self._k + self._v:
+                buf[b, :, :n] = buf[a, :, :n]
+            self._used[dst_slot] = max(self._used[dst_slot], n)
+
     def kv_cache_bytes(self) -> int:
         return 2 * sum(k.nbytes for k in self._k)
 

@@ -557,6 +557,12 @@ class NumpyBackend(Backend):
                 out[i] = prefill(self.weights, self.cache, chunks[i].slot, chunks[i].start, a)
         return out
 
+    def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
+        """See :meth:`Backend.copy_kv`."""
+        self._check_copy(src_slot, dst_slot, n)
+        self.cache.k[:, dst_slot, :, :n] = self.cache.k[:, src_slot, :, :n]
+        self.cache.v[:, dst_slot, :, :n] = self.cache.v[:, src_slot, :, :n]
+
     def kv_cache_bytes(self) -> int:
         return self.cache.nbytes
 
