@@ -47,6 +47,14 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
     python scripts/bench.py --llama-bin DIR --concurrency 1 8   # llama.cpp's binaries in DIR:
                                     # llama-bench in process, llama-server over plain HTTP
     python scripts/bench.py --sampler           # only: the batch sampler's share of a decode step
+    python scripts/bench.py --prefix-cache [--llama-bin DIR]   # only: prefix caching (below)
+
+``--prefix-cache`` measures TTFT over plain HTTP (streaming ``/v1/completions``, greedy) on two
+tiny_mindie servers, one with ``prefixCaching`` on and one with it off, and with ``--llama-bin``
+on ``llama-server`` (``cache_prompt``) too, taking turns: (1) a multi-turn chat, the second turn
+of a ~1,500-token conversation against its first turn (a new conversation each repetition);
+(2) 8 users at once sharing a 500-token system prompt, each with its own question, p50 TTFT
+over ``--reps`` rounds after one request with that system prompt.
 """
 
 from __future__ import annotations
@@ -510,6 +518,163 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
+# ---- prefix caching over HTTP -----------------------------------------------------------------
+
+CHAT_LINES = [
+    "User: I am planning a vegetable garden behind the house. Where should I start?",
+    "Assistant: Start with the light: most vegetables want six to eight hours of sun a day, so "
+    "watch where the shadows of the house and the trees fall in the morning and the evening.",
+    "User: The corner by the fence gets sun from ten until five. Is that enough for tomatoes?",
+    "Assistant: Seven hours is enough for tomatoes, peppers and beans. Keep lettuce and spinach "
+    "for the half-shaded strip along the wall, where they bolt less in July.",
+    "User: The soil there is heavy clay that cracks in summer. What can I do about it?",
+    "Assistant: Dig in compost or well-rotted manure every autumn, about five centimetres a "
+    "year, and never work the clay while it is wet. Raised beds also help it drain.",
+    "User: How wide should a raised bed be, and how high?",
+    "Assistant: One metre twenty wide at most, so you reach the middle from both sides without "
+    "stepping on the soil; thirty centimetres high is plenty on clay.",
+    "User: What about watering? I am away most weekends in summer.",
+    "Assistant: A soaker hose on a cheap timer under a layer of straw mulch keeps the beds moist "
+    "for several days and wastes far less water than a sprinkler.",
+]
+SYSTEM_PROMPT_LINES = [
+    "You are the support assistant of a company that sells garden tools online.",
+    "Answer in at most three sentences, politely and precisely, in the customer's language.",
+    "Orders ship within two working days; delivery takes three to five days in the country.",
+    "Returns are free within thirty days if the tool is unused and in its original box.",
+    "Spare parts for every mower, trimmer and pump are sold for ten years after the last sale.",
+    "Never promise discounts, never give legal advice, and never ask for payment details.",
+    "If a question is about safety, tell the customer to stop using the tool and call us.",
+    "The hotline is open Monday to Friday from eight to six, Saturdays from nine to one.",
+]
+QUESTIONS = ["Where is my order 4411?", "Can I return a used hedge trimmer?",
+             "Do you sell blades for the R-40 mower?", "Is the hotline open on Sunday?",
+             "My pump makes a burning smell, what now?", "Do you ship to the islands?",
+             "How long is the warranty on batteries?", "Can I change my delivery address?",
+             "Which oil does the T-200 need?", "Is there a discount for schools?",
+             "My parcel arrived damaged.", "How do I sharpen secateurs?"]
+
+
+def _text_of_tokens(tok, lines: list[str], n: int) -> str:
+    """``lines`` repeated until the text has about ``n`` tokens."""
+    text, k = "", 0
+    while len(tok.encode(text)) < n:
+        text += lines[k % len(lines)] + "\n"
+        k += 1
+    return text
+
+
+def _ttft(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float, str]:
+    """One greedy streaming ``/v1/completions`` over plain HTTP: (TTFT s, generated text)."""
+    import http.client
+
+    from loadtest import sse_events
+
+    body = {"model": model, "prompt": prompt, "stream": True, "max_tokens": max_tokens,
+            "temperature": 0}     # llama-server: cache_prompt is true by default
+    t0 = time.perf_counter()
+    first, text = None, ""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    for event in sse_events(conn, "/v1/completions", body):
+        if event.startswith(b"data: [DONE]"):
+            continue
+        piece = ((json.loads(event[6:]).get("choices") or [{}])[0]).get("text") or ""
+        if first is None:
+            first = time.perf_counter() - t0
+        text += piece
+    conn.close()
+    return first if first is not None else float("nan"), text
+
+
+def prefix_cache_table(args) -> int:
+    """The two prefix-cache workloads of the docstring; prints the table."""
+    import tempfile
+    import threading
+
+    sys.path.insert(0, HERE)
+    from loadtest import cpu_line, start_llama_server, start_server
+
+    from tiny_mindie.model.gguf import GGUFFile
+    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+    from tiny_mindie.model.tokenizer import load_tokenizer
+
+    model = resolve(args.model or DEFAULT_MODEL)
+    tok = load_tokenizer(GGUFFile(model))
+    chat = _text_of_tokens(tok, CHAT_LINES, 1450)
+    system = _text_of_tokens(tok, SYSTEM_PROMPT_LINES, 500)
+    procs, servers = [], {}
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="tiny_mindie-prefix-") as home:
+        try:
+            for label, on in (("cache on", True), ("cache off", False)):
+                folder = os.path.join(home, label.replace(" ", "-"))
+                os.makedirs(folder)
+                proc, port = start_server(None, None, folder,
+                                          extra=["--no-tls", "--model", model],
+                                          schedule={"prefixCaching": on, "maxBatchSize": 8,
+                                                    "maxPrefillBatchSize": 8})
+                procs.append(proc)
+                servers[label] = (port, "smollm2-135m-instruct" if args.model is None
+                                  else os.path.basename(model))
+            if args.llama_bin:
+                cpus = len(os.sched_getaffinity(0))
+                proc, port = start_llama_server(args.llama_bin, model, cpus, 8,
+                                                ["-c", str(8 * 2560)])
+                procs.append(proc)
+                servers["llama-server"] = (port, "m")
+            for port, name in servers.values():                 # warm up
+                _ttft(port, name, "Hello", 2)
+            turns: dict[str, list[tuple[float, float]]] = {k: [] for k in servers}
+            users: dict[str, list[list[float]]] = {k: [] for k in servers}
+            for rep in range(args.reps):
+                for label, (port, name) in servers.items():     # (1) two chat turns
+                    first_prompt = f"Conversation {rep} on {label}:\n{chat}Assistant:"
+                    t1, answer = _ttft(port, name, first_prompt, 24)
+                    second = (first_prompt + answer + "\nUser: And which vegetables are the "
+                              "easiest for a beginner?\nAssistant:")
+                    t2, _ = _ttft(port, name, second, 24)
+                    turns[label].append((t1, t2))
+            for label, (port, name) in servers.items():         # (2) a shared system prompt
+                _ttft(port, name, f"{system}User: Hello!\nAssistant:", 2)
+                for rep in range(args.reps):
+                    times = [0.0] * 8
+
+                    def user(i: int, rep=rep, port=port, name=name, times=times) -> None:
+                        q = QUESTIONS[(rep * 8 + i) % len(QUESTIONS)]
+                        times[i], _ = _ttft(port, name, f"{system}User: {q} (ticket {rep}-{i})"
+                                            "\nAssistant:", 8)
+                    threads = [threading.Thread(target=user, args=(i,)) for i in range(8)]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    users[label].append(times)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+    print(cpu_line())
+    print(f"{os.path.basename(model)}; load average {load0:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after; {args.reps} repetitions")
+    print(f"chat prompt {len(tok.encode(chat))} tokens, system prompt "
+          f"{len(tok.encode(system))} tokens")
+    print(f"{'server':<14} {'turn 1 TTFT ms':<22} {'turn 2 TTFT ms':<22} "
+          f"{'turn2/turn1 (median)':<21} {'8 users p50 TTFT ms':<21} {'p50 vs cache off'}")
+    base = sorted(t for r in users["cache off"] for t in r)[len(users["cache off"]) * 4]
+    for label in servers:
+        t1 = [a * 1000 for a, _ in turns[label]]
+        t2 = [b * 1000 for _, b in turns[label]]
+        ratio = _median([b / a for a, b in turns[label]])
+        flat = sorted(t for r in users[label] for t in r)
+        p50 = flat[len(flat) // 2]
+        print(f"{label:<14} {' '.join(f'{x:.0f}' for x in t1):<22} "
+              f"{' '.join(f'{x:.0f}' for x in t2):<22} {ratio:<21.3f} {p50 * 1000:<21.0f} "
+              f"{p50 / base:.3f}")
+        rounds = ", ".join(f"{sorted(r)[4] * 1000:.0f}" for r in users[label])
+        print(f"{'':<14} 8-user rounds p50 ms: {rounds}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a .gguf file or a registry name, e.g. gemma3-270m "
@@ -537,8 +702,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: the batch sampler's share of a batch-8 decode step (Gemma 3 "
                          "270M unless --model, onnxruntime with the server's default threads; "
                          "--reps repetitions, at least 10)")
+    ap.add_argument("--prefix-cache", action="store_true",
+                    help="instead: TTFT with the prefix cache on and off (and llama-server with "
+                         "--llama-bin): a second chat turn, 8 users sharing a system prompt")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+
+    if args.prefix_cache:
+        return prefix_cache_table(args)
 
     if args.sampler:
         return sampler_table(args.model, max(30, args.reps))      # medians of 30: a noisy host

@@ -59,13 +59,15 @@ def percentile(xs: list[float], q: float) -> float:
 
 
 def start_server(backend: str | None, threads: int | None, home: str,
-                 log_path: str | None = None, extra: list[str] | None = None
-                 ) -> tuple[subprocess.Popen, int]:
+                 log_path: str | None = None, extra: list[str] | None = None,
+                 schedule: dict | None = None) -> tuple[subprocess.Popen, int]:
     """Start the server in ``home`` and wait for its banner; returns (process, business port).
-    Its log (stderr) goes to ``log_path``, or nowhere."""
+    Its log (stderr) goes to ``log_path``, or nowhere. ``schedule``: more ``ScheduleConfig``
+    keys."""
     cfg = {"ServerConfig": {"port": 0, "managementPort": 0, "metricsPort": 0, "maxLinkNum": 256},
            "BackendConfig": {"kvCacheMB": 1024,
-                             "ScheduleConfig": {"maxBatchSize": 16, "maxPrefillBatchSize": 16}}}
+                             "ScheduleConfig": {"maxBatchSize": 16, "maxPrefillBatchSize": 16,
+                                                **(schedule or {})}}}
     path = os.path.join(home, "config.json")
     with open(path, "w") as fh:
         json.dump(cfg, fh)
@@ -221,10 +223,11 @@ def plain_level(n: int, port: int, model: str, rounds: int, new_tokens: int) -> 
     return {"n": n, "tok_s": tokens[0] / wall, "tokens": tokens[0]}
 
 
-def start_llama_server(where: str, model: str, threads: int, parallel: int = 8
-                       ) -> tuple[subprocess.Popen, int]:
+def start_llama_server(where: str, model: str, threads: int, parallel: int = 8,
+                       extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
     """llama.cpp's ``llama-server`` (``where``: the binary or its folder) on ``model``, plain
-    HTTP on a free port, ``-t threads -np parallel``; waits until ``/health`` answers 200."""
+    HTTP on a free port, ``-t threads -np parallel`` and ``extra`` arguments; waits until
+    ``/health`` answers 200."""
     import socket
 
     binary = os.path.join(where, "llama-server") if os.path.isdir(where) else where
@@ -232,7 +235,7 @@ def start_llama_server(where: str, model: str, threads: int, parallel: int = 8
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen([binary, "-m", model, "-t", str(threads), "-np", str(parallel),
-                             "--host", "127.0.0.1", "--port", str(port)],
+                             "--host", "127.0.0.1", "--port", str(port), *(extra or [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
