@@ -283,3 +283,51 @@ def test_cached_tokens_in_usage_metrics_and_access_log_over_the_server(server):
         time.sleep(0.1)
     line = next(line for line in server.log if f"cached={n - 2}" in line)
     assert '"POST /v1/completions" 200' in line
+
+
+def test_a_prefix_is_copied_from_a_running_request_and_gives_the_cold_answer(llm):
+    """While one request with the system prompt still decodes, a second one sharing it copies
+    the prefix from the running slot (no free slot holds it) and answers as without cache."""
+    ids = llm.encode(SYSTEM + QUESTIONS[1])
+    cold = llm.generate(ids, max_new_tokens=6, do_sample=False)
+
+    async def run():
+        llm.engine.forget_prefix_cache()
+        first = llm.stream_async(llm.make_request(SYSTEM + QUESTIONS[0], max_new_tokens=200,
+                                                  ignore_eos=True, do_sample=False))
+        await first.__anext__()                 # its prompt is in its slot; it keeps decoding
+        try:
+            return await llm.generate_async(llm.make_request(ids, max_new_tokens=6,
+                                                             do_sample=False))
+        finally:
+            await first.aclose()
+    hot = asyncio.run(run())
+    shared = len(llm.encode(SYSTEM))
+    assert shared - 2 <= hot.cached_tokens < len(ids)
+    assert _answer(hot) == _answer(cold)
+
+
+@pytest.fixture(scope="module")
+def numpy_llm(model_path):
+    from tiny_mindie import LLM
+
+    m = LLM(model_path, backend="numpy", max_seq_len=256, max_input_len=200, num_slots=2,
+            schedule=SchedulerLimits(max_batch_size=2, max_prefill_batch_size=2,
+                                     max_prefill_tokens=16), log=None)
+    yield m
+    m.close()
+
+
+def test_without_split_invariance_only_prefixes_ending_at_a_cut_are_reused(numpy_llm):
+    """The numpy backend rounds a position otherwise in chunks of other sizes: it reuses whole
+    prefill pieces only (multiples of 16 here), and answers as without cache."""
+    llm = numpy_llm
+    assert not llm.backend.prefix_split_invariant
+    a, b = (llm.encode(SYSTEM + q) for q in QUESTIONS[:2])
+    shared = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    cold = llm.generate(b, max_new_tokens=4, do_sample=False)
+    llm.engine.forget_prefix_cache()
+    llm.generate(a, max_new_tokens=1, do_sample=False)
+    hot = llm.generate(b, max_new_tokens=4, do_sample=False)
+    assert hot.cached_tokens == shared - shared % 16 > 0
+    assert _answer(hot) == _answer(cold)

@@ -42,22 +42,28 @@ def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, capl
         return OrtBackend(f, cfg, num_slots=4, max_seq_len=32, threads=threads,
                           cache_dir=str(tmp_path), huge_pages=False)
 
+    def recorded(check: str | None = None) -> list[dict]:
+        return [k for k in json.load(open(record)) if k.get("check") == check]
+
     first = backend(1)
     record = os.path.join(os.path.dirname(first.graph_path), ort_backend.BATCH_CHECKS)
-    (key,) = json.load(open(record))
+    (key,) = recorded()
     assert key["threads"] == 1 and key["rows"] == 4 and key["cpu"]
+    # the prefix-split check is recorded beside it when it passes
+    assert len(recorded("prefix split")) == first.prefix_split_invariant
     assert any(m.startswith("decode rows checked:") for m in _messages(caplog))
     first.close()
     caplog.clear()
     second = backend(1)
     assert second.batch_invariant and second.rows_per_decode_run == 0
+    assert second.prefix_split_invariant == first.prefix_split_invariant
     assert any("checked at an earlier start" in m for m in _messages(caplog))
     assert not any(m.startswith("decode rows checked:") for m in _messages(caplog))
     second.close()
     caplog.clear()
     third = backend(2)                                  # another thread count: checked again
     assert any(m.startswith("decode rows checked:") for m in _messages(caplog))
-    assert [k["threads"] for k in json.load(open(record))] == [1, 2]
+    assert [k["threads"] for k in recorded()] == [1, 2]
     third.close()
 
 

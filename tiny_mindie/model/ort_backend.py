@@ -53,6 +53,13 @@ row has its own ``seqlens_k = start``. Positions a chunk writes past ``start + n
 (no padding); stale positions from an older, longer sequence in the slot sit after the new
 sequence's end, where the causal mask hides them until they are overwritten.
 
+Prefix caching: a slot keeps its KV after its sequence ends (``_used`` still counts its
+positions, so row swaps carry it along); the engine reuses it for a later prompt with the same
+prefix, or copies it into another slot (:meth:`OrtBackend.copy_kv`). That keeps the answer
+the same only if a prompt's KV does not depend on how it was chunked:
+:meth:`OrtBackend.check_prefix_split_invariance` checks that at start-up (recorded beside the
+batch check) and sets ``prefix_split_invariant``.
+
 Why prefill chunks run alone: onnxruntime's GroupQueryAttention rejects ``S > 1`` with past
 context at ``B > 1``, and on CPU a prompt's matmuls are already wide (``M = n``), so batching
 prompts would only add padding. Decode rows are where batching pays: one read of the weights
