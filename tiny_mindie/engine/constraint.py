@@ -206,6 +206,15 @@ class Matcher:
         return self._m.get_error() if self._m.is_error() else None
 
 
+def fill_masks(matchers: list[Matcher], vocab_size: int) -> np.ndarray:
+    """int32 ``[len(matchers), ceil(V / 32)]``: row ``i`` = the allowed next tokens of
+    ``matchers[i]`` (what the engine computes while the forward pass runs)."""
+    bitmask = np.zeros((len(matchers), bitmask_words(vocab_size)), np.int32)
+    for i, m in enumerate(matchers):
+        m.fill_mask(bitmask, i)
+    return bitmask
+
+
 def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
     """Set the logits of disallowed tokens to ``-inf``, in place.
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
-from .constraint import Matcher, apply_bitmask, bitmask_words, compile_constraint
+from .constraint import Matcher, apply_bitmask, compile_constraint, fill_masks
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
@@ -314,7 +314,8 @@ class Engine:
         # release the GIL)
         constrained = [s for s, n in batch
                        if s.matcher is not None and s.n_cached + n == len(s.tokens)]
-        masks = self._masks_pool().submit(self._masks, constrained) if constrained else None
+        masks = (self._masks_pool().submit(fill_masks, [s.matcher for s in constrained],
+                                           self.tokenizer.vocab_size) if constrained else None)
         try:
             logits = self.backend.forward(chunks)
         finally:
@@ -352,20 +353,12 @@ class Engine:
             self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-masks")
         return self._mask_pool
 
-    def _masks(self, seqs: list[_Sequence]) -> np.ndarray:
-        """int32 ``[len(seqs), ceil(V / 32)]``: row ``i`` = the allowed next tokens of
-        ``seqs[i]`` (see :mod:`.constraint`)."""
-        bitmask = np.zeros((len(seqs), bitmask_words(self.tokenizer.vocab_size)), np.int32)
-        for i, seq in enumerate(seqs):
-            seq.matcher.fill_mask(bitmask, i)
-        return bitmask
-
     @staticmethod
     def _bias_and_mask(logits: np.ndarray, seqs: list[_Sequence],
                        constrained: list[_Sequence], bitmask: np.ndarray | None) -> None:
         """Before sampling, in place on float32 ``[len(seqs), V]`` ``logits``: add each row's
         ``logit_bias``, then set the tokens its grammar does not allow to ``-inf``
-        (``bitmask``: :meth:`_masks` of ``constrained``)."""
+        (``bitmask``: :func:`.fill_masks` of ``constrained``)."""
         for row, seq in enumerate(seqs):
             ids, bias = seq.bias
             if ids.size:
