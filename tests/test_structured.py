@@ -179,3 +179,24 @@ def test_apply_bitmask_sets_disallowed_logits_to_minus_inf():
     assert np.flatnonzero(np.isfinite(logits[0])).tolist() == [0, 2]
     assert np.flatnonzero(np.isfinite(logits[1])).tolist() == [69]
     assert logits[1, 69] == v + 69
+
+
+@pytest.mark.parametrize("v", [70, 4096, 49_152])
+def test_apply_bitmask_matches_unpacking_every_bit(v):
+    """Rows allowing few tokens, most tokens, all, one: the same ``-inf`` as the plain rule."""
+    rng = np.random.default_rng(v)
+    w = bitmask_words(v)
+    bm = np.zeros((5, w), np.int32)
+    bm[0, rng.integers(0, w, 3)] = rng.integers(1, 2**31, 3)           # few
+    bm[1] = -1
+    bm[1, rng.integers(0, w, max(1, w // 10))] = rng.integers(-2**31, 2**31, max(1, w // 10))
+    bm[2] = -1                                                          # all
+    bm[3, (v - 1) // 32] = np.array([1 << ((v - 1) % 32)], np.uint32).view(np.int32)[0]  # last
+    bm[4] = rng.integers(-2**31, 2**31, w)                              # half
+    logits = rng.normal(size=(5, v)).astype(np.float32)
+    plain = logits.copy()
+    bits = np.unpackbits(bm.view(np.uint8), axis=1, count=v, bitorder="little")
+    plain[bits == 0] = -np.inf
+    apply_bitmask(logits, bm)
+    assert np.array_equal(logits, plain)
+    assert np.isfinite(logits[2]).all() and np.flatnonzero(np.isfinite(logits[3])) == [v - 1]
