@@ -20,7 +20,7 @@ MODEL = "smollm2-135m-instruct"
 CITY = {"type": "object",
         "properties": {"city": {"type": "string", "maxLength": 20},
                        "country": {"type": "string", "maxLength": 20},
-                       "population_millions": {"type": "number", "minimum": 0, "maximum": 50}},
+                       "population_millions": {"type": "integer", "minimum": 0, "maximum": 50}},
         "required": ["city", "country", "population_millions"], "additionalProperties": False}
 PLACES = ["France", "Japan", "Brazil", "Kenya", "Canada", "Italy", "India", "Peru"]
 
@@ -33,27 +33,39 @@ def client(server):
     http_client.close()
 
 
+QUESTIONS = ["What is the capital of {}?", "Tell me about the biggest city of {}.",
+             "Name a famous city in {}.", "Where would you travel in {}?",
+             "Which city in {} has the most people?", "Describe a port city of {}.",
+             "{}: pick a city and describe it as JSON."]
+
+
 def test_json_schema_answers_validate(client):
-    """8 chats at once (one batch in the server), plain; one streamed: all validate."""
+    """The issue's evidence: 50 varied chats, greedy and sampled, sent at once (the server
+    batches them), all answers validate; streaming gives the same text; the SDK's ``parse``."""
     fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CITY,
                                                   "strict": True}}
 
-    def ask(place: str):
+    def ask(i: int):
         return client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"The capital of {place}?"}],
-            response_format=fmt, max_tokens=80, temperature=0)
+            model=MODEL, response_format=fmt, max_tokens=80, seed=i,
+            temperature=0 if i % 2 else 0.8, messages=[{"role": "user", "content": QUESTIONS[
+                i % len(QUESTIONS)].format(PLACES[i % len(PLACES)])}])
 
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(ask, PLACES))
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(50)))
     for r in answers:
         (choice,) = r.choices
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), CITY)
+    assert len({r.choices[0].message.content for r in answers}) > 20
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "The capital of France?"}],
+        response_format=fmt, max_tokens=80, temperature=0)
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "The capital of France?"}],
         response_format=fmt, max_tokens=80, temperature=0, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == answers[0].choices[0].message.content
+    assert text == first.choices[0].message.content
     # the SDK's own structured-output helper (a pydantic model -> strict json_schema)
     from pydantic import BaseModel
 

@@ -30,7 +30,7 @@ PERSON = {
     "required": ["name", "age", "role", "active"],
     "additionalProperties": False,
 }
-CARD = {   # short answers: 50 of them stay cheap
+CARD = {   # short answers: many of them stay cheap
     "type": "object",
     "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 16},
                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
@@ -61,24 +61,25 @@ def llm(model_path):
 
 
 def test_json_schema_outputs_validate_for_many_prompts(llm):
-    """50 prompts, greedy and sampled, in one batch (and 8 more with a richer schema): every
-    answer is complete, parses and validates; the request ends where the object closes."""
+    """16 prompts, greedy and sampled, two schemas, in one batch: every answer is complete,
+    parses and validates; the request ends where the object closes. (The 50-prompt run is
+    tests/test_api_structured.py's, over the real server.)"""
     card, person = Constraint("json_schema", json.dumps(CARD)), Constraint(
         "json_schema", json.dumps(PERSON))
     asks = ["Describe {} as a JSON object.", "Who is {}? Answer in JSON.",
             "Invent {} and give name, age and role."]
     reqs = [llm.make_request(_chat(llm, asks[i % 3].format(s)), max_new_tokens=60,
                              constraint=card, do_sample=i % 2 == 1, temperature=0.9, seed=i)
-            for i, s in enumerate((SUBJECTS * 3)[:50])]
-    reqs += [llm.make_request(_chat(llm, f"Describe {s} as a JSON object."), max_new_tokens=120,
+            for i, s in enumerate(SUBJECTS[:12])]
+    reqs += [llm.make_request(_chat(llm, f"Describe {s} as a JSON object."), max_new_tokens=160,
                               constraint=person, do_sample=True, temperature=0.7, seed=i)
-             for i, s in enumerate(SUBJECTS[:8])]
+             for i, s in enumerate(SUBJECTS[12:16])]
     done = asyncio.run(_run(llm, reqs))
-    for d, schema in zip(done, [CARD] * 50 + [PERSON] * 8, strict=True):
+    for d, schema in zip(done, [CARD] * 12 + [PERSON] * 4, strict=True):
         assert d.finish_reason == "eos_token", d
         jsonschema.validate(json.loads(d.text), schema)
         assert d.text.endswith("}")
-    assert len({d.text for d in done}) > 20          # the prompts matter
+    assert len({d.text for d in done}) > 8           # the prompts matter
 
 
 def test_json_object_regex_and_length(llm):
@@ -158,13 +159,13 @@ def test_cancelled_constrained_stream_frees_its_slot(llm):
 
 
 def test_gemma3_json_schema_outputs_validate(gemma_path):
-    """Gemma 3's 262,144-token vocabulary: 8 prompts in one batch validate."""
+    """Gemma 3's 262,144-token vocabulary: 6 prompts in one batch validate."""
     with LLM(gemma_path, max_seq_len=512, max_input_len=384, num_slots=8, log=None) as gemma:
         c = Constraint("json_schema", json.dumps(CARD))
         reqs = [gemma.make_request(_chat(gemma, f"Describe {s} as a JSON object."),
                                    max_new_tokens=60, constraint=c,
                                    do_sample=i % 2 == 1, temperature=0.8, seed=i)
-                for i, s in enumerate(SUBJECTS[:8])]
+                for i, s in enumerate(SUBJECTS[:6])]
         done = asyncio.run(_run(gemma, reqs))
     for d in done:
         assert d.finish_reason == "eos_token", d

@@ -64,6 +64,8 @@ BAD_RESPONSE_FORMATS = [
     (_rf(strict="yes"), "strict must be a boolean"),
     (_rf(description=3), "description must be a string"),
     (_rf({"type": "object", "not": {"type": "string"}}), 'Unimplemented keys: ["not"]'),
+    (_rf({"type": "array", "uniqueItems": True}), 'Unimplemented keys: ["uniqueItems"]'),
+    (_rf({"properties": {"a": {"if": {}, "then": {}}}}), '"if"'),
     (_rf({"type": "nonsense"}), "schema:"),
     (_rf({"$ref": "#/$defs/missing"}), "schema:"),
 ]

@@ -5,6 +5,12 @@
 samples the rows in one :func:`~.sampling.sample_batch` call (each row with its request's own
 RNG), detokenizes, and hands events back to the loop with ``call_soon_threadsafe``. numpy and
 ONNX Runtime release the GIL, so the loop stays responsive.
+
+Before sampling, each row's ``logit_bias`` is added to its logits, and a constrained row's
+(``GenerationRequest.constraint``) disallowed tokens are set to ``-inf`` from its grammar's
+token mask (:mod:`.constraint`); those masks depend only on the tokens so far, so they are
+computed on a helper thread while the forward pass runs. The sampled token advances the row's
+matcher; a complete grammar ends the request (``finish_reason`` ``"eos_token"``).
 """
 
 from __future__ import annotations
