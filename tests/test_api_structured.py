@@ -60,12 +60,15 @@ def test_json_schema_answers_validate(client):
     assert len({r.choices[0].message.content for r in answers}) > 20
     first = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "The capital of France?"}],
-        response_format=fmt, max_tokens=80, temperature=0)
+        response_format=fmt, max_tokens=80, temperature=0, logprobs=True)
+    content = first.choices[0].message.content
+    assert "".join(t.token for t in first.choices[0].logprobs.content) == content  # to the "}"
+    assert first.usage.completion_tokens == len(first.choices[0].logprobs.content) + 1  # + EOS
     chunks = list(client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "The capital of France?"}],
         response_format=fmt, max_tokens=80, temperature=0, stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == first.choices[0].message.content
+    assert text == content
     # the SDK's own structured-output helper (a pydantic model -> strict json_schema)
     from pydantic import BaseModel
 

@@ -76,7 +76,7 @@ def test_json_schema_outputs_validate_for_many_prompts(llm):
              for i, s in enumerate(SUBJECTS[12:16])]
     done = asyncio.run(_run(llm, reqs))
     for d, schema in zip(done, [CARD] * 12 + [PERSON] * 4, strict=True):
-        assert d.finish_reason == "eos_token", d
+        assert d.finish_reason == "eos_token" and d.token_ids[-1] in llm.tokenizer.eog_ids, d
         jsonschema.validate(json.loads(d.text), schema)
         assert d.text.endswith("}")
     assert len({d.text for d in done}) > 8           # the prompts matter
@@ -92,7 +92,12 @@ def test_json_object_regex_and_length(llm):
              for q in ("Do you like fruit?", "How many apples?")]
     reqs.append(llm.make_request(_chat(llm, "A person?"), max_new_tokens=4,
                                  constraint=Constraint("json_schema", json.dumps(PERSON))))
-    *objs, yes1, yes2, cut = asyncio.run(_run(llm, reqs))
+    reqs.append(llm.make_request(_chat(llm, "Yes?"), max_new_tokens=20, ignore_eos=True,
+                                 constraint=Constraint("regex", "(yes|no)")))
+    *objs, yes1, yes2, cut, short = asyncio.run(_run(llm, reqs))
+    # a complete grammar ends the request on an end token, even with ignore_eos
+    assert short.finish_reason == "eos_token" and short.text in ("yes", "no")
+    assert short.token_ids[-1] in llm.tokenizer.eog_ids
     for d in objs:
         assert d.finish_reason in ("eos_token", "length")
         if d.finish_reason == "eos_token":

@@ -10,7 +10,8 @@ Before sampling, each row's ``logit_bias`` is added to its logits, and a constra
 (``GenerationRequest.constraint``) disallowed tokens are set to ``-inf`` from its grammar's
 token mask (:mod:`.constraint`); those masks depend only on the tokens so far, so they are
 computed on a helper thread while the forward pass runs. The sampled token advances the row's
-matcher; a complete grammar ends the request (``finish_reason`` ``"eos_token"``).
+matcher; once the grammar is complete only the end-of-generation tokens are allowed, so the
+request ends on the next one (``finish_reason`` ``"eos_token"``, even with ``ignore_eos``).
 """
 
 from __future__ import annotations
@@ -412,16 +413,19 @@ class Engine:
         stop = seq.req.stop
         finish = None
         grammar_done = False
-        if seq.matcher is not None:     # the mask allowed tok: the matcher follows it
+        constrained = seq.matcher is not None
+        eog = tok in self.tokenizer.eog_ids
+        if constrained and not eog:     # the mask allowed tok: the matcher follows it
             if not seq.matcher.consume(tok):
                 log.error("constrained request %s: token %d outside its grammar (%s)",
                           seq.req.request_id, tok, seq.matcher.error)
                 self._finish(seq, GenerationError(ErrorKind.INTERNAL,
                                                   "Internal error in generation."))
                 return
-            grammar_done = seq.matcher.done
-        if (not stop.ignore_eos or seq.matcher is not None) and tok in self.tokenizer.eog_ids \
-                or tok in stop.stop_token_ids:
+            # complete: the next mask allows the end-of-generation tokens only, so the request
+            # ends on one of them as any other does; a vocabulary without any ends it here
+            grammar_done = seq.matcher.done and not self.tokenizer.eog_ids
+        if (not stop.ignore_eos or constrained) and eog or tok in stop.stop_token_ids:
             finish = "eos_token"
             text = ""
         else:
