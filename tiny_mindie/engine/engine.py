@@ -8,8 +8,8 @@ ONNX Runtime release the GIL, so the loop stays responsive.
 
 Before sampling, each row's ``logit_bias`` is added to its logits, and a constrained row's
 (``GenerationRequest.constraint``) disallowed tokens are set to ``-inf`` from its grammar's
-token mask (:mod:`.constraint`); those masks depend only on the tokens so far, so they are
-computed on a helper thread while the forward pass runs. The sampled token advances the row's
+token mask (:mod:`.constraint`), computed for the batch's constrained rows after the forward
+pass (about 0.1 ms per row; see scripts/bench.py --mask). The sampled token advances the row's
 matcher; once the grammar is complete only the end-of-generation tokens are allowed, so the
 request ends on the next one (``finish_reason`` ``"eos_token"``, even with ``ignore_eos``).
 """
@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -137,7 +136,6 @@ class Engine:
         self.metrics = Metrics()  # token counts and latencies (and, from the API layer, requests)
         self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
         self._started = False
-        self._mask_pool: ThreadPoolExecutor | None = None   # token masks during the forward
 
     # ---- event-loop side ----------------------------------------------------------------
     def start(self) -> None:
@@ -153,8 +151,6 @@ class Engine:
             self._cond.notify_all()
         if self._started:
             self._thread.join(timeout=10)
-        if self._mask_pool is not None:
-            self._mask_pool.shutdown(wait=False)
 
     def drain(self) -> None:
         """Stop admitting requests (``/stopService``): from now on ``generate()`` fails with
@@ -316,17 +312,7 @@ class Engine:
         chunks = [SeqChunk(s.slot, s.n_cached,
                            np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
                   for s, n in batch]
-        # the token masks of the constrained rows that sample after this forward depend only
-        # on the tokens so far: computed on a helper thread while the forward runs (both
-        # release the GIL)
-        constrained = [s for s, n in batch
-                       if s.matcher is not None and s.n_cached + n == len(s.tokens)]
-        masks = (self._masks_pool().submit(fill_masks, [s.matcher for s in constrained],
-                                           self.tokenizer.vocab_size) if constrained else None)
-        try:
-            logits = self.backend.forward(chunks)
-        finally:
-            bitmask = masks.result() if masks is not None else None
+        logits = self.backend.forward(chunks)
         now = time.monotonic()
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now
@@ -341,6 +327,12 @@ class Engine:
         # sequences' tokens and generators; a cancel() meanwhile is seen below)
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
+        # the grammar masks of the constrained rows: after the forward pass, not beside it (on
+        # 2 CPUs a helper thread computing them meanwhile slowed the forward by more than they
+        # cost: scripts/bench.py --mask, README)
+        constrained = [seq for _, seq in ready if seq.matcher is not None]
+        bitmask = (fill_masks([seq.matcher for seq in constrained], self.tokenizer.vocab_size)
+                   if constrained else None)
         self._bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
         rows = [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng, seq.req.top_logprobs,
                           seq.n_prompt) for _, seq in ready]
@@ -354,11 +346,6 @@ class Engine:
                                                       "Internal error in generation."))
                 else:
                     self._next_token(seq, result, now)
-
-    def _masks_pool(self) -> ThreadPoolExecutor:
-        if self._mask_pool is None:
-            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-masks")
-        return self._mask_pool
 
     @staticmethod
     def _bias_and_mask(logits: np.ndarray, seqs: list[_Sequence],
