@@ -112,7 +112,8 @@ def test_logit_bias_values(tok):
     "json", {"type": "bogus", "value": "x"}, {"type": "json"}, {"type": "json", "value": 3},
     {"type": "json", "value": "{not json"}, {"type": "json", "value": {"type": "nonsense"}},
     {"type": "regex"}, {"type": "regex", "value": {"a": 1}}, {"type": "regex", "value": "(ab"},
-    {"type": "json_schema", "value": SCHEMA},
+    {"type": "json_schema", "value": SCHEMA}, {"type": "json_schema", "value": {"schema": 1}},
+    {"type": "json_schema", "value": {"name": 3, "schema": SCHEMA}},
 ])
 def test_malformed_tgi_grammar_is_422(tok, value):
     with pytest.raises(APIError) as e:
@@ -124,6 +125,10 @@ def test_tgi_grammar_values(tok):
     assert tgi_grammar(tok, None) is None
     assert tgi_grammar(tok, {"type": "json", "value": SCHEMA}).kind == "json_schema"
     assert tgi_grammar(tok, {"type": "json", "value": json.dumps(SCHEMA)}).kind == "json_schema"
+    for kind, spec in (("json_object", SCHEMA), ("json_schema", {"name": "t", "schema": SCHEMA}),
+                       ("json_schema", {"schema": SCHEMA})):
+        assert tgi_grammar(tok, {"type": kind, "value": spec}) == Constraint(
+            "json_schema", json.dumps(SCHEMA))
     assert tgi_grammar(tok, {"type": "regex", "value": "[a-c]+"}) == Constraint("regex", "[a-c]+")
 
 

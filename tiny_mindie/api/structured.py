@@ -113,7 +113,9 @@ def logit_bias(tokenizer: Tokenizer, value) -> dict[int, float]:
 
 def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
     """TGI's ``parameters.grammar``: ``{"type": "json", "value": schema}`` (the schema an object,
-    or a string holding one) or ``{"type": "regex", "value": "<regex>"}``; null -> None.
+    or a string holding one; ``"json_object"`` is TGI's alias of ``"json"``), ``{"type":
+    "json_schema", "value": {"name": optional, "schema": schema}}`` (TGI 3) or ``{"type":
+    "regex", "value": "<regex>"}``; null -> None.
 
     Raises:
         APIError: 422 (TGI's ``validation`` error) for anything else, or a grammar that does
@@ -125,9 +127,17 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
     def fail(message: str) -> APIError:
         return invalid(f"Grammar failed to compile: {message}")
 
-    if not isinstance(value, dict) or value.get("type") not in ("json", "regex"):
-        raise invalid("Parameter grammar must be {\"type\": \"json\" | \"regex\", \"value\": ...}.")
+    if not isinstance(value, dict) or value.get("type") not in (
+            "json", "json_object", "json_schema", "regex"):
+        raise invalid("Parameter grammar must be {\"type\": \"json\" | \"json_schema\" | "
+                      "\"regex\", \"value\": ...}.")
     spec = value.get("value")
+    if value["type"] == "json_schema":
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict) \
+                or not isinstance(spec.get("name"), str | None):
+            raise invalid("Parameter grammar.value must be {\"name\": ..., \"schema\": {...}} "
+                          "for type json_schema.")
+        spec = spec["schema"]
     if value["type"] == "regex":
         if not isinstance(spec, str):
             raise invalid("Parameter grammar.value must be a string (a regex).")

@@ -16,7 +16,8 @@ What tiny_mindie fills in:
   (one list per generated token) and in each stream event's ``top_tokens`` (TGI >= 1.1).
 * ``best_of`` (> 1) is refused (``/info`` says ``max_best_of: 1``).
 * a matched ``stop`` string is kept at the end of the text, as TGI does.
-* ``grammar`` (TGI >= 1.4.3): ``{"type": "json", "value": <JSON schema>}`` or ``{"type":
+* ``grammar`` (TGI >= 1.4.3): ``{"type": "json", "value": <JSON schema>}`` (alias
+  ``json_object``), ``{"type": "json_schema", "value": {"name", "schema"}}`` or ``{"type":
   "regex", "value": <regex>}`` constrains the output (:mod:`.structured`); when the grammar is
   complete generation ends (``finish_reason`` ``eos_token``).
 
