@@ -14,12 +14,14 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
+from .constraint import Matcher, apply_bitmask, bitmask_words, compile_constraint
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
@@ -58,8 +60,11 @@ class _Sequence:
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
                  queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int):
+                 max_buffered: int, matcher: Matcher | None = None):
         self.req = req
+        self.matcher = matcher      # the request's place in its grammar (constraint), or None
+        self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
+                     np.array([b for _, b in req.sampling.logit_bias], np.float32))
         self.loop = loop
         self.queue = queue
         self.tokens: list[int] = list(req.prompt_ids)
@@ -125,6 +130,7 @@ class Engine:
         self.metrics = Metrics()  # token counts and latencies (and, from the API layer, requests)
         self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
         self._started = False
+        self._mask_pool: ThreadPoolExecutor | None = None   # token masks during the forward
 
     # ---- event-loop side ----------------------------------------------------------------
     def start(self) -> None:
@@ -140,6 +146,8 @@ class Engine:
             self._cond.notify_all()
         if self._started:
             self._thread.join(timeout=10)
+        if self._mask_pool is not None:
+            self._mask_pool.shutdown(wait=False)
 
     def drain(self) -> None:
         """Stop admitting requests (``/stopService``): from now on ``generate()`` fails with
@@ -167,15 +175,24 @@ class Engine:
         Raises:
             GenerationError: prompt too long, timeout, engine stopped or draining, or an
                 internal error.
+            ConstraintError: ``req.constraint`` cannot be compiled (a ``ValueError``; the
+                API layers compile it while validating, so that it is a 400 there).
+            ValueError: a ``logit_bias`` token id outside the vocabulary.
         """
         self.check_prompt(len(req.prompt_ids))
+        for token_id, _ in req.sampling.logit_bias:
+            if token_id >= self.tokenizer.vocab_size:
+                raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary "
+                                 f"(0..{self.tokenizer.vocab_size - 1})")
+        matcher = (compile_constraint(self.tokenizer, req.constraint).matcher()
+                   if req.constraint is not None else None)
         self.start()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
         seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
-                        self.limits.max_buffered_events)
+                        self.limits.max_buffered_events, matcher)
         with self._cond:
             if self._stopping or self._draining:
                 raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")
@@ -292,7 +309,16 @@ class Engine:
         chunks = [SeqChunk(s.slot, s.n_cached,
                            np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
                   for s, n in batch]
-        logits = self.backend.forward(chunks)
+        # the token masks of the constrained rows that sample after this forward depend only
+        # on the tokens so far: computed on a helper thread while the forward runs (both
+        # release the GIL)
+        constrained = [s for s, n in batch
+                       if s.matcher is not None and s.n_cached + n == len(s.tokens)]
+        masks = self._masks_pool().submit(self._masks, constrained) if constrained else None
+        try:
+            logits = self.backend.forward(chunks)
+        finally:
+            bitmask = masks.result() if masks is not None else None
         now = time.monotonic()
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now
@@ -307,6 +333,7 @@ class Engine:
         # sequences' tokens and generators; a cancel() meanwhile is seen below)
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
+        self._bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
         rows = [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng, seq.req.top_logprobs,
                           seq.n_prompt) for _, seq in ready]
         sampled = self._sample(logits, rows)
@@ -319,6 +346,39 @@ class Engine:
                                                       "Internal error in generation."))
                 else:
                     self._next_token(seq, result, now)
+
+    def _masks_pool(self) -> ThreadPoolExecutor:
+        if self._mask_pool is None:
+            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-masks")
+        return self._mask_pool
+
+    def _masks(self, seqs: list[_Sequence]) -> np.ndarray:
+        """int32 ``[len(seqs), ceil(V / 32)]``: row ``i`` = the allowed next tokens of
+        ``seqs[i]`` (see :mod:`.constraint`)."""
+        bitmask = np.zeros((len(seqs), bitmask_words(self.tokenizer.vocab_size)), np.int32)
+        for i, seq in enumerate(seqs):
+            seq.matcher.fill_mask(bitmask, i)
+        return bitmask
+
+    @staticmethod
+    def _bias_and_mask(logits: np.ndarray, seqs: list[_Sequence],
+                       constrained: list[_Sequence], bitmask: np.ndarray | None) -> None:
+        """Before sampling, in place on float32 ``[len(seqs), V]`` ``logits``: add each row's
+        ``logit_bias``, then set the tokens its grammar does not allow to ``-inf``
+        (``bitmask``: :meth:`_masks` of ``constrained``)."""
+        for row, seq in enumerate(seqs):
+            ids, bias = seq.bias
+            if ids.size:
+                logits[row, ids] += bias
+        if bitmask is None:
+            return
+        at = {id(seq): i for i, seq in enumerate(constrained)}
+        rows = [(row, at[id(seq)]) for row, seq in enumerate(seqs) if id(seq) in at]
+        if len(rows) == logits.shape[0] == bitmask.shape[0]:
+            apply_bitmask(logits, bitmask)            # the usual case: every row constrained
+            return
+        for row, i in rows:
+            apply_bitmask(logits[row:row + 1], bitmask[i:i + 1])
 
     @staticmethod
     def _sample(logits: np.ndarray, rows: list[SampleRow]) -> list[tuple | None]:
@@ -352,13 +412,25 @@ class Engine:
                            interval_s=now - seq.submitted if first else decode_ms / 1000.0)
         stop = seq.req.stop
         finish = None
-        if not stop.ignore_eos and tok in self.tokenizer.eog_ids or tok in stop.stop_token_ids:
+        grammar_done = False
+        if seq.matcher is not None:     # the mask allowed tok: the matcher follows it
+            if not seq.matcher.consume(tok):
+                log.error("constrained request %s: token %d outside its grammar (%s)",
+                          seq.req.request_id, tok, seq.matcher.error)
+                self._finish(seq, GenerationError(ErrorKind.INTERNAL,
+                                                  "Internal error in generation."))
+                return
+            grammar_done = seq.matcher.done
+        if (not stop.ignore_eos or seq.matcher is not None) and tok in self.tokenizer.eog_ids \
+                or tok in stop.stop_token_ids:
             finish = "eos_token"
             text = ""
         else:
             text = seq.detok.add(tok)
             if seq.detok.stopped:
                 finish = "stop_sequence"
+            elif grammar_done:          # complete, and nothing may follow but end of text
+                finish = "eos_token"
             elif seq.n_generated >= seq.max_new_tokens:
                 finish = "length"
         if finish is not None:
@@ -380,5 +452,6 @@ class Engine:
             self._slots.give_back(seq.slot)
             seq.slot = None
         self._by_id.pop(seq.req.request_id, None)
+        seq.matcher = None                  # its grammar state is freed with the request
         if error is not None:
             seq.emit(error)
