@@ -75,7 +75,7 @@ def _prepared(source: str, messages: list[dict], mode: str = "auto"):
     for i, m in enumerate(msgs):
         if m.get("tool_calls"):
             m["tool_calls"] = _message_tool_calls(m["tool_calls"], i)
-    tools = ChatTools(tc.parse_tools([WEATHER]), tc.Choice(mode), True)
+    tools = ChatTools(tc.parse_tools([WEATHER]), tc.Choice(mode), None)
     return _with_tools(source, msgs, {}, tools)
 
 
@@ -150,6 +150,7 @@ def tiny_server(vocab_dir, tmp_path_factory):
     config["BackendConfig"]["ModelDeployConfig"]["ModelConfig"] = [
         {"modelName": MODEL, "modelWeightPath": path}]
     srv = start_server(str(home), config, ["--backend", "numpy"])
+    srv.model_file = path
     yield srv
     srv.proc.terminate()
     srv.proc.wait(timeout=20)
@@ -256,3 +257,156 @@ def test_tool_choice_none_parallel_and_multi_turn(client):
                                                      {"enable_thinking": False}})
     no_tools = client.chat.completions.create(model=MODEL, messages=[USER], max_tokens=64)
     assert off.usage.prompt_tokens == no_tools.usage.prompt_tokens + 4
+
+
+# ---- end to end on the default model (SmolLM2-135M: its template renders no tools) ---------
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                        "b": {"type": "integer"}},
+                       "required": ["a", "b"], "additionalProperties": False}}},
+]
+QUESTIONS = [f"{q} {c}?" for q in ("What's the weather in", "Is it raining in",
+                                   "How warm is it in", "What is 17 plus the length of",
+                                   "Add the letters of")
+             for c in ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Perth", "Rome",
+                       "Seoul", "Dakar")]
+
+
+@pytest.fixture(scope="module")
+def default_client(server):
+    openai = pytest.importorskip("openai")
+    try:
+        import httpx2 as httpx
+    except ImportError:   # pragma: no cover
+        import httpx
+    http_client = httpx.Client(verify=server.ssl_context(), timeout=300)
+    yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", http_client=http_client,
+                        max_retries=0)
+    http_client.close()
+
+
+def test_required_and_named_calls_validate_50_of_50(default_client):
+    """``required`` on 50 varied prompts (greedy, 8 requests at a time): every answer is calls
+    whose arguments validate against their function's schema; a named function is called.
+    (Strings are bounded: an unbounded one is where a 135M model may ramble to max_tokens --
+    then the answer is cut, ``length``, and claims no call.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import jsonschema
+
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+    def ask(i: int):
+        return default_client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": QUESTIONS[i]}],
+            tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(len(QUESTIONS))))
+    assert len(answers) == 50
+    for r in answers:
+        (choice,) = r.choices
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.content is None and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments),
+                                schemas[call.function.name])
+    named = default_client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Hi there"}],
+        tools=TOOLS, tool_choice={"type": "function", "function": {"name": "add"}},
+        max_tokens=64, temperature=0)
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "add" and named.choices[0].finish_reason == "tool_calls"
+    assert set(json.loads(call.function.arguments)) == {"a", "b"}
+    # parallel_tool_calls true: the answer is an array of one or more calls
+    several = default_client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=[{"role": "user", "content": QUESTIONS[0]}],
+        tools=TOOLS, tool_choice="required", parallel_tool_calls=True, max_tokens=96,
+        temperature=0)
+    assert several.choices[0].finish_reason == "tool_calls"
+    for call in several.choices[0].message.tool_calls:
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+def test_required_streamed_reassembles(server, default_client):
+    body = {"model": "smollm2-135m-instruct", "tools": TOOLS, "tool_choice": "required",
+            "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 160,
+            "temperature": 0}
+    plain = default_client.chat.completions.create(**body).choices[0].message
+    status, _, raw = request(server, "POST", "/v1/chat/completions", {**body, "stream": True})
+    assert status == 200
+    msg, finish, _ = _reassembled(sse_events(raw.decode().removesuffix("data: [DONE]\n\n")
+                                             .encode()))
+    assert finish == "tool_calls" and msg["content"] == "" and plain.content is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == \
+        [(c.function.name, c.function.arguments) for c in plain.tool_calls]
+
+
+BAD_BODIES = [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "tools"),
+              ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+              ({"tools": [{"type": "function", "function": {
+                  "name": "f", "parameters": {"type": "object", "properties": 1}}}]}, "tools"),
+              ({"tool_choice": "required"}, "tool_choice"),
+              ({"tools": TOOLS, "tool_choice": "always"}, "tool_choice"),
+              ({"tools": TOOLS, "tool_choice": {"type": "function",
+                                                "function": {"name": "nope"}}}, "tool_choice"),
+              ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+              ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+              ({"tools": [{"type": "function", "function": {
+                  "name": "f", "parameters": {"type": "object", "properties": {
+                      "x": {"type": "string", "format": "no-such-format"}}}}}],
+                "tool_choice": "required"}, "tools"),
+              ({"messages": [USER, {"role": "assistant", "tool_calls": [
+                  {"id": "c", "type": "function",
+                   "function": {"name": "f", "arguments": "not json"}}]}]}, "messages"),
+              ({"messages": [USER, {"role": "tool", "content": "x"}]}, "messages")]
+
+
+def test_bad_tools_are_400_naming_the_field_and_long_prompts_context_length_exceeded(
+        server, default_client):
+    import openai
+
+    for extra, param in BAD_BODIES:
+        body = {"model": "smollm2-135m-instruct", "messages": [USER], "max_tokens": 4, **extra}
+        status, _, raw = request(server, "POST", "/v1/chat/completions", body)
+        err = json.loads(raw)["error"]
+        assert (status, err["param"], err["type"]) == (400, param, "invalid_request_error"), \
+            (extra, err)
+    # a prompt over the context: 400 context_length_exceeded, the SDK's BadRequestError
+    long = "hello " * 600
+    with pytest.raises(openai.BadRequestError) as exc:
+        default_client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": long}])
+    assert (exc.value.code, exc.value.param) == ("context_length_exceeded", "messages")
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as exc:
+            default_client.completions.create(model="smollm2-135m-instruct", prompt=long,
+                                              stream=stream)
+        assert (exc.value.code, exc.value.param) == ("context_length_exceeded", "prompt")
+
+
+def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
+    """DeepSeek-R1 distills' generation prompt ends with ``<think>\n``: the answer's text up to
+    ``</think>`` is reasoning (:func:`~tiny_mindie.api.openai.opens_thinking` on the ids)."""
+    from tiny_mindie.api.openai import opens_thinking
+    from tiny_mindie.model.gguf import GGUFFile
+    from tiny_mindie.model.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(GGUFFile(tiny_server.model_file))
+
+    def ids(text):
+        return tok.encode(text, add_bos=False, parse_special=True)
+    assert opens_thinking(tok, ids("<|im_start|>assistant\n<think>\n"))
+    assert not opens_thinking(tok, ids("<|im_start|>assistant\n<think>\n\n</think>\n\n"))
+    assert not opens_thinking(tok, ids("<|im_start|>assistant\n"))
+    out = tc.parse_output("The user asks.\n</think>\n\nParis.", None, reasoning=True,
+                          in_reasoning=True)
+    assert (out.reasoning, out.content) == ("The user asks.", "Paris.")

@@ -78,8 +78,8 @@ def test_tool_choice_defaults_and_schemas():
     named = tc.parse_tool_choice({"type": "function", "function": {"name": "get-time_2"}}, tools)
     assert named == tc.Choice("function", "get-time_2")
     one = tc.call_schema(tools, named, parallel=True)
-    assert one["properties"] == {"name": {"const": "get-time_2"},
-                                 "arguments": TIME["function"]["parameters"]}
+    assert one["properties"] == {"name": {"const": "get-time_2"}, "arguments": {
+        **TIME["function"]["parameters"], "additionalProperties": False}}
     assert one["required"] == ["name", "arguments"] and one["additionalProperties"] is False
     req = tc.parse_tool_choice("required", tools)
     single = tc.call_schema(tools, req, parallel=False)
@@ -87,6 +87,32 @@ def test_tool_choice_defaults_and_schemas():
                                                                            "get-time_2"]
     many = tc.call_schema(tools, req, parallel=True)
     assert many == {"type": "array", "items": single, "minItems": 1}
+
+
+def test_closed_schemas_allow_no_unnamed_properties_but_keep_what_is_said():
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "array", "items": {"type": "object", "properties": {}}},
+        "c": {"anyOf": [{"type": "object", "properties": {"y": {}}}, {"type": "null"}]},
+        "d": {"type": "object", "additionalProperties": {"type": "string"}},
+        "e": {"type": "object", "properties": {"z": {}}, "patternProperties": {"^q": {}}}},
+        "$defs": {"p": {"type": "object", "properties": {"w": {}}}}}
+    out = tc.closed(schema)
+    assert out["additionalProperties"] is False and "additionalProperties" not in schema
+    props = out["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["items"]["additionalProperties"] is False
+    assert props["c"]["anyOf"][0]["additionalProperties"] is False
+    assert props["d"]["additionalProperties"] == {"type": "string"}      # said: kept
+    assert "additionalProperties" not in props["e"]                       # patterns: kept
+    assert out["$defs"]["p"]["additionalProperties"] is False
+    doc = {"a": {"x": 1}, "b": [{}], "c": None, "d": {"k": "v"}, "e": {"q1": 2}}
+    jsonschema.validate(doc, out)
+    jsonschema.validate(doc, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "extra": 1}, out)
 
 
 def test_format_detection_by_template_text():

@@ -83,11 +83,14 @@ class Parsed:
 @dataclasses.dataclass
 class ChatTools:
     """A chat request's validated ``tools`` (``None``: none), ``tool_choice`` and
-    ``parallel_tool_calls``."""
+    ``parallel_tool_calls`` (``None``: not sent). ``True`` lets ``required`` answer an array
+    of calls; ``False`` stops an ``auto`` answer after its first call; unsent, ``auto`` may
+    call several tools and ``required`` calls one (a small model asked for an array tends to
+    repeat calls until ``max_tokens``)."""
 
     tools: list[tc.Tool] | None
     choice: tc.Choice
-    parallel: bool
+    parallel: bool | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +102,7 @@ class Answer:
     fmt: str | None
     reasoning: bool
     in_reasoning: bool
+    one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
 
     def parser(self) -> tc.OutputParser:
         return tc.OutputParser(self.fmt, reasoning=self.reasoning,
@@ -244,7 +248,7 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
         raise bad("Parameter parallel_tool_calls is only allowed when tools are given.",
                   "parallel_tool_calls")
     p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, **common)
-    return p, rendered, extra, ChatTools(tools, choice, parallel is not False)
+    return p, rendered, extra, ChatTools(tools, choice, parallel)
 
 
 def _message_tool_calls(calls, i: int) -> list[dict]:
@@ -465,6 +469,8 @@ class _Split:
         deltas = []
         for kind, value in got:
             if kind == "call":
+                if self.answer.one_call and self.calls:
+                    continue
                 index = len(self.calls)
                 call = {"id": tc.call_id(self.answer.fmt), "type": "function",
                         "function": {"name": value.name, "arguments": value.arguments}}
@@ -626,7 +632,7 @@ def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
     Raises:
         APIError: 400 (``tools``) when the schema cannot be compiled.
     """
-    schema = tc.call_schema(tools.tools, tools.choice, tools.parallel)
+    schema = tc.call_schema(tools.tools, tools.choice, tools.parallel is True)
     constraint = Constraint("json_schema", json.dumps(schema, ensure_ascii=False))
     try:
         from ..engine.constraint import ConstraintError, compile_constraint
@@ -638,6 +644,12 @@ def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
     except ConstraintError as exc:
         raise bad(f"The tools' parameters cannot be enforced: {exc}", "tools") from None
     return constraint
+
+
+def opens_thinking(tok, ids: list[int]) -> bool:
+    """Whether a prompt's token ids end inside ``<think>`` (DeepSeek-R1 distills' templates
+    open it in the generation prompt: the answer starts with the reasoning)."""
+    return tok.decode(ids[-8:], skip_special=False).rstrip().endswith(tc.THINK_OPEN)
 
 
 def _context_error(err: APIError, param: str) -> APIError:
@@ -673,13 +685,12 @@ def routes(app) -> list:
         p.prompts = [ids]
         if llm.tokenizer.chat_template is None:
             p.params["stop"] += chatml_stops(llm.tokenizer)
-        if fmt == tc.HERMES and not tools.parallel:
+        if fmt == tc.HERMES and tools.parallel is False:
             p.params["stop"] += (tc.TOOL_CALL_CLOSE,)    # one call: stop at its end
         reasoning = tc.thinks(template)
-        in_reasoning = reasoning and llm.tokenizer.decode(
-            ids[-8:], skip_special=False).rstrip().endswith(tc.THINK_OPEN)
+        in_reasoning = reasoning and opens_thinking(llm.tokenizer, ids)
         if fmt is not None or reasoning:
-            p.answer = Answer(fmt, reasoning, in_reasoning)
+            p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False)
         try:
             return await _answer(llm, stream, p, _Kind(chat=True, model=llm.model_name), [])
         except APIError as err:
