@@ -367,7 +367,11 @@ BAD_BODIES = [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "to
               ({"messages": [USER, {"role": "assistant", "tool_calls": [
                   {"id": "c", "type": "function",
                    "function": {"name": "f", "arguments": "not json"}}]}]}, "messages"),
-              ({"messages": [USER, {"role": "tool", "content": "x"}]}, "messages")]
+              ({"messages": [USER, {"role": "tool", "content": "x"}]}, "messages"),
+              ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
+               "tools"),
+              ({"functions": [{"name": "f"}]}, "functions"),
+              ({"function_call": "auto"}, "function_call")]
 
 
 def test_bad_tools_are_400_naming_the_field_and_long_prompts_context_length_exceeded(
@@ -410,3 +414,36 @@ def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
     out = tc.parse_output("The user asks.\n</think>\n\nParis.", None, reasoning=True,
                           in_reasoning=True)
     assert (out.reasoning, out.content) == ("The user asks.", "Paris.")
+
+
+def test_langchain_bind_tools_and_structured_output(server):
+    """langchain-openai as an agent framework uses it: ``bind_tools`` with a forced tool, and
+    ``with_structured_output(method="function_calling")`` (a named tool, parsed back into the
+    Pydantic model)."""
+    lc = pytest.importorskip("langchain_openai")
+    from pydantic import BaseModel, Field
+    try:
+        import httpx2 as httpx
+    except ImportError:   # pragma: no cover
+        import httpx
+
+    class Weather(BaseModel):
+        """Current weather of a city."""
+
+        city: str = Field(max_length=24)
+        celsius: int = Field(ge=-60, le=60)
+
+    http_client = httpx.Client(verify=server.ssl_context(), timeout=120)
+    try:
+        chat = lc.ChatOpenAI(model="smollm2-135m-instruct", base_url=server.url + "/v1",
+                             api_key="x", http_client=http_client, temperature=0,
+                             max_tokens=64, max_retries=0)
+        msg = chat.bind_tools([TOOLS[0]], tool_choice="any").invoke("Weather in Oslo?")
+        (call,) = msg.tool_calls
+        assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+        assert call["id"].startswith("call_")
+        out = chat.with_structured_output(Weather, method="function_calling").invoke(
+            "It is 12 degrees in Lima.")
+        assert isinstance(out, Weather) and -60 <= out.celsius <= 60
+    finally:
+        http_client.close()

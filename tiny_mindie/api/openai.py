@@ -239,8 +239,16 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
     extra = obj.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
+    for legacy in ("functions", "function_call"):
+        if obj.get(legacy) is not None:
+            raise bad(f"Parameter {legacy} (deprecated by OpenAI) is not supported: use tools "
+                      "and tool_choice.", legacy)
     tools = tc.parse_tools(obj.get("tools"))
     choice = tc.parse_tool_choice(obj.get("tool_choice"), tools)
+    if choice.mode == "auto" and any(t.strict for t in tools or ()):
+        raise bad("Tools with strict true are enforced only with tool_choice 'required' or a "
+                  "named function (decoding is then constrained to their schemas); with "
+                  "'auto' the model's text is free.", "tools")
     parallel = obj.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise bad("Parameter parallel_tool_calls must be a boolean.", "parallel_tool_calls")
