@@ -223,6 +223,13 @@ def test_auto_parses_reasoning_content_and_call_plain_and_streamed(client, tiny_
         [(c.function.name, c.function.arguments) for c in plain.tool_calls]
     assert msg["tool_calls"][0]["id"].startswith("call_")
     assert usage["completion_tokens_details"] == {"reasoning_tokens": 5}
+    # with logprobs: one entry per token, each on a chunk of its own or on the token's delta
+    status, _, raw = request(tiny_server, "POST", "/v1/chat/completions", {
+        **body, "n": 1, "stream": True, "logprobs": True})
+    chunks = sse_events(raw.decode().removesuffix("data: [DONE]\n\n").encode())
+    entries = [e["token"] for c in chunks for ch in c["choices"]
+               for e in (ch.get("logprobs") or {}).get("content") or ()]
+    assert "".join(entries) == SCRIPT and _reassembled(chunks)[0]["content"] == "Sure."
 
 
 def test_tool_choice_none_parallel_and_multi_turn(client):

@@ -227,7 +227,9 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
         out = {**m, "content": _message_content(m.get("content"), i)}
         out.pop("tool_calls", None)
         if m["role"] == "assistant" and m.get("tool_calls") is not None:
-            out["tool_calls"] = _message_tool_calls(m["tool_calls"], i)
+            calls = _message_tool_calls(m["tool_calls"], i)
+            if calls:       # templates test "tool_calls" in message: no empty list there
+                out["tool_calls"] = calls
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise bad(f"messages[{i}].tool_call_id (a string) is required for role tool.",
                       "messages")
