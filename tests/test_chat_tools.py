@@ -130,6 +130,56 @@ def test_enable_thinking_reaches_the_template(vocab_dir):
     assert render_chat(fake_llm(r1), [USER], {"enable_thinking": True}).endswith("<think>\n")
 
 
+# ---- the other parsers on scripted tiny models, in-process ---------------------------------
+# family: (tiny case, vocabulary, template, answer script, end of turn)
+SCRIPTED = {
+    "llama3.1": ("llama3.2", "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct",
+                 '<|python_tag|>{"name":"get_weather","parameters":{"city": "Paris"}}',
+                 "<|eot_id|>"),
+    "mistral": ("llama-linear-swa", "ggml-vocab-llama-spm.gguf",
+                "mistralai-Mistral-Nemo-Instruct-2407",
+                '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris"}', "</s>"),
+}
+
+
+@pytest.mark.parametrize("family", list(SCRIPTED))
+def test_auto_parses_llama3_and_mistral_calls_from_generated_tokens(family, vocab_dir,
+                                                                    tmp_path):
+    """The model's tokens, control-token markers included (``<|python_tag|>``, Mistral's
+    ``[TOOL_CALLS]`` and ``[ARGS]``: no text of their own), through the chat route's parser."""
+    from test_architectures import CASES
+    from tiny_chat import template_source, vocabulary, write_scripted
+
+    from tiny_mindie.api.chat_template import encode_chat
+    from tiny_mindie.api.openai import Answer, _Split
+    from tiny_mindie.llm import LLM
+
+    case, vocab, template, script, end = SCRIPTED[family]
+    source = template_source(vocab_dir, template)
+    path = str(tmp_path / f"{family}.gguf")
+    write_scripted(path, dataclasses.replace(CASES[case], ctx=1024),
+                   vocabulary(family, vocab, vocab_dir, tool_tokens=True), source, script, end)
+    llm = LLM(path, backend="numpy", max_seq_len=1024, max_input_len=900, num_slots=1,
+              log=None)
+    try:
+        messages, extra, fmt = _prepared(source, [USER])
+        assert fmt == (tc.LLAMA3 if family == "llama3.1" else tc.MISTRAL)
+        markers = tc.marker_tokens(llm.tokenizer)
+        assert set(markers.values()) == ({tc.PYTHON_TAG} if family == "llama3.1"
+                                         else {tc.MISTRAL_CALLS, "[ARGS]"})
+        split = _Split(Answer(fmt, False, False, markers=markers))
+        events = list(llm.stream(encode_chat(llm, messages, extra), max_new_tokens=40))
+        assert events[-1].finish_reason == "eos_token"
+        deltas = [d for ev in events for d in split.feed(ev)]
+        assert split.content is None and [c["function"] for c in split.calls] == [
+            {"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+        assert [list(d) for d in deltas] == [["tool_calls"], ["tool_calls"]]
+        if family == "mistral":
+            assert len(split.calls[0]["id"]) == 9 and split.calls[0]["id"].isalnum()
+    finally:
+        llm.close()
+
+
 # ---- end to end on a scripted tiny Qwen3 ----------------------------------------------------
 SCRIPT = ('<think>Checking the weather</think>Sure.<tool_call>{"name":"get_weather",'
           '"arguments":{"city": "Paris"}}</tool_call>')

@@ -103,6 +103,7 @@ class Answer:
     reasoning: bool
     in_reasoning: bool
     one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
+    markers: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
     def parser(self) -> tc.OutputParser:
         return tc.OutputParser(self.fmt, reasoning=self.reasoning,
@@ -471,7 +472,7 @@ class _Split:
     def feed(self, ev: TokenEvent) -> list[dict]:
         """The deltas ``ev`` completes (its last event also flushes the parser)."""
         before = self.parser.thinking
-        got = self.parser.feed(ev.text)
+        got = self.parser.feed(ev.text or self.answer.markers.get(ev.token_id, ""))
         if (before or self.parser.thinking) and _counted(ev):
             self.reasoning_tokens += 1
         if ev.is_last:
@@ -700,7 +701,8 @@ def routes(app) -> list:
         reasoning = tc.thinks(template)
         in_reasoning = reasoning and opens_thinking(llm.tokenizer, ids)
         if fmt is not None or reasoning:
-            p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False)
+            p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,
+                              markers=tc.marker_tokens(llm.tokenizer))
         try:
             return await _answer(llm, stream, p, _Kind(chat=True, model=llm.model_name), [])
         except APIError as err:

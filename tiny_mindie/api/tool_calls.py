@@ -43,6 +43,11 @@ HERMES, LLAMA3, MISTRAL, JSON = "hermes", "llama3_json", "mistral", "json"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG, MISTRAL_CALLS = "<|python_tag|>", "[TOOL_CALLS]"
+#: The markers the parsers read. Where the vocabulary has one as a control token (Mistral's
+#: ``[TOOL_CALLS]`` and ``[ARGS]``, Llama's ``<|python_tag|>``), the token adds no text to the
+#: answer, and its stored text is fed to the parser instead (:func:`marker_tokens`).
+MARKERS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, PYTHON_TAG, MISTRAL_CALLS,
+           "[ARGS]", "[CALL_ID]")
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _ALNUM = string.ascii_letters + string.digits
@@ -260,6 +265,17 @@ def call_id(fmt: str | None) -> str:
 
 
 # ---- output ------------------------------------------------------------------------------
+def marker_tokens(tok) -> dict[int, str]:
+    """Token id -> marker text, for each of :data:`MARKERS` that is one token of ``tok``'s
+    vocabulary adding no text to the output (a control token)."""
+    out = {}
+    for m in MARKERS:
+        i = tok.token_to_id(m)
+        if i is not None and not tok.token_bytes(i):
+            out[i] = m
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
     """One call: the function's name and its arguments as JSON text (an object)."""
