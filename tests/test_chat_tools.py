@@ -5,12 +5,16 @@
   Hermes system prompt for a template that renders none), a multi-turn chat with an assistant's
   calls and the tools' results renders, and the call the template writes in an assistant turn
   parses back (:mod:`tiny_mindie.api.tool_calls`) to the call it was given.
+- Each parser on a tiny random model scripted to answer with its family's call (Qwen2.5 Hermes,
+  Llama 3.1 JSON after the ``<|python_tag|>`` control token, Mistral's ``[TOOL_CALLS]``/``[ARGS]``
+  control tokens), the tokens through the chat route's parser in-process.
 - End to end (the official ``openai`` SDK, a real server process): a tiny random model carrying
   Qwen3's vocabulary (with its tool and think tokens) and template, scripted to answer any prompt
   with ``<think>Checking the weather</think>Sure.<tool_call>{...}</tool_call>`` and its end of
   turn (tests/tiny_chat.py): reasoning, content and the parsed call, plain and streamed (the
   deltas reassemble to the plain answer), ``tool_choice`` ``none``, ``parallel_tool_calls``,
-  multi-turn, usage's reasoning tokens.
+  multi-turn, usage's reasoning tokens; on the default model, ``required`` and named calls that
+  validate (50 prompts), malformed fields' 400s, ``context_length_exceeded``, langchain-openai.
 """
 
 from __future__ import annotations
@@ -130,9 +134,12 @@ def test_enable_thinking_reaches_the_template(vocab_dir):
     assert render_chat(fake_llm(r1), [USER], {"enable_thinking": True}).endswith("<think>\n")
 
 
-# ---- the other parsers on scripted tiny models, in-process ---------------------------------
+# ---- each parser on a scripted tiny model's tokens, in-process ------------------------------
 # family: (tiny case, vocabulary, template, answer script, end of turn)
 SCRIPTED = {
+    "qwen2.5": ("qwen3", "ggml-vocab-qwen2.gguf", "Qwen-Qwen2.5-7B-Instruct",
+                '<tool_call>{"name":"get_weather","arguments":{"city": "Paris"}}</tool_call>',
+                "<|im_end|>"),
     "llama3.1": ("llama3.2", "ggml-vocab-llama-bpe.gguf", "meta-llama-Llama-3.1-8B-Instruct",
                  '<|python_tag|>{"name":"get_weather","parameters":{"city": "Paris"}}',
                  "<|eot_id|>"),
@@ -143,8 +150,7 @@ SCRIPTED = {
 
 
 @pytest.mark.parametrize("family", list(SCRIPTED))
-def test_auto_parses_llama3_and_mistral_calls_from_generated_tokens(family, vocab_dir,
-                                                                    tmp_path):
+def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
     """The model's tokens, control-token markers included (``<|python_tag|>``, Mistral's
     ``[TOOL_CALLS]`` and ``[ARGS]``: no text of their own), through the chat route's parser."""
     from test_architectures import CASES
@@ -163,10 +169,10 @@ def test_auto_parses_llama3_and_mistral_calls_from_generated_tokens(family, voca
               log=None)
     try:
         messages, extra, fmt = _prepared(source, [USER])
-        assert fmt == (tc.LLAMA3 if family == "llama3.1" else tc.MISTRAL)
-        markers = tc.marker_tokens(llm.tokenizer)
-        assert set(markers.values()) == ({tc.PYTHON_TAG} if family == "llama3.1"
-                                         else {tc.MISTRAL_CALLS, "[ARGS]"})
+        assert fmt == {"qwen2.5": tc.HERMES, "llama3.1": tc.LLAMA3, "mistral": tc.MISTRAL}[family]
+        markers = tc.marker_tokens(llm.tokenizer)       # <tool_call> is text: no marker
+        assert set(markers.values()) == {"qwen2.5": set(), "llama3.1": {tc.PYTHON_TAG},
+                                         "mistral": {tc.MISTRAL_CALLS, "[ARGS]"}}[family]
         split = _Split(Answer(fmt, False, False, markers=markers))
         events = list(llm.stream(encode_chat(llm, messages, extra), max_new_tokens=40))
         assert events[-1].finish_reason == "eos_token"

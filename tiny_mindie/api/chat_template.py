@@ -93,14 +93,14 @@ def template_markers(source: str) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=8)
 def template_uses_tools(source: str) -> bool:
     """Whether a chat template reads the ``tools`` variable (renders tool definitions); the
-    ChatML fallback and many small models' templates do not.
+    ChatML fallback and many small models' templates do not. ``False`` for a template that is
+    not valid jinja2 (rendering it answers the 400)."""
+    from jinja2 import TemplateSyntaxError, meta
 
-    Raises:
-        jinja2.exceptions.TemplateSyntaxError: the template is not valid jinja2.
-    """
-    from jinja2 import meta
-
-    return "tools" in meta.find_undeclared_variables(_template_env().parse(source))
+    try:
+        return "tools" in meta.find_undeclared_variables(_template_env().parse(source))
+    except TemplateSyntaxError:
+        return False
 
 
 def chatml_stops(tok) -> tuple[str, ...]:
