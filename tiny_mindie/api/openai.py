@@ -76,7 +76,6 @@ class Parsed:
     presence_penalty: float
     frequency_penalty: float
     echo: bool = False
-    constraint: Constraint | None = None     # the grammar every choice's output follows
     answer: Answer | None = None             # chat: how to split the output (None: plain text)
 
 
@@ -327,7 +326,7 @@ async def make_requests(llm: LLM, p: Parsed) -> list[list[GenerationRequest]]:
     for prompt in p.prompts:
         first = await build(llm, prompt, p.params)
         first = dataclasses.replace(
-            first, top_logprobs=p.top_logprobs, constraint=p.constraint,
+            first, top_logprobs=p.top_logprobs,
             sampling=dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
                                          frequency_penalty=p.frequency_penalty))
         out.append(fan_out(first, p.n))
@@ -686,7 +685,10 @@ def routes(app) -> list:
         template = llm.tokenizer.chat_template or CHATML
         messages, extra, fmt = _with_tools(template, messages, extra, tools)
         if fmt == tc.JSON:
-            p.constraint = await asyncio.to_thread(_call_constraint, llm, tools)
+            if p.params.get("constraint") is not None:
+                raise bad(f"tool_choice {tools.choice.mode!r} constrains the answer to tool "
+                          "calls: it cannot be combined with response_format.", "tool_choice")
+            p.params["constraint"] = await asyncio.to_thread(_call_constraint, llm, tools)
         try:
             ids = await asyncio.to_thread(encode_chat, llm, messages, extra)
         except GenerationError as err:
