@@ -7,7 +7,8 @@ JSON objects or SSE chunks ending with ``data: [DONE]``. Chat prompts are render
 
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``skip_special_tokens``; ranges temperature >= 0 (0 = greedy),
+``include_stop_str_in_output``, ``skip_special_tokens``; ``response_format`` and ``logit_bias``
+are enforced (:mod:`.structured`); ranges temperature >= 0 (0 = greedy),
 top_p in (0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 2], n >= 1.
 Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad field
 (and for a body nested too deep), 404 for an unknown model, 422 for a body that is not a JSON
@@ -38,6 +39,7 @@ from . import tool_calls as tc
 from .chat_template import CHATML, chatml_stops, encode_chat, template_uses_tools
 from .drive import build, collect, fan_out, merged, route, send_stream
 from .errors import OPENAI, APIError, Kind, bad, from_generation_error
+from .structured import logit_bias, response_format
 from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -179,6 +181,8 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
         stop_token_ids=(() if stop_token_ids is None
                         else tuple(_token_ids(llm, stop_token_ids, "stop_token_ids"))),
         ignore_eos=_field(get_bool, obj, "ignore_eos", False),
+        logit_bias=logit_bias(llm.tokenizer, obj.get("logit_bias")),
+        constraint=response_format(llm.tokenizer, obj.get("response_format")),
     )
     return dict(params=params, n=n, stream=stream, include_usage=include_usage,
                 presence_penalty=_field(get_float, obj, "presence_penalty", 0.0, -2.0, 2.0,

@@ -182,7 +182,9 @@ class Matcher:
 
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32 ``[B, ceil(V / 32)]``,
-        C-contiguous). Releases the GIL while it computes (about 50-500 us)."""
+        C-contiguous). llguidance releases the GIL while it computes (medians 40-50 us per
+        row, up to a few ms for Gemma 3's vocabulary), taking it back only to tokenize a string
+        the grammar forces (``Tokenizer.encode``)."""
         llguidance.numpy.fill_next_token_bitmask(self._m, bitmask, row)
 
     def consume(self, token_id: int) -> bool:
@@ -206,6 +208,24 @@ class Matcher:
         return self._m.get_error() if self._m.is_error() else None
 
 
+def fill_masks(matchers: list[Matcher], vocab_size: int) -> np.ndarray:
+    """int32 ``[len(matchers), ceil(V / 32)]``: row ``i`` = the allowed next tokens of
+    ``matchers[i]`` (what the engine computes while the forward pass runs)."""
+    bitmask = np.zeros((len(matchers), bitmask_words(vocab_size)), np.int32)
+    for i, m in enumerate(matchers):
+        m.fill_mask(bitmask, i)
+    return bitmask
+
+
+_BITS = np.arange(32, dtype=np.int32)
+
+
+def _ids(words: np.ndarray, at: np.ndarray, allowed: bool) -> np.ndarray:
+    """Token ids whose bit is ``allowed`` in the int32 ``words`` at word indices ``at``."""
+    bits = ((words[at][:, None] >> _BITS) & 1).astype(bool)
+    return (at[:, None] * 32 + _BITS)[bits if allowed else ~bits]
+
+
 def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
     """Set the logits of disallowed tokens to ``-inf``, in place.
 
@@ -213,7 +233,21 @@ def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
         logits: float32 ``[B, V]``.
         bitmask: int32 ``[B, ceil(V / 32)]``, bit ``i % 32`` of word ``i // 32`` = token ``i``
             allowed (little-endian bit order).
+
+    Per row, only the words that are not all-allowed (or, when most are all-disallowed, only
+    the allowed ids) are unpacked: a row allowing a few tokens is filled with ``-inf`` and the
+    few put back; a row allowing most has just its disallowed ids set (measured: about half
+    the time of unpacking the whole ``[B, V]`` mask).
     """
-    b, v = logits.shape
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, count=v, bitorder="little")
-    np.copyto(logits, np.float32(-np.inf), where=allowed == 0)
+    v = logits.shape[1]
+    for row, words in zip(logits, bitmask, strict=True):
+        nonzero = np.flatnonzero(words)
+        if nonzero.size * 2 < words.size:              # few allowed: keep them, fill the rest
+            ids = _ids(words, nonzero, True)
+            ids = ids[ids < v]
+            kept = row[ids]
+            row.fill(-np.inf)
+            row[ids] = kept
+        else:                                          # most allowed: clear the others
+            ids = _ids(words, np.flatnonzero(words != -1), False)
+            row[ids[ids < v]] = -np.inf

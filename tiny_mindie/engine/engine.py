@@ -5,6 +5,13 @@
 samples the rows in one :func:`~.sampling.sample_batch` call (each row with its request's own
 RNG), detokenizes, and hands events back to the loop with ``call_soon_threadsafe``. numpy and
 ONNX Runtime release the GIL, so the loop stays responsive.
+
+Before sampling, each row's ``logit_bias`` is added to its logits, and a constrained row's
+(``GenerationRequest.constraint``) disallowed tokens are set to ``-inf`` from its grammar's
+token mask (:mod:`.constraint`), computed for the batch's constrained rows after the forward
+pass (about 0.1 ms per row; see scripts/bench.py --mask). The sampled token advances the row's
+matcher; once the grammar is complete only the end-of-generation tokens are allowed, so the
+request ends on the next one (``finish_reason`` ``"eos_token"``, even with ``ignore_eos``).
 """
 
 from __future__ import annotations
@@ -14,14 +21,13 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
-from .constraint import Matcher, apply_bitmask, bitmask_words, compile_constraint
+from .constraint import Matcher, apply_bitmask, compile_constraint, fill_masks
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
@@ -130,7 +136,6 @@ class Engine:
         self.metrics = Metrics()  # token counts and latencies (and, from the API layer, requests)
         self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
         self._started = False
-        self._mask_pool: ThreadPoolExecutor | None = None   # token masks during the forward
 
     # ---- event-loop side ----------------------------------------------------------------
     def start(self) -> None:
@@ -146,8 +151,6 @@ class Engine:
             self._cond.notify_all()
         if self._started:
             self._thread.join(timeout=10)
-        if self._mask_pool is not None:
-            self._mask_pool.shutdown(wait=False)
 
     def drain(self) -> None:
         """Stop admitting requests (``/stopService``): from now on ``generate()`` fails with
@@ -309,16 +312,7 @@ class Engine:
         chunks = [SeqChunk(s.slot, s.n_cached,
                            np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
                   for s, n in batch]
-        # the token masks of the constrained rows that sample after this forward depend only
-        # on the tokens so far: computed on a helper thread while the forward runs (both
-        # release the GIL)
-        constrained = [s for s, n in batch
-                       if s.matcher is not None and s.n_cached + n == len(s.tokens)]
-        masks = self._masks_pool().submit(self._masks, constrained) if constrained else None
-        try:
-            logits = self.backend.forward(chunks)
-        finally:
-            bitmask = masks.result() if masks is not None else None
+        logits = self.backend.forward(chunks)
         now = time.monotonic()
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now
@@ -333,6 +327,12 @@ class Engine:
         # sequences' tokens and generators; a cancel() meanwhile is seen below)
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
+        # the grammar masks of the constrained rows: after the forward pass, not beside it (on
+        # 2 CPUs a helper thread computing them meanwhile slowed the forward by more than they
+        # cost: scripts/bench.py --mask, README)
+        constrained = [seq for _, seq in ready if seq.matcher is not None]
+        bitmask = (fill_masks([seq.matcher for seq in constrained], self.tokenizer.vocab_size)
+                   if constrained else None)
         self._bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
         rows = [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng, seq.req.top_logprobs,
                           seq.n_prompt) for _, seq in ready]
@@ -347,25 +347,12 @@ class Engine:
                 else:
                     self._next_token(seq, result, now)
 
-    def _masks_pool(self) -> ThreadPoolExecutor:
-        if self._mask_pool is None:
-            self._mask_pool = ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-masks")
-        return self._mask_pool
-
-    def _masks(self, seqs: list[_Sequence]) -> np.ndarray:
-        """int32 ``[len(seqs), ceil(V / 32)]``: row ``i`` = the allowed next tokens of
-        ``seqs[i]`` (see :mod:`.constraint`)."""
-        bitmask = np.zeros((len(seqs), bitmask_words(self.tokenizer.vocab_size)), np.int32)
-        for i, seq in enumerate(seqs):
-            seq.matcher.fill_mask(bitmask, i)
-        return bitmask
-
     @staticmethod
     def _bias_and_mask(logits: np.ndarray, seqs: list[_Sequence],
                        constrained: list[_Sequence], bitmask: np.ndarray | None) -> None:
         """Before sampling, in place on float32 ``[len(seqs), V]`` ``logits``: add each row's
         ``logit_bias``, then set the tokens its grammar does not allow to ``-inf``
-        (``bitmask``: :meth:`_masks` of ``constrained``)."""
+        (``bitmask``: :func:`.fill_masks` of ``constrained``)."""
         for row, seq in enumerate(seqs):
             ids, bias = seq.bias
             if ids.size:
@@ -413,16 +400,19 @@ class Engine:
         stop = seq.req.stop
         finish = None
         grammar_done = False
-        if seq.matcher is not None:     # the mask allowed tok: the matcher follows it
+        constrained = seq.matcher is not None
+        eog = tok in self.tokenizer.eog_ids
+        if constrained and not eog:     # the mask allowed tok: the matcher follows it
             if not seq.matcher.consume(tok):
                 log.error("constrained request %s: token %d outside its grammar (%s)",
                           seq.req.request_id, tok, seq.matcher.error)
                 self._finish(seq, GenerationError(ErrorKind.INTERNAL,
                                                   "Internal error in generation."))
                 return
-            grammar_done = seq.matcher.done
-        if (not stop.ignore_eos or seq.matcher is not None) and tok in self.tokenizer.eog_ids \
-                or tok in stop.stop_token_ids:
+            # complete: the next mask allows the end-of-generation tokens only, so the request
+            # ends on one of them as any other does; a vocabulary without any ends it here
+            grammar_done = seq.matcher.done and not self.tokenizer.eog_ids
+        if (not stop.ignore_eos or constrained) and eog or tok in stop.stop_token_ids:
             finish = "eos_token"
             text = ""
         else:
