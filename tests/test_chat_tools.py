@@ -434,6 +434,8 @@ BAD_BODIES = [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "to
               ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
                "tools"),
               ({"functions": [{"name": "f"}]}, "functions"),
+              ({"tools": TOOLS, "tool_choice": "required",
+                "response_format": {"type": "json_object"}}, "tool_choice"),
               ({"function_call": "auto"}, "function_call")]
 
 
