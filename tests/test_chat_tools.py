@@ -279,6 +279,13 @@ def test_auto_parses_reasoning_content_and_call_plain_and_streamed(client, tiny_
         [(c.function.name, c.function.arguments) for c in plain.tool_calls]
     assert msg["tool_calls"][0]["id"].startswith("call_")
     assert usage["completion_tokens_details"] == {"reasoning_tokens": 5}
+    # the SDK's own stream accumulator reads the deltas the same way
+    with client.chat.completions.stream(model=MODEL, messages=[USER], tools=[WEATHER],
+                                        max_tokens=64) as s:
+        final = s.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and final.message.content == "Sure."
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in plain.tool_calls]
     # with logprobs: one entry per token, each on a chunk of its own or on the token's delta
     status, _, raw = request(tiny_server, "POST", "/v1/chat/completions", {
         **body, "n": 1, "stream": True, "logprobs": True})
