@@ -30,6 +30,7 @@ import json
 import time
 import uuid
 
+from ..engine.constraint import ConstraintError, compile_constraint
 from ..engine.request import Constraint, GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
@@ -648,11 +649,6 @@ def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
     """
     schema = tc.call_schema(tools.tools, tools.choice, tools.parallel is True)
     constraint = Constraint("json_schema", json.dumps(schema, ensure_ascii=False))
-    try:
-        from ..engine.constraint import ConstraintError, compile_constraint
-    except ImportError:      # pragma: no cover - built without constrained decoding
-        raise bad(f"tool_choice {tools.choice.mode!r} needs constrained decoding, which this "
-                  "server lacks.", "tool_choice") from None
     try:
         compile_constraint(llm.tokenizer, constraint)
     except ConstraintError as exc:
