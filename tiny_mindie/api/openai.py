@@ -680,7 +680,8 @@ def routes(app) -> list:
                 "owned_by": OWNED_BY}
 
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
-        p, messages, extra, tools = parse_chat(app, req.body)
+        # off the event loop: a constraint's first compile builds llguidance's vocabulary
+        p, messages, extra, tools = await asyncio.to_thread(parse_chat, app, req.body)
         llm = app.llm
         template = llm.tokenizer.chat_template or CHATML
         messages, extra, fmt = _with_tools(template, messages, extra, tools)
@@ -711,7 +712,7 @@ def routes(app) -> list:
             raise _context_error(err, "messages") from None
 
     async def completions(req: Request, stream: ResponseStream, params: dict) -> Response | None:
-        p = parse_completion(app, req.body)
+        p = await asyncio.to_thread(parse_completion, app, req.body)   # as parse_chat
         prefixes = []
         if p.echo:
             prefixes = [pr if isinstance(pr, str) else app.llm.tokenizer.decode(pr)

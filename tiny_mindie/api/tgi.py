@@ -153,7 +153,7 @@ def _top_tokens(llm: LLM, ev: TokenEvent) -> list[dict]:
 
 async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
                     as_list: bool) -> Response | None:
-    prompt, params = parse_tgi(obj, llm)
+    prompt, params = await asyncio.to_thread(parse_tgi, obj, llm)   # grammar compile
     request = await _tgi_request(llm, prompt, params)
     done = await collect(llm, [request], stream)
     if done is None:
@@ -177,7 +177,7 @@ async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
 
 
 async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
-    prompt, params = parse_tgi(obj, llm)
+    prompt, params = await asyncio.to_thread(parse_tgi, obj, llm)   # grammar compile
     if params.decoder_input_details:
         raise invalid("Parameter decoder_input_details == true is not supported when "
                       "streaming tokens.")
