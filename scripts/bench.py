@@ -47,6 +47,7 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
     python scripts/bench.py --llama-bin DIR --concurrency 1 8   # llama.cpp's binaries in DIR:
                                     # llama-bench in process, llama-server over plain HTTP
     python scripts/bench.py --sampler           # only: the batch sampler's share of a decode step
+    python scripts/bench.py --mask              # only: the grammar masks' share of a decode step
     python scripts/bench.py --prefix-cache [--llama-bin DIR]   # only: prefix caching (below)
 
 ``--prefix-cache`` measures TTFT over plain HTTP (streaming ``/v1/completions``, greedy) on two
@@ -323,6 +324,121 @@ def sampler_table(model: str | None, reps: int) -> int:
     for label, t in results:
         print(f"{label:<{w}} {t * 1e3:>10.2f} {100 * t / step_s:>11.1f} "
               f"{100 * t / (step_s + t):>9.1f}")
+    return 0
+
+
+# ---- --mask: constrained decoding's share of a batch-8 decode step ------------------------------
+
+MASK_MODELS = ("gemma3-270m", "smollm2-135m-instruct")    # 262,144 and 49,152 tokens
+
+
+def _timed_forward(be, chunks, masks=None):
+    """``(seconds, logits)`` of one forward pass; with ``masks = (pool, matchers, V)`` the
+    matchers' masks are computed on the pool's thread meanwhile (and waited for)."""
+    from tiny_mindie.engine.constraint import fill_masks
+
+    t0 = time.perf_counter()
+    job = masks[0].submit(fill_masks, *masks[1:]) if masks else None
+    out = be.forward(chunks)
+    if job is not None:
+        job.result()
+    return time.perf_counter() - t0, out
+
+
+def mask_table(models: list[str], reps: int) -> int:
+    """Time the token masks of constrained decoding on real decode steps: per model, 8 prompts
+    in 8 slots on onnxruntime (the server's default threads), each row held to the JSON schema
+    of scripts/grammar_libs.py (a fresh matcher when one completes), greedy on the masked logits.
+
+    Each repetition times the 8 masks (:func:`~tiny_mindie.engine.constraint.fill_masks`) and
+    their application to the ``[8, V]`` logits (:func:`~.constraint.apply_bitmask`) after a
+    decode step, as the engine runs them, and the share of the step they cost: ``(masks +
+    apply) / (step + masks + apply)``; the goal is under 10 %. For the alternative -- masks on
+    a helper thread during the forward pass -- it also runs the same step twice (same
+    positions: the second writes the same cache entries again), alone and with the masks
+    alongside, in alternating order: ``(step with masks + apply - step) / (step with masks +
+    apply)``. Medians.
+    """
+    import json as _json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from grammar_libs import SCHEMA
+
+    from tiny_mindie.engine.constraint import apply_bitmask, compile_constraint, fill_masks
+    from tiny_mindie.engine.request import Constraint
+    from tiny_mindie.model.backend import SeqChunk
+    from tiny_mindie.model.config import ModelConfig
+    from tiny_mindie.model.gguf import GGUFFile
+    from tiny_mindie.model.ort_backend import OrtBackend
+    from tiny_mindie.model.registry import resolve
+    from tiny_mindie.model.tokenizer import load_tokenizer
+
+    pool = ThreadPoolExecutor(1)
+    rows = []
+    for model in models:
+        path = resolve(model)
+        f = GGUFFile(path)
+        cfg = ModelConfig.from_gguf(f)
+        tok = load_tokenizer(f)
+        t0 = time.perf_counter()
+        compiled = compile_constraint(tok, Constraint("json_schema", _json.dumps(SCHEMA)))
+        first_compile = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        compile_constraint(tok, Constraint("json_schema", _json.dumps({**SCHEMA, "title": "x"})))
+        compile_s = time.perf_counter() - t0
+        prompts = [tok.encode(t + " Answer in JSON: ") for t in SAMPLER_PROMPTS]
+        be = OrtBackend(f, cfg, num_slots=8, max_seq_len=max(map(len, prompts)) + reps + 16)
+        seqs = [list(ids) for ids in prompts]
+        matchers = [compiled.matcher() for _ in range(8)]
+        logits = be.forward([SeqChunk(i, 0, np.array(ids, np.int64))
+                             for i, ids in enumerate(prompts)])
+        alone, overlapped, serial, applied = [], [], [], []
+        for r in range(reps + 1):
+            bitmask = fill_masks(matchers, tok.vocab_size)
+            t0 = time.perf_counter()
+            apply_bitmask(logits, bitmask)
+            t_apply = time.perf_counter() - t0
+            for i, t in enumerate(np.argmax(logits, axis=1)):
+                seqs[i].append(int(t))
+                if not matchers[i].consume(int(t)) or matchers[i].done:
+                    matchers[i] = compiled.matcher()
+            chunks = [SeqChunk(i, len(s) - 1, np.array(s[-1:], np.int64))
+                      for i, s in enumerate(seqs)]
+
+            first_with = r % 2 == 0            # alternate which of the two runs first
+            t_a, logits = _timed_forward(be, chunks, (pool, matchers, tok.vocab_size)
+                                         if first_with else None)
+            t_b, _ = _timed_forward(be, chunks, None if first_with else
+                                    (pool, matchers, tok.vocab_size))
+            t_over, t_alone = (t_a, t_b) if first_with else (t_b, t_a)
+            t0 = time.perf_counter()
+            fill_masks(matchers, tok.vocab_size)
+            t_serial = time.perf_counter() - t0
+            if r:                                   # the first: warm-up
+                alone.append(t_alone)
+                overlapped.append(t_over)
+                serial.append(t_serial)
+                applied.append(t_apply)
+        be.close()
+        step, over, ser, app = map(_median, (alone, overlapped, serial, applied))
+        rows.append((f"{os.path.basename(path)} ({cfg.vocab_size:,})", first_compile, compile_s,
+                     step, ser, app, over, (over + app - step) / (over + app),
+                     (ser + app) / (step + ser + app)))
+    pool.shutdown()
+    print(f"{os.cpu_count()} CPUs, onnxruntime, batch 8, greedy, medians of {reps} decode steps; "
+          f"schema of scripts/grammar_libs.py; load average {os.getloadavg()[0]:.2f}\n")
+    head = (f"{'model (vocabulary)':<40} {'tokenizer+1st s':>15} {'compile ms':>10} "
+            f"{'step ms':>8} {'8 masks ms':>10} {'apply ms':>8} {'share %':>7} "
+            f"{'step beside masks ms':>20} {'share if beside %':>17}")
+    print(head)
+    for name, first, comp, step, ser, app, over, share, serial_share in rows:
+        print(f"{name:<40} {first:>15.2f} {comp * 1e3:>10.1f} {step * 1e3:>8.1f} "
+              f"{ser * 1e3:>10.2f} {app * 1e3:>8.2f} {100 * serial_share:>7.1f} "
+              f"{over * 1e3:>20.1f} {100 * share:>17.1f}")
     return 0
 
 
@@ -705,6 +821,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-cache", action="store_true",
                     help="instead: TTFT with the prefix cache on and off (and llama-server with "
                          "--llama-bin): a second chat turn, 8 users sharing a system prompt")
+    ap.add_argument("--mask", action="store_true",
+                    help="instead: the grammar masks' share of a batch-8 decode step (Gemma 3 "
+                         "270M and SmolLM2-135M unless --model; --reps, at least 30)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -713,6 +832,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.sampler:
         return sampler_table(args.model, max(30, args.reps))      # medians of 30: a noisy host
+    if args.mask:
+        return mask_table([args.model] if args.model else list(MASK_MODELS), max(30, args.reps))
 
     if args.child:
         p = json.loads(sys.stdin.readline())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import types
 
 import pytest
@@ -263,3 +264,32 @@ def test_vllm_stop_token_ids_stop_generation(server, tokenizer):
 def test_generate_with_both_inputs_and_prompt_is_a_conflict(server):
     status, _, raw = request(server, "POST", "/generate", {"inputs": PROMPT, "prompt": PROMPT})
     assert status == 422 and "Input conflict" in json.loads(raw)["error"]
+
+
+# ---- grammar (TGI >= 1.4.3): constrained decoding ----------------------------------------------
+
+def test_grammar_json_and_regex_over_the_real_server(tgi_client, server):
+    from text_generation.types import Grammar, GrammarType
+
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "sunny": {"type": "boolean"}},
+              "required": ["city", "sunny"], "additionalProperties": False}
+    r = tgi_client.generate("Weather report as JSON:", max_new_tokens=40,
+                            grammar=Grammar(type=GrammarType.Json, value=schema))
+    jsonschema.validate(json.loads(r.generated_text), schema)
+    assert r.details.finish_reason.value == "eos_token"
+    rx = "(yes|no)! [0-9]{2}"
+    streamed = list(tgi_client.generate_stream(PROMPT, max_new_tokens=10,
+                                               grammar=Grammar(type=GrammarType.Regex, value=rx)))
+    assert re.fullmatch(rx, streamed[-1].generated_text)
+    status, _, raw = request(server, "POST", "/", {"inputs": PROMPT, "parameters": {
+        "max_new_tokens": 40, "grammar": {"type": "json", "value": json.dumps(schema)}}})
+    assert status == 200
+    jsonschema.validate(json.loads(json.loads(raw)[0]["generated_text"]), schema)
+    for bad in ({"type": "yaml", "value": "x"}, {"type": "regex", "value": "(a"},
+                {"type": "json", "value": {"type": "object", "not": {}}}, "json"):
+        for path in ("/generate", "/generate_stream", "/"):
+            status, _, raw = request(server, "POST", path, {"inputs": PROMPT, "parameters": {
+                "max_new_tokens": 4, "grammar": bad}})
+            assert status == 422 and json.loads(raw)["error_type"] == "validation", (path, raw)

@@ -121,7 +121,7 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None = None,
                steer: tuple[int, int] | None = None, template: str | None = None,
-               f32: bool = False) -> None:
+               f32: bool = False, script: tuple[int, ...] | None = None) -> None:
     """Write the tiny random model of ``case`` to ``path``, as llama.cpp's converter would.
 
     Args:
@@ -134,6 +134,11 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
             ``end_id`` are +10 / -10 there, every other row 0.
         template: ``tokenizer.chat_template`` to write (replacing the vocabulary's).
         f32: write the matrices as F32 instead of Q8_0 (same random draws).
+        script: token ids, all different, the last an end-of-generation token: make greedy
+            decoding answer any prompt that does not end in one of them with exactly these
+            (a bigram chain): hidden dimension 0 of every other token's embedding is +50, of
+            ``script[k]``'s dimension ``k + 1`` is +50 (dimensions ``0..len(script)`` else 0),
+            and output row ``script[k]`` reads +10 from dimension ``k``.
     """
     Q = gguf_pkg.GGMLQuantizationType
     d = case.hidden
@@ -206,6 +211,13 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
     embd = rand(n_vocab, d, 1.0)
     if steer is not None:
         embd[:, 0], embd[steer[0], 0] = 50.0, -50.0
+    if script is not None:
+        n = len(script)
+        assert len(set(script)) == n < d, "a script needs distinct tokens, fewer than d"
+        embd[:, :n + 1] = 0.0
+        embd[:, 0] = 50.0
+        for k, t in enumerate(script):
+            embd[t, 0], embd[t, k + 1] = 0.0, 50.0
     mat("token_embd.weight", embd)
     if s.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", np.array(llama3_rope_freqs(case), np.float32))
@@ -241,6 +253,10 @@ def write_tiny(path: str, case: Case, seed: int = 0, *, vocab: str | dict | None
         head = rand(n_vocab, d, 0.5)
         if steer is not None:
             head[:, 0], head[steer[0], 0], head[steer[1], 0] = 0.0, 10.0, -10.0
+        if script is not None:
+            head[:, :len(script) + 1] = 0.0
+            for k, t in enumerate(script):
+                head[t, k] = 10.0
         mat("output.weight", head)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -18,8 +18,6 @@ vocabulary) has neither template nor vocabulary there.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("gguf")
@@ -27,7 +25,8 @@ pytest.importorskip("jinja2")
 
 pytestmark = pytest.mark.model
 
-from test_architectures import CASES, tokenizer_meta, write_tiny  # noqa: E402
+from test_architectures import CASES, write_tiny  # noqa: E402
+from tiny_chat import template_source, vocabulary  # noqa: E402
 
 from tiny_mindie.api.chat_template import chatml_stops, encode_chat, render_chat  # noqa: E402
 from tiny_mindie.api.errors import APIError  # noqa: E402
@@ -78,29 +77,14 @@ FAMILIES = {
 }
 
 
-def _vocabulary(family: str, name: str, vocab_dir: str, request) -> str | dict:
-    """The vocabulary for ``write_tiny``: a vocab file, the Gemma 3 model file, or SmolLM3's
-    (Llama 3's, two reserved tokens renamed as SmolLM3's tokenizer has them)."""
-    if name == "gemma-3-270m":
-        return request.getfixturevalue("gemma_path")
-    path = os.path.join(vocab_dir, name)
-    if family != "smollm3":
-        return path
-    meta = tokenizer_meta(path)
-    tokens = list(meta["tokenizer.ggml.tokens"])
-    tokens[128011], tokens[128012] = "<|im_start|>", "<|im_end|>"
-    return {**meta, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.eos_token_id": 128012,
-            "tokenizer.ggml.add_bos_token": False}
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, vocab_dir, tmp_path_factory):
     """(name, LLM on the family's tiny steered model, its text token, its end-of-turn id)."""
     name = request.param
     case, vocab, template, end, *_ = FAMILIES[name]
-    vocab = _vocabulary(name, vocab, vocab_dir, request)
-    with open(os.path.join(vocab_dir, "templates", template + ".jinja"), encoding="utf-8") as fh:
-        source = fh.read()
+    vocab = vocabulary(name, vocab, vocab_dir, request.getfixturevalue("gemma_path")
+                       if vocab == "gemma-3-270m" else None)
+    source = template_source(vocab_dir, template)
     path = str(tmp_path_factory.mktemp(name) / f"{name}.gguf")
     tokens = (vocab["tokenizer.ggml.tokens"] if isinstance(vocab, dict)
               else GGUFFile(vocab).get("tokenizer.ggml.tokens"))

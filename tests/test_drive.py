@@ -50,8 +50,8 @@ def test_each_style_writes_the_same_error_its_own_way():
         424, {"error": "too long", "error_type": "Generation Error"})
     err.style = TGI
     assert (err.status, err.body()) == (424, {"error": "too long", "error_type": "generation"})
-    err.style = OPENAI
-    assert (err.status, err.body()) == (424, {"error": {
+    err.style = OPENAI      # OpenAI's and vLLM's status: the openai SDK's BadRequestError
+    assert (err.status, err.body()) == (400, {"error": {
         "message": "too long", "type": "invalid_request_error", "param": None,
         "code": "context_length_exceeded"}})
     deep = APIError(Kind.TOO_DEEP, "deep")

@@ -1,6 +1,7 @@
 """The fast batch sampler against the plain reference (``engine/sampling/reference.py``): for
 the same logits, parameters and uniform number, the same token, and logprobs equal to float32
-rounding -- on random logits and parameter combinations (hypothesis)."""
+rounding -- on random logits and parameter combinations (hypothesis), also with the ``-inf``
+logits of a grammar's token mask (constrained decoding: the engine masks, then samples)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,21 @@ params_st = st.builds(
     seed=st.integers(0, 2**63 - 1))
 
 row_st = st.tuples(st.sampled_from(["normal", "zipf", "ties", "peaked"]), st.integers(0, 2**32 - 1),
-                   params_st, st.integers(0, 4), st.integers(0, 40))   # ..., top_n, len(seen)
+                   params_st, st.integers(0, 4), st.integers(0, 40),   # ..., top_n, len(seen),
+                   st.sampled_from([None, None, 5, 40, 0.5]))          # tokens a mask allows
+
+
+def masked(x: np.ndarray, allowed, seed: int) -> np.ndarray:
+    """``x`` with all but ``allowed`` ids (a count, or a fraction of the vocabulary; at least
+    5, more than ``top_n``) at ``-inf``, as :func:`~tiny_mindie.engine.constraint.apply_bitmask`
+    leaves a constrained row; ``None``: ``x`` as it is."""
+    if allowed is None or x.shape[0] <= 5:
+        return x
+    n = max(5, int(allowed * x.shape[0]) if isinstance(allowed, float) else allowed)
+    keep = np.random.default_rng(seed).permutation(x.shape[0])[:n]
+    out = np.full_like(x, -np.inf)
+    out[keep] = x[keep]
+    return out
 
 
 def shifted(value: float) -> list[float]:
@@ -95,11 +110,12 @@ def assert_same(fast, ref):
 @given(v=st.sampled_from([2, 17, 300, 1000, 5000, 20_000, 49_152]),
        rows=st.lists(row_st, min_size=1, max_size=4))
 def test_the_batch_sampler_picks_the_reference_token_for_the_same_uniform_number(v, rows):
-    x = np.stack([random_logits(kind, seed, v) for kind, seed, *_ in rows])
+    x = np.stack([masked(random_logits(kind, seed, v), allowed, seed)
+                  for kind, seed, *_, allowed in rows])
     gen = np.random.default_rng(v)
-    seen = [gen.integers(0, v, n) for *_, n in rows]
+    seen = [gen.integers(0, v, n) for *_, n, _ in rows]
     batch = [SampleRow(p, s, make_rng(p.seed), top_n, len(s) // 3)
-             for (_, _, p, top_n, _), s in zip(rows, seen, strict=True)]
+             for (_, _, p, top_n, _, _), s in zip(rows, seen, strict=True)]
     fast = sample_batch(x, batch)
     checked = 0
     for i, row in enumerate(batch):

@@ -17,11 +17,12 @@ import gc
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .engine.engine import Engine, EngineLimits
 from .engine.request import (
+    Constraint,
     ErrorKind,
     GenerationError,
     GenerationRequest,
@@ -214,11 +215,14 @@ class LLM:
                      seed: int | None = None, watermark: bool = False, stop: Sequence[str] = (),
                      include_stop_string: bool = False, stop_token_ids: Sequence[int] = (),
                      ignore_eos: bool = False, priority: int = 5,
-                     timeout_s: float | None = None) -> GenerationRequest:
+                     timeout_s: float | None = None, logit_bias: Mapping[int, float] | None = None,
+                     constraint: Constraint | None = None) -> GenerationRequest:
         """Build a :class:`GenerationRequest` from keyword parameters.
 
         ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p is set away
         from its neutral value (TGI's rule), else decodes greedily. ``seed=None`` draws one.
+        ``logit_bias``: token id -> bias in [-100, 100] added to its logit; ``constraint``: a
+        grammar the output must follow (:class:`~tiny_mindie.engine.request.Constraint`).
 
         Raises:
             ValueError: a parameter out of range.
@@ -240,11 +244,12 @@ class LLM:
             sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k,
                                     top_p=top_p, typical_p=typical_p,
                                     repetition_penalty=repetition_penalty, seed=seed,
-                                    watermark=watermark),
+                                    watermark=watermark,
+                                    logit_bias=tuple(sorted((logit_bias or {}).items()))),
             stop=StopCriteria(max_new_tokens=max_new_tokens, stop_strings=tuple(stop),
                               include_stop_string=include_stop_string,
                               stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos),
-            priority=priority, timeout_s=timeout_s)
+            priority=priority, timeout_s=timeout_s, constraint=constraint)
 
     def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Token events of ``request`` (see :meth:`Engine.generate`); raises ``GenerationError``.

@@ -90,6 +90,19 @@ def template_markers(source: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+@functools.lru_cache(maxsize=8)
+def template_uses_tools(source: str) -> bool:
+    """Whether a chat template reads the ``tools`` variable (renders tool definitions); the
+    ChatML fallback and many small models' templates do not. ``False`` for a template that is
+    not valid jinja2 (rendering it answers the 400)."""
+    from jinja2 import TemplateSyntaxError, meta
+
+    try:
+        return "tools" in meta.find_undeclared_variables(_template_env().parse(source))
+    except TemplateSyntaxError:
+        return False
+
+
 def chatml_stops(tok) -> tuple[str, ...]:
     """Stop strings a chat prompted in the :data:`CHATML` fallback needs: ``<|im_end|>`` when
     the vocabulary has no such end-of-generation token (Gemma 3's base model, whose GGUF carries

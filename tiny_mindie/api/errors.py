@@ -11,7 +11,8 @@ NOT_FOUND      404     validation  an unknown model, request id or route
 INVALID        422     validation  MindIE, TGI, vLLM, Triton: a bad field; a body not JSON
 TOO_DEEP       422     validation  a body nested deeper than ``MAX_JSON_DEPTH`` (OpenAI: 400)
 EMPTY          422     validation  an empty prompt (engine)
-TOO_LONG       424     too_long    a prompt longer than ``maxInputTokenLen`` (engine)
+TOO_LONG       424     too_long    a prompt longer than ``maxInputTokenLen`` (engine; OpenAI:
+                                   400 ``context_length_exceeded``)
 TIMEOUT        500     timeout     a client, token or end-to-end time limit (engine)
 CANCELLED      500     cancelled   the client left or read too slowly (engine)
 INTERNAL       500     internal    a server bug (engine)
@@ -149,11 +150,12 @@ class TGIStyle(Style):
 class OpenAIStyle(Style):
     """OpenAI's: ``{"error": {"message", "type", "param", "code"}}``, ``type``
     ``invalid_request_error`` below 500 else ``server_error``; a body nested too deep is a bad
-    field (400: valid JSON, but no field may nest so deep); a prompt too long has the code
-    ``context_length_exceeded``."""
+    field (400: valid JSON, but no field may nest so deep); a prompt too long is 400 with the
+    code ``context_length_exceeded``, as OpenAI and vLLM answer it (the ``openai`` SDK raises
+    ``BadRequestError``, litellm ``ContextWindowExceededError``), where MindIE and TGI say 424."""
 
     def status(self, err: APIError) -> int:
-        return 400 if err.kind is Kind.TOO_DEEP else err.kind.status
+        return 400 if err.kind in (Kind.TOO_DEEP, Kind.TOO_LONG) else err.kind.status
 
     def body(self, err: APIError) -> dict:
         code = err.code or ("context_length_exceeded" if err.kind is Kind.TOO_LONG else None)

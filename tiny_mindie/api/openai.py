@@ -7,12 +7,19 @@ JSON objects or SSE chunks ending with ``data: [DONE]``. Chat prompts are render
 
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
-``include_stop_str_in_output``, ``skip_special_tokens``; ranges temperature >= 0 (0 = greedy),
+``include_stop_str_in_output``, ``skip_special_tokens``; ``response_format`` and ``logit_bias``
+are enforced (:mod:`.structured`); ranges temperature >= 0 (0 = greedy),
 top_p in (0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 2], n >= 1.
 Errors are OpenAI's ``{"error": {"message", "type", "param", "code"}}``: 400 for a bad field
 (and for a body nested too deep), 404 for an unknown model, 422 for a body that is not a JSON
-object, and the engine's statuses (424 prompt too long, 500 timeout, 503 stopped) as on
-``/infer``.
+object, 400 ``context_length_exceeded`` (``param`` ``messages`` / ``prompt``) for a prompt over
+the context (OpenAI's and vLLM's status, where ``/infer`` says 424), and the engine's other
+statuses (500 timeout, 503 stopped) as on ``/infer``.
+
+Chat only: ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (:mod:`.tool_calls`: rendered
+by the model's template, calls parsed from its output or, for ``required`` and a named
+function, decoded under a JSON schema), ``reasoning_content`` for templates that think,
+``chat_template_kwargs``.
 """
 
 from __future__ import annotations
@@ -23,14 +30,17 @@ import json
 import time
 import uuid
 
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent
+from ..engine.constraint import ConstraintError, compile_constraint
+from ..engine.request import Constraint, GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS
-from .chat_template import chatml_stops, encode_chat
+from . import tool_calls as tc
+from .chat_template import CHATML, chatml_stops, encode_chat, template_uses_tools
 from .drive import build, collect, fan_out, merged, route, send_stream
 from .errors import OPENAI, APIError, Kind, bad, from_generation_error
+from .structured import logit_bias, response_format
 from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -69,6 +79,37 @@ class Parsed:
     presence_penalty: float
     frequency_penalty: float
     echo: bool = False
+    answer: Answer | None = None             # chat: how to split the output (None: plain text)
+
+
+@dataclasses.dataclass
+class ChatTools:
+    """A chat request's validated ``tools`` (``None``: none), ``tool_choice`` and
+    ``parallel_tool_calls`` (``None``: not sent). ``True`` lets ``required`` answer an array
+    of calls; ``False`` stops an ``auto`` answer after its first call; unsent, ``auto`` may
+    call several tools and ``required`` calls one (a small model asked for an array tends to
+    repeat calls until ``max_tokens``)."""
+
+    tools: list[tc.Tool] | None
+    choice: tc.Choice
+    parallel: bool | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """How a chat answer's text is split (:class:`~.tool_calls.OutputParser`): the tool-call
+    format parsed (``None``: none), whether the template thinks, whether the prompt ends inside
+    ``<think>``."""
+
+    fmt: str | None
+    reasoning: bool
+    in_reasoning: bool
+    one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
+    markers: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+
+    def parser(self) -> tc.OutputParser:
+        return tc.OutputParser(self.fmt, reasoning=self.reasoning,
+                               in_reasoning=self.in_reasoning)
 
 
 def _check_model(app, obj: dict) -> None:
@@ -141,6 +182,8 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
         stop_token_ids=(() if stop_token_ids is None
                         else tuple(_token_ids(llm, stop_token_ids, "stop_token_ids"))),
         ignore_eos=_field(get_bool, obj, "ignore_eos", False),
+        logit_bias=logit_bias(llm.tokenizer, obj.get("logit_bias")),
+        constraint=response_format(llm.tokenizer, obj.get("response_format")),
     )
     return dict(params=params, n=n, stream=stream, include_usage=include_usage,
                 presence_penalty=_field(get_float, obj, "presence_penalty", 0.0, -2.0, 2.0,
@@ -168,9 +211,10 @@ def _message_content(content, i: int):
     raise bad(f"messages[{i}].content must be a string or a list of content parts.", "messages")
 
 
-def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict]:
-    """Validate a chat body; returns the request, the messages for the template and the
-    template's extra keyword arguments (``chat_template_kwargs``)."""
+def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
+    """Validate a chat body; returns the request, the messages for the template (assistant
+    ``tool_calls`` arguments as objects), the template's extra keyword arguments
+    (``chat_template_kwargs``) and the tools."""
     obj = parse_json_object(body)
     common = _common(app, obj, INT32_MAX)     # the engine caps it by maxIterTimes / maxSeqLen
     messages = obj.get("messages")
@@ -185,7 +229,16 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict]:
                       f"got {m['role']!r}.", "messages")
         if m.get("content") is None and not (m["role"] == "assistant" and m.get("tool_calls")):
             raise bad(f"messages[{i}].content is required.", "messages")
-        rendered.append({**m, "content": _message_content(m.get("content"), i)})
+        out = {**m, "content": _message_content(m.get("content"), i)}
+        out.pop("tool_calls", None)
+        if m["role"] == "assistant" and m.get("tool_calls") is not None:
+            calls = _message_tool_calls(m["tool_calls"], i)
+            if calls:       # templates test "tool_calls" in message: no empty list there
+                out["tool_calls"] = calls
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise bad(f"messages[{i}].tool_call_id (a string) is required for role tool.",
+                      "messages")
+        rendered.append(out)
     logprobs = _field(get_bool, obj, "logprobs", False)
     top = _field(get_int, obj, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
     if top and not logprobs:
@@ -193,7 +246,51 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict]:
     extra = obj.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
-    return Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, **common), rendered, extra
+    for legacy in ("functions", "function_call"):
+        if obj.get(legacy) is not None:
+            raise bad(f"Parameter {legacy} (deprecated by OpenAI) is not supported: use tools "
+                      "and tool_choice.", legacy)
+    tools = tc.parse_tools(obj.get("tools"))
+    choice = tc.parse_tool_choice(obj.get("tool_choice"), tools)
+    if choice.mode == "auto" and any(t.strict for t in tools or ()):
+        raise bad("Tools with strict true are enforced only with tool_choice 'required' or a "
+                  "named function (decoding is then constrained to their schemas); with "
+                  "'auto' the model's text is free.", "tools")
+    parallel = obj.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad("Parameter parallel_tool_calls must be a boolean.", "parallel_tool_calls")
+    if parallel is not None and not tools:
+        raise bad("Parameter parallel_tool_calls is only allowed when tools are given.",
+                  "parallel_tool_calls")
+    p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, **common)
+    return p, rendered, extra, ChatTools(tools, choice, parallel)
+
+
+def _message_tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's ``tool_calls`` as chat templates read them: each ``{"id",
+    "type": "function", "function": {"name", "arguments"}}`` with ``arguments`` parsed from
+    its JSON text into an object (Hugging Face's convention, which the templates follow)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad(f"{where} must be a list of tool calls.", "messages")
+    out = []
+    for k, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or c.get("type", "function") != "function" \
+                or not isinstance(fn.get("name"), str) or not isinstance(c.get("id"), str):
+            raise bad(f"{where}[{k}] must be {{'id': str, 'type': 'function', 'function': "
+                      "{'name': str, 'arguments': str}}.", "messages")
+        args = fn.get("arguments", "{}")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else None
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            raise bad(f"{where}[{k}].function.arguments must be a JSON object as a string.",
+                      "messages")
+        out.append({"id": c["id"], "type": "function",
+                    "function": {"name": fn["name"], "arguments": parsed}})
+    return out
 
 
 def parse_completion(app, body: bytes) -> Parsed:
@@ -334,12 +431,26 @@ async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
         return None
     by_group = [done[g * p.n:(g + 1) * p.n] for g in range(len(groups))]
     choices = []
+    reasoning_tokens = 0
     for idx, events in enumerate(done):
         last = events[-1]
         shown = [ev for ev in events if _counted(ev)]
         text = last.generated_text or ""
+        finish = _finish_reason(last)
         if kind.chat:
-            choice = {"index": idx, "message": {"role": "assistant", "content": text},
+            message = {"role": "assistant", "content": text}
+            if p.answer is not None:
+                split = _Split(p.answer)
+                for ev in events:
+                    split.feed(ev)
+                message["content"] = split.content
+                if p.answer.reasoning:
+                    message["reasoning_content"] = split.reasoning
+                    reasoning_tokens += split.reasoning_tokens
+                if split.calls:
+                    message["tool_calls"] = split.calls
+                    finish = split.finish_reason(finish)
+            choice = {"index": idx, "message": message,
                       "logprobs": ({"content": [fmt.chat_entry(ev) for ev in shown]}
                                    if p.logprobs else None)}
         else:
@@ -347,11 +458,68 @@ async def _answer(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind,
             choice = {"index": idx, "text": prefix + text,
                       "logprobs": (fmt.completion_logprobs(shown, len(prefix))
                                    if p.logprobs else None)}
-        choice["finish_reason"] = _finish_reason(last)
+        choice["finish_reason"] = finish
         choices.append(choice)
     out = kind.envelope(choices, chunk=False)
     out["usage"] = _usage(by_group)
+    if p.answer is not None and p.answer.reasoning:
+        out["usage"]["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return json_response(200, out)
+
+
+class _Split:
+    """One chat choice's output through :class:`~.tool_calls.OutputParser`, token by token:
+    the deltas as OpenAI's (``reasoning_content``, ``content``, ``tool_calls`` entries), and
+    the whole message's parts put together; ``reasoning_tokens`` counts the tokens fed while
+    inside the reasoning (its opening and closing tags included)."""
+
+    def __init__(self, answer: Answer):
+        self.answer = answer
+        self.parser = answer.parser()
+        self.parts: dict[str, list[str]] = {"reasoning_content": [], "content": []}
+        self.calls: list[dict] = []
+        self.reasoning_tokens = 0
+
+    def feed(self, ev: TokenEvent) -> list[dict]:
+        """The deltas ``ev`` completes (its last event also flushes the parser)."""
+        before = self.parser.thinking
+        got = self.parser.feed(ev.text or self.answer.markers.get(ev.token_id, ""))
+        if (before or self.parser.thinking) and _counted(ev):
+            self.reasoning_tokens += 1
+        if ev.is_last:
+            got += self.parser.finish()
+        deltas = []
+        for kind, value in got:
+            if kind == "call":
+                if self.answer.one_call and self.calls:
+                    continue
+                index = len(self.calls)
+                call = {"id": tc.call_id(self.answer.fmt), "type": "function",
+                        "function": {"name": value.name, "arguments": value.arguments}}
+                self.calls.append(call)
+                deltas.append({"tool_calls": [{"index": index, "id": call["id"],
+                                               "type": "function",
+                                               "function": {"name": value.name,
+                                                            "arguments": ""}}]})
+                deltas.append({"tool_calls": [{"index": index,
+                                               "function": {"arguments": value.arguments}}]})
+            else:
+                key = "reasoning_content" if kind == "reasoning" else "content"
+                self.parts[key].append(value)
+                deltas.append({key: value})
+        return deltas
+
+    @property
+    def content(self) -> str | None:
+        return "".join(self.parts["content"]) or None
+
+    @property
+    def reasoning(self) -> str | None:
+        return "".join(self.parts["reasoning_content"]) or None
+
+    def finish_reason(self, finish: str) -> str:
+        """``tool_calls`` when calls were made and the output was not cut off."""
+        return "tool_calls" if self.calls and finish != "length" else finish
 
 
 async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, prefixes: list[str],
@@ -375,6 +543,8 @@ async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, pref
         opening.append(chunk([{"index": i, "text": prefixes[i // p.n], "logprobs": None,
                                "finish_reason": None} for i in range(len(flat))]))
 
+    splits = [_Split(p.answer) for _ in flat] if kind.chat and p.answer is not None else None
+
     def event(item: tuple[int, TokenEvent]) -> list[dict]:
         i, ev = item
         counts[i] += 1
@@ -384,7 +554,17 @@ async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, pref
         lp_entry = p.logprobs and _counted(ev)
         finish = _finish_reason(ev) if ev.is_last else None
         out = []
-        if kind.chat:
+        if splits is not None:
+            deltas = splits[i].feed(ev)
+            for k, delta in enumerate(deltas or ([{}] if lp_entry else [])):
+                out.append(chunk([{"index": i, "delta": delta,
+                                   "logprobs": ({"content": [fmt.chat_entry(ev)]}
+                                                if lp_entry and k == 0 else None),
+                                   "finish_reason": None}]))
+            if finish:
+                out.append(chunk([{"index": i, "delta": {}, "logprobs": None,
+                                   "finish_reason": splits[i].finish_reason(finish)}]))
+        elif kind.chat:
             if ev.text or lp_entry:
                 out.append(chunk([{"index": i, "delta": {"content": ev.text},
                                    "logprobs": ({"content": [fmt.chat_entry(ev)]} if lp_entry
@@ -402,10 +582,100 @@ async def _stream(llm: LLM, stream: ResponseStream, p: Parsed, kind: _Kind, pref
     def usage() -> list[dict]:
         if not p.include_usage:
             return []
-        return [chunk([], _usage_dict(sum(prompt_tokens), sum(counts), sum(cached_tokens)))]
+        usage = _usage_dict(sum(prompt_tokens), sum(counts), sum(cached_tokens))
+        if splits is not None and p.answer.reasoning:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": sum(s.reasoning_tokens for s in splits)}
+        return [chunk([], usage)]
 
     await send_stream(stream, merged(llm, flat), OPENAI, event, opening=opening, closing=usage,
                       done="[DONE]")
+
+
+# ---- tools -------------------------------------------------------------------------------
+def _with_tools(template: str, messages: list[dict], extra: dict,
+                tools: ChatTools) -> tuple[list[dict], dict, str | None]:
+    """The messages and template arguments with the tools in, and the format the answer's
+    calls come in (:mod:`.tool_calls`; ``None``: no calls parsed).
+
+    A template that reads ``tools`` gets them (``tools=[{"type": "function", "function":
+    ...}]``, as Hugging Face's ``apply_chat_template``) and its own call format is parsed; one
+    that does not (the ChatML fallback, SmolLM2's, SmolLM3's) gets them in a system message in
+    the Hermes format (:func:`~.tool_calls.tools_system_prompt`), earlier calls and results as
+    Hermes text, and Hermes is parsed. ``tool_choice`` ``none`` renders no tools; ``required``
+    and a named function are answered in :data:`~.tool_calls.JSON` under a grammar.
+
+    Raises:
+        APIError: 400 for ``auto`` on a template whose call format is none of those parsed.
+    """
+    native = template_uses_tools(template)
+    if not native:
+        messages = [_as_hermes_text(m) for m in messages]
+    choice = tools.choice
+    if choice.mode == "none":
+        return messages, extra, None
+    fmt = tc.detect_format(template) if native else tc.HERMES
+    if choice.mode == "auto" and fmt is None:
+        raise bad("tool_choice 'auto' is not supported with this model's chat template: its "
+                  "tool-call format is none of those parsed (Hermes <tool_call>, Llama 3 JSON, "
+                  "Mistral [TOOL_CALLS]); use 'required' or a named function.", "tool_choice")
+    if native:
+        extra = {**extra, "tools": [t.as_openai() for t in tools.tools]}
+    else:
+        prompt = tc.tools_system_prompt(tools.tools)
+        if messages[0]["role"] == "system":
+            messages = [{**messages[0], "content": messages[0]["content"] + "\n\n" + prompt},
+                        *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": prompt}, *messages]
+    return messages, extra, (fmt if choice.mode == "auto" else tc.JSON)
+
+
+def _as_hermes_text(m: dict) -> dict:
+    """A message for a template that renders no tools: an assistant's calls as Hermes
+    ``<tool_call>`` text after its content, a tool result as a user turn in
+    ``<tool_response>`` tags (Qwen2.5's rendering)."""
+    if m["role"] == "assistant" and m.get("tool_calls"):
+        calls = "\n".join(
+            "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                          "arguments": c["function"]["arguments"]},
+                                         ensure_ascii=False) + "\n</tool_call>"
+            for c in m["tool_calls"])
+        rest = {k: v for k, v in m.items() if k != "tool_calls"}
+        return {**rest, "content": "\n".join(filter(None, [m["content"], calls]))}
+    if m["role"] == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+    return m
+
+
+def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
+    """The grammar of ``required``/a named function (:func:`~.tool_calls.call_schema`),
+    compiled once here so that a schema the engine cannot enforce is a 400.
+
+    Raises:
+        APIError: 400 (``tools``) when the schema cannot be compiled.
+    """
+    schema = tc.call_schema(tools.tools, tools.choice, tools.parallel is True)
+    constraint = Constraint("json_schema", json.dumps(schema, ensure_ascii=False))
+    try:
+        compile_constraint(llm.tokenizer, constraint)
+    except ConstraintError as exc:
+        raise bad(f"The tools' parameters cannot be enforced: {exc}", "tools") from None
+    return constraint
+
+
+def opens_thinking(tok, ids: list[int]) -> bool:
+    """Whether a prompt's token ids end inside ``<think>`` (DeepSeek-R1 distills' templates
+    open it in the generation prompt: the answer starts with the reasoning)."""
+    return tok.decode(ids[-8:], skip_special=False).rstrip().endswith(tc.THINK_OPEN)
+
+
+def _context_error(err: APIError, param: str) -> APIError:
+    """``err``, naming ``param`` when it is a prompt over the context (OpenAI's 400
+    ``context_length_exceeded``)."""
+    if err.kind is Kind.TOO_LONG and err.param is None:
+        err.param = param
+    return err
 
 
 # ---- routes ------------------------------------------------------------------------------
@@ -418,24 +688,48 @@ def routes(app) -> list:
                 "owned_by": OWNED_BY}
 
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
-        p, messages, extra = parse_chat(app, req.body)
+        # off the event loop: a constraint's first compile builds llguidance's vocabulary
+        p, messages, extra, tools = await asyncio.to_thread(parse_chat, app, req.body)
+        llm = app.llm
+        template = llm.tokenizer.chat_template or CHATML
+        messages, extra, fmt = _with_tools(template, messages, extra, tools)
+        if fmt == tc.JSON:
+            if p.params.get("constraint") is not None:
+                raise bad(f"tool_choice {tools.choice.mode!r} constrains the answer to tool "
+                          "calls: it cannot be combined with response_format.", "tool_choice")
+            p.params["constraint"] = await asyncio.to_thread(_call_constraint, llm, tools)
         try:
-            ids = await asyncio.to_thread(encode_chat, app.llm, messages, extra)
+            ids = await asyncio.to_thread(encode_chat, llm, messages, extra)
         except GenerationError as err:
-            raise from_generation_error(err) from None
+            raise _context_error(from_generation_error(err), "messages") from None
+        except APIError as err:
+            raise _context_error(err, "messages") from None
         p.prompts = [ids]
-        if app.llm.tokenizer.chat_template is None:
-            p.params["stop"] += chatml_stops(app.llm.tokenizer)
-        return await _answer(app.llm, stream, p, _Kind(chat=True, model=app.llm.model_name), [])
+        if llm.tokenizer.chat_template is None:
+            p.params["stop"] += chatml_stops(llm.tokenizer)
+        if fmt == tc.HERMES and tools.parallel is False:
+            p.params["stop"] += (tc.TOOL_CALL_CLOSE,)    # one call: stop at its end
+        reasoning = tc.thinks(template)
+        in_reasoning = reasoning and opens_thinking(llm.tokenizer, ids)
+        if fmt is not None or reasoning:
+            p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,
+                              markers=tc.marker_tokens(llm.tokenizer))
+        try:
+            return await _answer(llm, stream, p, _Kind(chat=True, model=llm.model_name), [])
+        except APIError as err:
+            raise _context_error(err, "messages") from None
 
     async def completions(req: Request, stream: ResponseStream, params: dict) -> Response | None:
-        p = parse_completion(app, req.body)
+        p = await asyncio.to_thread(parse_completion, app, req.body)   # as parse_chat
         prefixes = []
         if p.echo:
             prefixes = [pr if isinstance(pr, str) else app.llm.tokenizer.decode(pr)
                         for pr in p.prompts]
-        return await _answer(app.llm, stream, p, _Kind(chat=False, model=app.llm.model_name),
-                             prefixes)
+        try:
+            return await _answer(app.llm, stream, p,
+                                 _Kind(chat=False, model=app.llm.model_name), prefixes)
+        except APIError as err:
+            raise _context_error(err, "prompt") from None
 
     async def list_models(req: Request, stream: ResponseStream, params: dict) -> Response:
         return json_response(200, {"object": "list", "data": [model_card()]})

@@ -16,6 +16,10 @@ What tiny_mindie fills in:
   (one list per generated token) and in each stream event's ``top_tokens`` (TGI >= 1.1).
 * ``best_of`` (> 1) is refused (``/info`` says ``max_best_of: 1``).
 * a matched ``stop`` string is kept at the end of the text, as TGI does.
+* ``grammar`` (TGI >= 1.4.3): ``{"type": "json", "value": <JSON schema>}`` (alias
+  ``json_object``), ``{"type": "json_schema", "value": {"name", "schema"}}`` or ``{"type":
+  "regex", "value": <regex>}`` constrains the output (:mod:`.structured`); when the grammar is
+  complete generation ends (``finish_reason`` ``eos_token``).
 
 Errors have TGI's (and MindIE's) shape ``{"error", "error_type"}`` with MindIE's messages and
 TGI's ``error_type`` names (``validation`` 422, ``generation`` 424, ``incomplete_generation``
@@ -39,6 +43,7 @@ from ..server.routing import BUSINESS, MANAGEMENT
 from .drive import build, collect, merged, route, send_stream
 from .errors import TGI, invalid
 from .native import read_inputs, read_parameters
+from .structured import tgi_grammar
 from .validate import (
     get_bool,
     get_float,
@@ -94,7 +99,7 @@ class TGIParams:
             raise invalid("Parameter best_of != 1 is not allowed for this endpoint "
                           "(max_best_of is 1).")
         self.top_n_tokens = get_int(p, "top_n_tokens", None, 0, MAX_TOP_N_TOKENS) or 0
-        refuse_set(p, "grammar")
+        self.make["constraint"] = tgi_grammar(llm.tokenizer, p.get("grammar"))
         refuse_set(p, "adapter_id")
         refuse_set(p, "frequency_penalty", (None, 0, 0.0))
 
@@ -148,7 +153,7 @@ def _top_tokens(llm: LLM, ev: TokenEvent) -> list[dict]:
 
 async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
                     as_list: bool) -> Response | None:
-    prompt, params = parse_tgi(obj, llm)
+    prompt, params = await asyncio.to_thread(parse_tgi, obj, llm)   # grammar compile
     request = await _tgi_request(llm, prompt, params)
     done = await collect(llm, [request], stream)
     if done is None:
@@ -172,7 +177,7 @@ async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
 
 
 async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) -> Response | None:
-    prompt, params = parse_tgi(obj, llm)
+    prompt, params = await asyncio.to_thread(parse_tgi, obj, llm)   # grammar compile
     if params.decoder_input_details:
         raise invalid("Parameter decoder_input_details == true is not supported when "
                       "streaming tokens.")

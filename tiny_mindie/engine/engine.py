@@ -5,6 +5,13 @@
 samples the rows in one :func:`~.sampling.sample_batch` call (each row with its request's own
 RNG), detokenizes, and hands events back to the loop with ``call_soon_threadsafe``. numpy and
 ONNX Runtime release the GIL, so the loop stays responsive.
+
+Before sampling, each row's ``logit_bias`` is added to its logits, and a constrained row's
+(``GenerationRequest.constraint``) disallowed tokens are set to ``-inf`` from its grammar's
+token mask (:mod:`.constraint`), computed for the batch's constrained rows after the forward
+pass (about 0.1 ms per row; see scripts/bench.py --mask). The sampled token advances the row's
+matcher; once the grammar is complete only the end-of-generation tokens are allowed, so the
+request ends on the next one (``finish_reason`` ``"eos_token"``, even with ``ignore_eos``).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
+from .constraint import Matcher, apply_bitmask, compile_constraint, fill_masks
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
@@ -70,8 +78,11 @@ class _Sequence:
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
                  queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int):
+                 max_buffered: int, matcher: Matcher | None = None):
         self.req = req
+        self.matcher = matcher      # the request's place in its grammar (constraint), or None
+        self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
+                     np.array([b for _, b in req.sampling.logit_bias], np.float32))
         self.loop = loop
         self.queue = queue
         self.tokens: list[int] = list(req.prompt_ids)
@@ -188,15 +199,24 @@ class Engine:
         Raises:
             GenerationError: prompt too long, timeout, engine stopped or draining, or an
                 internal error.
+            ConstraintError: ``req.constraint`` cannot be compiled (a ``ValueError``; the
+                API layers compile it while validating, so that it is a 400 there).
+            ValueError: a ``logit_bias`` token id outside the vocabulary.
         """
         self.check_prompt(len(req.prompt_ids))
+        for token_id, _ in req.sampling.logit_bias:
+            if token_id >= self.tokenizer.vocab_size:
+                raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary "
+                                 f"(0..{self.tokenizer.vocab_size - 1})")
+        matcher = (compile_constraint(self.tokenizer, req.constraint).matcher()
+                   if req.constraint is not None else None)
         self.start()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
         seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
-                        self.limits.max_buffered_events)
+                        self.limits.max_buffered_events, matcher)
         with self._cond:
             if self._stopping or self._draining:
                 raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")
@@ -349,6 +369,13 @@ class Engine:
         # sequences' tokens and generators; a cancel() meanwhile is seen below)
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
+        # the grammar masks of the constrained rows: after the forward pass, not beside it (on
+        # 2 CPUs a helper thread computing them meanwhile slowed the forward by more than they
+        # cost: scripts/bench.py --mask, README)
+        constrained = [seq for _, seq in ready if seq.matcher is not None]
+        bitmask = (fill_masks([seq.matcher for seq in constrained], self.tokenizer.vocab_size)
+                   if constrained else None)
+        self._bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
         rows = [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng, seq.req.top_logprobs,
                           seq.n_prompt) for _, seq in ready]
         sampled = self._sample(logits, rows)
@@ -371,6 +398,26 @@ class Engine:
             return True
         chunk = self.limits.schedule.max_prefill_tokens
         return start % chunk == 0 and n == chunk
+
+    @staticmethod
+    def _bias_and_mask(logits: np.ndarray, seqs: list[_Sequence],
+                       constrained: list[_Sequence], bitmask: np.ndarray | None) -> None:
+        """Before sampling, in place on float32 ``[len(seqs), V]`` ``logits``: add each row's
+        ``logit_bias``, then set the tokens its grammar does not allow to ``-inf``
+        (``bitmask``: :func:`.fill_masks` of ``constrained``)."""
+        for row, seq in enumerate(seqs):
+            ids, bias = seq.bias
+            if ids.size:
+                logits[row, ids] += bias
+        if bitmask is None:
+            return
+        at = {id(seq): i for i, seq in enumerate(constrained)}
+        rows = [(row, at[id(seq)]) for row, seq in enumerate(seqs) if id(seq) in at]
+        if len(rows) == logits.shape[0] == bitmask.shape[0]:
+            apply_bitmask(logits, bitmask)            # the usual case: every row constrained
+            return
+        for row, i in rows:
+            apply_bitmask(logits[row:row + 1], bitmask[i:i + 1])
 
     @staticmethod
     def _sample(logits: np.ndarray, rows: list[SampleRow]) -> list[tuple | None]:
@@ -404,13 +451,28 @@ class Engine:
                            interval_s=now - seq.submitted if first else decode_ms / 1000.0)
         stop = seq.req.stop
         finish = None
-        if not stop.ignore_eos and tok in self.tokenizer.eog_ids or tok in stop.stop_token_ids:
+        grammar_done = False
+        constrained = seq.matcher is not None
+        eog = tok in self.tokenizer.eog_ids
+        if constrained and not eog:     # the mask allowed tok: the matcher follows it
+            if not seq.matcher.consume(tok):
+                log.error("constrained request %s: token %d outside its grammar (%s)",
+                          seq.req.request_id, tok, seq.matcher.error)
+                self._finish(seq, GenerationError(ErrorKind.INTERNAL,
+                                                  "Internal error in generation."))
+                return
+            # complete: the next mask allows the end-of-generation tokens only, so the request
+            # ends on one of them as any other does; a vocabulary without any ends it here
+            grammar_done = seq.matcher.done and not self.tokenizer.eog_ids
+        if (not stop.ignore_eos or constrained) and eog or tok in stop.stop_token_ids:
             finish = "eos_token"
             text = ""
         else:
             text = seq.detok.add(tok)
             if seq.detok.stopped:
                 finish = "stop_sequence"
+            elif grammar_done:          # complete, and nothing may follow but end of text
+                finish = "eos_token"
             elif seq.n_generated >= seq.max_new_tokens:
                 finish = "length"
         if finish is not None:
@@ -440,5 +502,6 @@ class Engine:
             self._slots.give_back(seq.slot, seq.tokens[:keep])
             seq.slot = None
         self._by_id.pop(seq.req.request_id, None)
+        seq.matcher = None                  # its grammar state is freed with the request
         if error is not None:
             seq.emit(error)

@@ -33,6 +33,8 @@ class SamplingParams:
         watermark: apply the green-list watermark (Kirchenbauer et al. 2023).
         presence_penalty, frequency_penalty: OpenAI's penalties in [-2, 2] on tokens already
             generated (not the prompt): ``logit -= frequency * count + presence``; 0 = off.
+        logit_bias: OpenAI's ``logit_bias``: ``(token id, bias)`` pairs, bias in [-100, 100]
+            added to that token's logit before sampling (greedy or not); ``()`` = none.
     """
 
     do_sample: bool = False
@@ -45,6 +47,7 @@ class SamplingParams:
     watermark: bool = False
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` for a value outside the ranges above."""
@@ -63,6 +66,30 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0:
+                raise ValueError(f"logit_bias token ids must be >= 0, got {token_id}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """Grammar the output must follow (constrained decoding, :mod:`tiny_mindie.engine.constraint`).
+
+    Attributes:
+        kind: ``"json_schema"`` | ``"json_object"`` | ``"regex"`` | ``"lark"``.
+        spec: the schema as a JSON string (json_schema), ``""`` (json_object), the regex, or
+            the grammar text (lark).
+    """
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` for an unknown ``kind``."""
+        if self.kind not in ("json_schema", "json_object", "regex", "lark"):
+            raise ValueError(f"unknown constraint kind {self.kind!r}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +128,9 @@ class GenerationRequest:
         request_id: unique id, used for cancellation and logs.
         top_logprobs: report this many most likely alternatives with each token
             (``TokenEvent.top_logprobs``; OpenAI's ``top_logprobs``); 0 = none, no extra cost.
+        constraint: grammar the output must follow (see :class:`Constraint`); None = free.
+            When the grammar is complete the request ends with ``finish_reason ==
+            "eos_token"``; ``"length"`` means max tokens cut it (output not complete).
     """
 
     prompt_ids: list[int]
@@ -110,6 +140,7 @@ class GenerationRequest:
     timeout_s: float | None = None
     request_id: str = field(default_factory=next_request_id)
     top_logprobs: int = 0
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` for a priority outside 1..5, a non-positive timeout or a

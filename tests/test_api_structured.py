@@ -1,0 +1,141 @@
+"""Structured outputs and logit_bias over the real server (mutual TLS, the default model),
+driven by the official ``openai`` package; TGI's ``grammar`` is in tests/test_api_tgi.py."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from helpers import request
+
+openai = pytest.importorskip("openai")
+jsonschema = pytest.importorskip("jsonschema")
+try:   # the openai package moved from httpx to httpx2
+    import httpx2 as httpx
+except ImportError:   # pragma: no cover
+    import httpx
+
+MODEL = "smollm2-135m-instruct"
+CITY = {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20},
+                       "country": {"type": "string", "maxLength": 20},
+                       "population_millions": {"type": "integer", "minimum": 0, "maximum": 50}},
+        "required": ["city", "country", "population_millions"], "additionalProperties": False}
+PLACES = ["France", "Japan", "Brazil", "Kenya", "Canada", "Italy", "India", "Peru"]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    http_client = httpx.Client(verify=server.ssl_context(), timeout=120)
+    yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", http_client=http_client,
+                        max_retries=0)
+    http_client.close()
+
+
+QUESTIONS = ["What is the capital of {}?", "Tell me about the biggest city of {}.",
+             "Name a famous city in {}.", "Where would you travel in {}?",
+             "Which city in {} has the most people?", "Describe a port city of {}.",
+             "{}: pick a city and describe it as JSON."]
+
+
+def test_json_schema_answers_validate(client):
+    """The issue's evidence: 50 varied chats, greedy and sampled, sent at once (the server
+    batches them), all answers validate; streaming gives the same text; the SDK's ``parse``."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CITY,
+                                                  "strict": True}}
+
+    def ask(i: int):
+        return client.chat.completions.create(
+            model=MODEL, response_format=fmt, max_tokens=80, seed=i,
+            temperature=0 if i % 2 else 0.8, messages=[{"role": "user", "content": QUESTIONS[
+                i % len(QUESTIONS)].format(PLACES[i % len(PLACES)])}])
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(ask, range(50)))
+    for r in answers:
+        (choice,) = r.choices
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), CITY)
+    assert len({r.choices[0].message.content for r in answers}) > 20
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "The capital of France?"}],
+        response_format=fmt, max_tokens=80, temperature=0, logprobs=True)
+    content = first.choices[0].message.content
+    assert "".join(t.token for t in first.choices[0].logprobs.content) == content  # to the "}"
+    assert first.usage.completion_tokens == len(first.choices[0].logprobs.content) + 1  # + EOS
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "The capital of France?"}],
+        response_format=fmt, max_tokens=80, temperature=0, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == content
+    # the SDK's own structured-output helper (a pydantic model -> strict json_schema)
+    from pydantic import BaseModel
+
+    class Capital(BaseModel):
+        city: str
+        country: str
+
+    parsed = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": "The capital of Japan?"}],
+        response_format=Capital, max_tokens=60, temperature=0)
+    assert isinstance(parsed.choices[0].message.parsed, Capital)
+
+
+def test_json_object_and_length_on_completions(client):
+    r = client.completions.create(model=MODEL, prompt=["A JSON object about a cat:"] * 2,
+                                  max_tokens=40, temperature=0,
+                                  extra_body={"response_format": {"type": "json_object"}})
+    for c in r.choices:
+        if c.finish_reason == "stop":
+            assert isinstance(json.loads(c.text), dict)
+        else:
+            assert c.finish_reason == "length" and c.text.startswith("{")
+    cut = client.completions.create(model=MODEL, prompt="A JSON object about a cat:",
+                                    max_tokens=2, temperature=0,
+                                    extra_body={"response_format": {"type": "json_object"}})
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 2
+
+
+def test_logit_bias_bans_and_forces_tokens(client, tokenizer):
+    """The issue's case: ``{"7042": -100}`` (" Paris") must change the answer."""
+    paris = tokenizer.encode(" Paris", add_bos=False)
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=3, temperature=0)
+    assert client.completions.create(**kw).choices[0].text.startswith(" Paris")
+    banned = client.completions.create(**kw, logit_bias={str(paris[0]): -100})
+    assert not banned.choices[0].text.startswith(" Paris")
+    (banana,) = tokenizer.encode(" banana", add_bos=False)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0.5,
+        seed=1, logit_bias={str(banana): 100})
+    assert chat.choices[0].message.content == " banana" * 3
+
+
+BAD = [
+    ({"response_format": {"type": "bogus"}}, "response_format"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x y", "schema": {}}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "object", "not": {}}}}}, "response_format"),
+    ({"logit_bias": {"abc": 999}}, "logit_bias"),
+    ({"logit_bias": {"1": 999}}, "logit_bias"),
+    ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+]
+
+
+def test_malformed_fields_are_400_naming_them(client, server):
+    for extra, param in BAD:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                           max_tokens=2, extra_body=extra)
+        assert e.value.status_code == 400 and e.value.body["param"] == param, extra
+        status, _, raw = request(server, "POST", "/v1/completions",
+                                 {"model": MODEL, "prompt": "x", "max_tokens": 2, **extra})
+        err = json.loads(raw)["error"]
+        assert status == 400 and err["param"] == param and err["type"], (extra, err)
+    with pytest.raises(openai.BadRequestError, match="Unimplemented keys"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       response_format=BAD[4][0]["response_format"])

@@ -1,0 +1,209 @@
+"""Structured outputs, unit tier: OpenAI's ``response_format`` and ``logit_bias`` and TGI's
+``grammar`` as :mod:`tiny_mindie.api.structured` validates them (every malformed one is the
+client's 400 / 422 naming the field), and :mod:`tiny_mindie.engine.constraint` (compiling,
+caching, masks, completion) on a small real vocabulary: the 256 bytes and an end token."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tiny_mindie.api.errors import APIError, Kind
+from tiny_mindie.api.structured import logit_bias, response_format, tgi_grammar
+from tiny_mindie.engine.constraint import (
+    ConstraintError,
+    apply_bitmask,
+    bitmask_words,
+    compile_constraint,
+)
+from tiny_mindie.engine.request import Constraint, SamplingParams
+from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+
+EOS = 256
+
+
+class ByteTokenizer(Tokenizer):
+    """Byte tokens 0..255 and ``</s>`` (256), the end of generation: each byte its token."""
+
+    def encode(self, text: str, *, add_bos=None, parse_special=True) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return ByteTokenizer(kind="llama", tokens=[f"<0x{i:02X}>" for i in range(256)] + ["</s>"],
+                     token_types=[TOKEN_NORMAL] * 256 + [TOKEN_CONTROL],
+                     token_bytes=[bytes([i]) for i in range(256)] + [b""], bos_id=None,
+                     eos_id=EOS, eog_ids=frozenset({EOS}), add_bos=False, chat_template=None)
+
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+          "additionalProperties": False}
+
+
+def _rf(schema=SCHEMA, **extra) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, **extra}}
+
+
+BAD_RESPONSE_FORMATS = [
+    ("json_schema", "must be an object"),
+    ({}, "type must be one of"),
+    ({"type": "bogus"}, "type must be one of"),
+    ({"type": "json_schema"}, "json_schema must be an object"),
+    ({"type": "json_schema", "json_schema": "x"}, "json_schema must be an object"),
+    ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "name must be 1-64"),
+    ({"type": "json_schema", "json_schema": {"name": "", "schema": SCHEMA}}, "name must be"),
+    ({"type": "json_schema", "json_schema": {"name": "a" * 65, "schema": SCHEMA}}, "name must"),
+    ({"type": "json_schema", "json_schema": {"name": "a b", "schema": SCHEMA}}, "name must be"),
+    ({"type": "json_schema", "json_schema": {"name": 7, "schema": SCHEMA}}, "name must be"),
+    ({"type": "json_schema", "json_schema": {"name": "thing"}}, "schema is required"),
+    ({"type": "json_schema", "json_schema": {"name": "thing", "schema": "{}"}},
+     "schema is required"),
+    (_rf(strict="yes"), "strict must be a boolean"),
+    (_rf(description=3), "description must be a string"),
+    (_rf({"type": "object", "not": {"type": "string"}}), 'Unimplemented keys: ["not"]'),
+    (_rf({"type": "array", "uniqueItems": True}), 'Unimplemented keys: ["uniqueItems"]'),
+    (_rf({"properties": {"a": {"if": {}, "then": {}}}}), '"if"'),
+    (_rf({"type": "nonsense"}), "schema:"),
+    (_rf({"$ref": "#/$defs/missing"}), "schema:"),
+]
+
+
+@pytest.mark.parametrize("value,words", BAD_RESPONSE_FORMATS)
+def test_malformed_response_format_is_400_naming_it(tok, value, words):
+    with pytest.raises(APIError) as e:
+        response_format(tok, value)
+    assert e.value.kind is Kind.BAD_REQUEST and e.value.param == "response_format"
+    assert words in e.value.message
+
+
+def test_response_format_values(tok):
+    assert response_format(tok, None) is None
+    assert response_format(tok, {"type": "text"}) is None
+    assert response_format(tok, {"type": "json_object"}) == Constraint("json_object")
+    c = response_format(tok, _rf(strict=True, description="a thing"))
+    assert c.kind == "json_schema" and json.loads(c.spec) == SCHEMA
+    assert response_format(tok, _rf(strict=False)) == c       # enforced either way
+    ok = "aZ0_-" * 12 + "abcd"
+    assert response_format(tok, {"type": "json_schema", "json_schema": {"name": ok,
+                                                                        "schema": {}}})
+
+
+@pytest.mark.parametrize("value", [
+    [1, 2], "x", {"abc": 1}, {"-1": 1}, {"1.5": 1}, {"257": 1}, {"99999999999": 1}, {" 1": 1},
+    {"1": 101}, {"1": -100.5}, {"1": "5"}, {"1": True}, {"1": None}, {"1": [1]}, {"1": 1e400},
+])
+def test_malformed_logit_bias_is_400_naming_it(tok, value):
+    with pytest.raises(APIError) as e:
+        logit_bias(tok, value)
+    assert e.value.kind is Kind.BAD_REQUEST and e.value.param == "logit_bias"
+
+
+def test_logit_bias_values(tok):
+    assert logit_bias(tok, None) == {}
+    assert logit_bias(tok, {"0": -100, "256": 100, "7": 0.5}) == {0: -100.0, 256: 100.0, 7: 0.5}
+    with pytest.raises(ValueError):
+        SamplingParams(logit_bias=((3, 100.5),))
+
+
+@pytest.mark.parametrize("value", [
+    "json", {"type": "bogus", "value": "x"}, {"type": "json"}, {"type": "json", "value": 3},
+    {"type": "json", "value": "{not json"}, {"type": "json", "value": {"type": "nonsense"}},
+    {"type": "regex"}, {"type": "regex", "value": {"a": 1}}, {"type": "regex", "value": "(ab"},
+    {"type": "json_schema", "value": SCHEMA}, {"type": "json_schema", "value": {"schema": 1}},
+    {"type": "json_schema", "value": {"name": 3, "schema": SCHEMA}},
+])
+def test_malformed_tgi_grammar_is_422(tok, value):
+    with pytest.raises(APIError) as e:
+        tgi_grammar(tok, value)
+    assert e.value.kind is Kind.INVALID
+
+
+def test_tgi_grammar_values(tok):
+    assert tgi_grammar(tok, None) is None
+    assert tgi_grammar(tok, {"type": "json", "value": SCHEMA}).kind == "json_schema"
+    assert tgi_grammar(tok, {"type": "json", "value": json.dumps(SCHEMA)}).kind == "json_schema"
+    for kind, spec in (("json_object", SCHEMA), ("json_schema", {"name": "t", "schema": SCHEMA}),
+                       ("json_schema", {"schema": SCHEMA})):
+        assert tgi_grammar(tok, {"type": kind, "value": spec}) == Constraint(
+            "json_schema", json.dumps(SCHEMA))
+    assert tgi_grammar(tok, {"type": "regex", "value": "[a-c]+"}) == Constraint("regex", "[a-c]+")
+
+
+def _allowed(matcher, v: int) -> set[int]:
+    bm = np.zeros((1, bitmask_words(v)), np.int32)
+    matcher.fill_mask(bm, 0)
+    x = np.zeros((1, v), np.float32)
+    apply_bitmask(x, bm)
+    return set(np.flatnonzero(x[0] == 0).tolist())
+
+
+def test_matcher_follows_a_regex_and_ends_with_eos(tok):
+    m = compile_constraint(tok, Constraint("regex", "a[0-9]{2}(x|yz)?")).matcher()
+    assert _allowed(m, tok.vocab_size) == {ord("a")}
+    for ch in "a12":
+        assert m.consume(ord(ch))
+    assert _allowed(m, tok.vocab_size) == {ord("x"), ord("y"), EOS}
+    assert m.accepting and not m.done
+    assert m.consume(ord("y"))
+    assert _allowed(m, tok.vocab_size) == {ord("z")}
+    assert m.consume(ord("z")) and m.done
+    assert _allowed(m, tok.vocab_size) == {EOS}
+    bad = compile_constraint(tok, Constraint("regex", "ab")).matcher()
+    assert not bad.consume(ord("b")) and bad.error
+
+
+def test_json_schema_mask_walks_a_valid_instance_compactly(tok):
+    m = compile_constraint(tok, Constraint("json_schema", json.dumps(SCHEMA))).matcher()
+    for b in b'{"n":42}':
+        assert b in _allowed(m, tok.vocab_size)
+        assert ord(" ") not in _allowed(m, tok.vocab_size)        # no free whitespace
+        assert m.consume(b)
+    assert m.done and _allowed(m, tok.vocab_size) == {EOS}
+
+
+def test_compiled_grammars_are_cached_per_spec(tok):
+    a = compile_constraint(tok, Constraint("json_object"))
+    assert compile_constraint(tok, Constraint("json_object")) is a
+    assert compile_constraint(tok, Constraint("regex", "a")) is not a
+    m1, m2 = a.matcher(), a.matcher()
+    assert m1.consume(ord("{")) and _allowed(m2, tok.vocab_size) == {ord("{")}  # own state
+    with pytest.raises(ConstraintError, match="not valid JSON"):
+        compile_constraint(tok, Constraint("json_schema", "{oops"))
+    with pytest.raises(ValueError):
+        Constraint("yaml")
+
+
+def test_apply_bitmask_sets_disallowed_logits_to_minus_inf():
+    v = 70
+    logits = np.arange(2 * v, dtype=np.float32).reshape(2, v)
+    bm = np.zeros((2, bitmask_words(v)), np.int32)
+    bm[0, 0] = 0b101            # tokens 0 and 2
+    bm[1, 2] = 1 << 5           # token 69
+    apply_bitmask(logits, bm)
+    assert np.flatnonzero(np.isfinite(logits[0])).tolist() == [0, 2]
+    assert np.flatnonzero(np.isfinite(logits[1])).tolist() == [69]
+    assert logits[1, 69] == v + 69
+
+
+@pytest.mark.parametrize("v", [70, 4096, 49_152])
+def test_apply_bitmask_matches_unpacking_every_bit(v):
+    """Rows allowing few tokens, most tokens, all, one: the same ``-inf`` as the plain rule."""
+    rng = np.random.default_rng(v)
+    w = bitmask_words(v)
+    bm = np.zeros((5, w), np.int32)
+    bm[0, rng.integers(0, w, 3)] = rng.integers(1, 2**31, 3)           # few
+    bm[1] = -1
+    bm[1, rng.integers(0, w, max(1, w // 10))] = rng.integers(-2**31, 2**31, max(1, w // 10))
+    bm[2] = -1                                                          # all
+    bm[3, (v - 1) // 32] = np.array([1 << ((v - 1) % 32)], np.uint32).view(np.int32)[0]  # last
+    bm[4] = rng.integers(-2**31, 2**31, w)                              # half
+    logits = rng.normal(size=(5, v)).astype(np.float32)
+    plain = logits.copy()
+    bits = np.unpackbits(bm.view(np.uint8), axis=1, count=v, bitorder="little")
+    plain[bits == 0] = -np.inf
+    apply_bitmask(logits, bm)
+    assert np.array_equal(logits, plain)
+    assert np.isfinite(logits[2]).all() and np.flatnonzero(np.isfinite(logits[3])) == [v - 1]

@@ -1,0 +1,194 @@
+"""tiny_mindie.api.tool_calls without a model: ``tools`` / ``tool_choice`` validation (every
+malformed value a 400 naming its field), the call parsers, and the streaming parser cut at every
+point giving the whole-text answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tiny_mindie.api import tool_calls as tc
+from tiny_mindie.api.errors import APIError
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get-time_2", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}}}}}
+
+
+def _fn(**kw) -> list:
+    return [{"type": "function", "function": {"name": "f", **kw}}]
+
+
+BAD_TOOLS = [
+    {"type": "function"}, "get_weather", [1], [{"type": "retrieval"}],
+    [{"function": {"name": "f"}}], [{"type": "function", "function": "f"}],
+    [{"type": "function", "function": {"name": "f"}, "extra": 1}],
+    _fn(name=""), [{"type": "function", "function": {}}],
+    [{"type": "function", "function": {"name": "a b"}}],
+    [{"type": "function", "function": {"name": "x" * 65}}],
+    [{"type": "function", "function": {"name": "naïve"}}],
+    [WEATHER, WEATHER], _fn(description=3), _fn(parameters=[]),
+    _fn(parameters={"type": "string"}), _fn(parameters={"type": "object", "properties": 3}),
+    _fn(parameters={"type": "object", "required": "city"}), _fn(strict="yes"),
+    _fn(parameters={"type": "object"}, colour="red"),
+]
+
+
+@pytest.mark.parametrize("tools", BAD_TOOLS, ids=range(len(BAD_TOOLS)))
+def test_malformed_tools_are_400_naming_tools(tools):
+    with pytest.raises(APIError) as exc:
+        tc.parse_tools(tools)
+    assert (exc.value.status, exc.value.param) == (400, "tools"), exc.value.message
+
+
+def test_good_tools_and_their_template_form():
+    tools = tc.parse_tools([WEATHER, TIME, _fn()[0]])
+    assert [t.name for t in tools] == ["get_weather", "get-time_2", "f"]
+    assert tools[0].as_openai() == WEATHER
+    assert tools[2].as_openai()["function"] == {
+        "name": "f", "parameters": {"type": "object", "properties": {}}}
+    assert tc.parse_tools(None) is None and tc.parse_tools([]) is None
+
+
+BAD_CHOICES = [("any", [WEATHER]), (3, [WEATHER]), ({"type": "function"}, [WEATHER]),
+               ({"type": "function", "function": {"name": "nope"}}, [WEATHER]),
+               ({"type": "tool", "function": {"name": "get_weather"}}, [WEATHER]),
+               ({"function": {"name": "get_weather"}}, [WEATHER]),
+               ({"type": "function", "function": {"name": 3}}, [WEATHER]),
+               ("required", None), ("auto", None),
+               ({"type": "function", "function": {"name": "get_weather"}}, None)]
+
+
+@pytest.mark.parametrize("choice,tools", BAD_CHOICES, ids=range(len(BAD_CHOICES)))
+def test_malformed_tool_choice_is_400_naming_it(choice, tools):
+    with pytest.raises(APIError) as exc:
+        tc.parse_tool_choice(choice, tc.parse_tools(tools))
+    assert (exc.value.status, exc.value.param) == (400, "tool_choice"), exc.value.message
+
+
+def test_tool_choice_defaults_and_schemas():
+    tools = tc.parse_tools([WEATHER, TIME])
+    assert tc.parse_tool_choice(None, tools) == tc.Choice("auto")
+    assert tc.parse_tool_choice(None, None) == tc.Choice("none")
+    assert tc.parse_tool_choice("none", None) == tc.Choice("none")
+    named = tc.parse_tool_choice({"type": "function", "function": {"name": "get-time_2"}}, tools)
+    assert named == tc.Choice("function", "get-time_2")
+    one = tc.call_schema(tools, named, parallel=True)
+    assert one["properties"] == {"name": {"const": "get-time_2"}, "arguments": {
+        **TIME["function"]["parameters"], "additionalProperties": False}}
+    assert one["required"] == ["name", "arguments"] and one["additionalProperties"] is False
+    req = tc.parse_tool_choice("required", tools)
+    single = tc.call_schema(tools, req, parallel=False)
+    assert [s["properties"]["name"]["const"] for s in single["anyOf"]] == ["get_weather",
+                                                                           "get-time_2"]
+    many = tc.call_schema(tools, req, parallel=True)
+    assert many == {"type": "array", "items": single, "minItems": 1}
+
+
+def test_closed_schemas_allow_no_unnamed_properties_but_keep_what_is_said():
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "array", "items": {"type": "object", "properties": {}}},
+        "c": {"anyOf": [{"type": "object", "properties": {"y": {}}}, {"type": "null"}]},
+        "d": {"type": "object", "additionalProperties": {"type": "string"}},
+        "e": {"type": "object", "properties": {"z": {}}, "patternProperties": {"^q": {}}}},
+        "$defs": {"p": {"type": "object", "properties": {"w": {}}}}}
+    out = tc.closed(schema)
+    assert out["additionalProperties"] is False and "additionalProperties" not in schema
+    props = out["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["items"]["additionalProperties"] is False
+    assert props["c"]["anyOf"][0]["additionalProperties"] is False
+    assert props["d"]["additionalProperties"] == {"type": "string"}      # said: kept
+    assert "additionalProperties" not in props["e"]                       # patterns: kept
+    assert out["$defs"]["p"]["additionalProperties"] is False
+    doc = {"a": {"x": 1}, "b": [{}], "c": None, "d": {"k": "v"}, "e": {"q1": 2}}
+    jsonschema.validate(doc, out)
+    jsonschema.validate(doc, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "extra": 1}, out)
+
+
+def test_format_detection_by_template_text():
+    assert tc.detect_format("... <tool_call>\\n{...}</tool_call> ...") == tc.HERMES
+    assert tc.detect_format('{{ "[TOOL_CALLS][" }}') == tc.MISTRAL
+    assert tc.detect_format('<|start_header_id|> {{ \'"parameters": \' }}') == tc.LLAMA3
+    assert tc.detect_format("{{ messages }}") is None
+    assert tc.thinks("{{ '</think>' }}") and not tc.thinks("<tool_call>")
+    assert tc.call_id(tc.HERMES).startswith("call_") and len(tc.call_id(tc.HERMES)) == 29
+    mid = tc.call_id(tc.MISTRAL)
+    assert len(mid) == 9 and mid.isalnum()
+
+
+CALL = tc.ToolCall("get_weather", '{"city": "Paris"}')
+# (text, format, reasoning, starts inside <think>, reasoning, content, calls)
+CASES = [
+    ("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+     "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+     tc.HERMES, False, False, None, "Let me check.", [CALL, tc.ToolCall("f", "{}")]),
+    # no closing tag (the model stopped there), arguments as a JSON string
+    ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}',
+     tc.HERMES, False, False, None, None, [CALL]),
+    # a block that is no call stays text; a lone "<tool" is text too
+    ("a <tool_call>not json</tool_call> b <tool", tc.HERMES, False, False, None,
+     "a <tool_call>not json</tool_call> b <tool", []),
+    ("Paris is sunny.", tc.HERMES, False, False, None, "Paris is sunny.", []),
+    ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+     tc.LLAMA3, False, False, None, None, [CALL]),
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f", "parameters": {}}',
+     tc.LLAMA3, False, False, None, None, [CALL, tc.ToolCall("f", "{}")]),
+    ('The answer is {"a": 1}', tc.LLAMA3, False, False, None, 'The answer is {"a": 1}', []),
+    ('{"a": 1}', tc.LLAMA3, False, False, None, '{"a": 1}', []),
+    ('Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+     tc.MISTRAL, False, False, None, "Sure.", [CALL]),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]f[ARGS]{}', tc.MISTRAL, False,
+     False, None, None, [CALL, tc.ToolCall("f", "{}")]),
+    ("[TOOL_CALLS]oops", tc.MISTRAL, False, False, None, "[TOOL_CALLS]oops", []),
+    ('[{"name": "get_weather", "arguments": {"city": "Paris"}}]', tc.JSON, False, False, None,
+     None, [CALL]),
+    ('{"name": "get_weather", "arguments": {"city": "Par', tc.JSON, False, False, None,
+     '{"name": "get_weather", "arguments": {"city": "Par', []),
+    # reasoning: opened by the answer, or by the prompt; unclosed; none
+    ("<think>\nThe user wants weather.\n</think>\n\nSure.<tool_call>{\"name\": \"get_weather\", "
+     "\"arguments\": {\"city\": \"Paris\"}}</tool_call>", tc.HERMES, True, False,
+     "The user wants weather.", "Sure.", [CALL]),
+    ("\nhmm\n</think>\n\nBlue", None, True, True, "hmm", "Blue", []),
+    ("<think>still thinking", None, True, False, "still thinking", None, []),
+    ("Blue <think>", None, True, False, None, "Blue <think>", []),
+    ("<think>\n\n</think>\n\nBlue", None, True, False, None, "Blue", []),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=range(len(CASES)))
+def test_parse_output_and_every_stream_cut(case):
+    text, fmt, reasoning, inside, want_r, want_c, want_calls = case
+    out = tc.parse_output(text, fmt, reasoning=reasoning, in_reasoning=inside)
+    assert (out.reasoning, out.content, out.calls) == (want_r, want_c, want_calls)
+    for call in out.calls:
+        json.loads(call.arguments)
+    # the streaming parser: fed in two pieces cut anywhere, and one character at a time
+    for cut in range(len(text) + 1):
+        p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside)
+        assert tc.collect(p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish()) == out, cut
+    p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside)
+    deltas = [d for ch in text for d in p.feed(ch)] + p.finish()
+    assert tc.collect(deltas) == out
+
+
+def test_stream_holds_back_only_possible_markers():
+    p = tc.OutputParser(tc.HERMES)
+    assert p.feed("Hello <tool") == [("content", "Hello")]      # the space waits, so may "<tool"
+    assert p.feed("box> and") == [("content", " <toolbox> and")]
+    assert p.feed(" <tool_call>{\"name\": \"f\", ") == []
+    assert p.feed('"arguments": {}}</tool_call>') == [("call", tc.ToolCall("f", "{}"))]
+    r = tc.OutputParser(None, reasoning=True)
+    assert r.feed("<thi") == [] and not r.thinking
+    assert r.feed("nk>Hm") == [("reasoning", "Hm")] and r.thinking
+    assert r.feed("m</th") == [("reasoning", "m")]
+    assert r.feed("ink>Blue") == [("content", "Blue")] and not r.thinking

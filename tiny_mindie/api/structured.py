@@ -1,0 +1,152 @@
+"""Structured outputs and token biases, as the API families spell them: OpenAI's
+``response_format`` and ``logit_bias``, TGI's ``grammar``. Each is validated, and a grammar
+compiled (:func:`tiny_mindie.engine.constraint.compile_constraint`, cached), before anything
+reaches the engine, so that a malformed or unenforceable one is the client's 400 / 422 naming
+the field, never a silently looser output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+from ..engine.constraint import ConstraintError, compile_constraint
+from ..engine.request import Constraint
+from ..model.tokenizer import Tokenizer
+from .errors import APIError, bad, invalid
+
+SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_BIAS = 100.0                 # OpenAI's range for logit_bias values: [-100, 100]
+
+
+def _compiled(tokenizer: Tokenizer, constraint: Constraint, error) -> Constraint:
+    """``constraint`` once it compiles for ``tokenizer``'s vocabulary; else ``error(message)``."""
+    try:
+        compile_constraint(tokenizer, constraint)
+    except ConstraintError as exc:
+        raise error(str(exc)) from None
+    return constraint
+
+
+def _json_number(v) -> float | None:
+    """A JSON number as a float (not a bool), else None."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf
+
+
+def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
+    """OpenAI's ``response_format``: ``{"type": "text"}`` (or null) -> None;
+    ``{"type": "json_object"}`` -> any JSON object; ``{"type": "json_schema", "json_schema":
+    {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool, "description": str}}`` ->
+    output valid against ``schema`` (enforced whether ``strict`` or not).
+
+    Raises:
+        APIError: 400 with ``param: "response_format"``: not an object, unknown ``type``,
+            ``json_schema`` missing or malformed, bad ``name``, missing ``schema``, or a schema
+            the grammar library cannot enforce (the message names the feature).
+    """
+    if value is None:
+        return None
+
+    def fail(message: str) -> APIError:
+        return bad(message, "response_format")
+
+    if not isinstance(value, dict):
+        raise fail("Parameter response_format must be an object.")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _compiled(tokenizer, Constraint("json_object"), fail)
+    if kind != "json_schema":
+        raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
+                   f"got {json.dumps(kind)}.")
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise fail("response_format.json_schema must be an object with a name and a schema.")
+    name = spec.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
+        raise fail("response_format.json_schema.name must be 1-64 characters of a-z, A-Z, "
+                   f"0-9, '_' and '-', got {json.dumps(name)}.")
+    for key, kinds in (("strict", bool), ("description", str)):
+        if spec.get(key) is not None and not isinstance(spec[key], kinds):
+            raise fail(f"response_format.json_schema.{key} must be a "
+                       f"{'boolean' if kinds is bool else 'string'}.")
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise fail("response_format.json_schema.schema is required and must be an object "
+                   "(a JSON schema).")
+    return _compiled(tokenizer, Constraint("json_schema", json.dumps(schema)),
+                     lambda m: fail(f"response_format.json_schema.schema: {m}"))
+
+
+def logit_bias(tokenizer: Tokenizer, value) -> dict[int, float]:
+    """OpenAI's ``logit_bias``: ``{"<token id>": bias}``, ids of the vocabulary, biases numbers
+    in [-100, 100]; null -> ``{}``.
+
+    Raises:
+        APIError: 400 with ``param: "logit_bias"`` for anything else.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad("Parameter logit_bias must be an object mapping token ids to biases.",
+                  "logit_bias")
+    out: dict[int, float] = {}
+    n = tokenizer.vocab_size
+    for key, v in value.items():
+        if not re.fullmatch(r"[0-9]{1,10}", key) or int(key) >= n:
+            raise bad(f"logit_bias keys must be token ids in 0..{n - 1}, got {json.dumps(key)}.",
+                      "logit_bias")
+        x = _json_number(v)
+        if x is None or not -MAX_BIAS <= x <= MAX_BIAS:
+            raise bad(f"logit_bias values must be numbers in [-100, 100], got {json.dumps(v)} "
+                      f"for token {key}.", "logit_bias")
+        out[int(key)] = x
+    return out
+
+
+def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
+    """TGI's ``parameters.grammar``: ``{"type": "json", "value": schema}`` (the schema an object,
+    or a string holding one; ``"json_object"`` is TGI's alias of ``"json"``), ``{"type":
+    "json_schema", "value": {"name": optional, "schema": schema}}`` (TGI 3) or ``{"type":
+    "regex", "value": "<regex>"}``; null -> None.
+
+    Raises:
+        APIError: 422 (TGI's ``validation`` error) for anything else, or a grammar that does
+            not compile.
+    """
+    if value is None:
+        return None
+
+    def fail(message: str) -> APIError:
+        return invalid(f"Grammar failed to compile: {message}")
+
+    if not isinstance(value, dict) or value.get("type") not in (
+            "json", "json_object", "json_schema", "regex"):
+        raise invalid("Parameter grammar must be {\"type\": \"json\" | \"json_schema\" | "
+                      "\"regex\", \"value\": ...}.")
+    spec = value.get("value")
+    if value["type"] == "json_schema":
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict) \
+                or not isinstance(spec.get("name"), str | None):
+            raise invalid("Parameter grammar.value must be {\"name\": ..., \"schema\": {...}} "
+                          "for type json_schema.")
+        spec = spec["schema"]
+    if value["type"] == "regex":
+        if not isinstance(spec, str):
+            raise invalid("Parameter grammar.value must be a string (a regex).")
+        return _compiled(tokenizer, Constraint("regex", spec), fail)
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError as exc:
+            raise fail(f"grammar.value is not valid JSON: {exc}") from None
+    if not isinstance(spec, dict):
+        raise invalid("Parameter grammar.value must be a JSON schema object.")
+    return _compiled(tokenizer, Constraint("json_schema", json.dumps(spec)), fail)

@@ -1,0 +1,570 @@
+"""Tools on the OpenAI chat route: the request's ``tools`` / ``tool_choice`` validated, and a chat
+model's output split into reasoning, content and tool calls -- pure functions and one small
+incremental parser, no I/O, no model.
+
+Tool-call formats (:func:`detect_format` picks one from the chat template's text):
+
+``hermes``
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, any number, anywhere in the
+    answer (Qwen2.5, Qwen3, Hermes 2/3 templates; also the tools prompt this server writes for a
+    template that renders no tools, :func:`tools_system_prompt`).
+``llama3_json``
+    Llama 3.1+: the answer *is* ``{"name": ..., "parameters": {...}}`` (``<|python_tag|>``
+    before it optional; several joined by ``;``).
+``mistral``
+    ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (Mistral Nemo) or
+    ``[TOOL_CALLS]name[ARGS]{...}`` (Mistral Small 3.2, Devstral), after optional text.
+``json``
+    The whole answer is ``{"name": ..., "arguments": {...}}`` or a list of those: the output of
+    ``tool_choice`` ``required`` or a named function, which decoding is constrained to
+    (:func:`call_schema`).
+
+Reasoning: for a template that thinks (``</think>`` in its text: Qwen3, DeepSeek-R1 distills,
+SmolLM3), ``<think>...</think>`` at the start of the answer -- or everything up to ``</think>``
+when the prompt itself ends inside ``<think>`` -- is the reasoning, the rest the answer.
+
+:class:`OutputParser` does the split as text comes (streaming), holding back only text that may
+still turn out to be a marker (``<tool_call``, ``</thi``) or a call; :func:`parse_output` is the
+same parser fed the whole text at once, so a streamed answer reassembles to the plain one.
+Reasoning, content and the text around calls are stripped of surrounding whitespace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import secrets
+import string
+
+from .errors import bad
+
+HERMES, LLAMA3, MISTRAL, JSON = "hermes", "llama3_json", "mistral", "json"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG, MISTRAL_CALLS = "<|python_tag|>", "[TOOL_CALLS]"
+#: The markers the parsers read. Where the vocabulary has one as a control token (Mistral's
+#: ``[TOOL_CALLS]`` and ``[ARGS]``, Llama's ``<|python_tag|>``), the token adds no text to the
+#: answer, and its stored text is fed to the parser instead (:func:`marker_tokens`).
+MARKERS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, PYTHON_TAG, MISTRAL_CALLS,
+           "[ARGS]", "[CALL_ID]")
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_ALNUM = string.ascii_letters + string.digits
+
+
+# ---- requests ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    """One validated ``tools`` entry (``type: "function"``)."""
+
+    name: str
+    description: str | None
+    parameters: dict            # a JSON schema object ({} when the client gave none)
+    strict: bool = False
+
+    def as_openai(self) -> dict:
+        """The entry as the chat template gets it: OpenAI's ``{"type": "function", "function":
+        {"name", "description", "parameters"}}`` (what Hugging Face's templates read)."""
+        fn: dict = {"name": self.name}
+        if self.description is not None:
+            fn["description"] = self.description
+        fn["parameters"] = self.parameters
+        return {"type": "function", "function": fn}
+
+
+def parse_tools(value) -> list[Tool] | None:
+    """The ``tools`` field: ``None`` when absent or empty, else each entry checked.
+
+    Raises:
+        APIError: 400 (``param`` ``tools``) for a non-list, an entry not ``{"type":
+            "function", "function": {...}}``, a name not matching ``[a-zA-Z0-9_-]{1,64}``, a
+            name given twice, a non-string description, ``parameters`` not a JSON schema
+            object (``type``, when given, must be ``"object"``), a non-boolean ``strict``.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad("Parameter tools must be a list of tools.", "tools")
+    tools, seen = [], set()
+    for i, t in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise bad(f"{where}.type must be 'function'.", "tools")
+        if set(t) - {"type", "function"}:
+            raise bad(f"{where} has unknown fields: {sorted(set(t) - {'type', 'function'})}.",
+                      "tools")
+        fn = t.get("function")
+        if not isinstance(fn, dict):
+            raise bad(f"{where}.function must be an object.", "tools")
+        unknown = set(fn) - {"name", "description", "parameters", "strict"}
+        if unknown:
+            raise bad(f"{where}.function has unknown fields: {sorted(unknown)}.", "tools")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise bad(f"{where}.function.name must be 1 to 64 characters of a-z, A-Z, 0-9, _ "
+                      f"and -, got {json.dumps(name)[:80]}.", "tools")
+        if name in seen:
+            raise bad(f"{where}.function.name {name!r} is given twice.", "tools")
+        seen.add(name)
+        desc = fn.get("description")
+        if desc is not None and not isinstance(desc, str):
+            raise bad(f"{where}.function.description must be a string.", "tools")
+        params = fn.get("parameters")
+        if params is None:
+            params = {"type": "object", "properties": {}}
+        if not isinstance(params, dict):
+            raise bad(f"{where}.function.parameters must be a JSON schema object.", "tools")
+        if params.get("type", "object") != "object":
+            raise bad(f"{where}.function.parameters must describe an object "
+                      f"(type 'object'), got type {json.dumps(params.get('type'))}.", "tools")
+        _check_schema(params, f"{where}.function.parameters")
+        strict = fn.get("strict", False)
+        if not isinstance(strict, bool):
+            raise bad(f"{where}.function.strict must be a boolean.", "tools")
+        tools.append(Tool(name, desc, params, strict))
+    return tools or None
+
+
+def _check_schema(schema: dict, where: str) -> None:
+    """``schema`` is a valid JSON schema (Draft 2020-12's meta-schema, with ``jsonschema``)."""
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "".join(f"[{p!r}]" for p in exc.absolute_path)
+        raise bad(f"{where}{path} is not a valid JSON schema: {exc.message[:200]}",
+                  "tools") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The validated ``tool_choice``: ``mode`` ``"none"``, ``"auto"``, ``"required"`` or
+    ``"function"`` (then ``name`` is the function's)."""
+
+    mode: str
+    name: str | None = None
+
+
+def parse_tool_choice(value, tools: list[Tool] | None) -> Choice:
+    """The ``tool_choice`` field (default ``auto`` with tools, ``none`` without).
+
+    Raises:
+        APIError: 400 (``param`` ``tool_choice``) for another string, an object not
+            ``{"type": "function", "function": {"name": ...}}``, a name that is no tool's, or
+            ``auto``/``required``/a function without ``tools``.
+    """
+    if value is None:
+        return Choice("auto" if tools else "none")
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise bad("Parameter tool_choice must be 'none', 'auto', 'required' or "
+                      f"{{'type': 'function', 'function': {{'name': ...}}}}, got {value!r}.",
+                      "tool_choice")
+        choice = Choice(value)
+    elif isinstance(value, dict) and value.get("type") == "function" \
+            and isinstance(value.get("function"), dict) \
+            and isinstance(value["function"].get("name"), str) and set(value) == {"type",
+                                                                                   "function"}:
+        choice = Choice("function", value["function"]["name"])
+    else:
+        raise bad("Parameter tool_choice must be 'none', 'auto', 'required' or "
+                  "{'type': 'function', 'function': {'name': ...}}.", "tool_choice")
+    if choice.mode != "none" and not tools:
+        raise bad(f"Parameter tool_choice {choice.mode!r} requires tools.", "tool_choice")
+    if choice.mode == "function" and choice.name not in {t.name for t in tools or ()}:
+        raise bad(f"Parameter tool_choice names function {choice.name!r}, which is not in "
+                  "tools.", "tool_choice")
+    return choice
+
+
+def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
+    """The JSON schema decoding is constrained to for ``required`` or a named function:
+    ``{"name": <const>, "arguments": <that function's parameters>}``, any of ``tools`` for
+    ``required`` (an array of one or more such calls when ``parallel``), the named one
+    otherwise. The parameters are :func:`closed`: what is generated still validates against
+    the client's schema."""
+    def one(t: Tool) -> dict:
+        return {"type": "object", "properties": {"name": {"const": t.name},
+                                                 "arguments": closed(t.parameters)},
+                "required": ["name", "arguments"], "additionalProperties": False}
+
+    if choice.mode == "function":
+        return one(next(t for t in tools if t.name == choice.name))
+    calls = [one(t) for t in tools]
+    item = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return {"type": "array", "items": item, "minItems": 1} if parallel else item
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMAS = ("items", "not", "if", "then", "else", "contains", "additionalProperties")
+
+
+def closed(schema):
+    """A copy of ``schema`` in which each object schema that lists ``properties`` but says
+    nothing of others (no ``additionalProperties``, ``patternProperties``,
+    ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
+    written: every document it accepts the original accepts too, and a small model cannot
+    spend its tokens inventing arguments the function does not take."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = closed(out[key])
+    if isinstance(out.get("properties"), dict) and not any(
+            k in out for k in ("additionalProperties", "patternProperties",
+                               "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    return out
+
+
+def tools_system_prompt(tools: list[Tool]) -> str:
+    """The tools as a system prompt in the Hermes format (Qwen2.5's wording), for a chat
+    template that renders no tools of its own; the answer is then parsed as :data:`HERMES`."""
+    lines = "\n".join(json.dumps(t.as_openai(), ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{lines}\n</tools>\n\nFor each function call, return a json object with "
+            "function name and arguments within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+            "</tool_call>")
+
+
+def detect_format(template: str) -> str | None:
+    """The tool-call format a chat template teaches its model (by the template's text), or
+    ``None`` when it is none of :data:`HERMES`, :data:`LLAMA3`, :data:`MISTRAL`."""
+    if TOOL_CALL_OPEN in template:
+        return HERMES
+    if MISTRAL_CALLS in template:
+        return MISTRAL
+    if '"parameters": ' in template and ("<|start_header_id|>" in template
+                                         or PYTHON_TAG in template):
+        return LLAMA3
+    return None
+
+
+def thinks(template: str) -> bool:
+    """Whether a chat template is a reasoning model's (it writes or strips ``</think>``)."""
+    return THINK_CLOSE in template
+
+
+def call_id(fmt: str | None) -> str:
+    """A new tool call id: ``call_`` and 24 random hex digits; 9 random letters and digits for
+    :data:`MISTRAL` (its template refuses other ids in later turns)."""
+    if fmt == MISTRAL:
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))
+    return "call_" + secrets.token_hex(12)
+
+
+# ---- output ------------------------------------------------------------------------------
+def marker_tokens(tok) -> dict[int, str]:
+    """Token id -> marker text, for each of :data:`MARKERS` that is one token of ``tok``'s
+    vocabulary adding no text to the output (a control token)."""
+    out = {}
+    for m in MARKERS:
+        i = tok.token_to_id(m)
+        if i is not None and not tok.token_bytes(i):
+            out[i] = m
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """One call: the function's name and its arguments as JSON text (an object)."""
+
+    name: str
+    arguments: str
+
+
+def _call(obj, keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | None:
+    """``obj`` (parsed JSON) as a call: an object with a string ``name`` and an object (or a
+    JSON text of one) under one of ``keys``; else ``None``."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = next((obj[k] for k in keys if k in obj), {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _loads(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def parse_hermes_block(block: str) -> ToolCall | None:
+    """``<tool_call>{...}</tool_call>`` (closing tag optional) as a call, else ``None``."""
+    body = block[len(TOOL_CALL_OPEN):]
+    if body.endswith(TOOL_CALL_CLOSE):
+        body = body[:-len(TOOL_CALL_CLOSE)]
+    return _call(_loads(body.strip()))
+
+
+def parse_llama3(text: str) -> tuple[list[ToolCall], str] | None:
+    """Llama 3.1+'s answer ``[<|python_tag|>]{"name": ..., "parameters": {...}}[; {...}]`` as
+    its calls and the text after them; ``None`` when it does not start with a call."""
+    s = text.lstrip()
+    if s.startswith(PYTHON_TAG):
+        s = s[len(PYTHON_TAG):].lstrip()
+    dec, calls, pos = json.JSONDecoder(), [], 0
+    while True:
+        try:
+            obj, end = dec.raw_decode(s, pos)
+        except (ValueError, RecursionError):
+            break
+        call = _call(obj)
+        if call is None:
+            break
+        calls.append(call)
+        pos = end
+        rest = s[pos:].lstrip()
+        if not rest.startswith(";"):
+            break
+        pos = len(s) - len(rest) + 1
+        pos += len(s[pos:]) - len(s[pos:].lstrip())
+    if not calls:
+        return None
+    return calls, s[pos:]
+
+
+def parse_mistral(after: str) -> list[ToolCall] | None:
+    """What follows ``[TOOL_CALLS]``: a JSON list of calls, or ``name[ARGS]{...}`` (with an
+    optional ``[CALL_ID]id`` before ``[ARGS]``) repeated; ``None`` unless it is all calls."""
+    s = after.strip()
+    if s.startswith("["):
+        objs = _loads(s)
+        if isinstance(objs, dict):
+            objs = [objs]
+        if not isinstance(objs, list) or not objs:
+            return None
+        calls = [_call(o) for o in objs]
+        return None if None in calls else calls
+    calls = []
+    for part in s.split(MISTRAL_CALLS):
+        name, sep, args = part.partition("[ARGS]")
+        name = name.split("[CALL_ID]")[0].strip()
+        call = _call({"name": name, "arguments": _loads(args.strip())}) if sep else None
+        if call is None:
+            return None
+        calls.append(call)
+    return calls or None
+
+
+def parse_json_calls(text: str) -> list[ToolCall] | None:
+    """The constrained answer of ``required``/a named function (:func:`call_schema`): one call
+    object or a list of them; ``None`` unless it is all calls (a cut-off answer is not)."""
+    obj = _loads(text.strip())
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = [_call(o, ("arguments",)) for o in objs]
+    return None if not calls or None in calls else calls
+
+
+class _Segment:
+    """Pieces of one text (the reasoning, or the content) as they come, stripped of leading and
+    trailing whitespace: trailing whitespace is held until more text follows."""
+
+    def __init__(self):
+        self.started = False
+        self.held = ""
+        self.any = False
+
+    def add(self, text: str) -> str:
+        if not self.started:
+            text = text.lstrip()
+            if not text:
+                return ""
+            self.started = True
+        full = self.held + text
+        out = full.rstrip()
+        self.held = full[len(out):]
+        self.any = self.any or bool(out)
+        return out
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of ``text`` that is the start of ``marker`` (to hold back)."""
+    for k in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-k:]):
+            return k
+    return 0
+
+
+@dataclasses.dataclass
+class Output:
+    """An answer split: reasoning and content (each ``None`` when empty) and calls."""
+
+    reasoning: str | None
+    content: str | None
+    calls: list[ToolCall]
+
+
+class OutputParser:
+    """Splits a chat answer, fed as it comes, into reasoning, content and tool calls.
+
+    Args:
+        fmt: the tool-call format to parse (:func:`detect_format`, :data:`JSON`), or ``None``
+            for none (``tool_choice`` ``none``, no tools).
+        reasoning: whether the template thinks (:func:`thinks`): a leading ``<think>`` opens
+            the reasoning.
+        in_reasoning: the prompt ends inside ``<think>``: the answer starts in the reasoning.
+
+    :meth:`feed` and :meth:`finish` return deltas: ``("reasoning", text)``, ``("content",
+    text)``, ``("call", ToolCall)``. :attr:`thinking` says whether the text fed so far ends
+    inside the reasoning.
+    """
+
+    def __init__(self, fmt: str | None, *, reasoning: bool = False, in_reasoning: bool = False):
+        self.fmt = fmt
+        self.state = "think" if in_reasoning else "start" if reasoning else "answer"
+        self.pending = ""           # text not yet given out
+        self.in_call = False        # pending starts with a call (marker seen)
+        self.plain = fmt is None    # the answer is plain content from here on
+        self.reasoning = _Segment()
+        self.content = _Segment()
+
+    @property
+    def thinking(self) -> bool:
+        return self.state == "think"
+
+    def feed(self, text: str) -> list[tuple]:
+        """Deltas for ``text`` (the next piece of the answer)."""
+        self.pending += text
+        out: list[tuple] = []
+        if self.state == "start":
+            s = self.pending.lstrip()
+            if s.startswith(THINK_OPEN):
+                self.state, self.pending = "think", s[len(THINK_OPEN):]
+            elif THINK_OPEN.startswith(s):
+                return out
+            else:
+                self.state = "answer"
+        if self.state == "think":
+            i = self.pending.find(THINK_CLOSE)
+            if i < 0:
+                keep = _partial_suffix(self.pending, THINK_CLOSE)
+                self._add(out, "reasoning", self.pending[:len(self.pending) - keep])
+                self.pending = self.pending[len(self.pending) - keep:]
+                return out
+            self._add(out, "reasoning", self.pending[:i])
+            self.state, self.pending = "answer", self.pending[i + len(THINK_CLOSE):]
+        self._answer(out)
+        return out
+
+    def _add(self, out: list, kind: str, text: str) -> None:
+        piece = (self.reasoning if kind == "reasoning" else self.content).add(text)
+        if piece:
+            out.append((kind, piece))
+
+    def _answer(self, out: list) -> None:
+        """Give out what of ``pending`` (answer text) cannot be part of a call."""
+        while self.pending:
+            if self.plain:
+                self._add(out, "content", self.pending)
+                self.pending = ""
+                return
+            if self.fmt == HERMES:
+                if not self.in_call:
+                    i = self.pending.find(TOOL_CALL_OPEN)
+                    if i < 0:
+                        keep = _partial_suffix(self.pending, TOOL_CALL_OPEN)
+                        self._add(out, "content", self.pending[:len(self.pending) - keep])
+                        self.pending = self.pending[len(self.pending) - keep:]
+                        return
+                    self._add(out, "content", self.pending[:i])
+                    self.pending, self.in_call = self.pending[i:], True
+                j = self.pending.find(TOOL_CALL_CLOSE)
+                if j < 0:
+                    return
+                block = self.pending[:j + len(TOOL_CALL_CLOSE)]
+                self.pending, self.in_call = self.pending[len(block):], False
+                self._block(out, block)
+            elif self.fmt == MISTRAL:
+                if not self.in_call:
+                    i = self.pending.find(MISTRAL_CALLS)
+                    if i < 0:
+                        keep = _partial_suffix(self.pending, MISTRAL_CALLS)
+                        self._add(out, "content", self.pending[:len(self.pending) - keep])
+                        self.pending = self.pending[len(self.pending) - keep:]
+                        return
+                    self._add(out, "content", self.pending[:i])
+                    self.pending, self.in_call = self.pending[i:], True
+                return                  # the calls run to the end
+            elif self.fmt == LLAMA3:
+                s = self.pending.lstrip()
+                if not s or (PYTHON_TAG.startswith(s) and not self.in_call):
+                    return              # maybe a call still
+                self.in_call = s.startswith("{") or s.startswith(PYTHON_TAG)
+                if self.in_call:
+                    return              # a call runs to the end
+                self.plain = True       # Llama calls start the answer: none here
+            else:                       # JSON: the constrained answer is all one call
+                self.in_call = True
+                return
+
+    def _block(self, out: list, block: str) -> None:
+        call = parse_hermes_block(block)
+        if call is None:
+            self._add(out, "content", block)
+        else:
+            out.append(("call", call))
+
+    def finish(self) -> list[tuple]:
+        """The deltas of the text still held, the answer being complete (or cut off)."""
+        out: list[tuple] = []
+        rest, self.pending = self.pending, ""
+        if self.state in ("start", "think"):
+            self._add(out, "reasoning" if self.state == "think" else "content", rest)
+            return out
+        if not rest:
+            return out
+        if self.plain or not self.in_call:
+            self._add(out, "content", rest)
+        elif self.fmt == HERMES:
+            self._block(out, rest)
+        elif self.fmt == MISTRAL:
+            calls = parse_mistral(rest[len(MISTRAL_CALLS):])
+            if calls is None:
+                self._add(out, "content", rest)
+            out.extend(("call", c) for c in calls or ())
+        elif self.fmt == LLAMA3:
+            got = parse_llama3(rest)
+            if got is None:
+                self._add(out, "content", rest)
+            else:
+                out.extend(("call", c) for c in got[0])
+                self._add(out, "content", got[1])
+        else:
+            calls = parse_json_calls(rest)
+            if calls is None:
+                self._add(out, "content", rest)
+            out.extend(("call", c) for c in calls or ())
+        return out
+
+
+def collect(deltas: list[tuple]) -> Output:
+    """Deltas (:class:`OutputParser`'s) put together."""
+    reasoning = "".join(d[1] for d in deltas if d[0] == "reasoning")
+    content = "".join(d[1] for d in deltas if d[0] == "content")
+    return Output(reasoning or None, content or None, [d[1] for d in deltas if d[0] == "call"])
+
+
+def parse_output(text: str, fmt: str | None, *, reasoning: bool = False,
+                 in_reasoning: bool = False) -> Output:
+    """A whole answer split (:class:`OutputParser` fed ``text`` at once)."""
+    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning)
+    return collect(p.feed(text) + p.finish())
