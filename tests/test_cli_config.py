@@ -64,6 +64,8 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
      "BackendConfig.parallelRuns must be in 0..1024, got -1"),
     ({"BackendConfig": {"batchInvariant": "no"}},
      "batchInvariant must be true or false, got \"no\""),
+    ({"BackendConfig": {"ScheduleConfig": {"prefixCaching": 0}}},
+     "prefixCaching must be true or false, got 0"),
     ("{broken", "not valid JSON"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, obj, needle):
@@ -195,6 +197,15 @@ def test_port_flag_moves_the_planes_that_share_the_business_listener(tmp_path, p
                                       "--port", "18024"])
     s = _config_from_args(args).server
     assert (s.port, s.management_port, s.metrics_port) == expected
+
+
+def test_prefix_caching_is_on_unless_the_file_or_the_flag_turns_it_off(tmp_path):
+    from tiny_mindie.cli import _config_from_args, build_parser
+    assert load_config(write(tmp_path, {})).backend.schedule.prefix_caching is True
+    off = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"prefixCaching": False}}})
+    assert load_config(off).backend.schedule.prefix_caching is False
+    args = build_parser().parse_args(["serve", "--no-prefix-cache"])
+    assert _config_from_args(args).backend.schedule.prefix_caching is False
 
 
 def test_registry_alias_shows_the_full_model_name(tmp_path):

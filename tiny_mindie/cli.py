@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(BackendConfig.parallelRuns; 0 = CPUs // threads)")
     s.add_argument("--max-seq-len", type=int,
                    help="prompt + output tokens per sequence (maxSeqLen)")
+    s.add_argument("--no-prefix-cache", action="store_true",
+                   help="prefill every prompt whole (ScheduleConfig.prefixCaching: false)")
     s.add_argument("--no-tls", action="store_true",
                    help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -110,6 +112,8 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["server.metrics_port"] = args.metrics_port
     if args.no_tls:
         over["server.https_enabled"] = False
+    if args.no_prefix_cache:
+        over["schedule.prefix_caching"] = False
     if args.model is not None:
         over["model.model_weight_path"] = args.model
         if args.model_name is None and cfg.source is None:
