@@ -330,7 +330,9 @@ class OrtBackend(Backend):
             self.load_seconds["batch check"] = time.perf_counter() - t3
         if check_batching:
             t4 = time.perf_counter()
-            key = dict(self._batch_check_key(session_config), check="prefix split")
+            key = dict(self._batch_check_key(session_config), check="prefix split",
+                       tokens=self.SPLIT_CHECK_TOKENS,
+                       cuts=[list(c) for c in self.SPLIT_CHECK_CUTS])
             if key in _batch_checks(self.graph_path):
                 self.prefix_split_invariant = True
             else:
@@ -461,20 +463,23 @@ class OrtBackend(Backend):
                 self._kv_map.madvise(mmap.MADV_REMOVE)
 
     #: The chunkings :meth:`check_prefix_split_invariance` compares with one whole chunk: the
-    #: cut positions in a prompt of :data:`SPLIT_CHECK_TOKENS` tokens (every piece >= 2 tokens:
-    #: a short first piece, pieces in the middle, a 2-token last piece).
-    SPLIT_CHECK_TOKENS = 48
-    SPLIT_CHECK_CUTS = ((2,), (17, 30), (24, 46))
+    #: cut positions in a prompt of :data:`SPLIT_CHECK_TOKENS` tokens (every piece >= 2 tokens):
+    #: positions computed in short pieces where the whole prompt computes them in a long one,
+    #: and the other way round (kernels may pick their path by the number of rows).
+    SPLIT_CHECK_TOKENS = 160
+    SPLIT_CHECK_CUTS = ((2,), (64,), (17, 150))
 
     def check_prefix_split_invariance(self) -> bool:
         """Whether a prompt's KV cache (every layer, every position) and last logits are bit for
         bit the same prefilled in one chunk and in the chunkings of :data:`SPLIT_CHECK_CUTS`
         (see :attr:`~.backend.Backend.prefix_split_invariant`). Uses slot 0, whose KV is
-        forgotten afterwards. Costs about four prefills of :data:`SPLIT_CHECK_TOKENS` tokens.
+        forgotten afterwards. Costs four prefills of :data:`SPLIT_CHECK_TOKENS` tokens (about
+        3 s for SmolLM2 on a busy 2-core host; a pass is recorded beside the batch check).
 
-        SmolLM2-135M Q4_1 on an AVX2 EPYC passes (also for cuts anywhere in 300 tokens);
-        Gemma 3 270M Q4_K_M does not: a first chunk of 2..64 tokens changes the KV of its
-        positions (one of 100 or more does not).
+        On an AVX2 EPYC, SmolLM2-135M Q4_1 passes (also for cuts anywhere in 300 tokens);
+        Gemma 3 270M Q4_K_M fails each of the three chunkings: a position computed in a chunk
+        of 64 tokens or fewer gets other KV than in one of 100 or more (2-token pieces among
+        short pieces are alike), as if a kernel chose its path by the number of rows.
         """
         n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
         prompt = (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
