@@ -318,7 +318,8 @@ class Engine:
         while (len(self._waiting) and len(self._running) < self.limits.schedule.max_batch_size
                and self._slots.free):
             seq = self._waiting.pop()
-            running = [(s.slot, s.tokens[:s.n_exact]) for s in self._running if s.n_exact]
+            running = [(s.slot, s.tokens[:s.n_exact]) for s in self._running
+                       if s.n_exact] if self.limits.prefix_cache else []
             taken = self._slots.take(seq.tokens[:seq.n_prompt],
                                      partial(self._reusable, seq.n_prompt), running,
                                      MIN_COPY_TOKENS if self._can_copy else None)

@@ -96,7 +96,9 @@ class SlotPool:
     would compute bit for bit alike, see :func:`reusable_prefix`): a later request whose prompt
     starts with them reuses them. :meth:`take` picks the free slot that spares the most prefill,
     and among ties and misses the least recently given back, so cached KV never blocks a request:
-    every free slot can be taken, its cache is simply overwritten.
+    every free slot can be taken, its cache is simply overwritten. Rather than cut short a cache
+    that goes on past the shared prefix, or when a running sequence holds a longer prefix, it
+    has the prefix copied into the least recently used slot.
     """
 
     def __init__(self, num_slots: int):
