@@ -333,13 +333,16 @@ class OrtBackend(Backend):
             key = dict(self._batch_check_key(session_config), check="prefix split",
                        tokens=self.SPLIT_CHECK_TOKENS,
                        cuts=[list(c) for c in self.SPLIT_CHECK_CUTS])
-            if key in _batch_checks(self.graph_path):
-                self.prefix_split_invariant = True
+            # both outcomes are recorded: a failure only means the safe, shorter reuse
+            recorded = [k.get("passed") for k in _batch_checks(self.graph_path)
+                        if {n: v for n, v in k.items() if n != "passed"} == key]
+            if recorded:
+                self.prefix_split_invariant = bool(recorded[-1])
             else:
                 with slow_step(log, "checking that prompts get the same KV in any chunks"):
                     self.prefix_split_invariant = self.check_prefix_split_invariance()
-                if self.prefix_split_invariant:
-                    _record_batch_check(self.graph_path, key)
+                _record_batch_check(self.graph_path,
+                                    dict(key, passed=self.prefix_split_invariant))
             log.info("prefix cache: %s", "a prefix of any length is reused (prompt KV checked: "
                      "the same in any chunks of 2+ tokens)" if self.prefix_split_invariant else
                      "prompt KV depends on the chunks it is computed in on this CPU: only "
