@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -462,6 +463,9 @@ def test_bad_tools_are_400_naming_the_field_and_long_prompts_context_length_exce
         default_client.chat.completions.create(
             model="smollm2-135m-instruct", messages=[{"role": "user", "content": long}])
     assert (exc.value.code, exc.value.param) == ("context_length_exceeded", "messages")
+    # OpenAI's words, which clients match (litellm: ContextWindowExceededError)
+    assert re.fullmatch(r"This model's maximum context length is \d+ tokens\. However, you "
+                        r"requested \d+ tokens in the messages\. .*", exc.value.body["message"])
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as exc:
             default_client.completions.create(model="smollm2-135m-instruct", prompt=long,

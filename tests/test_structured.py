@@ -207,3 +207,23 @@ def test_apply_bitmask_matches_unpacking_every_bit(v):
     apply_bitmask(logits, bm)
     assert np.array_equal(logits, plain)
     assert np.isfinite(logits[2]).all() and np.flatnonzero(np.isfinite(logits[3])) == [v - 1]
+
+
+@pytest.mark.parametrize("constraint", [
+    Constraint("regex", "z{1000000}"),                          # lexer limit at its 2nd byte
+    Constraint("json_schema", json.dumps({"type": "string", "pattern": "^f{1000000}$"})),
+    Constraint("json_schema", json.dumps(                      # parser limit after "{"
+        {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(800)}})),
+])
+def test_grammars_that_fail_in_their_first_tokens_are_refused_at_compile(tok, constraint):
+    """They compile, then fail when a mask is computed or a token consumed: a request with one
+    was a 500, and the cached grammar then let the next ones end at once with an empty 200.
+    The compile-time probe refuses them (a 400), and they are not cached."""
+    from tiny_mindie.engine import constraint as module
+
+    with pytest.raises(ConstraintError, match="too complex to enforce"):
+        compile_constraint(tok, constraint)
+    cache = module._tokenizers.get(tok)[1]
+    assert (constraint.kind, constraint.spec) not in cache
+    many = {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(400)}}
+    compile_constraint(tok, Constraint("json_schema", json.dumps(many)))   # below the limits

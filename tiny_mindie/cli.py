@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 from . import __version__
@@ -183,6 +184,8 @@ def serve(args: argparse.Namespace) -> int:
     async def main() -> None:
         listeners = await start_listeners(app, cfg, ssl_ctx)
         _banner(cfg, llm, listeners, files, time.monotonic() - t0)
+        threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
+                         name="tiny_mindie-grammar-vocabulary").start()
         # /stopService and the signals meet in one place (api/manage.py's ShutdownControl): a
         # signal is a forced stop, /stopService a graceful one unless ?mode=Force.
         shutdown = app.shutdown
@@ -218,6 +221,21 @@ def _threads(backend) -> str:
         return ""
     return f" ({threads} thread{'s' if threads > 1 else ''}" + (
         f" x {runs} parallel runs)" if runs > 1 else ")")
+
+
+def _prepare_constraints(llm) -> None:
+    """Build the grammar engine's vocabulary now (:func:`~.engine.constraint.prepare`), so
+    that the first request with ``response_format``, ``tools`` or ``grammar`` does not stall
+    every other client while it is built."""
+    from .engine.constraint import prepare
+
+    try:
+        seconds = prepare(llm.tokenizer)
+    except Exception:       # a vocabulary llguidance refuses: the first such request says so
+        logging.getLogger("tiny_mindie").exception("building the grammar vocabulary failed")
+        return
+    logging.getLogger("tiny_mindie").info(
+        "constrained decoding ready (grammar vocabulary built in %.1f s)", seconds)
 
 
 def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import time
 import uuid
 
@@ -670,11 +671,20 @@ def opens_thinking(tok, ids: list[int]) -> bool:
     return tok.decode(ids[-8:], skip_special=False).rstrip().endswith(tc.THINK_OPEN)
 
 
+_TOO_LONG = re.compile(r"cannot be greater than (\d+),the input ids length is (\d+)")
+
+
 def _context_error(err: APIError, param: str) -> APIError:
     """``err``, naming ``param`` when it is a prompt over the context (OpenAI's 400
-    ``context_length_exceeded``)."""
+    ``context_length_exceeded``), in OpenAI's words: clients match them (litellm raises its
+    ``ContextWindowExceededError`` on "maximum context length is")."""
     if err.kind is Kind.TOO_LONG and err.param is None:
         err.param = param
+        m = _TOO_LONG.search(err.message)   # the engine's (MindIE's) wording, check_prompt
+        if m:
+            err.message = (f"This model's maximum context length is {m[1]} tokens. However, "
+                           f"you requested {m[2]} tokens in the {param}. Please reduce the "
+                           f"length of the {param}.")
     return err
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
-from .constraint import Matcher, apply_bitmask, compile_constraint, fill_masks
+from .constraint import Matcher, apply_bitmask, compile_constraint, fill_masks, forget
 from .detok import IncrementalDetokenizer
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
@@ -455,13 +455,20 @@ class Engine:
         grammar_done = False
         constrained = seq.matcher is not None
         eog = tok in self.tokenizer.eog_ids
-        if constrained and not eog:     # the mask allowed tok: the matcher follows it
-            if not seq.matcher.consume(tok):
-                log.error("constrained request %s: token %d outside its grammar (%s)",
-                          seq.req.request_id, tok, seq.matcher.error)
-                self._finish(seq, GenerationError(ErrorKind.INTERNAL,
-                                                  "Internal error in generation."))
-                return
+        # a matcher that failed while computing its mask (a lexer or parser limit reached
+        # later in the output) allows only the end of text: never a silent, cut answer
+        failed = constrained and seq.matcher.error is not None
+        if constrained and not eog and not failed:  # the mask allowed tok: the matcher follows
+            failed = not seq.matcher.consume(tok)
+        if failed:
+            log.error("constrained request %s: token %d, grammar failed (%s)",
+                      seq.req.request_id, tok, seq.matcher.error)
+            forget(self.tokenizer, seq.req.constraint)
+            self._finish(seq, GenerationError(ErrorKind.INTERNAL,
+                                              "Internal error in generation: the output's "
+                                              "grammar could not be followed."))
+            return
+        if constrained and not eog:
             # complete: the next mask allows the end-of-generation tokens only, so the request
             # ends on one of them as any other does; a vocabulary without any ends it here
             grammar_done = seq.matcher.done and not self.tokenizer.eog_ids
