@@ -89,32 +89,6 @@ def test_tool_choice_defaults_and_schemas():
     assert many == {"type": "array", "items": single, "minItems": 1}
 
 
-def test_closed_schemas_allow_no_unnamed_properties_but_keep_what_is_said():
-    import jsonschema
-
-    schema = {"type": "object", "properties": {
-        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
-        "b": {"type": "array", "items": {"type": "object", "properties": {}}},
-        "c": {"anyOf": [{"type": "object", "properties": {"y": {}}}, {"type": "null"}]},
-        "d": {"type": "object", "additionalProperties": {"type": "string"}},
-        "e": {"type": "object", "properties": {"z": {}}, "patternProperties": {"^q": {}}}},
-        "$defs": {"p": {"type": "object", "properties": {"w": {}}}}}
-    out = tc.closed(schema)
-    assert out["additionalProperties"] is False and "additionalProperties" not in schema
-    props = out["properties"]
-    assert props["a"]["additionalProperties"] is False
-    assert props["b"]["items"]["additionalProperties"] is False
-    assert props["c"]["anyOf"][0]["additionalProperties"] is False
-    assert props["d"]["additionalProperties"] == {"type": "string"}      # said: kept
-    assert "additionalProperties" not in props["e"]                       # patterns: kept
-    assert out["$defs"]["p"]["additionalProperties"] is False
-    doc = {"a": {"x": 1}, "b": [{}], "c": None, "d": {"k": "v"}, "e": {"q1": 2}}
-    jsonschema.validate(doc, out)
-    jsonschema.validate(doc, schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**doc, "extra": 1}, out)
-
-
 def test_format_detection_by_template_text():
     assert tc.detect_format("... <tool_call>\\n{...}</tool_call> ...") == tc.HERMES
     assert tc.detect_format('{{ "[TOOL_CALLS][" }}') == tc.MISTRAL

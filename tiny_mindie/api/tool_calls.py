@@ -38,6 +38,7 @@ import secrets
 import string
 
 from .errors import bad
+from .structured import grammar_schema
 
 HERMES, LLAMA3, MISTRAL, JSON = "hermes", "llama3_json", "mistral", "json"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -183,11 +184,13 @@ def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
     """The JSON schema decoding is constrained to for ``required`` or a named function:
     ``{"name": <const>, "arguments": <that function's parameters>}``, any of ``tools`` for
     ``required`` (an array of one or more such calls when ``parallel``), the named one
-    otherwise. The parameters are :func:`closed`: what is generated still validates against
-    the client's schema."""
+    otherwise. The parameters are as under OpenAI's strict mode
+    (:func:`~.structured.grammar_schema`: objects closed, integers bounded): what is generated
+    still validates against the client's schema."""
     def one(t: Tool) -> dict:
         return {"type": "object", "properties": {"name": {"const": t.name},
-                                                 "arguments": closed(t.parameters)},
+                                                 "arguments": grammar_schema(t.parameters,
+                                                                             strict=True)},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
     if choice.mode == "function":
@@ -195,35 +198,6 @@ def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
     calls = [one(t) for t in tools]
     item = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {"type": "array", "items": item, "minItems": 1} if parallel else item
-
-
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMAS = ("items", "not", "if", "then", "else", "contains", "additionalProperties")
-
-
-def closed(schema):
-    """A copy of ``schema`` in which each object schema that lists ``properties`` but says
-    nothing of others (no ``additionalProperties``, ``patternProperties``,
-    ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
-    written: every document it accepts the original accepts too, and a small model cannot
-    spend its tokens inventing arguments the function does not take."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: closed(v) for k, v in out[key].items()}
-    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
-        if isinstance(out.get(key), (dict, list)):
-            out[key] = closed(out[key])
-    if isinstance(out.get("properties"), dict) and not any(
-            k in out for k in ("additionalProperties", "patternProperties",
-                               "unevaluatedProperties")):
-        out["additionalProperties"] = False
-    return out
 
 
 def tools_system_prompt(tools: list[Tool]) -> str:
