@@ -12,6 +12,7 @@ import pytest
 
 from tiny_mindie.api import tool_calls as tc
 from tiny_mindie.api.errors import APIError, Kind
+from tiny_mindie.api.openai import parse_chat, parse_completion
 from tiny_mindie.api.structured import (
     INT_BOUND,
     closed,
@@ -217,6 +218,41 @@ def test_tool_without_properties_is_called_with_the_empty_object(tok):
     for b in b'{"name":"f","arguments":{':
         assert m.consume(b)
     assert _allowed(m, tok.vocab_size) == {ord("}")}
+
+
+def _app(tok):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(llm=SimpleNamespace(model_name="m", tokenizer=tok))
+
+
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("tools", TOOLS), ("tool_choice", "auto"), ("parallel_tool_calls", False),
+    ("chat_template_kwargs", {"enable_thinking": False}), ("functions", [{"name": "f"}]),
+    ("function_call", "auto")])
+def test_chat_fields_on_completions_are_400_naming_them(tok, field, value):
+    body = {"model": "m", "prompt": "hi", field: value}
+    with pytest.raises(APIError) as e:
+        parse_completion(_app(tok), json.dumps(body).encode())
+    assert (e.value.status, e.value.param) == (400, field)
+    assert "only supported on /v1/chat/completions" in e.value.message
+
+
+def test_response_format_with_tools_under_auto_is_400_naming_it(tok):
+    msgs = [{"role": "user", "content": "hi"}]
+    for rf in ({"type": "json_object"}, _rf()):
+        for choice in (None, "auto"):
+            body = {"model": "m", "messages": msgs, "tools": TOOLS, "response_format": rf,
+                    "tool_choice": choice}
+            with pytest.raises(APIError) as e:
+                parse_chat(_app(tok), json.dumps(body).encode())
+            assert (e.value.status, e.value.param) == (400, "response_format")
+        body = {"model": "m", "messages": msgs, "tools": TOOLS, "response_format": rf,
+                "tool_choice": "none"}
+        assert parse_chat(_app(tok), json.dumps(body).encode())[0].params["constraint"]
 
 
 def _allowed(matcher, v: int) -> set[int]:

@@ -396,14 +396,18 @@ class OutputParser:
         reasoning: whether the template thinks (:func:`thinks`): a leading ``<think>`` opens
             the reasoning.
         in_reasoning: the prompt ends inside ``<think>``: the answer starts in the reasoning.
+        names: the functions that may be called (the request's ``tools``), or ``None`` for
+            any: a call to another one is no call, its text stays content.
 
     :meth:`feed` and :meth:`finish` return deltas: ``("reasoning", text)``, ``("content",
     text)``, ``("call", ToolCall)``. :attr:`thinking` says whether the text fed so far ends
     inside the reasoning.
     """
 
-    def __init__(self, fmt: str | None, *, reasoning: bool = False, in_reasoning: bool = False):
+    def __init__(self, fmt: str | None, *, reasoning: bool = False, in_reasoning: bool = False,
+                 names: frozenset[str] | None = None):
         self.fmt = fmt
+        self.names = names
         self.state = "think" if in_reasoning else "start" if reasoning else "answer"
         self.pending = ""           # text not yet given out
         self.in_call = False        # pending starts with a call (marker seen)
@@ -490,9 +494,15 @@ class OutputParser:
                 self.in_call = True
                 return
 
+    def _known(self, calls: list[ToolCall] | None) -> list[ToolCall] | None:
+        """``calls`` when each is to a function of :attr:`names`, else ``None``."""
+        if calls and self.names is not None and any(c.name not in self.names for c in calls):
+            return None
+        return calls
+
     def _block(self, out: list, block: str) -> None:
         call = parse_hermes_block(block)
-        if call is None:
+        if self._known([call] if call else None) is None:
             self._add(out, "content", block)
         else:
             out.append(("call", call))
@@ -511,19 +521,21 @@ class OutputParser:
         elif self.fmt == HERMES:
             self._block(out, rest)
         elif self.fmt == MISTRAL:
-            calls = parse_mistral(rest[len(MISTRAL_CALLS):])
+            calls = self._known(parse_mistral(rest[len(MISTRAL_CALLS):]))
             if calls is None:
                 self._add(out, "content", rest)
             out.extend(("call", c) for c in calls or ())
         elif self.fmt == LLAMA3:
             got = parse_llama3(rest)
+            if got is not None and self._known(got[0]) is None:
+                got = None
             if got is None:
                 self._add(out, "content", rest)
             else:
                 out.extend(("call", c) for c in got[0])
                 self._add(out, "content", got[1])
         else:
-            calls = parse_json_calls(rest)
+            calls = self._known(parse_json_calls(rest))
             if calls is None:
                 self._add(out, "content", rest)
             out.extend(("call", c) for c in calls or ())
@@ -538,7 +550,7 @@ def collect(deltas: list[tuple]) -> Output:
 
 
 def parse_output(text: str, fmt: str | None, *, reasoning: bool = False,
-                 in_reasoning: bool = False) -> Output:
+                 in_reasoning: bool = False, names: frozenset[str] | None = None) -> Output:
     """A whole answer split (:class:`OutputParser` fed ``text`` at once)."""
-    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning)
+    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning, names=names)
     return collect(p.feed(text) + p.finish())
