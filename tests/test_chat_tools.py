@@ -122,6 +122,10 @@ def test_tools_reach_the_prompt_and_calls_parse_back(template):
     turn = turn[:turn.index(end)]
     out = tc.parse_output(turn, native_fmt or tc.HERMES, reasoning=thinking)
     assert out.calls == [tc.ToolCall("get_weather", '{"city": "Paris"}')], (turn, out)
+    # an earlier call's arguments "" (OpenAI accepts any string): the empty object
+    empty = {**CALL, "function": {**CALL["function"], "arguments": ""}}
+    messages, extra, _ = _prepared(source, [USER, {**TURNS[1], "tool_calls": [empty]}, TURNS[2]])
+    assert "sunny, 21 C" in render_chat(fake_llm(source), messages, extra)
 
 
 def test_enable_thinking_reaches_the_template(vocab_dir):
@@ -437,7 +441,9 @@ BAD_BODIES = [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "to
                 "tool_choice": "required"}, "tools"),
               ({"messages": [USER, {"role": "assistant", "tool_calls": [
                   {"id": "c", "type": "function",
-                   "function": {"name": "f", "arguments": "not json"}}]}]}, "messages"),
+                   "function": {"name": "f", "arguments": 3}}]}]}, "messages"),
+              ({"tools": TOOLS, "response_format": {"type": "json_object"}},
+               "response_format"),
               ({"messages": [USER, {"role": "tool", "content": "x"}]}, "messages"),
               ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
                "tools"),

@@ -10,8 +10,17 @@ import json
 import numpy as np
 import pytest
 
+from tiny_mindie.api import tool_calls as tc
 from tiny_mindie.api.errors import APIError, Kind
-from tiny_mindie.api.structured import logit_bias, response_format, tgi_grammar
+from tiny_mindie.api.openai import parse_chat, parse_completion
+from tiny_mindie.api.structured import (
+    INT_BOUND,
+    closed,
+    grammar_schema,
+    logit_bias,
+    response_format,
+    tgi_grammar,
+)
 from tiny_mindie.engine.constraint import (
     ConstraintError,
     apply_bitmask,
@@ -84,7 +93,7 @@ def test_response_format_values(tok):
     assert response_format(tok, {"type": "text"}) is None
     assert response_format(tok, {"type": "json_object"}) == Constraint("json_object")
     c = response_format(tok, _rf(strict=True, description="a thing"))
-    assert c.kind == "json_schema" and json.loads(c.spec) == SCHEMA
+    assert c.kind == "json_schema" and json.loads(c.spec) == grammar_schema(SCHEMA)
     assert response_format(tok, _rf(strict=False)) == c       # enforced either way
     ok = "aZ0_-" * 12 + "abcd"
     assert response_format(tok, {"type": "json_schema", "json_schema": {"name": ok,
@@ -128,8 +137,122 @@ def test_tgi_grammar_values(tok):
     for kind, spec in (("json_object", SCHEMA), ("json_schema", {"name": "t", "schema": SCHEMA}),
                        ("json_schema", {"schema": SCHEMA})):
         assert tgi_grammar(tok, {"type": kind, "value": spec}) == Constraint(
-            "json_schema", json.dumps(SCHEMA))
+            "json_schema", json.dumps(grammar_schema(SCHEMA)))
     assert tgi_grammar(tok, {"type": "regex", "value": "[a-c]+"}) == Constraint("regex", "[a-c]+")
+
+
+def test_closed_schemas_allow_no_unnamed_properties_but_keep_what_is_said():
+    import jsonschema
+
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "array", "items": {"type": "object", "properties": {}}},
+        "c": {"anyOf": [{"type": "object", "properties": {"y": {}}}, {"type": "null"}]},
+        "d": {"type": "object", "additionalProperties": {"type": "string"}},
+        "e": {"type": "object", "properties": {"z": {}}, "patternProperties": {"^q": {}}},
+        "f": {"type": "object"}, "g": {"type": ["object", "null"], "required": ["k"]},
+        "h": {"type": "object", "minProperties": 1}, "i": {"not": {"type": "object"}}},
+        "$defs": {"p": {"type": "object", "properties": {"w": {}}}}}
+    out = closed(schema)
+    assert out["additionalProperties"] is False and "additionalProperties" not in schema
+    props = out["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["b"]["items"]["additionalProperties"] is False
+    assert props["c"]["anyOf"][0]["additionalProperties"] is False
+    assert props["d"]["additionalProperties"] == {"type": "string"}      # said: kept
+    assert "additionalProperties" not in props["e"]                       # patterns: kept
+    assert out["$defs"]["p"]["additionalProperties"] is False
+    assert props["f"] == {"type": "object", "additionalProperties": False}   # any -> empty
+    assert props["g"] == schema["properties"]["g"] and props["h"] == schema["properties"]["h"]
+    assert props["i"] == schema["properties"]["i"]          # not inside "not": looser
+    doc = {"a": {"x": 1}, "b": [{}], "c": None, "d": {"k": "v"}, "e": {"q1": 2}, "f": {},
+           "g": {"k": 1}, "h": {"m": 1}, "i": 1}
+    jsonschema.validate(doc, out)
+    jsonschema.validate(doc, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "extra": 1}, out)
+
+
+def test_integers_get_int64_bounds_in_the_grammar_only(tok):
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer"}, "m": {"type": ["integer", "null"], "minimum": 0},
+        "k": {"type": "integer", "exclusiveMaximum": 10}, "x": {"type": "number"},
+        "big": {"type": "integer", "minimum": 2**64},
+        "l": {"type": "array", "items": {"type": "integer"}}}}
+    out = grammar_schema(schema)
+    props = out["properties"]
+    assert props["n"] == {"type": "integer", "minimum": -INT_BOUND, "maximum": INT_BOUND}
+    assert props["m"] == {"type": ["integer", "null"], "minimum": 0, "maximum": INT_BOUND}
+    assert props["k"] == {"type": "integer", "exclusiveMaximum": 10, "minimum": -INT_BOUND}
+    assert props["x"] == {"type": "number"}                          # numbers: unbounded
+    assert props["big"] == {"type": "integer", "minimum": 2**64}      # no empty range made
+    assert props["l"]["items"] == props["n"]
+    assert "maximum" not in schema["properties"]["n"]                # the client's: as it was
+    assert "additionalProperties" not in out                         # not strict: open
+    # the grammar: at most 19 digits, then the number must end
+    rf = response_format(tok, _rf({"type": "object", "properties": {"n": {"type": "integer"}},
+                                   "required": ["n"], "additionalProperties": False}))
+    m = compile_constraint(tok, rf).matcher()
+    for b in b'{"n":' + b"1" * 19:
+        assert m.consume(b)
+    assert _allowed(m, tok.vocab_size) == {ord("}")}
+
+
+def test_strict_response_format_closes_objects_non_strict_does_not(tok):
+    schema = {"type": "object", "properties": {"a": {"type": "object"}}}
+    strict = json.loads(response_format(tok, _rf(schema, strict=True)).spec)
+    assert strict == {**schema, "additionalProperties": False, "properties": {
+        "a": {"type": "object", "additionalProperties": False}}}
+    for loose in (response_format(tok, _rf(schema, strict=False)), response_format(tok, _rf(
+            schema))):
+        assert json.loads(loose.spec) == schema
+
+
+def test_tool_without_properties_is_called_with_the_empty_object(tok):
+    """``"parameters": {"type": "object"}``: the grammar allows only ``{}`` as arguments (a
+    small model otherwise writes made-up members until max_tokens)."""
+    tools = tc.parse_tools([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object"}}}])
+    schema = tc.call_schema(tools, tc.Choice("required"), parallel=False)
+    m = compile_constraint(tok, Constraint("json_schema", json.dumps(schema))).matcher()
+    for b in b'{"name":"f","arguments":{':
+        assert m.consume(b)
+    assert _allowed(m, tok.vocab_size) == {ord("}")}
+
+
+def _app(tok):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(llm=SimpleNamespace(model_name="m", tokenizer=tok))
+
+
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("tools", TOOLS), ("tool_choice", "auto"), ("parallel_tool_calls", False),
+    ("chat_template_kwargs", {"enable_thinking": False}), ("functions", [{"name": "f"}]),
+    ("function_call", "auto")])
+def test_chat_fields_on_completions_are_400_naming_them(tok, field, value):
+    body = {"model": "m", "prompt": "hi", field: value}
+    with pytest.raises(APIError) as e:
+        parse_completion(_app(tok), json.dumps(body).encode())
+    assert (e.value.status, e.value.param) == (400, field)
+    assert "only supported on /v1/chat/completions" in e.value.message
+
+
+def test_response_format_with_tools_under_auto_is_400_naming_it(tok):
+    msgs = [{"role": "user", "content": "hi"}]
+    for rf in ({"type": "json_object"}, _rf()):
+        for choice in (None, "auto"):
+            body = {"model": "m", "messages": msgs, "tools": TOOLS, "response_format": rf,
+                    "tool_choice": choice}
+            with pytest.raises(APIError) as e:
+                parse_chat(_app(tok), json.dumps(body).encode())
+            assert (e.value.status, e.value.param) == (400, "response_format")
+        body = {"model": "m", "messages": msgs, "tools": TOOLS, "response_format": rf,
+                "tool_choice": "none"}
+        assert parse_chat(_app(tok), json.dumps(body).encode())[0].params["constraint"]
 
 
 def _allowed(matcher, v: int) -> set[int]:

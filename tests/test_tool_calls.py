@@ -89,30 +89,20 @@ def test_tool_choice_defaults_and_schemas():
     assert many == {"type": "array", "items": single, "minItems": 1}
 
 
-def test_closed_schemas_allow_no_unnamed_properties_but_keep_what_is_said():
-    import jsonschema
+def test_history_call_arguments_any_string():
+    """An earlier assistant call's ``arguments``: JSON object text -> the object, "" -> the
+    empty object, other text passed on as it is (OpenAI accepts any string), no string: 400."""
+    from tiny_mindie.api.openai import _message_tool_calls
 
-    schema = {"type": "object", "properties": {
-        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
-        "b": {"type": "array", "items": {"type": "object", "properties": {}}},
-        "c": {"anyOf": [{"type": "object", "properties": {"y": {}}}, {"type": "null"}]},
-        "d": {"type": "object", "additionalProperties": {"type": "string"}},
-        "e": {"type": "object", "properties": {"z": {}}, "patternProperties": {"^q": {}}}},
-        "$defs": {"p": {"type": "object", "properties": {"w": {}}}}}
-    out = tc.closed(schema)
-    assert out["additionalProperties"] is False and "additionalProperties" not in schema
-    props = out["properties"]
-    assert props["a"]["additionalProperties"] is False
-    assert props["b"]["items"]["additionalProperties"] is False
-    assert props["c"]["anyOf"][0]["additionalProperties"] is False
-    assert props["d"]["additionalProperties"] == {"type": "string"}      # said: kept
-    assert "additionalProperties" not in props["e"]                       # patterns: kept
-    assert out["$defs"]["p"]["additionalProperties"] is False
-    doc = {"a": {"x": 1}, "b": [{}], "c": None, "d": {"k": "v"}, "e": {"q1": 2}}
-    jsonschema.validate(doc, out)
-    jsonschema.validate(doc, schema)
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**doc, "extra": 1}, out)
+    def args(value):
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": value}}
+        return _message_tool_calls([call], 1)[0]["function"]["arguments"]
+
+    assert args('{"a": 1}') == {"a": 1} and args("") == {} and args("  ") == {}
+    assert args("not json") == "not json" and args("[1]") == "[1]"
+    with pytest.raises(APIError) as exc:
+        args({"a": 1})
+    assert (exc.value.status, exc.value.param) == (400, "messages")
 
 
 def test_format_detection_by_template_text():
@@ -165,18 +155,35 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=range(len(CASES)))
+# calls to a function that is not in tools ("f" here) stay content text, whatever the format
+NAMES = frozenset({"get_weather"})
+UNKNOWN = [
+    ('Hi <tool_call>{"name": "f", "arguments": {}}</tool_call> <tool_call>{"name": '
+     '"get_weather", "arguments": {"city": "Paris"}}</tool_call>', tc.HERMES, False, False, None,
+     'Hi <tool_call>{"name": "f", "arguments": {}}</tool_call>', [CALL], NAMES),
+    ('{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "f", "parameters": {}}',
+     tc.LLAMA3, False, False, None, '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+     '{"name": "f", "parameters": {}}', [], NAMES),
+    ('Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}]', tc.MISTRAL, False, False, None,
+     'Sure.[TOOL_CALLS][{"name": "f", "arguments": {}}]', [], NAMES),
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', tc.MISTRAL, False, False, None, None,
+     [CALL], NAMES),
+]
+
+
+@pytest.mark.parametrize("case", CASES + UNKNOWN, ids=range(len(CASES + UNKNOWN)))
 def test_parse_output_and_every_stream_cut(case):
-    text, fmt, reasoning, inside, want_r, want_c, want_calls = case
-    out = tc.parse_output(text, fmt, reasoning=reasoning, in_reasoning=inside)
+    text, fmt, reasoning, inside, want_r, want_c, want_calls, *names = case
+    names = names[0] if names else None
+    out = tc.parse_output(text, fmt, reasoning=reasoning, in_reasoning=inside, names=names)
     assert (out.reasoning, out.content, out.calls) == (want_r, want_c, want_calls)
     for call in out.calls:
         json.loads(call.arguments)
     # the streaming parser: fed in two pieces cut anywhere, and one character at a time
     for cut in range(len(text) + 1):
-        p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside)
+        p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside, names=names)
         assert tc.collect(p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish()) == out, cut
-    p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside)
+    p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside, names=names)
     deltas = [d for ch in text for d in p.feed(ch)] + p.finish()
     assert tc.collect(deltas) == out
 

@@ -19,7 +19,8 @@ statuses (500 timeout, 503 stopped) as on ``/infer``.
 Chat only: ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (:mod:`.tool_calls`: rendered
 by the model's template, calls parsed from its output or, for ``required`` and a named
 function, decoded under a JSON schema), ``reasoning_content`` for templates that think,
-``chat_template_kwargs``.
+``chat_template_kwargs``; ``/v1/completions`` answers them 400 (:data:`CHAT_ONLY`).
+``response_format`` with tools is refused unless ``tool_choice`` is ``none``.
 """
 
 from __future__ import annotations
@@ -107,10 +108,11 @@ class Answer:
     in_reasoning: bool
     one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
     markers: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    names: frozenset[str] | None = None     # the tools' names: calls to others stay content
 
     def parser(self) -> tc.OutputParser:
         return tc.OutputParser(self.fmt, reasoning=self.reasoning,
-                               in_reasoning=self.in_reasoning)
+                               in_reasoning=self.in_reasoning, names=self.names)
 
 
 def _check_model(app, obj: dict) -> None:
@@ -194,6 +196,9 @@ def _common(app, obj: dict, default_max_tokens: int) -> dict:
 
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Chat's fields that ``/v1/completions`` refuses (400 naming them) rather than ignores.
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+             "functions", "function_call")
 
 
 def _message_content(content, i: int):
@@ -257,6 +262,11 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
         raise bad("Tools with strict true are enforced only with tool_choice 'required' or a "
                   "named function (decoding is then constrained to their schemas); with "
                   "'auto' the model's text is free.", "tools")
+    if choice.mode == "auto" and common["params"]["constraint"] is not None:
+        raise bad("Parameter response_format cannot be combined with tools under tool_choice "
+                  "'auto' (the grammar would keep the model from writing its calls); use "
+                  "tool_choice 'none', or 'required' / a named function without "
+                  "response_format.", "response_format")
     parallel = obj.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
         raise bad("Parameter parallel_tool_calls must be a boolean.", "parallel_tool_calls")
@@ -270,7 +280,10 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
 def _message_tool_calls(calls, i: int) -> list[dict]:
     """An assistant message's ``tool_calls`` as chat templates read them: each ``{"id",
     "type": "function", "function": {"name", "arguments"}}`` with ``arguments`` parsed from
-    its JSON text into an object (Hugging Face's convention, which the templates follow)."""
+    its JSON text into an object (Hugging Face's convention, which the templates follow); an
+    empty string is the empty object, any other string that is no JSON object is passed on
+    as it is (OpenAI accepts any string; Qwen3's and Hermes' templates print a string as it
+    is, Qwen2.5's quotes it)."""
     where = f"messages[{i}].tool_calls"
     if not isinstance(calls, list):
         raise bad(f"{where} must be a list of tool calls.", "messages")
@@ -282,15 +295,16 @@ def _message_tool_calls(calls, i: int) -> list[dict]:
             raise bad(f"{where}[{k}] must be {{'id': str, 'type': 'function', 'function': "
                       "{'name': str, 'arguments': str}}.", "messages")
         args = fn.get("arguments", "{}")
-        try:
-            parsed = json.loads(args) if isinstance(args, str) else None
-        except ValueError:
-            parsed = None
-        if not isinstance(parsed, dict):
-            raise bad(f"{where}[{k}].function.arguments must be a JSON object as a string.",
+        if not isinstance(args, str):
+            raise bad(f"{where}[{k}].function.arguments must be a string (JSON text).",
                       "messages")
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            parsed = None
         out.append({"id": c["id"], "type": "function",
-                    "function": {"name": fn["name"], "arguments": parsed}})
+                    "function": {"name": fn["name"],
+                                 "arguments": parsed if isinstance(parsed, dict) else args}})
     return out
 
 
@@ -298,6 +312,9 @@ def parse_completion(app, body: bytes) -> Parsed:
     """Validate a ``/v1/completions`` body: ``prompt`` is a string, a list of strings, a list
     of token ids, or a list of such lists."""
     obj = parse_json_object(body)
+    for name in CHAT_ONLY:
+        if obj.get(name) is not None:
+            raise bad(f"Parameter {name} is only supported on /v1/chat/completions.", name)
     common = _common(app, obj, 16)            # OpenAI's default for completions
     prompt = obj.get("prompt")
     if isinstance(prompt, str):
@@ -723,7 +740,8 @@ def routes(app) -> list:
         in_reasoning = reasoning and opens_thinking(llm.tokenizer, ids)
         if fmt is not None or reasoning:
             p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,
-                              markers=tc.marker_tokens(llm.tokenizer))
+                              markers=tc.marker_tokens(llm.tokenizer),
+                              names=frozenset(t.name for t in tools.tools or ()))
         try:
             return await _answer(llm, stream, p, _Kind(chat=True, model=llm.model_name), [])
         except APIError as err:

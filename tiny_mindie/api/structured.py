@@ -18,6 +18,92 @@ from .errors import APIError, bad, invalid
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BIAS = 100.0                 # OpenAI's range for logit_bias values: [-100, 100]
+#: The bounds an unbounded ``"type": "integer"`` gets in the grammar: int64's range as far as
+#: llguidance can take it (it reads bounds as f64 and fails on -2**63, "Failed to generate
+#: regex for integer range"; 2**63 - 1024 is the largest f64 below 2**63): at most 19 digits.
+INT_BOUND = 2**63 - 1024
+
+
+# ---- the schema given to the grammar -----------------------------------------------------
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions",
+                   "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+#: Not ``not`` nor ``if``: a stricter schema there would make the whole one looser.
+_SUBSCHEMAS = ("items", "then", "else", "contains", "additionalProperties",
+               "unevaluatedProperties", "unevaluatedItems", "propertyNames")
+#: Keywords by which an object schema says something of its members: one without any is
+#: "any object", which :func:`closed` makes the empty object.
+_MEMBER_KEYWORDS = ("properties", "additionalProperties", "patternProperties",
+                    "unevaluatedProperties", "propertyNames", "required", "minProperties",
+                    "maxProperties", "dependentRequired", "dependentSchemas", "anyOf", "oneOf",
+                    "allOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "enum", "const")
+
+
+def _each_schema(schema, change):
+    """A copy of ``schema`` with ``change(copy)`` applied to it and to each of its subschemas
+    (innermost first); ``change`` edits the dict it is given (a fresh copy)."""
+    if isinstance(schema, list):
+        return [_each_schema(s, change) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _each_schema(v, change) for k, v in out[key].items()}
+    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
+        if isinstance(out.get(key), dict | list):
+            out[key] = _each_schema(out[key], change)
+    change(out)
+    return out
+
+
+def _types(schema: dict) -> tuple:
+    t = schema.get("type")
+    return tuple(t) if isinstance(t, list) else (t,)
+
+
+def _close(s: dict) -> None:
+    if "properties" in s and not any(k in s for k in ("additionalProperties",
+                                                      "patternProperties",
+                                                      "unevaluatedProperties")):
+        s["additionalProperties"] = False
+    elif "object" in _types(s) and not any(k in s for k in _MEMBER_KEYWORDS):
+        s["additionalProperties"] = False
+
+
+def closed(schema):
+    """A copy of ``schema`` in which each object schema that lists ``properties`` but says
+    nothing of others (no ``additionalProperties``, ``patternProperties``,
+    ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
+    written; and each ``"type": "object"`` that says nothing of its members at all (no
+    ``properties``, ``required``, ``anyOf``, ``$ref``, ...) is the empty object, as
+    ``{"type": "object", "properties": {}}`` then is. Every document the copy accepts the
+    original accepts too, and a small model cannot spend its tokens inventing members."""
+    return _each_schema(schema, _close)
+
+
+def _bound_integers(s: dict) -> None:
+    if "integer" not in _types(s):
+        return
+    lows = [s[k] for k in ("minimum", "exclusiveMinimum") if k in s]
+    highs = [s[k] for k in ("maximum", "exclusiveMaximum") if k in s]
+    low, high = (_json_number(v[0]) if v else None for v in (lows, highs))
+    if not highs and (low is None or low <= INT_BOUND):
+        s["maximum"] = INT_BOUND
+    if not lows and (high is None or high >= -INT_BOUND):
+        s["minimum"] = -INT_BOUND
+
+
+def grammar_schema(schema, *, strict: bool = False):
+    """The schema the grammar is compiled from, for a client's ``schema`` (which stays the one
+    its answers are valid against): each ``"type": "integer"`` (or a type list with it)
+    lacking a bound gets :data:`INT_BOUND` (-INT_BOUND) -- a small model otherwise fills its
+    budget with digits --, and with ``strict`` the objects are :func:`closed` (OpenAI's
+    strict structured outputs). Numbers stay unbounded: a bound limits neither fraction nor
+    exponent digits in llguidance's grammar."""
+    if strict:
+        schema = closed(schema)
+    return _each_schema(schema, _bound_integers)
 
 
 def _compiled(tokenizer: Tokenizer, constraint: Constraint, error) -> Constraint:
@@ -43,7 +129,8 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     """OpenAI's ``response_format``: ``{"type": "text"}`` (or null) -> None;
     ``{"type": "json_object"}`` -> any JSON object; ``{"type": "json_schema", "json_schema":
     {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool, "description": str}}`` ->
-    output valid against ``schema`` (enforced whether ``strict`` or not).
+    output valid against ``schema`` (enforced whether ``strict`` or not; ``strict`` also
+    closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
 
     Raises:
         APIError: 400 with ``param: "response_format"``: not an object, unknown ``type``,
@@ -81,7 +168,8 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     if not isinstance(schema, dict):
         raise fail("response_format.json_schema.schema is required and must be an object "
                    "(a JSON schema).")
-    return _compiled(tokenizer, Constraint("json_schema", json.dumps(schema)),
+    spec = json.dumps(grammar_schema(schema, strict=spec.get("strict") is True))
+    return _compiled(tokenizer, Constraint("json_schema", spec),
                      lambda m: fail(f"response_format.json_schema.schema: {m}"))
 
 
@@ -149,4 +237,5 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
             raise fail(f"grammar.value is not valid JSON: {exc}") from None
     if not isinstance(spec, dict):
         raise invalid("Parameter grammar.value must be a JSON schema object.")
-    return _compiled(tokenizer, Constraint("json_schema", json.dumps(spec)), fail)
+    return _compiled(tokenizer, Constraint("json_schema", json.dumps(grammar_schema(spec))),
+                     fail)

@@ -38,6 +38,7 @@ import secrets
 import string
 
 from .errors import bad
+from .structured import grammar_schema
 
 HERMES, LLAMA3, MISTRAL, JSON = "hermes", "llama3_json", "mistral", "json"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -183,11 +184,13 @@ def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
     """The JSON schema decoding is constrained to for ``required`` or a named function:
     ``{"name": <const>, "arguments": <that function's parameters>}``, any of ``tools`` for
     ``required`` (an array of one or more such calls when ``parallel``), the named one
-    otherwise. The parameters are :func:`closed`: what is generated still validates against
-    the client's schema."""
+    otherwise. The parameters are as under OpenAI's strict mode
+    (:func:`~.structured.grammar_schema`: objects closed, integers bounded): what is generated
+    still validates against the client's schema."""
     def one(t: Tool) -> dict:
         return {"type": "object", "properties": {"name": {"const": t.name},
-                                                 "arguments": closed(t.parameters)},
+                                                 "arguments": grammar_schema(t.parameters,
+                                                                             strict=True)},
                 "required": ["name", "arguments"], "additionalProperties": False}
 
     if choice.mode == "function":
@@ -195,35 +198,6 @@ def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
     calls = [one(t) for t in tools]
     item = calls[0] if len(calls) == 1 else {"anyOf": calls}
     return {"type": "array", "items": item, "minItems": 1} if parallel else item
-
-
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMAS = ("items", "not", "if", "then", "else", "contains", "additionalProperties")
-
-
-def closed(schema):
-    """A copy of ``schema`` in which each object schema that lists ``properties`` but says
-    nothing of others (no ``additionalProperties``, ``patternProperties``,
-    ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
-    written: every document it accepts the original accepts too, and a small model cannot
-    spend its tokens inventing arguments the function does not take."""
-    if isinstance(schema, list):
-        return [closed(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: closed(v) for k, v in out[key].items()}
-    for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
-        if isinstance(out.get(key), (dict, list)):
-            out[key] = closed(out[key])
-    if isinstance(out.get("properties"), dict) and not any(
-            k in out for k in ("additionalProperties", "patternProperties",
-                               "unevaluatedProperties")):
-        out["additionalProperties"] = False
-    return out
 
 
 def tools_system_prompt(tools: list[Tool]) -> str:
@@ -422,14 +396,18 @@ class OutputParser:
         reasoning: whether the template thinks (:func:`thinks`): a leading ``<think>`` opens
             the reasoning.
         in_reasoning: the prompt ends inside ``<think>``: the answer starts in the reasoning.
+        names: the functions that may be called (the request's ``tools``), or ``None`` for
+            any: a call to another one is no call, its text stays content.
 
     :meth:`feed` and :meth:`finish` return deltas: ``("reasoning", text)``, ``("content",
     text)``, ``("call", ToolCall)``. :attr:`thinking` says whether the text fed so far ends
     inside the reasoning.
     """
 
-    def __init__(self, fmt: str | None, *, reasoning: bool = False, in_reasoning: bool = False):
+    def __init__(self, fmt: str | None, *, reasoning: bool = False, in_reasoning: bool = False,
+                 names: frozenset[str] | None = None):
         self.fmt = fmt
+        self.names = names
         self.state = "think" if in_reasoning else "start" if reasoning else "answer"
         self.pending = ""           # text not yet given out
         self.in_call = False        # pending starts with a call (marker seen)
@@ -516,9 +494,15 @@ class OutputParser:
                 self.in_call = True
                 return
 
+    def _known(self, calls: list[ToolCall] | None) -> list[ToolCall] | None:
+        """``calls`` when each is to a function of :attr:`names`, else ``None``."""
+        if calls and self.names is not None and any(c.name not in self.names for c in calls):
+            return None
+        return calls
+
     def _block(self, out: list, block: str) -> None:
         call = parse_hermes_block(block)
-        if call is None:
+        if self._known([call] if call else None) is None:
             self._add(out, "content", block)
         else:
             out.append(("call", call))
@@ -537,19 +521,21 @@ class OutputParser:
         elif self.fmt == HERMES:
             self._block(out, rest)
         elif self.fmt == MISTRAL:
-            calls = parse_mistral(rest[len(MISTRAL_CALLS):])
+            calls = self._known(parse_mistral(rest[len(MISTRAL_CALLS):]))
             if calls is None:
                 self._add(out, "content", rest)
             out.extend(("call", c) for c in calls or ())
         elif self.fmt == LLAMA3:
             got = parse_llama3(rest)
+            if got is not None and self._known(got[0]) is None:
+                got = None
             if got is None:
                 self._add(out, "content", rest)
             else:
                 out.extend(("call", c) for c in got[0])
                 self._add(out, "content", got[1])
         else:
-            calls = parse_json_calls(rest)
+            calls = self._known(parse_json_calls(rest))
             if calls is None:
                 self._add(out, "content", rest)
             out.extend(("call", c) for c in calls or ())
@@ -564,7 +550,7 @@ def collect(deltas: list[tuple]) -> Output:
 
 
 def parse_output(text: str, fmt: str | None, *, reasoning: bool = False,
-                 in_reasoning: bool = False) -> Output:
+                 in_reasoning: bool = False, names: frozenset[str] | None = None) -> Output:
     """A whole answer split (:class:`OutputParser` fed ``text`` at once)."""
-    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning)
+    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning, names=names)
     return collect(p.feed(text) + p.finish())
