@@ -333,8 +333,9 @@ class OrtBackend(Backend):
             key = dict(self._batch_check_key(session_config), check="prefix split",
                        tokens=self.SPLIT_CHECK_TOKENS,
                        cuts=[list(c) for c in self.SPLIT_CHECK_CUTS])
-            # both outcomes are recorded: a failure only means the safe, shorter reuse
-            recorded = [k.get("passed") for k in _batch_checks(self.graph_path)
+            # both outcomes are recorded (a failure only means the safe, shorter reuse); an
+            # entry without "passed" is from before failures were recorded: a pass
+            recorded = [k.get("passed", True) for k in _batch_checks(self.graph_path)
                         if {n: v for n, v in k.items() if n != "passed"} == key]
             if recorded:
                 self.prefix_split_invariant = bool(recorded[-1])
