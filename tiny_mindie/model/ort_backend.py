@@ -32,16 +32,14 @@ runs over consecutive groups of rows; with prefill chunks present the decode row
 and it and the chunks go to the threads longest first, each to the least loaded one (costs in
 prompt tokens, :data:`DECODE_RUN_COST`), so new prompts are prefilled *beside* the running
 streams. Every run writes only its own KV rows and logits rows.
-Default: ``threads`` = every CPU (:func:`.providers.default_threads`) and ``L = CPUs //
-threads`` = 1, so that a lone stream decodes on all cores; a batch of 8 rows in one run of 2
-threads is as fast as two one-thread runs of 4 (2-core AVX2 machine). ``--threads 1
---parallel-runs 2`` keeps a single stream on one core: on a host whose other core is busy
-with other work, each operator of a 2-thread run waits for the slower core. Idle intra-op
-threads block rather than spin by default (``spinning``): spinning threads on a busy host made a
-step 1.6-2x slower. A second session with more intra-op threads for a lone stream would hold
-its own copy of the prepacked weights (the Python binding cannot share them between sessions),
-so there is none. The intra-op thread count does not change a row's arithmetic (the kernels
-split output columns and heads over threads, not sums).
+Why: with one intra-op thread, decode at a large batch is compute-bound, and a second intra-op
+thread splits every operator, so each one waits for the slower core (with another process busy
+on one core, a single stream slows down badly), while separate runs leave a single stream on its
+one core. Default ``L = CPUs // threads`` (2 on a 2-core machine with the default single
+intra-op thread); 1 on other execution providers. A second session with more intra-op threads
+for a lone stream would hold its own copy of the prepacked weights (the Python binding cannot
+share them between sessions), so there is none. The intra-op thread count does not change a
+row's arithmetic (the kernels split output columns and heads over threads, not sums).
 
 Batch invariance: a decode row must get the same logits in a run of one row and in a run of
 many (else a seeded or greedy answer would change with the load). The graph pads the matrix
@@ -200,7 +198,7 @@ class OrtBackend(Backend):
         config: its parameters (``ModelConfig.from_gguf(f)``).
         num_slots: sequences the KV cache holds at once.
         max_seq_len: positions per slot.
-        threads: intra-op threads (0: :func:`.providers.default_threads`, every CPU).
+        threads: intra-op threads (0: :func:`.providers.default_threads`, all CPUs but one).
         device_id: NPU for the CANN execution provider.
         providers: execution providers (see :func:`.providers.select_providers`); ``None``
             chooses.
@@ -209,8 +207,7 @@ class OrtBackend(Backend):
         graph_options: graph build choices (:class:`~.graph.GraphOptions`).
         max_chunk_tokens: longest piece of a prefill chunk run at once.
         session_config: extra onnxruntime session config entries (``add_session_config_entry``).
-        spinning: let idle intra-op threads spin (lower latency on an idle host, burns CPU
-            between runs, and much slower when other work is busy on the cores).
+        spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).
         release_pages: after loading, give back the weight-file pages onnxruntime read while
             prepacking (see :func:`.memory.release_file_pages`).
         huge_pages: after loading, move the prepacked weights to huge pages
@@ -236,7 +233,7 @@ class OrtBackend(Backend):
                  max_seq_len: int = 2048, threads: int = 0, device_id: int = 0,
                  providers: Sequence[Any] | None = None, cache_dir: str | None = None,
                  graph_options: GraphOptions = GraphOptions(), max_chunk_tokens: int = 256,
-                 session_config: dict[str, str] | None = None, spinning: bool = False,
+                 session_config: dict[str, str] | None = None, spinning: bool = True,
                  release_pages: bool = True, parallel_runs: int = 0, huge_pages: bool = True,
                  check_batching: bool = True):
         import onnxruntime  # noqa: F401  (missing: ImportError now, before a graph is built)

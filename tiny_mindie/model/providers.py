@@ -85,16 +85,14 @@ def cpu_identity() -> str:
 
 
 def default_threads() -> int:
-    """Intra-op threads when none are configured: every CPU this process may run on, so that
-    a lone stream decodes on all cores (one session run at a time, see
-    :mod:`.ort_backend`); ``--threads`` (or ``intraOpThreads``) selects fewer.
+    """Intra-op threads when none are configured: all CPUs this process may run on but one,
+    at least 1 -- the other core serves the event loop, the engine thread and the sampler.
 
-    Why: on an otherwise idle 2-core machine a batch-1 decode step of SmolLM2 took 16.8 ms with
-    2 threads against 23.8 ms with one, and a batch of 8 the same as two one-thread runs side
-    by side (40.2 against 42.0 ms). On a host where other work is busy, idle threads block
-    instead of spinning (see :func:`session_options`), which keeps 2 threads as fast as one.
+    Why: spinning intra-op threads on every core fight the server's own Python threads (and
+    anyone else's work); under load one thread per run was as fast or faster, and steadier.
+    ``--threads`` (or ``intraOpThreads``) still selects more.
     """
-    return available_cpus()
+    return max(1, available_cpus() - 1)
 
 
 def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None):
