@@ -9,6 +9,7 @@ tests that stop a server start their own with :func:`start_server` and :data:`TE
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -204,3 +205,21 @@ class ThreadedServer:
     def __exit__(self, *exc) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(5)
+
+
+@contextlib.contextmanager
+def openai_client(server, timeout: float = 120):
+    """The official ``openai`` SDK's client for ``server`` over mutual TLS (the server's CA and
+    client certificate), no retries; closed on exit."""
+    import openai
+
+    try:   # the openai package moved from httpx to httpx2
+        import httpx2 as httpx
+    except ImportError:   # pragma: no cover
+        import httpx
+    http_client = httpx.Client(verify=server.ssl_context(), timeout=timeout)
+    try:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", http_client=http_client,
+                            max_retries=0)
+    finally:
+        http_client.close()

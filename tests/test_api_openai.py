@@ -7,14 +7,10 @@ import json
 import math
 
 import pytest
-from helpers import request, sse_events
+from helpers import openai_client, request, sse_events
 from hf_math import MIN_MARGIN
 
 openai = pytest.importorskip("openai")
-try:   # the openai package moved from httpx to httpx2
-    import httpx2 as httpx
-except ImportError:   # pragma: no cover
-    import httpx
 
 MODEL = "smollm2-135m-instruct"
 # SmolLM2-135M is tiny: asked "What is the capital of France?" alone, its first greedy token
@@ -27,10 +23,8 @@ QUESTION = [{"role": "system", "content": "You are a helpful assistant."},
 
 @pytest.fixture(scope="module")
 def client(server):
-    http_client = httpx.Client(verify=server.ssl_context(), timeout=120)
-    yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", http_client=http_client,
-                        max_retries=0)
-    http_client.close()
+    with openai_client(server) as c:
+        yield c
 
 
 def test_chat_plain_is_on_topic(client):

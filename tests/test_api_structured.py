@@ -7,14 +7,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from helpers import request
+from helpers import openai_client, request
 
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
-try:   # the openai package moved from httpx to httpx2
-    import httpx2 as httpx
-except ImportError:   # pragma: no cover
-    import httpx
 
 MODEL = "smollm2-135m-instruct"
 CITY = {"type": "object",
@@ -27,10 +23,8 @@ PLACES = ["France", "Japan", "Brazil", "Kenya", "Canada", "Italy", "India", "Per
 
 @pytest.fixture(scope="module")
 def client(server):
-    http_client = httpx.Client(verify=server.ssl_context(), timeout=120)
-    yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", http_client=http_client,
-                        max_retries=0)
-    http_client.close()
+    with openai_client(server) as c:
+        yield c
 
 
 QUESTIONS = ["What is the capital of {}?", "Tell me about the biggest city of {}.",

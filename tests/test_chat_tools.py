@@ -31,7 +31,13 @@ import pytest
 pytest.importorskip("gguf")
 pytest.importorskip("jinja2")
 
-from helpers import TEST_CONFIG, request, sse_events, start_server  # noqa: E402
+from helpers import (  # noqa: E402
+    TEST_CONFIG,
+    openai_client,
+    request,
+    sse_events,
+    start_server,
+)
 
 from tiny_mindie.api import tool_calls as tc  # noqa: E402
 from tiny_mindie.api.chat_template import render_chat  # noqa: E402
@@ -219,15 +225,9 @@ def tiny_server(vocab_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
-    openai = pytest.importorskip("openai")
-    try:
-        import httpx2 as httpx
-    except ImportError:   # pragma: no cover
-        import httpx
-    http_client = httpx.Client(verify=tiny_server.ssl_context(), timeout=120)
-    yield openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="x", http_client=http_client,
-                        max_retries=0)
-    http_client.close()
+    pytest.importorskip("openai")
+    with openai_client(tiny_server, timeout=120) as c:
+        yield c
 
 
 def _reassembled(chunks) -> tuple[dict, str, dict]:
@@ -357,15 +357,9 @@ QUESTIONS = [f"{q} {c}?" for q in ("What's the weather in", "Is it raining in",
 
 @pytest.fixture(scope="module")
 def default_client(server):
-    openai = pytest.importorskip("openai")
-    try:
-        import httpx2 as httpx
-    except ImportError:   # pragma: no cover
-        import httpx
-    http_client = httpx.Client(verify=server.ssl_context(), timeout=300)
-    yield openai.OpenAI(base_url=server.url + "/v1", api_key="x", http_client=http_client,
-                        max_retries=0)
-    http_client.close()
+    pytest.importorskip("openai")
+    with openai_client(server, timeout=300) as c:
+        yield c
 
 
 def test_required_and_named_calls_validate_50_of_50(default_client):
@@ -500,8 +494,9 @@ def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
 
 def test_langchain_bind_tools_and_structured_output(server):
     """langchain-openai as an agent framework uses it: ``bind_tools`` with a forced tool, and
-    ``with_structured_output(method="function_calling")`` (a named tool, parsed back into the
-    Pydantic model)."""
+    ``with_structured_output`` by ``method="function_calling"`` (a named tool) and by
+    ``method="json_schema"`` (``response_format``), each parsed back into the Pydantic
+    model."""
     lc = pytest.importorskip("langchain_openai")
     from pydantic import BaseModel, Field
     try:
@@ -524,8 +519,9 @@ def test_langchain_bind_tools_and_structured_output(server):
         (call,) = msg.tool_calls
         assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
         assert call["id"].startswith("call_")
-        out = chat.with_structured_output(Weather, method="function_calling").invoke(
-            "It is 12 degrees in Lima.")
-        assert isinstance(out, Weather) and -60 <= out.celsius <= 60
+        for method in ("function_calling", "json_schema"):   # a named tool; response_format
+            out = chat.with_structured_output(Weather, method=method).invoke(
+                "It is 12 degrees in Lima.")
+            assert isinstance(out, Weather) and -60 <= out.celsius <= 60, method
     finally:
         http_client.close()
