@@ -457,14 +457,9 @@ class OutputParser:
                 return
             if self.fmt == HERMES:
                 if not self.in_call:
-                    i = self.pending.find(TOOL_CALL_OPEN)
-                    if i < 0:
-                        keep = _partial_suffix(self.pending, TOOL_CALL_OPEN)
-                        self._add(out, "content", self.pending[:len(self.pending) - keep])
-                        self.pending = self.pending[len(self.pending) - keep:]
+                    if not self._up_to(out, TOOL_CALL_OPEN):
                         return
-                    self._add(out, "content", self.pending[:i])
-                    self.pending, self.in_call = self.pending[i:], True
+                    self.in_call = True
                 j = self.pending.find(TOOL_CALL_CLOSE)
                 if j < 0:
                     return
@@ -473,14 +468,9 @@ class OutputParser:
                 self._block(out, block)
             elif self.fmt == MISTRAL:
                 if not self.in_call:
-                    i = self.pending.find(MISTRAL_CALLS)
-                    if i < 0:
-                        keep = _partial_suffix(self.pending, MISTRAL_CALLS)
-                        self._add(out, "content", self.pending[:len(self.pending) - keep])
-                        self.pending = self.pending[len(self.pending) - keep:]
+                    if not self._up_to(out, MISTRAL_CALLS):
                         return
-                    self._add(out, "content", self.pending[:i])
-                    self.pending, self.in_call = self.pending[i:], True
+                    self.in_call = True
                 return                  # the calls run to the end
             elif self.fmt == LLAMA3:
                 s = self.pending.lstrip()
@@ -493,6 +483,19 @@ class OutputParser:
             else:                       # JSON: the constrained answer is all one call
                 self.in_call = True
                 return
+
+    def _up_to(self, out: list, marker: str) -> bool:
+        """Give out as content the text of :attr:`pending` before ``marker``, holding back an
+        end that may still become it; True when ``pending`` now starts with ``marker``."""
+        i = self.pending.find(marker)
+        if i < 0:
+            keep = len(self.pending) - _partial_suffix(self.pending, marker)
+            self._add(out, "content", self.pending[:keep])
+            self.pending = self.pending[keep:]
+            return False
+        self._add(out, "content", self.pending[:i])
+        self.pending = self.pending[i:]
+        return True
 
     def _known(self, calls: list[ToolCall] | None) -> list[ToolCall] | None:
         """``calls`` when each is to a function of :attr:`names`, else ``None``."""
