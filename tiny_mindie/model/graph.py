@@ -538,11 +538,12 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     try:
         emb = load_embedding(f)
         q_scale = power_of_two(c.attn_scale)
-        # the weights are packed on every core (numpy releases the GIL), a few layers ahead of
-        # the nodes written in order; the LM head beside them
+        # the weights are packed on other cores (numpy releases the GIL) one layer ahead of
+        # the nodes written in order, the LM head beside them: the build's peak memory is
+        # about two layers' packing plus the head's, not the whole model's
         head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block)
         layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale), range(c.num_layers),
-                        depth=max(2, available_cpus()))
+                        depth=1)
         rope, rope_local = rope_caches(g, c, options.max_positions or c.context_length)
         h = embed(g, c, emb)                                                # [T, D]
         tokens = _rows(g, h)
