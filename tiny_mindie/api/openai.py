@@ -32,7 +32,6 @@ import re
 import time
 import uuid
 
-from ..engine.constraint import ConstraintError, compile_constraint
 from ..engine.request import Constraint, GenerationError, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
@@ -42,7 +41,7 @@ from . import tool_calls as tc
 from .chat_template import CHATML, chatml_stops, encode_chat, template_uses_tools
 from .drive import build, collect, fan_out, merged, route, send_stream
 from .errors import OPENAI, APIError, Kind, bad, from_generation_error
-from .structured import logit_bias, response_format
+from .structured import compiled, logit_bias, response_format
 from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
 
 INT32_MAX = 2**31 - 1
@@ -674,12 +673,9 @@ def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
         APIError: 400 (``tools``) when the schema cannot be compiled.
     """
     schema = tc.call_schema(tools.tools, tools.choice, tools.parallel is True)
-    constraint = Constraint("json_schema", json.dumps(schema, ensure_ascii=False))
-    try:
-        compile_constraint(llm.tokenizer, constraint)
-    except ConstraintError as exc:
-        raise bad(f"The tools' parameters cannot be enforced: {exc}", "tools") from None
-    return constraint
+    spec = json.dumps(schema, ensure_ascii=False)
+    return compiled(llm.tokenizer, Constraint("json_schema", spec),
+                    lambda m: bad(f"The tools' parameters cannot be enforced: {m}", "tools"))
 
 
 def opens_thinking(tok, ids: list[int]) -> bool:

@@ -106,8 +106,13 @@ def grammar_schema(schema, *, strict: bool = False):
     return _each_schema(schema, _bound_integers)
 
 
-def _compiled(tokenizer: Tokenizer, constraint: Constraint, error) -> Constraint:
-    """``constraint`` once it compiles for ``tokenizer``'s vocabulary; else ``error(message)``."""
+def compiled(tokenizer: Tokenizer, constraint: Constraint, error) -> Constraint:
+    """``constraint`` once it compiles for ``tokenizer``'s vocabulary (cached, see
+    :func:`~tiny_mindie.engine.constraint.compile_constraint`).
+
+    Raises:
+        APIError: ``error(message)`` (the family's 400/422 naming the field) when it does not.
+    """
     try:
         compile_constraint(tokenizer, constraint)
     except ConstraintError as exc:
@@ -149,7 +154,7 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return _compiled(tokenizer, Constraint("json_object"), fail)
+        return compiled(tokenizer, Constraint("json_object"), fail)
     if kind != "json_schema":
         raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
                    f"got {json.dumps(kind)}.")
@@ -169,7 +174,7 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
         raise fail("response_format.json_schema.schema is required and must be an object "
                    "(a JSON schema).")
     spec = json.dumps(grammar_schema(schema, strict=spec.get("strict") is True))
-    return _compiled(tokenizer, Constraint("json_schema", spec),
+    return compiled(tokenizer, Constraint("json_schema", spec),
                      lambda m: fail(f"response_format.json_schema.schema: {m}"))
 
 
@@ -229,7 +234,7 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
     if value["type"] == "regex":
         if not isinstance(spec, str):
             raise invalid("Parameter grammar.value must be a string (a regex).")
-        return _compiled(tokenizer, Constraint("regex", spec), fail)
+        return compiled(tokenizer, Constraint("regex", spec), fail)
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -237,5 +242,5 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
             raise fail(f"grammar.value is not valid JSON: {exc}") from None
     if not isinstance(spec, dict):
         raise invalid("Parameter grammar.value must be a JSON schema object.")
-    return _compiled(tokenizer, Constraint("json_schema", json.dumps(grammar_schema(spec))),
+    return compiled(tokenizer, Constraint("json_schema", json.dumps(grammar_schema(spec))),
                      fail)

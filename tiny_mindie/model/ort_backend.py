@@ -163,12 +163,13 @@ def _run_all(runs: Sequence[Callable[[], None]]) -> None:
         run()
 
 
-#: a graph entry's record of the batch-invariance checks it passed (see ``_batch_check_key``)
+#: a graph entry's record of the start-up checks it went through (see ``_batch_check_key``)
 BATCH_CHECKS = "batch-checks.json"
 
 
 def _batch_checks(graph_path: str) -> list:
-    """The keys of the batch-invariance checks the graph at ``graph_path`` passed before."""
+    """The entries recorded for the checks of the graph at ``graph_path``: each a check's key
+    and ``"passed"``."""
     try:
         with open(os.path.join(os.path.dirname(graph_path), BATCH_CHECKS)) as fh:
             keys = json.load(fh)
@@ -177,11 +178,24 @@ def _batch_checks(graph_path: str) -> list:
     return keys if isinstance(keys, list) else []
 
 
-def _record_batch_check(graph_path: str, key: dict) -> None:
-    """Add ``key`` to the graph entry's passed checks (written to a temporary file and renamed;
-    an entry that cannot be written is checked again at the next start)."""
+def _key_of(entry: dict) -> dict:
+    return {n: v for n, v in entry.items() if n != "passed"}
+
+
+def _recorded_check(graph_path: str, key: dict) -> bool | None:
+    """The outcome recorded for the check ``key`` of the graph at ``graph_path``, ``None`` when
+    there is none (an entry without ``"passed"`` is a pass: older records held passes only)."""
+    outcomes = [bool(e.get("passed", True)) for e in _batch_checks(graph_path)
+                if isinstance(e, dict) and _key_of(e) == key]
+    return outcomes[-1] if outcomes else None
+
+
+def _record_batch_check(graph_path: str, key: dict, passed: bool = True) -> None:
+    """Record the outcome of the check ``key`` with the graph entry (written to a temporary
+    file and renamed; an entry that cannot be written is checked again at the next start)."""
     folder = os.path.dirname(graph_path)
-    keys = [k for k in _batch_checks(graph_path) if k != key] + [key]
+    keys = [e for e in _batch_checks(graph_path)
+            if not isinstance(e, dict) or _key_of(e) != key] + [dict(key, passed=passed)]
     try:
         write_json_atomic(os.path.join(folder, BATCH_CHECKS), keys[-16:])
     except OSError as exc:
@@ -308,7 +322,7 @@ class OrtBackend(Backend):
         if check_batching and num_slots > 1:            # one slot: never a batch
             t3 = time.perf_counter()
             key = self._batch_check_key(session_config)
-            if key in _batch_checks(self.graph_path):
+            if _recorded_check(self.graph_path, key):       # only passes are recorded
                 log.info("decode rows: the same logits alone and in batches (checked at an "
                          "earlier start, with this onnxruntime, CPU and thread count)")
             else:
@@ -330,17 +344,14 @@ class OrtBackend(Backend):
             key = dict(self._batch_check_key(session_config), check="prefix split",
                        tokens=self.SPLIT_CHECK_TOKENS,
                        cuts=[list(c) for c in self.SPLIT_CHECK_CUTS])
-            # both outcomes are recorded (a failure only means the safe, shorter reuse); an
-            # entry without "passed" is from before failures were recorded: a pass
-            recorded = [k.get("passed", True) for k in _batch_checks(self.graph_path)
-                        if {n: v for n, v in k.items() if n != "passed"} == key]
-            if recorded:
-                self.prefix_split_invariant = bool(recorded[-1])
+            # both outcomes are recorded: a failure only means the safe, shorter reuse
+            recorded = _recorded_check(self.graph_path, key)
+            if recorded is not None:
+                self.prefix_split_invariant = recorded
             else:
                 with slow_step(log, "checking that prompts get the same KV in any chunks"):
                     self.prefix_split_invariant = self.check_prefix_split_invariance()
-                _record_batch_check(self.graph_path,
-                                    dict(key, passed=self.prefix_split_invariant))
+                _record_batch_check(self.graph_path, key, self.prefix_split_invariant)
             log.info("prefix cache: %s", "a prefix of any length is reused (prompt KV checked: "
                      "the same in any chunks of 2+ tokens)" if self.prefix_split_invariant else
                      "prompt KV depends on the chunks it is computed in on this CPU: only "
