@@ -510,4 +510,6 @@ def test_nginx_sigterm_on_a_replica_loses_no_request(nginx_pair):
     assert [r["error"] for r in results] == [None] * 30, [r for r in results if r["error"]][:3]
     assert any(not i.startswith("p2-late") for i in on_victim), \
         "no stream in flight on the replica that got SIGTERM"
+    # round robin sent a late request to the draining replica: 503, then the other one's 200
+    assert any(e["upstream_status"].startswith("503, ") for e in retried), retried
     assert code == 0
