@@ -453,8 +453,12 @@ def test_nginx_streams_reach_both_replicas(nginx_pair):
     served = [_successes(r) - b for r, b in zip(pair.replicas, before, strict=True)]
     log = [e for e in pair.access_log() if e["id"].startswith("p1-")]
     by_log = [sum(1 for e in log if pair.replica_of(e["upstream"]) == i) for i in (0, 1)]
+    spans = sorted(r["times"][-1] - r["times"][0] for r in results)
     print(f"\n20 streams: replicas served {served[0]:.0f} / {served[1]:.0f} (metrics), "
-          f"{by_log[0]} / {by_log[1]} (nginx log)")
+          f"{by_log[0]} / {by_log[1]} (nginx log); events per stream "
+          f"{min(len(r['events']) for r in results)}-{max(len(r['events']) for r in results)}, "
+          f"arriving in {min(_bursts(r['times']) for r in results)}+ groups over "
+          f"{spans[0]:.2f}-{spans[-1]:.2f} s")
     assert sum(served) == 20 and min(served) >= 1, served
     assert by_log == [int(s) for s in served] and len(log) == 20
 
@@ -488,7 +492,7 @@ def test_nginx_sigterm_on_a_replica_loses_no_request(nginx_pair):
     assert victim.proc.poll() is None and other.proc.poll() is None
     started = threading.Semaphore(0)
     with concurrent.futures.ThreadPoolExecutor(30) as pool:
-        running = [pool.submit(_stream, pair, 40, f"p2-{i}", started) for i in range(20)]
+        running = [pool.submit(_stream, pair, 32, f"p2-{i}", started) for i in range(20)]
         for _ in range(12):      # most streams have their first token: both replicas busy
             assert started.acquire(timeout=30)
         t_term = time.monotonic()
