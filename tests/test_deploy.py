@@ -521,7 +521,8 @@ def test_nginx_sigterm_on_a_replica_loses_no_request(nginx_pair):
           f"{sum(r['error'] is None for r in results)}/30 complete, {len(drained)} streams in "
           f"flight on the draining replica finished there, {len(retried)} retried by nginx "
           f"({[e['upstream_status'] for e in retried]}), replica exit status {code}")
-    assert [r["error"] for r in results] == [None] * 30, [r for r in results if r["error"]][:3]
+    assert [r["error"] for r in results] == [None] * 30, \
+        ([r for r in results if r["error"]][:3], "".join(victim.log[-20:]))
     assert drained, "no stream was in flight on the replica that got SIGTERM"
     # round robin sent a late request to the draining replica: 503, then the other one's 200
     assert any(e["upstream_status"].startswith("503, ") for e in retried), retried
