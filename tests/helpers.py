@@ -94,6 +94,11 @@ def start_server(home: str, config: dict, extra_args: list[str] = (),
         line = proc.stdout.readline()
         if not line:
             break
+        if line.startswith('{"') and "try it:" in line:    # --log-format json: one record
+            line = json.loads(line)["message"]
+            lines.append(line)
+            port = int(re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", line).group(1))
+            return Server(proc, port, home, "".join(lines), path)
         lines.append(line)
         if line.startswith("try it:"):
             lines.extend(proc.stdout.readline() for _ in range(3))

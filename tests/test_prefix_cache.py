@@ -253,7 +253,7 @@ def test_the_cache_off_reuses_nothing(llm):
 def test_cached_tokens_in_usage_metrics_and_access_log_over_the_server(server):
     """The same completion prompt twice: the second reports its reused tokens in
     ``usage.prompt_tokens_details.cached_tokens``, ``/metrics`` counts them, and its access
-    log line ends with ``cached=N``."""
+    log line shows ``cached_tokens=N``."""
     import json
     import time
 
@@ -280,10 +280,10 @@ def test_cached_tokens_in_usage_metrics_and_access_log_over_the_server(server):
     assert answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
     assert hit_tokens() - before == n - 2
     deadline = time.monotonic() + 10
-    while not any(f"cached={n - 2}" in line for line in server.log):
+    while not any(f" cached_tokens={n - 2} " in line for line in server.log):
         assert time.monotonic() < deadline, "".join(server.log[-10:])
         time.sleep(0.1)
-    line = next(line for line in server.log if f"cached={n - 2}" in line)
+    line = next(line for line in server.log if f" cached_tokens={n - 2} " in line)
     assert '"POST /v1/completions" 200' in line
 
 
