@@ -19,6 +19,7 @@ import time
 from . import __version__
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .model.gguf import ModelFileError
+from .model.registry import ModelDownloadError
 from .server.listen import AddressError
 from .server.tls import TLSConfigError
 
@@ -278,7 +279,7 @@ def _reachable(host: str) -> str:
 
 def pull(args: argparse.Namespace) -> int:
     from .model.registry import pull as do_pull
-    do_pull(args.name, force=args.force, log=_say)
+    do_pull(args.name, force=args.force, log=_say, tty=sys.stdout.isatty())
     return 0
 
 
@@ -319,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect}[args.command](args)
+    except ModelDownloadError as exc:   # the network: the package index, a download
+        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        return 1
     except CONFIG_ERRORS as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 2
