@@ -291,15 +291,14 @@ def project_files(op: urllib.request.OpenerDirector, s: IndexSettings, project: 
         IndexUnreachable: no answer after the retries.
         FileNotOnIndex: the index has no such project (404) or refused (other 4xx).
     """
-    url = s.index_url.rstrip("/") + "/" + canonicalize_name(project) + "/"
-    shown = _strip_credentials(url)
+    url = s.display_url.rstrip("/") + "/" + canonicalize_name(project) + "/"
     req = urllib.request.Request(url, headers={"Accept": ACCEPT, "User-Agent": USER_AGENT})
 
     def attempt() -> list[IndexFile]:
         with op.open(req, timeout=s.timeout) as resp:
             return parse_project_page(resp.read(), resp.headers.get_content_type(), resp.url)
 
-    return _retrying(attempt, f"the package index {s.display_url} (from {s.source})", shown, s, log)
+    return _retrying(attempt, f"the package index {s.display_url} (from {s.source})", url, s, log)
 
 
 def _retrying(fn, what: str, url: str, s: IndexSettings, log: Callable[[str], None],
