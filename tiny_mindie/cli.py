@@ -1,4 +1,4 @@
-"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``.
+"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``, ``certs``.
 
 Bad configuration, a missing model file or a busy port end with one line on stderr and a
 non-zero exit status; never a traceback.
@@ -27,7 +27,7 @@ from .server.tls import TLSConfigError
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs")
 EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
                 '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
                 '"max_new_tokens": 20, "do_sample": true, "details": true}}')
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect}")
+                           metavar="{serve,pull,list-models,watermark-detect,certs}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model whose tokenizer made the text (default: the default model)")
     wd.add_argument("--threshold", type=float, default=4.0,
                     help="z above which the text is called marked")
+    from .certs import add_parser as add_certs
+    add_certs(sub)
     return p
 
 
@@ -318,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, "serve")
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "certs":
+            from .certs import run as certs
+            return certs(args)
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect}[args.command](args)
     except ModelDownloadError as exc:   # the network: the package index, a download
