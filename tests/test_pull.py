@@ -166,7 +166,8 @@ def model(tmp_path, monkeypatch, served) -> RegistryModel:
 def isolate(monkeypatch, tmp_path) -> None:
     """No index setting of this machine's environment or pip configuration files."""
     for var in ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_CERT", "PIP_PROXY",
-                "PIP_CLIENT_CERT", "PIP_TIMEOUT", "PIP_RETRIES", "XDG_CONFIG_DIRS"):
+                "PIP_CLIENT_CERT", "PIP_TIMEOUT", "PIP_DEFAULT_TIMEOUT", "PIP_RETRIES",
+                "XDG_CONFIG_DIRS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -350,6 +351,8 @@ def test_index_settings_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.delenv("PIP_RETRIES")
     assert index.pip_config_files() == [] and index.index_settings().retries == 5
+    monkeypatch.setenv("PIP_DEFAULT_TIMEOUT", "180")
+    assert index.index_settings().timeout == 180.0
     monkeypatch.setenv("PIP_TIMEOUT", "soon")
     with pytest.raises(index.PackageIndexError, match="pip setting timeout from PIP_TIMEOUT is "
                                                       "not a number: 'soon'"):

@@ -15,7 +15,8 @@ Settings, first found wins (each key from the environment, else from pip's confi
   with HTTP basic authentication, to that host only.
 - ``PIP_CERT`` / ``cert`` (a CA bundle), ``PIP_CLIENT_CERT`` / ``client-cert`` (a PEM file with
   a client certificate and its key), ``PIP_PROXY`` / ``proxy`` (for http and https),
-  ``PIP_TIMEOUT`` / ``timeout`` (seconds a connect or a read may take, default 15),
+  ``PIP_TIMEOUT`` / ``timeout`` (or pip's alias ``default-timeout``: seconds a connect or a
+  read may take, default 15),
   ``PIP_RETRIES`` / ``retries`` (retries after a network error, default 5).
 - Without a proxy setting, the usual ``https_proxy`` / ``http_proxy`` / ``no_proxy`` apply; with
   no ``cert``, OpenSSL's default CAs (``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured).
@@ -174,7 +175,8 @@ def index_settings() -> IndexSettings:
         if (v := get(key)) is not None and v[0]:
             s = replace(s, **{field: os.path.expanduser(v[0])})
     for key, cast in (("timeout", float), ("retries", int)):
-        if (v := get(key)) is not None and v[0]:
+        v = get(key) or (get("default-timeout") if key == "timeout" else None)  # pip's alias
+        if v is not None and v[0]:
             try:
                 s = replace(s, **{key: cast(v[0])})
             except ValueError:
