@@ -502,9 +502,11 @@ def _duration(seconds: float) -> str:
 
 
 class ProgressLine:
-    """Shows download progress: on a terminal one line rewritten in place (``\\r``) on ``stream``;
-    otherwise (logs going to files) a ``log`` line when the download starts, every ``every``
-    seconds, and when it ends."""
+    """Shows download progress: on a terminal, one line on ``stream`` rewritten in place (``\\r``,
+    at most every 0.2 s); otherwise (logs going to files) a ``log`` line when the download
+    starts, every ``every`` seconds, and when it ends."""
+
+    REDRAW = 0.2                    # seconds between redraws on a terminal
 
     def __init__(self, log: Callable[[str], None], *, tty: bool = False, stream=None,
                  every: float = 5.0) -> None:
@@ -525,6 +527,9 @@ class ProgressLine:
             return
         self.finished = finished
         if self.tty:
+            if not (self.last is None or finished or p.elapsed - self.last >= self.REDRAW):
+                return
+            self.last = p.elapsed
             self.stream.write(f"\r  {p.line()}\x1b[K")
             self.stream.flush()
             self.open = not finished
