@@ -388,3 +388,19 @@ def test_progress_lines_in_a_log_come_every_few_seconds():
         "  downloading 0.0 of 12.0 MB", "  downloading 5.0 of 12.0 MB",
         "  downloading 10.0 of 12.0 MB", "  downloading 12.0 of 12.0 MB"]
     assert lines[1].endswith("1.0 MB/s, ETA 7 s")
+
+
+def test_two_pulls_of_one_model_take_turns(model, served):
+    served.delay = 0.01
+    first: list[str] = []
+    t = threading.Thread(target=registry.pull, args=(model.name,), kwargs={"log": first.append})
+    t.start()
+    while not file_requests(served):                 # the first one is downloading
+        time.sleep(0.01)
+    second: list[str] = []
+    path = registry.pull(model.name, log=second.append)
+    t.join()
+    assert second[0].startswith("tiny-test: another process is pulling it; waiting")
+    assert second[1] == f"tiny-test: pulled by another process into {path}"
+    assert len(file_requests(served)) == 1
+    assert_pulled(path, model)
