@@ -39,13 +39,20 @@ from .server.tls import (
 
 ALWAYS = ("localhost", "127.0.0.1", "127.0.0.2", "::1")   # in every server certificate
 SECRET = "tiny-mindie-tls"                                 # deploy/kubernetes's Secret
+DESCRIPTION = (
+    "Make a CA (its key kept, to issue and revoke later), a server certificate for localhost, "
+    "127.0.0.1, 127.0.0.2, ::1 and every --host (subjectAltNames), a client certificate and an "
+    "empty CRL, where the server reads them: security/ in --dir (default: the config home) or "
+    "the files --config FILE names. Existing files are kept unless --force. Prints which files "
+    "go to curl, nginx and a Kubernetes Secret. With --client, --revoke or --crl: issue another "
+    "client certificate, or re-sign the CRL, with the kept CA key.")
 
 
 def add_parser(sub) -> None:
     """Add the ``certs`` command to the CLI's subparsers."""
     c = sub.add_parser("certs", help="make a CA, server and client certificates and a CRL for "
                                      "mutual TLS (for other host names: --host)",
-                       description=__doc__.split("\n\n")[2].replace("\n", " "))
+                       description=DESCRIPTION)
     where = c.add_mutually_exclusive_group()
     where.add_argument("--dir", help="folder that gets security/ (default: the config home, "
                                      "$TINY_MINDIE_HOME or ~/.config/tiny_mindie)")
