@@ -1,4 +1,4 @@
-"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``.
+"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``, ``certs``.
 
 Bad configuration, a missing model file or a busy port end with one line on stderr and a
 non-zero exit status; never a traceback.
@@ -22,6 +22,7 @@ from .envconfig import EnvError, apply_env, env_options
 from .logs import add_log_options, say
 from .logs import setup as setup_logging
 from .model.gguf import ModelFileError
+from .model.registry import ModelDownloadError
 from .server.listen import AddressError
 from .server.tls import TLSConfigError
 
@@ -29,7 +30,7 @@ from .server.tls import TLSConfigError
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs")
 # Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
 ENV_COMMANDS = {"serve": True, "health": False}
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect}")
+                           metavar="{serve,pull,list-models,watermark-detect,certs}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
@@ -101,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model whose tokenizer made the text (default: the default model)")
     wd.add_argument("--threshold", type=float, default=4.0,
                     help="z above which the text is called marked")
+    from .certs import add_parser as add_certs
+    add_certs(sub)
     for name, warn in ENV_COMMANDS.items():     # last: every option of theirs gets a variable
         if name in sub.choices:
             env_options(sub.choices[name], warn_unknown=warn)
@@ -291,7 +294,7 @@ def _reachable(host: str) -> str:
 
 def pull(args: argparse.Namespace) -> int:
     from .model.registry import pull as do_pull
-    do_pull(args.name, force=args.force, log=_say)
+    do_pull(args.name, force=args.force, log=_say, tty=sys.stdout.isatty())
     return 0
 
 
@@ -339,8 +342,14 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
     args = parser.parse_args(argv)
     try:
+        if args.command == "certs":
+            from .certs import run as certs
+            return certs(args)
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect}[args.command](args)
+    except ModelDownloadError as exc:   # the network: the package index, a download
+        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        return 1
     except CONFIG_ERRORS as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 2
