@@ -681,13 +681,10 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
     is (was: 0.0.0.0 shown as 127.0.0.1), and the try-it URL uses the loopback address."""
     from types import SimpleNamespace
 
-    from tiny_mindie.cli import _banner
     from tiny_mindie.config import load_config
+    from tiny_mindie.lifecycle import banner
     from tiny_mindie.server.listen import Listener, bind
 
-    out: list[str] = []
-    import tiny_mindie.cli as cli
-    say, cli._say = cli._say, out.append
     socks = []
     try:
         for host, extra in (("localhost", "  bound to 127.0.0.1:{p}"), ("0.0.0.0", ""),
@@ -700,8 +697,7 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
             backend = SimpleNamespace(num_slots=1, max_seq_len=8, name="numpy", device="cpu")
             llm = SimpleNamespace(model_name="m", model_path="/m.gguf", backend=backend,
                                   config=SimpleNamespace(architecture="llama"))
-            _banner(cfg, llm, [lst], None, 0.1)
-            text = out.pop()
+            text = banner(cfg, llm, [lst], None, 0.1)
             line = next(ln for ln in text.splitlines() if "listens" in ln)
             bound = ", ".join(f"[{s.getsockname()[0]}]:{port}" if ":" in s.getsockname()[0]
                               else f"{s.getsockname()[0]}:{port}" for s in lsocks)
@@ -710,6 +706,5 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
             reach = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
             assert f"http://{host if host == 'localhost' else reach}:{port}/infer" in text
     finally:
-        cli._say = say
         for s in socks:
             s.close()
