@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from . import __version__
+from . import __version__, health_probe
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .model.gguf import ModelFileError
 from .server.listen import AddressError
@@ -22,7 +22,7 @@ from .server.tls import TLSConfigError
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "health")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect}")
+                           metavar="{serve,pull,list-models,watermark-detect,health}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model whose tokenizer made the text (default: the default model)")
     wd.add_argument("--threshold", type=float, default=4.0,
                     help="z above which the text is called marked")
+    health_probe.add_arguments(sub.add_parser(
+        "health", help="exec probe: exit 0 when the server here answers its health route "
+                       "with 200, else 1"))
     return p
 
 
@@ -211,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"serve": serve, "pull": pull, "list-models": list_models,
-                "watermark-detect": watermark_detect}[args.command](args)
+                "watermark-detect": watermark_detect,
+                "health": health_probe.run}[args.command](args)
     except CONFIG_ERRORS as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model.backend import BACKENDS, DEFAULT_BACKEND
+from .model import BACKENDS, DEFAULT_BACKEND
 
 
 class ConfigError(Exception):
