@@ -475,7 +475,8 @@ def test_every_numeric_key_has_a_range():
     import dataclasses
 
     from tiny_mindie import config as C
-    by_hand = {"server.port", "server.management_port", "server.metrics_port"}
+    by_hand = {"server.port", "server.management_port", "server.metrics_port",
+               "server.health_port"}
     ranged = {attr for _, attr, *_ in C.RANGES}
     for prefix, cls in (("server", C.ServerConfig), ("backend", C.BackendConfig),
                         ("backend.model", C.ModelDeployConfig),
@@ -489,13 +490,13 @@ def _range_cases():
     from tiny_mindie.config import RANGES, show
     for name, _attr, lo, hi, unit in RANGES:
         is_float = isinstance(lo, float)
-        below = lo / 2 if is_float else lo - 1
+        below = (lo / 2 if lo else -1.0) if is_float else lo - 1
         huge = "1e+30" if is_float else "an integer of 31 digits"
         for bad, got in ((below, show(float(below) if is_float else below)),
                          (hi + 1, show(float(hi + 1) if is_float else hi + 1)), (10 ** 30, huge)):
             yield pytest.param(name, bad, f"{name} must be in {show(lo)}..{show(hi)}{unit}, "
                                           f"got {got}", id=f"{name.rsplit('.', 1)[1]}={bad:g}")
-    for key in ("port", "managementPort", "metricsPort"):
+    for key in ("port", "managementPort", "metricsPort", "healthPort"):
         for bad in (-1, 1, 1023, 65536):
             yield pytest.param(f"ServerConfig.{key}", bad,
                                f"ServerConfig.{key} must be in 1024..65535, got {bad}",

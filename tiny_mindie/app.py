@@ -24,7 +24,7 @@ from .config import Config
 from .llm import LLM
 from .server import listen
 from .server.conn import Handler, json_response
-from .server.listen import Listener, connection_limit
+from .server.listen import Listener, bind, connection_limit
 from .server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router
 
 #: What the plain-HTTP health listener serves (GET only), and its connections at once.
@@ -133,6 +133,21 @@ def plan_listeners(cfg: Config) -> list[Listener]:
         else:
             by_port[port] = Listener(host, port, frozenset({plane}))
     return list(by_port.values())
+
+
+def check_ports_free(cfg: Config) -> None:
+    """Fail fast, before anything else is said or done, when a listen address cannot be bound.
+
+    Raises:
+        AddressError: a listen address cannot be resolved.
+        OSError: the address is in use or not available on this machine.
+    """
+    s = cfg.server
+    health = [Listener(s.health_ip_address, s.health_port, frozenset({HEALTH}))] \
+        if s.health_port else []
+    for lst in plan_listeners(cfg) + health:
+        for sock in bind(lst.host, lst.port, backlog=1):
+            sock.close()
 
 
 async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None) -> list[Listener]:

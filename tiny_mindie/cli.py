@@ -150,6 +150,7 @@ def _say(msg: str) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Bind the listeners, load the model, print the banner and serve until SIGINT/SIGTERM or
     ``/stopService`` (:mod:`.lifecycle`)."""
+    from .app import check_ports_free
     from .lifecycle import serve as serve_until_stopped
     from .security import tls_files, uses_default_crl, uses_default_paths
     from .server.tls import ensure_certificates, server_context
@@ -159,6 +160,7 @@ def serve(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = _config_from_args(args)
     s = cfg.server
+    check_ports_free(cfg)
     ssl_ctx, files = None, None
     if s.https_enabled:
         files = tls_files(cfg)

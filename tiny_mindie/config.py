@@ -348,7 +348,7 @@ RANGES: tuple[tuple[str, str, float, float, str], ...] = (
     ("ServerConfig.maxRequestLength", "server.max_request_length", 1, 100, " MB"),
     ("ServerConfig.tlsHandshakeTimeout", "server.tls_handshake_timeout", 0.1, 600, " seconds"),
     ("ServerConfig.maxStreamBacklogKB", "server.max_stream_backlog_kb", 0, 1 << 20, " KB"),
-    ("ServerConfig.drainTimeout", "server.drain_timeout", 0, 86400, " seconds"),
+    ("ServerConfig.drainTimeout", "server.drain_timeout", 0.0, 86400, " seconds"),
     ("ServerConfig.keepAliveTimeout", "server.keep_alive_timeout", 0.1, 86400, " seconds"),
     ("ServerConfig.headerTimeout", "server.header_timeout", 0.1, 600, " seconds"),
     ("BackendConfig.ModelDeployConfig.maxSeqLen", "backend.model.max_seq_len",

@@ -51,7 +51,11 @@ def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
         AddressError, OSError: a listen address cannot be bound.
     """
     from .app import App
+    from .model.registry import lookup, resolve
 
+    model = cfg.backend.model.model_weight_path
+    if not os.path.isfile(model) and lookup(model) is None:
+        resolve(model)      # neither a file nor a registry name: its one-line error, at once
     app = App(cfg, echo=say)
     try:
         import uvloop  # optional: a faster event loop when installed
