@@ -486,8 +486,16 @@ def test_a_loading_app_answers_health_routes_and_gates_the_others():
     from tiny_mindie.server.routing import HEALTH
 
     app = App(load_config(None))
-    app.loading.log("  pulling smollm2-135m-instruct: 41 MB of 98 MB  ")
-    assert app.loading.message == f"{LOADING}: pulling smollm2-135m-instruct: 41 MB of 98 MB"
+    assert app.loading.message == f"{LOADING}."
+    app.loading.log("pulling smollm2-135m-instruct (98 MB)")
+    app.loading.log("        25%")
+    app.loading.log("  41 MB of 98 MB, 2.0 MB/s ")
+    assert app.loading.message == f"{LOADING}: pulling smollm2-135m-instruct (98 MB): 41 MB of " \
+                                  "98 MB, 2.0 MB/s"
+    app.loading.log("loading /m.gguf on the numpy backend ...")
+    assert app.loading.message == f"{LOADING}: loading /m.gguf on the numpy backend ..."
+    app.loaded(object())
+    assert app.loading is None
     with pytest.raises(RuntimeError):
         app.llm                                                   # noqa: B018
     assert {r.path for r in app.routes if r.plane == HEALTH} == {

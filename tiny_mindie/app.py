@@ -33,28 +33,33 @@ HEALTH_CONNECTIONS = 64
 
 
 class Loading:
-    """The model being pulled or loaded: the last progress line of the load, for the 503s.
+    """The model being pulled or loaded: the load's progress, for the 503s.
 
-    :meth:`log` is the load's ``log`` callback (``LLM(log=...)``, which the pull shares): each
-    line it is given becomes :attr:`step` (and is passed on to ``echo``). Called from the
-    loading thread; read on the event loop (a str assignment is atomic).
+    :meth:`log` is the load's ``log`` callback (``LLM(log=...)``, which the pull shares): a line
+    starting in its first column names a step (``pulling ...``, ``loading ...``), an indented
+    line is progress within it (``  50%``, ``  41 MB of 98 MB``); each is passed on to ``echo``.
+    Called from the loading thread; read on the event loop (str assignments are atomic).
     """
 
     def __init__(self, echo=None):
         self.step = ""
+        self.progress = ""
         self.echo = echo
 
     def log(self, line: str) -> None:
-        step = " ".join(line.split())
-        if step:
-            self.step = step
+        text = " ".join(line.split())
+        if text and line[:1].isspace():
+            self.progress = text
+        elif text:
+            self.step, self.progress = text, ""
         if self.echo is not None:
             self.echo(line)
 
     @property
     def message(self) -> str:
-        """``The model is loading: <what it is doing>``."""
-        return "The model is loading" + (f": {self.step}" if self.step else ".")
+        """``The model is loading: <step>[: <progress>]``."""
+        said = ": ".join(filter(None, (self.step, self.progress)))
+        return "The model is loading" + (f": {said}" if said else ".")
 
 
 class App:
