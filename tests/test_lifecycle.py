@@ -494,10 +494,11 @@ def test_a_loading_app_answers_health_routes_and_gates_the_others():
                                   "98 MB, 2.0 MB/s"
     app.loading.log("loading /m.gguf on the numpy backend ...")
     assert app.loading.message == f"{LOADING}: loading /m.gguf on the numpy backend ..."
-    app.loaded(object())
-    assert app.loading is None
     with pytest.raises(RuntimeError):
         app.llm                                                   # noqa: B018
+    model = object()
+    app.loaded(model)
+    assert app.loading is None and app.llm is model
     assert {r.path for r in app.routes if r.plane == HEALTH} == {
         "/health", "/v2/health/live", "/v2/health/ready"}
     assert all(not r.needs_model for r in app.routes if r.plane == HEALTH)
