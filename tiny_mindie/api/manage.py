@@ -24,9 +24,9 @@ route                                  answer
 =====================================  ========================================================
 
 ``routes(app)`` also gives the app its :class:`ShutdownControl` as ``app.shutdown``: the one
-hook between these routes (and SIGINT/SIGTERM) and the serve loop in ``cli.serve``. The four
-health routes answer while the model loads (``app.loading``); every other route of the app is
-answered 503 then, before its handler runs (:class:`tiny_mindie.app.App`).
+hook between these routes (and SIGINT/SIGTERM) and the serve loop (:mod:`tiny_mindie.lifecycle`).
+The four health routes answer while the model loads (``app.loading``); every other route of the
+app is answered 503 then, before its handler runs (:class:`tiny_mindie.app.App`).
 """
 
 from __future__ import annotations
