@@ -505,3 +505,45 @@ def test_a_loading_app_answers_health_routes_and_gates_the_others():
     ungated = {r.path for r in app.routes if not r.needs_model}
     assert ungated == {"/health", "/v2/health/live", "/v2/health/ready",
                        "/v2/models/{model}/ready"}
+
+
+def test_while_loading_each_family_answers_503_in_its_own_shape_in_process():
+    """The gate on real sockets, in process, no model: live 200, the health routes 503 with
+    the message, each family's routes 503 in its error shape, the health plane alone."""
+    from tiny_mindie.app import App
+    from tiny_mindie.config import load_config
+    from tiny_mindie.server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS
+
+    app = App(load_config(None))
+    app.loading.log("pulling smollm2-135m-instruct (98 MB)")
+    everything = app.handler_for(frozenset({BUSINESS, MANAGEMENT, METRICS}))
+    health_only = app.handler_for(frozenset({HEALTH}))
+
+    class Planes(ThreadedServer):
+        def __init__(self, handle):
+            super().__init__(max_body_bytes=1 << 20)
+            self.handle = handle
+
+        async def handler(self, request, stream):
+            return await self.handle(request, stream)
+
+    said = f"{LOADING}: pulling smollm2-135m-instruct (98 MB)"
+    with Planes(everything) as srv, Planes(health_only) as health:
+        assert plain(srv.port, "/v2/health/live") == (200, b"")
+        for path in ("/health", "/v2/health/ready", f"/v2/models/{MODEL}/ready"):
+            assert plain(srv.port, path) == (503, json.dumps({"message": said},
+                                                              separators=(",", ":")).encode())
+        cases = {("POST", "/infer"): {"error": said, "error_type": "Service Unavailable"},
+                 ("POST", "/generate_stream"): {"error": said, "error_type": "overloaded"},
+                 ("POST", "/v1/completions"): {"error": {"message": said, "type": "server_error",
+                                                         "param": None, "code": None}},
+                 ("POST", f"/v2/models/{MODEL}/generate_stream"): {
+                     "error": said, "error_type": "Service Unavailable"},
+                 ("GET", "/metrics"): {"error": said, "error_type": "Service Unavailable"}}
+        for (method, path), body in cases.items():
+            status, raw = plain(srv.port, path, method, b"{}" if method == "POST" else None)
+            assert (status, json.loads(raw)) == (503, body), path
+        assert plain(health.port, "/v2/health/live") == (200, b"")
+        assert plain(health.port, "/v2/health/ready")[0] == 503
+        assert plain(health.port, "/infer", "POST", b"{}")[0] == 404
+        assert plain(health.port, "/health/timed-5")[0] == 404
