@@ -421,6 +421,8 @@ def test_the_probe_reads_the_environment_and_names_bad_configuration(tmp_path):
     assert r.returncode == 1 and "ServerConfig.port" in r.stderr
     r, _ = probe("live", env={**os.environ, "TINY_MINDIE_HOME": str(tmp_path)})  # TLS, no files
     assert r.returncode == 1 and "cannot load the TLS files" in r.stderr, r
+    r, _ = probe("live", "--timeout", "0", env=env)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--timeout" in r.stderr, r
 
 
 def test_lifecycle_keys_are_read_and_checked(tmp_path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import math
 import os
 import ssl
 import sys
@@ -47,9 +48,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server's --management-port ($TINY_MINDIE_MANAGEMENT_PORT)")
     p.add_argument("--no-tls", action="store_true",
                    help="the server runs with --no-tls ($TINY_MINDIE_NO_TLS=1)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help=f"seconds to wait for the connection and the answer "
                         f"(default {DEFAULT_TIMEOUT_S:g})")
+
+
+def _seconds(text: str) -> float:
+    """``--timeout``: a number of seconds in 0.01..600."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not 0.01 <= v <= 600:      # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be seconds in 0.01..600, got {text!r}")
+    return v
 
 
 class ProbeError(Exception):
@@ -171,8 +183,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A bad argument: one line (and a pointer to --help), exit status 2, as the CLI's."""
+
+    def error(self, message: str):
+        self.exit(2, f"tiny_mindie health: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tiny_mindie health",
+    p = _Parser(prog="python -m tiny_mindie health",
                                 description="Exit 0 when the server on this machine answers "
                                             "200 to its health route, else 1 with the reason.")
     add_arguments(p)
