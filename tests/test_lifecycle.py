@@ -299,6 +299,9 @@ def test_sigterm_drains_finishes_the_short_stream_cancels_the_long_one_at_the_de
         r, _ = probe("live", "--config", srv.config_path, "--port", str(free_port()))
         assert r.returncode == 1 and "cannot reach" in r.stderr and "refused" in r.stderr, r
         assert plain(health_port, "/v2/health/ready") == (200, b"")
+        s = tls_request(srv, "GET", "/v1/config")[2]["ServerConfig"]
+        assert (s["drainTimeout"], s["keepAliveTimeout"], s["headerTimeout"], s["healthPort"],
+                s["healthIpAddress"]) == (DRAIN_S, 1.0, 1.0, health_port, "127.0.0.1")
 
         # keepAliveTimeout (1 s): an idle kept-alive connection is closed after about that
         ctx = srv.ssl_context()

@@ -153,6 +153,9 @@ def effective_config(app) -> dict:
             "tokenTimeout": s.token_timeout, "e2eTimeout": s.e2e_timeout,
             "maxRequestLength": s.max_request_length,
             "maxStreamBacklogKB": s.max_stream_backlog_kb,
+            "drainTimeout": s.drain_timeout, "keepAliveTimeout": s.keep_alive_timeout,
+            "headerTimeout": s.header_timeout, "healthPort": s.health_port,
+            "healthIpAddress": s.health_ip_address,
         },
         "BackendConfig": {
             "npuDeviceIds": [list(b.npu_device_ids)],
