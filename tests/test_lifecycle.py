@@ -552,3 +552,18 @@ def test_while_loading_each_family_answers_503_in_its_own_shape_in_process():
         assert plain(health.port, "/v2/health/ready")[0] == 503
         assert plain(health.port, "/infer", "POST", b"{}")[0] == 404
         assert plain(health.port, "/health/timed-5")[0] == 404
+
+
+def test_a_busy_health_port_ends_the_start_with_one_line_before_the_load(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "tiny_mindie", "--no-tls", "--port", "0",
+                            "--health-port", str(port)], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 1 and r.stdout == "", r
+    assert r.stderr == (f"tiny_mindie: error: cannot listen on 127.0.0.1:{port}: Address "
+                        "already in use\n"), r.stderr
+    assert time.monotonic() - t0 < 10
