@@ -120,8 +120,10 @@ async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
     threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
                      name="tiny_mindie-grammar-vocabulary").start()
     await stop
-    if not ctl.force:
-        say("stopping: no new requests; letting the ones in flight finish")
+    if not ctl.signals:       # /stopService (a signal has said it already)
+        say("stopping: " + ("cancelling the requests in flight" if ctl.force else
+                            "no new requests; letting the ones in flight finish within "
+                            f"{cfg.server.drain_timeout:g} s"))
     await ctl.drain(force_wait_s=FORCE_WAIT_S, graceful_s=cfg.server.drain_timeout)
     await asyncio.sleep(0.2)   # the last answers (/stopService's too) reach their sockets
     say("shutting down")
