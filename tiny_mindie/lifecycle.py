@@ -133,8 +133,13 @@ async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
 
 
 def _settle(fut: asyncio.Future, result, exc: BaseException | None) -> None:
-    if not fut.done():
-        fut.set_exception(exc) if exc is not None else fut.set_result(result)
+    """The load's outcome, on the event loop."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
 
 
 def _load(cfg: Config, log_line: Callable[[str], None]):
