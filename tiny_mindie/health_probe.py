@@ -148,7 +148,8 @@ def ask(host: str, port: int, ctx: ssl.SSLContext | None, path: str,
     except TimeoutError:
         raise ProbeError(f"no answer from {where}{path} within {timeout:g} s") from None
     except ssl.SSLError as exc:
-        raise ProbeError(f"TLS with {where} failed: {exc.reason or exc}") from None
+        why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
+        raise ProbeError(f"TLS with {where} failed: {why}") from None
     except (OSError, http.client.HTTPException) as exc:
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise ProbeError(f"cannot reach {where}{path}: {why}") from None
