@@ -341,6 +341,7 @@ def test_sigterm_drains_finishes_the_short_stream_cancels_the_long_one_at_the_de
         # draining: readiness 503 at once, liveness 200, new requests 503 (a proxy retries them)
         _wait_status(health_port, "/v2/health/ready", 503)
         assert json.loads(plain(health_port, "/v2/health/ready")[1]) == {"message": STOPPED}
+        assert plain(health_port, "/health") == (503, b"")
         assert plain(health_port, "/v2/health/live") == (200, b"")
         assert tls_request(srv, "GET", "/v2/health/live")[0] == 200
         status, _, body = tls_request(srv, "POST", "/infer", {"inputs": "Hi"})
