@@ -30,6 +30,10 @@ Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer leng
                                                    call, padding included) - 1
     total_sequence_length  int32   []              max over rows of seqlens_k + 1
     logits_index           int64   [B]             per row: b * S + (index of its last real token)
+                                                   (a verification chunk: any rows of T)
+    verify                 bool    []              (GraphOptions.verify) True: a chunk of one
+                                                   sequence whose rows' attention is computed as
+                                                   decoding would (:func:`verify_attention`)
     past_key.{i}           float32 [B, Nkv, L, H]  layer i's key cache (i = 0 .. num_layers-1)
     past_value.{i}         float32 [B, Nkv, L, H]  layer i's value cache
 
@@ -104,7 +108,7 @@ from .weights import (
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 9
+BUILDER_VERSION = 10
 
 #: ``model.onnx`` metadata entries: the graph options' key, and the row multiple of the
 #: ``logits`` output (see the table above).
@@ -184,6 +188,24 @@ class _Builder:
     def op1(self, op_type: str, inputs: Sequence[str], **kw) -> str:
         return self.op(op_type, inputs, 1, **kw)[0]
 
+    def subgraph(self, name: str, build: Callable[[], Sequence[str]],
+                 inputs: Sequence[tuple[str, int]] = (), bool_outputs: int = 0):
+        """A ``GraphProto`` for an ``If`` branch or a ``Loop`` body: the nodes ``build()`` adds
+        (constants it makes go to the main graph, which it may also read), its outputs the names
+        ``build()`` returns (the first ``bool_outputs`` bool, the others float32), ``inputs``
+        ``(name, TensorProto type)`` pairs declared as the subgraph's own (scalar) inputs."""
+        outer, self.nodes = self.nodes, []
+        try:
+            outs = build()
+            nodes = self.nodes
+        finally:
+            self.nodes = outer
+        TP, h = self.TensorProto, self.helper
+        return h.make_graph(
+            nodes, name, [h.make_tensor_value_info(n, t, []) for n, t in inputs],
+            [h.make_tensor_value_info(o, TP.BOOL if k < bool_outputs else TP.FLOAT, None)
+             for k, o in enumerate(outs)])
+
 
 # ---- build options ---------------------------------------------------------------------------
 
@@ -225,6 +247,8 @@ class GraphOptions:
             bits runs on a multiple of ``multiple`` rows (:func:`_pad_rows`), so a row's logits
             do not depend on its batch; 1, or bits not listed, runs the rows as they are.
             Default: :func:`default_row_multiples` (for this CPU).
+        verify: add the ``verify`` input and each layer's :func:`verify_attention` (for
+            speculative decoding; costs an ``If`` per layer in every run).
     """
 
     accuracy_level: int = 4
@@ -233,6 +257,7 @@ class GraphOptions:
     max_positions: int = 0
     overrides: tuple[tuple[str, int], ...] = ()
     row_multiples: tuple[tuple[int, int], ...] = field(default_factory=default_row_multiples)
+    verify: bool = True
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -247,7 +272,7 @@ class GraphOptions:
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         rows = ".".join(f"{b}x{m}" for b, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}-r{rows}{extra}")
+                f"-p{self.max_positions}-r{rows}{'-v' if self.verify else ''}{extra}")
 
     def row_multiple(self, bits: int) -> int:
         """Rows a product with ``bits``-bit weights is padded to a multiple of (1: none)."""
@@ -271,6 +296,9 @@ class Shared:
             layers'; ``rope_local``: local layers' (Gemma 3), else ``None``.
         attn_scale: GroupQueryAttention's ``scale``: 1 when the model's scale is folded into
             the queries (:func:`attention`), else ``config.attn_scale``.
+        verify_base: int64 ``[1]``, a verification chunk's first position
+            (``total_sequence_length - S``) when the graph has the ``verify`` input and
+            :func:`verify_attention` beside each layer's GroupQueryAttention; else ``None``.
     """
 
     config: ModelConfig
@@ -280,6 +308,7 @@ class Shared:
     rope: tuple[str, str]
     rope_local: tuple[str, str] | None
     attn_scale: float
+    verify_base: str | None = None
 
 
 def rope_caches(g: _Builder, config: ModelConfig, positions: int
@@ -454,8 +483,77 @@ def attention(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
                 num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=int(rotary),
                 rotary_interleaved=0 if c.rope_neox else 1, scale=s.attn_scale,
                 **window)[0]                                                 # [B, S, Nq H]
+    if s.verify_base is not None:
+        rows = g.subgraph(p + "/verify_rows", lambda: [verify_attention(
+            g, i, qkv, s, (cos, sin) if rotary else None, window.get("local_window_size", 0))])
+        same = g.subgraph(p + "/decode_rows", lambda: [g.op1("Identity", [attn])])
+        attn = g.op1("If", ["verify"], name=p + "/verify", then_branch=rows,
+                     else_branch=same)                                       # [B, S, Nq H]
     attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
     return linear(g, attn, [w.w_o], p + ".attn_output", s, "attn_output")    # [T, D]
+
+
+def verify_attention(g: _Builder, i: int, qkv: str, s: Shared, rope: tuple[str, str] | None,
+                     window: int) -> str:
+    """Layer ``i``'s attention for a chunk of one sequence (``B == 1``) computed the way
+    decoding computes it, row by row: the output of ``S`` decode steps, bit for bit, where
+    GroupQueryAttention's own chunk output rounds otherwise. For verifying several proposed
+    tokens in one run (speculative decoding), after GroupQueryAttention wrote the chunk's KV.
+
+    qkv: float32 ``[1, S, (Nq + 2 Nkv) H]``, GroupQueryAttention's packed input; rope: the
+    layer's ``(cos, sin)`` caches, ``None`` for a layer without rotary; window: its
+    ``local_window_size`` (0: none). Reads ``present_key.{i}``/``present_value.{i}``.
+    Returns float32 ``[1, S, Nq H]``.
+
+    Why it matches: for one query row (decode) GroupQueryAttention's ``Q K^T`` and
+    ``probs V`` per head are MLAS SGEMMs with ``M = 1``, which take MLAS's one-row kernels, and
+    its softmax runs over exactly the row's causal length; for ``S > 1`` rows they take the
+    general kernel, which adds in another order. Here each row is a ``Loop`` iteration whose
+    ``FusedMatMul``/``MatMul`` are again ``M = 1`` GEMMs per head (the heads of a KV group as
+    a batch dimension, not as rows) over the first ``past + j + 1`` positions, and whose
+    ``Softmax`` (MLAS's, as GroupQueryAttention's) spans those positions, or the last
+    ``window + 1`` of them with zeros before, as GroupQueryAttention does on local layers.
+    """
+    c, p = s.config, f"blk.{i}"
+    nkv, hd, group = c.num_kv_heads, c.head_dim, c.num_heads // c.num_kv_heads
+    nq = c.num_heads * hd
+    q = g.op1("Slice", [qkv, g.const([0]), g.const([nq]), g.const([2])])    # [1, S, Nq H]
+    base = s.verify_base                                                   # int64 [1]
+    if rope is not None:
+        partial = {"rotary_embedding_dim": c.rope_dim} if c.rope_dim < hd else {}
+        q = g.op1("RotaryEmbedding", [q, base, *rope], domain=MS_DOMAIN,
+                  name=p + "/verify_rotary", num_heads=c.num_heads,
+                  interleaved=0 if c.rope_neox else 1, **partial)
+    q = g.op1("Reshape", [q, g.const([-1, nkv, group, 1, hd])])            # [S, Nkv, G, 1, H]
+    j, cond = p + "/verify_row", p + "/verify_cond"
+
+    def row() -> list[str]:
+        end = g.op1("Add", [base, g.op1("Unsqueeze", [j, g.const([0])])])
+        end = g.op1("Add", [end, g.const([1])])                            # [1]: past + j + 1
+        qj = g.op1("Gather", [q, j], axis=0)                               # [Nkv, G, 1, H]
+        kv = [g.op1("Reshape", [g.op1("Slice", [f"{kind}.{i}", g.const([0]), end,
+                                                g.const([2])]),
+                                g.const([nkv, 1, -1, hd])])                # [Nkv, 1, t, H]
+              for kind in ("present_key", "present_value")]
+        scores = g.op1("FusedMatMul", [qj, kv[0]], domain=MS_DOMAIN, transB=1,
+                       alpha=float(s.attn_scale))                          # [Nkv, G, 1, t]
+        if window:
+            start = g.op1("Max", [g.op1("Sub", [end, g.const([window + 1])]), g.const([0])])
+            scores = g.op1("Slice", [scores, start, end, g.const([3])])
+            probs = g.op1("Softmax", [scores], axis=-1)
+            pads = g.op1("Concat", [g.const([0, 0, 0]), start, g.const([0, 0, 0, 0])], axis=0)
+            probs = g.op1("Pad", [probs, pads])                            # zeros before
+        else:
+            probs = g.op1("Softmax", [scores], axis=-1)
+        out = g.op1("MatMul", [probs, kv[1]])                              # [Nkv, G, 1, H]
+        return [g.op1("Identity", [cond]), g.op1("Reshape", [out, g.const([1, nq])])]
+
+    TP = g.TensorProto
+    body = g.subgraph(p + "/verify_row_body", row, inputs=[(j, TP.INT64), (cond, TP.BOOL)],
+                      bool_outputs=1)
+    rows = g.op1("Squeeze", [s.tokens, g.const([0])])                      # S
+    out = g.op("Loop", [rows, ""], 1, name=p + "/verify_rows_loop", body=body)[0]  # [S, 1, NqH]
+    return g.op1("Reshape", [out, g.const([1, -1, nq])])                   # [1, S, Nq H]
 
 
 def mlp(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
@@ -550,8 +648,12 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
                           axis=0)                                           # [B, S, (Nq+2Nkv) H]
+        verify_base = None
+        if options.verify:      # a verification chunk's first position: total - S (B == 1)
+            total = g.op1("Cast", ["total_sequence_length"], to=g.TensorProto.INT64)
+            verify_base = g.op1("Sub", [g.op1("Reshape", [total, g.const([1])]), tokens])
         s = Shared(c, options, tokens, qkv_shape, rope, rope_local,
-                   1.0 if q_scale is not None else float(c.attn_scale))
+                   1.0 if q_scale is not None else float(c.attn_scale), verify_base)
         pending = None
         for i, weights in enumerate(layers):
             h, pending = block(g, i, h, pending, weights, s)
@@ -559,7 +661,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         logits = lm_head(g, h, pending, f.dequantize("output_norm.weight"), head,
                          "token_embd" if c.tied_embeddings else "output", s)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
-        model = _model_proto(g, c, {GRAPH_OPTIONS_KEY: options.key(),
+        model = _model_proto(g, c, options.verify, {GRAPH_OPTIONS_KEY: options.key(),
                                     LOGITS_ROWS_KEY: str(options.row_multiple(head.bits))})
     finally:
         pool.shutdown(cancel_futures=True)
@@ -583,7 +685,7 @@ def _ahead(pool: ThreadPoolExecutor, fn: Callable, items, depth: int) -> Iterato
         yield jobs.popleft().result()
 
 
-def _model_proto(g: _Builder, c: ModelConfig, metadata: dict[str, str]):
+def _model_proto(g: _Builder, c: ModelConfig, verify: bool, metadata: dict[str, str]):
     """The ``onnx.ModelProto`` of the nodes and initializers in ``g``, with the graph inputs and
     outputs of the module docstring and ``metadata`` as its metadata entries."""
     from onnx import TensorProto, helper
@@ -594,6 +696,8 @@ def _model_proto(g: _Builder, c: ModelConfig, metadata: dict[str, str]):
               helper.make_tensor_value_info("seqlens_k", I32, ["batch"]),
               helper.make_tensor_value_info("total_sequence_length", I32, []),
               helper.make_tensor_value_info("logits_index", I64, ["batch"])]
+    if verify:
+        inputs.append(helper.make_tensor_value_info("verify", TensorProto.BOOL, []))
     outputs = [helper.make_tensor_value_info("logits", F, ["logits_rows", c.vocab_size])]
     for i in range(c.num_layers):
         inputs += [helper.make_tensor_value_info(f"past_key.{i}", F, kv_shape),

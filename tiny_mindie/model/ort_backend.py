@@ -287,6 +287,7 @@ class OrtBackend(Backend):
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
         self._logits_row_multiple = int(self._session.get_modelmeta().custom_metadata_map
                                         .get(LOGITS_ROWS_KEY, "1"))
+        self.fast_verify = any(i.name == "verify" for i in self._session.get_inputs())
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
         self.node_placement = node_placement(self._session)
@@ -396,6 +397,26 @@ class OrtBackend(Backend):
                 load[k] += cost
             self._run_lanes(lanes)
         return out
+
+    def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
+        """See :meth:`Backend.verify`: one run with the graph's ``verify`` input set
+        (:func:`.graph.verify_attention`), where the graph has it."""
+        if not self.fast_verify:
+            return super().verify(slot, start, token_ids)
+        ids = check_chunks([SeqChunk(slot, start, token_ids)], self.num_slots, self.max_seq_len,
+                           self.config.vocab_size)[0]
+        n = len(ids)
+        with self._lock:
+            self._used[slot] = min(self._used[slot], start)
+            binding = self._session.io_binding()
+            logits = self._bind_kv(binding, self._phys[slot], 1, rows=n, verify=True)
+            binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids[None, :]))
+            binding.bind_cpu_input("seqlens_k", np.array([start + n - 1], np.int32))
+            binding.bind_cpu_input("total_sequence_length", np.array(start + n, np.int32))
+            binding.bind_cpu_input("logits_index", np.arange(n, dtype=np.int64))
+            self._session.run_with_iobinding(binding)
+            self._used[slot] = start + n
+            return logits.copy()
 
     def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
         """See :meth:`Backend.copy_kv`: positions ``[0, n)`` of every layer's key and value
@@ -617,10 +638,12 @@ class OrtBackend(Backend):
         self._phys[sa], self._phys[sb] = b, a
         self.swaps += 1
 
-    def _bind_kv(self, binding, r0: int, B: int) -> np.ndarray:
+    def _bind_kv(self, binding, r0: int, B: int, *, rows: int = 0, verify: bool = False
+                 ) -> np.ndarray:
         """Bind the KV buffers of physical rows ``[r0, r0 + B)`` in place (past and present share
-        memory) and a logits buffer; returns the logits buffer's first ``B`` rows ``[B, vocab]``
-        (the buffer has ``B`` rounded up to the graph's row multiple)."""
+        memory), the ``verify`` input where the graph has one, and a logits buffer; returns the
+        logits buffer's first ``rows`` (default ``B``) rows ``[rows, vocab]`` (the buffer has
+        them rounded up to the graph's row multiple)."""
         c = self.config
         shape = [B, c.num_kv_heads, self.max_seq_len, c.head_dim]
         off = r0 * self._row_bytes
@@ -629,10 +652,12 @@ class OrtBackend(Backend):
                 ptr = buf.ctypes.data + off
                 binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
                 binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-        m = self._logits_row_multiple
-        logits = np.empty((-(-B // m) * m, c.vocab_size), np.float32)
+        if self.fast_verify:
+            binding.bind_cpu_input("verify", np.array(verify))
+        rows, m = rows or B, self._logits_row_multiple
+        logits = np.empty((-(-rows // m) * m, c.vocab_size), np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        return logits[:B]
+        return logits[:rows]
 
     def _prefill_binding(self, r0: int):
         entry = self._prefill_bindings.get(r0)
