@@ -83,7 +83,7 @@ class _Sequence:
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
                  queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int, matcher: Matcher | None = None):
+                 max_buffered: int, matcher: Matcher | None = None, max_proposals: int = 0):
         self.req = req
         self.matcher = matcher      # the request's place in its grammar (constraint), or None
         self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
@@ -106,7 +106,7 @@ class _Sequence:
         self.last_token: float | None = None
         self.cancelled = False
         self.max_buffered = max_buffered
-        self.speculation = SpeculationPolicy()
+        self.speculation = SpeculationPolicy(max_proposals)
 
     @property
     def n_generated(self) -> int:
@@ -223,7 +223,8 @@ class Engine:
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
         seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
-                        self.limits.max_buffered_events, matcher)
+                        self.limits.max_buffered_events, matcher,
+                        max(0, self.backend.max_verify_rows - 1))
         with self._cond:
             if self._stopping or self._draining:
                 raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")

@@ -64,8 +64,8 @@ class Backend(ABC):
             through the decode kernels, which round differently). Where this holds, the prefix
             cache may reuse a prefix of any length; else only whole pieces between the fixed
             cuts of the engine's prefill plan.
-        fast_verify: :meth:`verify` computes its rows in one run (speculative decoding can pay);
-            else it decodes them one by one.
+        fast_verify: :meth:`verify` computes up to ``max_verify_rows`` rows in one run
+            (speculative decoding can pay); else it decodes them one by one.
     """
 
     name: str
@@ -76,6 +76,7 @@ class Backend(ABC):
     batch_invariant: bool = False
     prefix_split_invariant: bool = False
     fast_verify: bool = False
+    max_verify_rows: int = 0
 
     @abstractmethod
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:

@@ -31,9 +31,10 @@ Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer leng
     total_sequence_length  int32   []              max over rows of seqlens_k + 1
     logits_index           int64   [B]             per row: b * S + (index of its last real token)
                                                    (a verification chunk: any rows of T)
-    verify                 bool    []              (GraphOptions.verify) True: a chunk of one
-                                                   sequence whose rows' attention is computed as
-                                                   decoding would (:func:`verify_attention`)
+    verify                 bool    []              (GraphOptions.verify_rows) True: a chunk of
+                                                   one sequence, S <= verify_rows, whose rows'
+                                                   attention is computed as decoding would
+                                                   (:func:`verify_attention`)
     past_key.{i}           float32 [B, Nkv, L, H]  layer i's key cache (i = 0 .. num_layers-1)
     past_value.{i}         float32 [B, Nkv, L, H]  layer i's value cache
 
@@ -110,10 +111,11 @@ from .weights import (
 #: then rebuilt instead of loaded.
 BUILDER_VERSION = 10
 
-#: ``model.onnx`` metadata entries: the graph options' key, and the row multiple of the
-#: ``logits`` output (see the table above).
+#: ``model.onnx`` metadata entries: the graph options' key, the row multiple of the ``logits``
+#: output (see the table above), and the rows a ``verify`` run takes at most.
 GRAPH_OPTIONS_KEY = "tiny_mindie.graph_options"
 LOGITS_ROWS_KEY = "tiny_mindie.logits_row_multiple"
+VERIFY_ROWS_KEY = "tiny_mindie.verify_rows"
 
 IR_VERSION = 10
 OPSET = 21
@@ -247,8 +249,9 @@ class GraphOptions:
             bits runs on a multiple of ``multiple`` rows (:func:`_pad_rows`), so a row's logits
             do not depend on its batch; 1, or bits not listed, runs the rows as they are.
             Default: :func:`default_row_multiples` (for this CPU).
-        verify: add the ``verify`` input and each layer's :func:`verify_attention` (for
-            speculative decoding; costs an ``If`` per layer in every run).
+        verify_rows: add the ``verify`` input and each layer's :func:`verify_attention`
+            for chunks of up to this many rows (speculative decoding; costs an ``If`` per layer
+            in every run); 0: neither.
     """
 
     accuracy_level: int = 4
@@ -257,7 +260,7 @@ class GraphOptions:
     max_positions: int = 0
     overrides: tuple[tuple[str, int], ...] = ()
     row_multiples: tuple[tuple[int, int], ...] = field(default_factory=default_row_multiples)
-    verify: bool = True
+    verify_rows: int = 5
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -272,7 +275,7 @@ class GraphOptions:
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         rows = ".".join(f"{b}x{m}" for b, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}-r{rows}{'-v' if self.verify else ''}{extra}")
+                f"-p{self.max_positions}-r{rows}-v{self.verify_rows}{extra}")
 
     def row_multiple(self, bits: int) -> int:
         """Rows a product with ``bits``-bit weights is padded to a multiple of (1: none)."""
@@ -296,9 +299,8 @@ class Shared:
             layers'; ``rope_local``: local layers' (Gemma 3), else ``None``.
         attn_scale: GroupQueryAttention's ``scale``: 1 when the model's scale is folded into
             the queries (:func:`attention`), else ``config.attn_scale``.
-        verify_base: int64 ``[1]``, a verification chunk's first position
-            (``total_sequence_length - S``) when the graph has the ``verify`` input and
-            :func:`verify_attention` beside each layer's GroupQueryAttention; else ``None``.
+        verify: where the graph has the ``verify`` input and :func:`verify_attention` beside
+            each layer's GroupQueryAttention, the positions of its rows; else ``None``.
     """
 
     config: ModelConfig
@@ -308,7 +310,7 @@ class Shared:
     rope: tuple[str, str]
     rope_local: tuple[str, str] | None
     attn_scale: float
-    verify_base: str | None = None
+    verify: VerifyRows | None = None
 
 
 def rope_caches(g: _Builder, config: ModelConfig, positions: int
@@ -483,7 +485,7 @@ def attention(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
                 num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=int(rotary),
                 rotary_interleaved=0 if c.rope_neox else 1, scale=s.attn_scale,
                 **window)[0]                                                 # [B, S, Nq H]
-    if s.verify_base is not None:
+    if s.verify is not None:
         rows = g.subgraph(p + "/verify_rows", lambda: [verify_attention(
             g, i, qkv, s, (cos, sin) if rotary else None, window.get("local_window_size", 0))])
         same = g.subgraph(p + "/decode_rows", lambda: [g.op1("Identity", [attn])])
@@ -495,65 +497,106 @@ def attention(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
 
 def verify_attention(g: _Builder, i: int, qkv: str, s: Shared, rope: tuple[str, str] | None,
                      window: int) -> str:
-    """Layer ``i``'s attention for a chunk of one sequence (``B == 1``) computed the way
-    decoding computes it, row by row: the output of ``S`` decode steps, bit for bit, where
-    GroupQueryAttention's own chunk output rounds otherwise. For verifying several proposed
-    tokens in one run (speculative decoding), after GroupQueryAttention wrote the chunk's KV.
+    """Layer ``i``'s attention for a chunk of one sequence (``B == 1``, ``S`` rows) computed the
+    way decoding computes it: the output of ``S`` decode steps, bit for bit, where
+    GroupQueryAttention's own chunk output rounds otherwise. For verifying proposed tokens in
+    one run (speculative decoding), after GroupQueryAttention wrote the chunk's KV.
 
     qkv: float32 ``[1, S, (Nq + 2 Nkv) H]``, GroupQueryAttention's packed input; rope: the
     layer's ``(cos, sin)`` caches, ``None`` for a layer without rotary; window: its
-    ``local_window_size`` (0: none). Reads ``present_key.{i}``/``present_value.{i}``.
-    Returns float32 ``[1, S, Nq H]``.
+    ``local_window_size`` (0: none). Reads ``present_key.{i}``/``present_value.{i}`` up to the
+    chunk's end ``t``. Returns float32 ``[1, S, Nq H]``.
 
-    Why it matches: for one query row (decode) GroupQueryAttention's ``Q K^T`` and
-    ``probs V`` per head are MLAS SGEMMs with ``M = 1``, which take MLAS's one-row kernels, and
-    its softmax runs over exactly the row's causal length; for ``S > 1`` rows they take the
-    general kernel, which adds in another order. Here each row is a ``Loop`` iteration whose
-    ``FusedMatMul``/``MatMul`` are again ``M = 1`` GEMMs per head (the heads of a KV group as
-    a batch dimension, not as rows) over the first ``past + j + 1`` positions, and whose
-    ``Softmax`` (MLAS's, as GroupQueryAttention's) spans those positions, or the last
-    ``window + 1`` of them with zeros before, as GroupQueryAttention does on local layers.
+    Why it matches: for one query row (decode) GroupQueryAttention's ``Q K^T`` and ``probs V``
+    per head are MLAS SGEMMs with ``M = 1``, which take MLAS's one-row kernels, over exactly the
+    row's causal length ``e``, and its softmax spans those ``e`` scores (or the last ``window``,
+    zeros before); for ``S > 1`` rows it takes the general kernel, which adds in another
+    order. Here the heads of a KV group are a batch dimension, so ``FusedMatMul`` and ``MatMul``
+    are again ``M = 1`` GEMMs, each row's over exactly its own ``e`` keys and values (the
+    one-row kernels add the last few columns or terms otherwise depending on how many there
+    are: neither longer products nor zero padding give the same bits), and each row's
+    ``Softmax`` (MLAS's, as GroupQueryAttention's) spans exactly its own scores. Rows are
+    unrolled up to ``GraphOptions.verify_rows`` (:class:`VerifyRows`); a shorter chunk repeats
+    its last row and drops the copies.
     """
-    c, p = s.config, f"blk.{i}"
+    c, p, vr = s.config, f"blk.{i}", s.verify
     nkv, hd, group = c.num_kv_heads, c.head_dim, c.num_heads // c.num_kv_heads
     nq = c.num_heads * hd
     q = g.op1("Slice", [qkv, g.const([0]), g.const([nq]), g.const([2])])    # [1, S, Nq H]
-    base = s.verify_base                                                   # int64 [1]
     if rope is not None:
         partial = {"rotary_embedding_dim": c.rope_dim} if c.rope_dim < hd else {}
-        q = g.op1("RotaryEmbedding", [q, base, *rope], domain=MS_DOMAIN,
+        q = g.op1("RotaryEmbedding", [q, vr.base, *rope], domain=MS_DOMAIN,
                   name=p + "/verify_rotary", num_heads=c.num_heads,
                   interleaved=0 if c.rope_neox else 1, **partial)
     q = g.op1("Reshape", [q, g.const([-1, nkv, group, 1, hd])])            # [S, Nkv, G, 1, H]
-    j, cond = p + "/verify_row", p + "/verify_cond"
-
-    def row() -> list[str]:
-        end = g.op1("Add", [base, g.op1("Unsqueeze", [j, g.const([0])])])
-        end = g.op1("Add", [end, g.const([1])])                            # [1]: past + j + 1
-        qj = g.op1("Gather", [q, j], axis=0)                               # [Nkv, G, 1, H]
-        kv = [g.op1("Reshape", [g.op1("Slice", [f"{kind}.{i}", g.const([0]), end,
-                                                g.const([2])]),
-                                g.const([nkv, 1, -1, hd])])                # [Nkv, 1, t, H]
-              for kind in ("present_key", "present_value")]
-        scores = g.op1("FusedMatMul", [qj, kv[0]], domain=MS_DOMAIN, transB=1,
-                       alpha=float(s.attn_scale))                          # [Nkv, G, 1, t]
+    outs = []
+    for row, start, end, pads in vr.rows_for(window):
+        k, v = (g.op1("Reshape", [g.op1("Slice", [f"{kind}.{i}", g.const([0]), end,
+                                                 g.const([2])]),
+                                  g.const([1, nkv, 1, -1, hd])])           # [1, Nkv, 1, e, H]
+                for kind in ("present_key", "present_value"))
+        if nkv == 1:    # else MatMul folds the heads into the rows of one GEMM (M = G)
+            k, v = (g.op1("Expand", [t, g.const([1, 1, group, 1, 1])]) for t in (k, v))
+        sr = g.op1("FusedMatMul", [g.op1("Gather", [q, row], axis=0), k], domain=MS_DOMAIN,
+                   transB=1, alpha=float(s.attn_scale))                    # [1, Nkv, G, 1, e]
         if window:
-            start = g.op1("Max", [g.op1("Sub", [end, g.const([window + 1])]), g.const([0])])
-            scores = g.op1("Slice", [scores, start, end, g.const([3])])
-            probs = g.op1("Softmax", [scores], axis=-1)
-            pads = g.op1("Concat", [g.const([0, 0, 0]), start, g.const([0, 0, 0, 0])], axis=0)
+            sr = g.op1("Slice", [sr, start, end, g.const([4])])            # the window's keys
+        probs = g.op1("Softmax", [sr], axis=-1)
+        if window:
             probs = g.op1("Pad", [probs, pads])                            # zeros before
-        else:
-            probs = g.op1("Softmax", [scores], axis=-1)
-        out = g.op1("MatMul", [probs, kv[1]])                              # [Nkv, G, 1, H]
-        return [g.op1("Identity", [cond]), g.op1("Reshape", [out, g.const([1, nq])])]
-
-    TP = g.TensorProto
-    body = g.subgraph(p + "/verify_row_body", row, inputs=[(j, TP.INT64), (cond, TP.BOOL)],
-                      bool_outputs=1)
-    rows = g.op1("Squeeze", [s.tokens, g.const([0])])                      # S
-    out = g.op("Loop", [rows, ""], 1, name=p + "/verify_rows_loop", body=body)[0]  # [S, 1, NqH]
+        outs.append(g.op1("MatMul", [probs, v]))                           # [1, Nkv, G, 1, H]
+    out = g.op1("Slice", [g.op1("Concat", outs, axis=0), g.const([0]), s.tokens,
+                          g.const([0])])                                   # [S, Nkv, G, 1, H]
     return g.op1("Reshape", [out, g.const([1, -1, nq])])                   # [1, S, Nq H]
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """The positions of a verification chunk's rows, computed once in the main graph for
+    every layer's :func:`verify_attention` (int64 ``[1]`` tensors unless said).
+
+    Attributes:
+        base: the chunk's first position, ``total_sequence_length - S``.
+        total: ``t = total_sequence_length``, the chunk's end.
+        rows: per unrolled row ``j``: ``(row, end)``: ``row = min(j, S - 1)`` and its causal
+            end ``e = base + row + 1``.
+        windowed: ``{window: [(start, pads)]}`` for local layers: the first position a row
+            sees (``max(0, e - window)``: onnxruntime 1.24's GroupQueryAttention lets a query
+            see ``window`` keys, itself included) and int64 ``[10]`` Pad pads putting ``start``
+            zeros before its probabilities.
+    """
+
+    base: str
+    total: str
+    zero: str
+    rows: list[tuple[str, str]]
+    windowed: dict[int, list[tuple[str, str]]]
+
+    def rows_for(self, window: int) -> list[tuple[str, str, str, str | None]]:
+        """``(row, start, end, pads)`` per unrolled row for a layer with ``window`` (0: none;
+        ``start`` 0, ``pads`` ``None``)."""
+        starts = self.windowed[window] if window else [(self.zero, None)] * len(self.rows)
+        return [(row, start, end, pads)
+                for (row, end), (start, pads) in zip(self.rows, starts, strict=True)]
+
+
+def verify_rows(g: _Builder, tokens: str, rows: int, windows: Sequence[int]) -> VerifyRows:
+    """The :class:`VerifyRows` of a graph with ``rows`` unrolled verification rows (``tokens``
+    holds ``S``), for local layers of the ``windows`` sizes too."""
+    total = g.op1("Reshape", [g.op1("Cast", ["total_sequence_length"], to=g.TensorProto.INT64),
+                              g.const([1])])
+    base = g.op1("Sub", [total, tokens])
+    last = g.op1("Sub", [tokens, g.const([1])])
+    out, windowed = [], {w: [] for w in windows}
+    for j in range(rows):
+        row = g.op1("Min", [g.const([j]), last])
+        end = g.op1("Add", [base, g.op1("Add", [row, g.const([1])])])
+        out.append((row, end))
+        for w in windows:
+            start = g.op1("Max", [g.op1("Sub", [end, g.const([w])]), g.const([0])])
+            windowed[w].append((start, g.op1("Concat", [g.const([0] * 4), start,
+                                                        g.const([0] * 5)], axis=0)))
+    return VerifyRows(base, total, g.const([0]), out, windowed)
 
 
 def mlp(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
@@ -648,12 +691,12 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
                           axis=0)                                           # [B, S, (Nq+2Nkv) H]
-        verify_base = None
-        if options.verify:      # a verification chunk's first position: total - S (B == 1)
-            total = g.op1("Cast", ["total_sequence_length"], to=g.TensorProto.INT64)
-            verify_base = g.op1("Sub", [g.op1("Reshape", [total, g.const([1])]), tokens])
+        verify = None
+        if options.verify_rows:
+            windows = sorted({c.sliding_window for i in range(c.num_layers) if c.is_local(i)})
+            verify = verify_rows(g, tokens, options.verify_rows, windows)
         s = Shared(c, options, tokens, qkv_shape, rope, rope_local,
-                   1.0 if q_scale is not None else float(c.attn_scale), verify_base)
+                   1.0 if q_scale is not None else float(c.attn_scale), verify)
         pending = None
         for i, weights in enumerate(layers):
             h, pending = block(g, i, h, pending, weights, s)
@@ -661,8 +704,9 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         logits = lm_head(g, h, pending, f.dequantize("output_norm.weight"), head,
                          "token_embd" if c.tied_embeddings else "output", s)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
-        model = _model_proto(g, c, options.verify, {GRAPH_OPTIONS_KEY: options.key(),
-                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits))})
+        model = _model_proto(g, c, options.verify_rows > 0, {GRAPH_OPTIONS_KEY: options.key(),
+                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits)),
+                                    VERIFY_ROWS_KEY: str(options.verify_rows)})
     finally:
         pool.shutdown(cancel_futures=True)
         g.close()

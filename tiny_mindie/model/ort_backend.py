@@ -85,7 +85,7 @@ import numpy as np
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .graph import LOGITS_ROWS_KEY, GraphOptions, default_row_multiples
+from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions, default_row_multiples
 from .graph_cache import cached_graph, write_json_atomic
 from .memory import (
     populated_pieces,
@@ -285,9 +285,10 @@ class OrtBackend(Backend):
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
-        self._logits_row_multiple = int(self._session.get_modelmeta().custom_metadata_map
-                                        .get(LOGITS_ROWS_KEY, "1"))
-        self.fast_verify = any(i.name == "verify" for i in self._session.get_inputs())
+        meta = self._session.get_modelmeta().custom_metadata_map
+        self._logits_row_multiple = int(meta.get(LOGITS_ROWS_KEY, "1"))
+        self.max_verify_rows = int(meta.get(VERIFY_ROWS_KEY, "0"))
+        self.fast_verify = self.max_verify_rows > 0
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
         self.node_placement = node_placement(self._session)
@@ -358,6 +359,24 @@ class OrtBackend(Backend):
                      "prompt KV depends on the chunks it is computed in on this CPU: only "
                      "prefixes ending at a prefill cut are reused")
             self.load_seconds["split check"] = time.perf_counter() - t4
+        if self.fast_verify and not check_batching:
+            self.fast_verify = False    # unpadded rows: a chunk's rows are not decode's
+        if self.fast_verify:
+            t5 = time.perf_counter()
+            key = dict(self._batch_check_key(session_config), check="verify",
+                       lengths=self._verify_check_lengths())
+            recorded = _recorded_check(self.graph_path, key)
+            if recorded is not None:
+                self.fast_verify = recorded
+            else:
+                with slow_step(log, "checking that verification matches decoding"):
+                    self.fast_verify = self.check_verify_matches_decode()
+                _record_batch_check(self.graph_path, key, self.fast_verify)
+            log.info("speculative decoding: %s", "proposed tokens are verified in one run "
+                     "(checked: the same logits and KV as decoding them)" if self.fast_verify
+                     else "a chunk's rows are not computed as decoding computes them on this "
+                     "CPU: no speculation")
+            self.load_seconds["verify check"] = time.perf_counter() - t5
 
     @property
     def huge_page_bytes(self) -> int:
@@ -399,24 +418,29 @@ class OrtBackend(Backend):
         return out
 
     def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
-        """See :meth:`Backend.verify`: one run with the graph's ``verify`` input set
-        (:func:`.graph.verify_attention`), where the graph has it."""
+        """See :meth:`Backend.verify`: runs with the graph's ``verify`` input set
+        (:func:`.graph.verify_attention`) of up to :attr:`max_verify_rows` tokens each, where
+        the graph has it."""
         if not self.fast_verify:
             return super().verify(slot, start, token_ids)
         ids = check_chunks([SeqChunk(slot, start, token_ids)], self.num_slots, self.max_seq_len,
                            self.config.vocab_size)[0]
-        n = len(ids)
+        out = np.empty((len(ids), self.config.vocab_size), np.float32)
         with self._lock:
             self._used[slot] = min(self._used[slot], start)
             binding = self._session.io_binding()
-            logits = self._bind_kv(binding, self._phys[slot], 1, rows=n, verify=True)
-            binding.bind_cpu_input("input_ids", np.ascontiguousarray(ids[None, :]))
-            binding.bind_cpu_input("seqlens_k", np.array([start + n - 1], np.int32))
-            binding.bind_cpu_input("total_sequence_length", np.array(start + n, np.int32))
-            binding.bind_cpu_input("logits_index", np.arange(n, dtype=np.int64))
-            self._session.run_with_iobinding(binding)
-            self._used[slot] = start + n
-            return logits.copy()
+            for j in range(0, len(ids), self.max_verify_rows):
+                piece = ids[j:j + self.max_verify_rows]
+                n, end = len(piece), start + j + len(piece)
+                logits = self._bind_kv(binding, self._phys[slot], 1, rows=n, verify=True)
+                binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
+                binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
+                binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
+                binding.bind_cpu_input("logits_index", np.arange(n, dtype=np.int64))
+                self._session.run_with_iobinding(binding)
+                out[j:j + n] = logits
+                self._used[slot] = end
+        return out
 
     def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
         """See :meth:`Backend.copy_kv`: positions ``[0, n)`` of every layer's key and value
@@ -530,6 +554,46 @@ class OrtBackend(Backend):
                 logits, kv2 = prefill(cuts)
                 if not (np.array_equal(logits, whole)
                         and all(np.array_equal(a, b) for a, b in zip(kv, kv2, strict=True))):
+                    return False
+            return True
+        finally:
+            self._used[0] = 0
+
+    #: past lengths at which :meth:`check_verify_matches_decode` verifies a chunk (and one past
+    #: the sliding window, for models with local layers).
+    VERIFY_CHECK_LENGTHS = (21, 150)
+
+    def _verify_check_lengths(self) -> list[int]:
+        w = self.config.sliding_window
+        return list(self.VERIFY_CHECK_LENGTHS) + ([w + 7] if w else [])
+
+    def check_verify_matches_decode(self) -> bool:
+        """Whether :meth:`verify` gives bit for bit the logits and KV of decoding the same
+        tokens one by one (:func:`.graph.verify_attention`), for a chunk of
+        :attr:`max_verify_rows` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
+        (and ``sliding_window + 7``).
+        Uses slot 0, whose KV is forgotten afterwards.
+
+        Would fail where the matrix products compute a chunk's few rows otherwise than decode
+        rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
+        :func:`.graph.verify_attention` assumes; speculation is then off.
+        """
+        row, V = self._phys[0], self.config.vocab_size
+        try:
+            for past in self._verify_check_lengths():
+                n = min(self.max_verify_rows, self.max_seq_len - past)
+                if n < 2:
+                    continue
+                ids = (np.arange(past + n, dtype=np.int64) * 7919 + 11) % V
+                self.forward([SeqChunk(0, 0, ids[:past])])
+                steps = np.stack([self.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
+                                  for k in range(n)])
+                kv = [buf[row, :, :past + n].copy() for buf in self._k + self._v]
+                self.forward([SeqChunk(0, 0, ids[:past])])
+                rows = self.verify(0, past, ids[past:])
+                if not (np.array_equal(rows, steps) and all(
+                        np.array_equal(a, buf[row, :, :past + n])
+                        for a, buf in zip(kv, self._k + self._v, strict=True))):
                     return False
             return True
         finally:
