@@ -34,7 +34,7 @@ from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
 from .sampling import SampleRow, make_rng, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusable_prefix
-from .speculation import SpeculationPolicy
+from .speculation import CostModel, SpeculationPolicy
 
 log = logging.getLogger("tiny_mindie.engine")
 
@@ -149,6 +149,7 @@ class Engine:
         self._slots = SlotPool(backend.num_slots)
         self._can_copy = type(backend).copy_kv is not Backend.copy_kv
         self.speculation = limits.speculation and backend.fast_verify
+        self._verify_cost = CostModel()     # a verification's time in lone decode steps
         self._waiting: WaitQueue[_Sequence] = WaitQueue()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
@@ -370,14 +371,16 @@ class Engine:
             return []
         room = min(seq.max_new_tokens - seq.n_generated,
                    self.max_seq_len - len(seq.tokens)) - 1
-        return seq.speculation.proposals(seq.tokens, room)
+        return seq.speculation.proposals(seq.tokens, room, self._verify_cost)
 
     def _verify_step(self, seq: _Sequence, proposal: list[int]) -> None:
         """Run ``seq``'s last token and the ``proposal`` as one chunk
         (:meth:`~tiny_mindie.model.backend.Backend.verify`), then sample its positions in
         order, as decode steps would, while the samples equal the proposal."""
         ids = np.asarray([seq.tokens[-1], *proposal], dtype=np.int64)
+        t0 = time.perf_counter()
         logits = self.backend.verify(seq.slot, seq.n_cached, ids)
+        self._verify_cost.verify(len(ids), time.perf_counter() - t0)
         now = time.monotonic()
         accepted = 0
         for i in range(len(ids)):
@@ -402,13 +405,16 @@ class Engine:
                     break
             accepted += 1
         self.metrics.speculation(proposed=len(proposal), accepted=accepted)
-        seq.speculation.update(len(proposal), accepted)
+        seq.speculation.update(len(proposal), accepted, self._verify_cost(len(ids)))
 
     def _step(self, batch: list[tuple[_Sequence, int]]) -> None:
         chunks = [SeqChunk(s.slot, s.n_cached,
                            np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
                   for s, n in batch]
+        t0 = time.perf_counter()
         logits = self.backend.forward(chunks)
+        if len(batch) == 1 and batch[0][1] == 1:         # a lone decode step: the cost unit
+            self._verify_cost.decode(time.perf_counter() - t0)
         now = time.monotonic()
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now

@@ -516,8 +516,8 @@ def verify_attention(g: _Builder, i: int, qkv: str, s: Shared, rope: tuple[str, 
     one-row kernels add the last few columns or terms otherwise depending on how many there
     are: neither longer products nor zero padding give the same bits), and each row's
     ``Softmax`` (MLAS's, as GroupQueryAttention's) spans exactly its own scores. Rows are
-    unrolled up to ``GraphOptions.verify_rows`` (:class:`VerifyRows`); a shorter chunk repeats
-    its last row and drops the copies.
+    unrolled up to ``GraphOptions.verify_rows`` (:class:`VerifyRows`); the rows past a shorter
+    chunk attend to one position and are dropped.
     """
     c, p, vr = s.config, f"blk.{i}", s.verify
     nkv, hd, group = c.num_kv_heads, c.head_dim, c.num_heads // c.num_kv_heads
@@ -559,7 +559,7 @@ class VerifyRows:
         base: the chunk's first position, ``total_sequence_length - S``.
         total: ``t = total_sequence_length``, the chunk's end.
         rows: per unrolled row ``j``: ``(row, end)``: ``row = min(j, S - 1)`` and its causal
-            end ``e = base + row + 1``.
+            end ``e = base + j + 1`` (1 for a row past the chunk: computed, then dropped).
         windowed: ``{window: [(start, pads)]}`` for local layers: the first position a row
             sees (``max(0, e - window)``: onnxruntime 1.24's GroupQueryAttention lets a query
             see ``window`` keys, itself included) and int64 ``[10]`` Pad pads putting ``start``
@@ -590,7 +590,9 @@ def verify_rows(g: _Builder, tokens: str, rows: int, windows: Sequence[int]) -> 
     out, windowed = [], {w: [] for w in windows}
     for j in range(rows):
         row = g.op1("Min", [g.const([j]), last])
-        end = g.op1("Add", [base, g.op1("Add", [row, g.const([1])])])
+        end = g.op1("Add", [base, g.const([j + 1])])
+        if j:       # a row past the chunk's (dropped) looks at one position: next to no work
+            end = g.op1("Where", [g.op1("Less", [g.const([j]), tokens]), end, g.const([1])])
         out.append((row, end))
         for w in windows:
             start = g.op1("Max", [g.op1("Sub", [end, g.const([w])]), g.const([0])])
