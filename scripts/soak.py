@@ -147,7 +147,7 @@ class Soak:
 
 def failed_by_reason(metrics_text: str) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(
-        r'^tiny_mindie:request_failed_total\{[^}]*reason="(\w+)"[^}]*\} (\S+)$',
+        r'^tiny_mindie_request_failed_total\{[^}]*reason="(\w+)"[^}]*\} (\S+)$',
         metrics_text, re.M)}
 
 
@@ -186,7 +186,7 @@ def main() -> int:
             log_text = fh.read()
     tracebacks = log_text.count("Traceback (most recent call last)")
     failed = failed_by_reason(text)
-    received = re.search(r"^tiny_mindie:request_received_total\{[^}]*\} (\S+)$", text, re.M)
+    received = re.search(r"^tiny_mindie_request_received_total\{[^}]*\} (\S+)$", text, re.M)
     quarter = next((s for s in samples if s[0] >= args.seconds / 4), samples[-1])
     print(f"{args.clients} clients, {args.seconds:.0f} s, load average {os.getloadavg()[0]:.2f}")
     print("requests by kind:", dict(sorted(soak.done.items())), "errors:", len(soak.errors))

@@ -14,6 +14,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import socket
 import ssl
 import subprocess
@@ -78,19 +79,26 @@ TEST_CONFIG = {
 
 
 def start_server(home: str, config: dict, extra_args: list[str] = (),
-                 timeout: float = 180) -> Server:
-    """Start the server from a config file in ``home`` and wait for its banner."""
+                 timeout: float = 180, env: dict | None = None) -> Server:
+    """Start the server from a config file in ``home`` and wait for its banner; ``env``: more
+    environment variables for it (``TINY_MINDIE_*`` settings)."""
     path = os.path.join(home, "config.json")
     with open(path, "w") as fh:
         json.dump(config, fh)
     proc = subprocess.Popen([sys.executable, "-m", "tiny_mindie", "--config", path, *extra_args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=home,
+                            env={**os.environ, **env} if env else None)
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             break
+        if line.startswith('{"') and "try it:" in line:    # --log-format json: one record
+            line = json.loads(line)["message"]
+            lines.append(line)
+            port = int(re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", line).group(1))
+            return Server(proc, port, home, "".join(lines), path)
         lines.append(line)
         if line.startswith("try it:"):
             lines.extend(proc.stdout.readline() for _ in range(3))
@@ -99,6 +107,21 @@ def start_server(home: str, config: dict, extra_args: list[str] = (),
             return Server(proc, port, home, banner, path)
     proc.kill()
     raise RuntimeError("server did not start:\n" + "".join(lines))
+
+
+def debian_binary(name: str, package: str) -> str:
+    """The path of the program ``name`` (from the Debian package ``package``, which ``.ci/run``
+    installs). Skips the test when it is missing here -- fails it in CI (``$CI`` set), where a
+    missing tool must not pass unnoticed."""
+    import pytest
+
+    path = shutil.which(name)
+    if path is None:
+        why = f"{name} not found (Debian package {package}; .ci/run installs it)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return path
 
 
 # ---- requests --------------------------------------------------------------------------------

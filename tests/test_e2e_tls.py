@@ -21,12 +21,7 @@ from helpers import TEST_CONFIG, Server, closed_by_server, request
 
 from tiny_mindie.config import load_config
 from tiny_mindie.security import tls_files
-from tiny_mindie.server.tls import (
-    client_context,
-    issue_certificate,
-    issue_crl,
-    make_certificates,
-)
+from tiny_mindie.server.tls import client_context
 
 pytestmark = pytest.mark.e2e
 
@@ -71,15 +66,23 @@ def stop(srv: Server) -> None:
         srv.proc.kill()
 
 
+def certs(home: str, *args: str) -> str:
+    """``python -m tiny_mindie certs --dir HOME ARGS``; its output."""
+    r = subprocess.run([sys.executable, "-m", "tiny_mindie", "certs", "--dir", home, *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 def pki(home: str):
-    """The server's TLS files in ``home``, plus a second client certificate that the CRL revokes."""
+    """The server's TLS files in ``home``, made as a user makes them (the ``certs`` command), plus
+    a second client certificate that the CRL revokes."""
+    certs(home)
+    certs(home, "--client", "revoked")
     files = tls_files(replace(load_config(None), home=home))
-    make_certificates(files)
-    revoked = replace(files, client_cert=f"{home}/revoked.pem",
-                      client_key=f"{home}/revoked.key.pem")
-    issue_certificate(files.ca[0], files.ca_key, revoked.client_cert, revoked.client_key,
-                      "revoked client")
-    issue_crl(files.crls[0], files.ca[0], files.ca_key, (revoked.client_cert,))
+    revoked = replace(files, client_cert=f"{home}/security/certs/revoked.pem",
+                      client_key=f"{home}/security/keys/revoked.key.pem")
+    assert "(1 revoked;" in certs(home, "--revoke", revoked.client_cert)
     return files, revoked
 
 
@@ -132,7 +135,7 @@ def test_revoked_certificate_is_refused_while_a_good_one_is_served(guarded):
         request(guarded, "GET", "/health", ctx=client_context(guarded.revoked))
     line = wait_for_log(guarded, "refused TLS client")
     assert "certificate revoked (verify code 23)" in line
-    assert "client certificate 'CN=revoked client,O=tiny_mindie'" in line
+    assert "client certificate 'CN=revoked,O=tiny_mindie'" in line
     assert request(guarded, "GET", "/health")[0] == 200
 
 

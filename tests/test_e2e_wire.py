@@ -19,7 +19,7 @@ from helpers import TEST_CONFIG, request, sse_events, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "smollm2-135m-instruct"
-P = "tiny_mindie:"
+P = "tiny_mindie_"
 S = r'"\ud800"'                      # a lone surrogate as JSON text (json.loads -> "\ud800")
 LONE = json.loads(S)
 OUTCOMES = ("success", "validation", "too_long", "timeout", "cancelled", "stopped", "internal")

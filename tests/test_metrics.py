@@ -6,12 +6,13 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import subprocess
 import time
 
-from helpers import request, sse_events
+from helpers import debian_binary, request, sse_events
 from prometheus_client.parser import text_string_to_metric_families
 
-P = "tiny_mindie:"
+P = "tiny_mindie_"
 MODEL = "smollm2-135m-instruct"
 REASONS = ("validation", "too_long", "timeout", "cancelled", "stopped", "internal")
 HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds",
@@ -72,6 +73,26 @@ def test_exposition_parses_with_every_series(server):
         assert value(samples, name + "_sum") >= 0
     assert 0.0 <= value(samples, "npu_cache_usage_perc") <= 1.0
     assert set(counters(samples)) == {"received", "success", *REASONS}
+
+
+def test_promtool_accepts_the_exposition_with_process_series(server):
+    """``promtool check metrics`` (Prometheus' own linter: names, HELP/TYPE, counters' _total,
+    units) exits 0 on the real server's /metrics, which also carries the process_* series."""
+    promtool = debian_binary("promtool", "prometheus")
+    status, _, body = request(server, "GET", "/metrics")
+    assert status == 200
+    r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                       timeout=30)
+    assert r.returncode == 0 and not r.stdout + r.stderr, (r.stdout + r.stderr).decode()
+    types, samples = scrape(server)
+    for name, kind in (("process_cpu_seconds", "counter"), ("process_open_fds", "gauge"),
+                       ("process_max_fds", "gauge"), ("process_resident_memory_bytes", "gauge"),
+                       ("process_virtual_memory_bytes", "gauge"),
+                       ("process_start_time_seconds", "gauge")):
+        assert types[name] == kind, name
+    assert samples[("process_resident_memory_bytes", frozenset())] > 10 * 2**20
+    assert 0 < samples[("process_open_fds", frozenset())] < samples[("process_max_fds",
+                                                                       frozenset())]
 
 
 def test_successful_requests_move_request_and_token_counters_exactly(server, tokenizer):

@@ -232,8 +232,8 @@ def test_hit_and_miss_tokens_are_counted_and_exposed(llm):
     text = render(llm.engine.metrics, llm.engine.stats(), "m")
     rate = after["prefix_hit_tokens"] / (after["prefix_hit_tokens"]
                                          + after["prefix_miss_tokens"])
-    assert f'tiny_mindie:npu_prefix_cache_hit_rate{{model_name="m"}} {rate!r}' in text
-    assert (f'tiny_mindie:prefix_cache_hit_tokens_total{{model_name="m"}} '
+    assert f'tiny_mindie_npu_prefix_cache_hit_rate{{model_name="m"}} {rate!r}' in text
+    assert (f'tiny_mindie_prefix_cache_hit_tokens_total{{model_name="m"}} '
             f'{after["prefix_hit_tokens"]}') in text
 
 
@@ -253,7 +253,7 @@ def test_the_cache_off_reuses_nothing(llm):
 def test_cached_tokens_in_usage_metrics_and_access_log_over_the_server(server):
     """The same completion prompt twice: the second reports its reused tokens in
     ``usage.prompt_tokens_details.cached_tokens``, ``/metrics`` counts them, and its access
-    log line ends with ``cached=N``."""
+    log line shows ``cached_tokens=N``."""
     import json
     import time
 
@@ -263,7 +263,7 @@ def test_cached_tokens_in_usage_metrics_and_access_log_over_the_server(server):
     def hit_tokens() -> float:
         _, _, body = request(server, "GET", "/metrics")
         return next(s.value for f in text_string_to_metric_families(body.decode())
-                    for s in f.samples if s.name == "tiny_mindie:prefix_cache_hit_tokens_total")
+                    for s in f.samples if s.name == "tiny_mindie_prefix_cache_hit_tokens_total")
 
     body = {"model": "smollm2-135m-instruct", "prompt": "A recipe for rye bread: " + SYSTEM,
             "max_tokens": 4, "temperature": 0}
@@ -280,10 +280,10 @@ def test_cached_tokens_in_usage_metrics_and_access_log_over_the_server(server):
     assert answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
     assert hit_tokens() - before == n - 2
     deadline = time.monotonic() + 10
-    while not any(f"cached={n - 2}" in line for line in server.log):
+    while not any(f" cached_tokens={n - 2} " in line for line in server.log):
         assert time.monotonic() < deadline, "".join(server.log[-10:])
         time.sleep(0.1)
-    line = next(line for line in server.log if f"cached={n - 2}" in line)
+    line = next(line for line in server.log if f" cached_tokens={n - 2} " in line)
     assert '"POST /v1/completions" 200' in line
 
 

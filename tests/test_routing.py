@@ -67,3 +67,79 @@ def test_router_dispatches_by_path_method_and_plane():
         status, headers, body = ask(srv.port, "GET", "/fails")
         assert (status, headers["X-Why"], json.loads(body)) == (418, "tea",
                                                                {"oops": "short and stout"})
+
+
+# ---- the access record ---------------------------------------------------------------------
+
+async def generates(req, stream, params):
+    """Stands for a generation route: what api/drive.py adds to the access record."""
+    from tiny_mindie.server.routing import (
+        count_in_access_log,
+        first_token_in_access_log,
+        output_in_access_log,
+    )
+    first_token_in_access_log()
+    count_in_access_log("prompt_tokens", 7)
+    count_in_access_log("generated_tokens", 3)
+    output_in_access_log("the output")
+    if params["how"] == "gone":
+        raise ConnectionResetError("client left")
+    if params["how"] == "bug":
+        raise RuntimeError("a bug")
+    return json_response(200, {})
+
+
+def access_records(caplog) -> list:
+    return [r for r in caplog.records if r.name == "tiny_mindie.access"]
+
+
+def test_access_record_per_request_however_it_ends(caplog):
+    """Answered, abandoned (the handler meets a gone client) and failed requests each get one
+    record with their request id, route template, status, outcome and counts; the request
+    body and output only with log_bodies."""
+    import logging
+
+    router = Router([Route("POST", "/gen/{how}", BUSINESS, generates)],
+                    lambda status, message: {"message": message})
+
+    class Plane(ThreadedServer):
+        def __init__(self) -> None:
+            super().__init__(max_body_bytes=1024)
+            self.handler = router.handler_for(frozenset({BUSINESS}))
+
+    def post(port, how, rid):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("POST", f"/gen/{how}", body=b'{"prompt": "private"}',
+                     headers={"X-Request-Id": rid})
+        try:
+            resp = conn.getresponse()
+            return resp.status, resp.getheader("X-Request-Id")
+        finally:
+            conn.close()
+
+    with caplog.at_level(logging.INFO, logger="tiny_mindie.access"), Plane() as srv:
+        assert post(srv.port, "ok", "r-ok") == (200, "r-ok")
+        assert post(srv.port, "bug", "r-bug") == (500, "r-bug")
+        try:
+            post(srv.port, "gone", "r-gone")   # the server drops the connection
+        except (ConnectionError, http.client.HTTPException):
+            pass
+        router.log_bodies = True
+        assert post(srv.port, "ok", "r-text") == (200, "r-text")
+    recs = {r.fields["request_id"]: r for r in access_records(caplog)}
+    assert set(recs) == {"r-ok", "r-bug", "r-gone", "r-text"}
+    ok = recs["r-ok"].fields
+    assert (ok["route"], ok["path"], ok["status"], ok["outcome"]) == \
+        ("/gen/{how}", "/gen/ok", 200, "completed")
+    assert (ok["prompt_tokens"], ok["cached_tokens"], ok["generated_tokens"]) == (7, 0, 3)
+    assert 0 <= ok["ttft_ms"] <= ok["total_ms"] and ok["client"] is None
+    assert ok["peer"].startswith("127.0.0.1:")
+    assert "request_body" not in ok and "output" not in ok
+    assert "private" not in recs["r-ok"].getMessage()
+    assert (recs["r-bug"].fields["status"], recs["r-bug"].fields["outcome"]) == (500, "failed")
+    assert (recs["r-gone"].fields["status"], recs["r-gone"].fields["outcome"]) == \
+        (None, "client_gone")
+    text = recs["r-text"].fields
+    assert (text["request_body"], text["output"]) == ('{"prompt": "private"}', ["the output"])
+    assert recs["r-ok"].getMessage().startswith('"POST /gen/ok" 200 ')
+    assert recs["r-ok"].getMessage().endswith(" id=r-ok prompt_tokens=7 generated_tokens=3")

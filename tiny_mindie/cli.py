@@ -1,4 +1,4 @@
-"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``.
+"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``, ``certs``.
 
 Bad configuration, a missing model file or a busy port end with one line on stderr and a
 non-zero exit status; never a traceback.
@@ -18,7 +18,11 @@ import time
 
 from . import __version__
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
+from .envconfig import EnvError, apply_env, env_options
+from .logs import add_log_options, say
+from .logs import setup as setup_logging
 from .model.gguf import ModelFileError
+from .model.registry import ModelDownloadError
 from .server.listen import AddressError
 from .server.tls import TLSConfigError
 
@@ -26,7 +30,10 @@ from .server.tls import TLSConfigError
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs")
+# Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
+# an unknown TINY_MINDIE_* variable is reported to them.
+ENV_COMMANDS = {"serve": True, "health": False}
 EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
                 '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
                 '"max_new_tokens": 20, "do_sample": true, "details": true}}')
@@ -47,12 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect}")
+                           metavar="{serve,pull,list-models,watermark-detect,certs}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
                    help="MindIE-style config.json; relative paths in it (TLS files) are resolved "
-                        "against its folder")
+                        "against its folder (default: none, the built-in settings)")
     s.add_argument("--host",
                    help="business listen address (ServerConfig.ipAddress, default 127.0.0.1)")
     s.add_argument("--port", type=int,
@@ -61,21 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, help="metrics port (default: --port)")
     s.add_argument("--model", help="a .gguf file or a registry name (see list-models); "
                                    "default smollm2-135m-instruct, pulled on first start")
-    s.add_argument("--model-name", help="name clients use for the model (ModelConfig.modelName)")
+    s.add_argument("--model-name", help="name clients use for the model (ModelConfig.modelName; "
+                                        "default: the registry name or the file name)")
     s.add_argument("--backend", choices=BACKENDS,
                    help=f"model backend (default {DEFAULT_BACKEND}; "
                         "numpy is the reference decoder)")
-    s.add_argument("--threads", type=int, help="intra-op threads of the backend (0 = default)")
+    s.add_argument("--threads", type=int,
+                   help="intra-op threads of the backend (default 0: the backend's choice)")
     s.add_argument("--parallel-runs", type=int,
                    help="onnxruntime runs executed at once, each on its own threads "
-                        "(BackendConfig.parallelRuns; 0 = CPUs // threads)")
+                        "(BackendConfig.parallelRuns; default 0 = CPUs // threads)")
     s.add_argument("--max-seq-len", type=int,
-                   help="prompt + output tokens per sequence (maxSeqLen)")
+                   help="prompt + output tokens per sequence (maxSeqLen, default 2560)")
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt whole (ScheduleConfig.prefixCaching: false)")
     s.add_argument("--no-tls", action="store_true",
                    help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe log records written")
+    add_log_options(s)
 
     pl = sub.add_parser("pull", help="fetch a registry model into the cache")
     pl.add_argument("name", help="registry model name (see list-models)")
@@ -91,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="model whose tokenizer made the text (default: the default model)")
     wd.add_argument("--threshold", type=float, default=4.0,
                     help="z above which the text is called marked")
+    from .certs import add_parser as add_certs
+    add_certs(sub)
+    for name, warn in ENV_COMMANDS.items():     # last: every option of theirs gets a variable
+        if name in sub.choices:
+            env_options(sub.choices[name], warn_unknown=warn)
     return p
 
 
@@ -138,7 +154,7 @@ def _config_from_args(args: argparse.Namespace) -> Config:
 
 
 def _say(msg: str) -> None:
-    print(msg, flush=True)
+    say(msg)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -149,8 +165,7 @@ def serve(args: argparse.Namespace) -> int:
     from .security import tls_files, uses_default_crl, uses_default_paths
     from .server.tls import ensure_certificates, server_context
 
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, args.log_format)
     t0 = time.monotonic()
     cfg = _config_from_args(args)
     s, b = cfg.server, cfg.backend
@@ -175,6 +190,7 @@ def serve(args: argparse.Namespace) -> int:
               token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,
               model_name=b.model.model_name, prefix_cache=b.schedule.prefix_caching, log=_say)
     app = App(llm, cfg)
+    app.router.log_bodies = args.log_requests
     try:
         import uvloop  # optional: a faster event loop when installed
         run = uvloop.run
@@ -278,7 +294,7 @@ def _reachable(host: str) -> str:
 
 def pull(args: argparse.Namespace) -> int:
     from .model.registry import pull as do_pull
-    do_pull(args.name, force=args.force, log=_say)
+    do_pull(args.name, force=args.force, log=_say, tty=sys.stdout.isatty())
     return 0
 
 
@@ -315,10 +331,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "serve")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
     try:
+        unknown = apply_env(parser, argv, os.environ)
+    except EnvError as exc:
+        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        return 2
+    for name in unknown:
+        print(f"tiny_mindie: warning: ignoring {name}: no such option (see {argv[0]} --help)",
+              file=sys.stderr)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "certs":
+            from .certs import run as certs
+            return certs(args)
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect}[args.command](args)
+    except ModelDownloadError as exc:   # the network: the package index, a download
+        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        return 1
     except CONFIG_ERRORS as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 2

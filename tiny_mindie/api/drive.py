@@ -25,7 +25,13 @@ from ..engine.request import GenerationError, GenerationRequest, TokenEvent, nex
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_text
 from ..server.http import Request
-from ..server.routing import Route, RouteHandler, count_in_access_log
+from ..server.routing import (
+    Route,
+    RouteHandler,
+    count_in_access_log,
+    first_token_in_access_log,
+    output_in_access_log,
+)
 from ..server.sse import utf8
 from . import metrics
 from .errors import MINDIE, APIError, Style, from_generation_error
@@ -78,7 +84,8 @@ def fan_out(request: GenerationRequest, n: int) -> list[GenerationRequest]:
 async def events(llm: LLM, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
     """The token events of ``request`` (``LLM.stream_async``), its outcome reported to the
     request counter: success at the last event, the error's reason, or ``cancelled`` when
-    closed before its end (which cancels it in the engine).
+    closed before its end (which cancels it in the engine); its tokens, first token time and
+    output counted in the access record.
 
     Raises:
         GenerationError: from the engine.
@@ -88,10 +95,14 @@ async def events(llm: LLM, request: GenerationRequest) -> AsyncIterator[TokenEve
     try:
         async for ev in source:
             if ev.index == 0:
-                count_in_access_log("cached", ev.cached_tokens)
+                first_token_in_access_log()
+                count_in_access_log("prompt_tokens", ev.prompt_tokens)
+                count_in_access_log("cached_tokens", ev.cached_tokens)
+            count_in_access_log("generated_tokens", 1)
             if ev.is_last:
                 ended = True
                 metrics.report("success")
+                output_in_access_log(ev.generated_text or "")
             yield ev
     except GenerationError as err:
         ended = True

@@ -1,40 +1,48 @@
 """``GET /metrics``: Prometheus text exposition (format 0.0.4), written by hand; and the one place
 where HTTP requests to generation routes are counted.
 
-Series are MindIE's (spec §4, ``prometheus_metrics.cpp``) under the prefix ``tiny_mindie:``
-(as vLLM prefixes its series with ``vllm:``), each with MindIE's ``model_name`` label:
+Series are MindIE's (spec §4, ``prometheus_metrics.cpp``) under the prefix ``tiny_mindie_``
+(vLLM's ``vllm:`` style, with ``_`` instead of the ``:`` that Prometheus reserves for
+recording rules, so that ``promtool check metrics`` passes), each with MindIE's ``model_name``
+label:
 
 =====================================================  =========  =================================
 series                                                 type       meaning
 =====================================================  =========  =================================
-``tiny_mindie:request_received_total``                 counter    requests to generation routes
-``tiny_mindie:request_success_total``                  counter    ... answered in full
-``tiny_mindie:request_failed_total{reason=...}``       counter    ... failed: validation, too_long,
+``tiny_mindie_request_received_total``                 counter    requests to generation routes
+``tiny_mindie_request_success_total``                  counter    ... answered in full
+``tiny_mindie_request_failed_total{reason=...}``       counter    ... failed: validation, too_long,
                                                                   timeout, cancelled, stopped,
                                                                   internal
-``tiny_mindie:num_requests_running``                   gauge      sequences in the running batch
-``tiny_mindie:num_requests_waiting``                   gauge      requests waiting for a KV slot
-``tiny_mindie:prompt_tokens_total``                    counter    prompt tokens prefilled
-``tiny_mindie:generation_tokens_total``                counter    tokens generated
-``tiny_mindie:time_to_first_token_seconds``            histogram  submission to first token
-``tiny_mindie:time_per_output_token_seconds``          histogram  between two tokens of a request
-``tiny_mindie:e2e_request_latency_seconds``            histogram  submission to last token
+``tiny_mindie_num_requests_running``                   gauge      sequences in the running batch
+``tiny_mindie_num_requests_waiting``                   gauge      requests waiting for a KV slot
+``tiny_mindie_prompt_tokens_total``                    counter    prompt tokens prefilled
+``tiny_mindie_generation_tokens_total``                counter    tokens generated
+``tiny_mindie_time_to_first_token_seconds``            histogram  submission to first token
+``tiny_mindie_time_per_output_token_seconds``          histogram  between two tokens of a request
+``tiny_mindie_e2e_request_latency_seconds``            histogram  submission to last token
                                                                   (completed requests)
-``tiny_mindie:npu_cache_usage_perc``                   gauge      fraction of KV slots in use
+``tiny_mindie_npu_cache_usage_perc``                   gauge      fraction of KV slots in use
                                                                   (0..1; the device may be a CPU)
-``tiny_mindie:npu_prefix_cache_hit_rate``              gauge      fraction of admitted prompt
+``tiny_mindie_npu_prefix_cache_hit_rate``              gauge      fraction of admitted prompt
                                                                   tokens whose KV came from the
                                                                   prefix cache (0..1)
-``tiny_mindie:prefix_cache_hit_tokens_total``          counter    ... those tokens
-``tiny_mindie:prefix_cache_miss_tokens_total``         counter    ... the prompt tokens prefilled
-``tiny_mindie:spec_decode_num_draft_tokens_total``     counter    tokens proposed by speculative
+``tiny_mindie_prefix_cache_hit_tokens_total``          counter    ... those tokens
+``tiny_mindie_prefix_cache_miss_tokens_total``         counter    ... the prompt tokens prefilled
+``tiny_mindie_spec_decode_num_draft_tokens_total``     counter    tokens proposed by speculative
                                                                   decoding and verified
-``tiny_mindie:spec_decode_num_accepted_tokens_total``  counter    ... those of them kept
+``tiny_mindie_spec_decode_num_accepted_tokens_total``  counter    ... those of them kept
 =====================================================  =========  =================================
 
 Token counters and histograms cover everything the engine runs (``/health/timed-N`` probes
 included); the request counters cover HTTP requests to generation routes only, one count per
 request (an OpenAI request with ``n=2`` is one request).
+
+Then the standard ``process_*`` series of the server process (``process_cpu_seconds_total``,
+``process_resident_memory_bytes``, ``process_virtual_memory_bytes``, ``process_open_fds``,
+``process_max_fds``, ``process_start_time_seconds``), from prometheus_client's
+``ProcessCollector``, which reads ``/proc``: on systems without it (macOS, Windows) there are
+none.
 """
 
 from __future__ import annotations
@@ -43,14 +51,21 @@ import asyncio
 import contextvars
 import dataclasses
 
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+
 from ..engine.metrics import Metrics
 from ..server.conn import Response, ResponseStream
 from ..server.http import Request
 from ..server.routing import METRICS, Route
 from .errors import APIError
 
-PREFIX = "tiny_mindie:"
+PREFIX = "tiny_mindie_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# The process_* series: a registry of their own (not prometheus_client's global one, which
+# would also carry its python_gc_* / python_info series).
+_PROCESS = CollectorRegistry(auto_describe=False)
+ProcessCollector(registry=_PROCESS)
 
 
 class Tally:
@@ -137,7 +152,8 @@ def _num(v: float) -> str:
 
 
 def render(metrics: Metrics, stats: dict, model_name: str) -> str:
-    """The exposition text of ``metrics`` and the engine's ``stats()``."""
+    """The exposition text of ``metrics`` and the engine's ``stats()``, then the ``process_*``
+    series of this process."""
     snap = metrics.snapshot()
     label = f'model_name="{_label_value(model_name)}"'
     out: list[str] = []
@@ -196,7 +212,7 @@ def render(metrics: Metrics, stats: dict, model_name: str) -> str:
            snap["spec_proposed_tokens"])
     simple("spec_decode_num_accepted_tokens_total", "counter",
            "Number of proposed tokens that verification kept.", snap["spec_accepted_tokens"])
-    return "\n".join(out) + "\n"
+    return "\n".join(out) + "\n" + generate_latest(_PROCESS).decode("utf-8")
 
 
 def routes(app) -> list[Route]:

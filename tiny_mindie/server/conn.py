@@ -18,9 +18,10 @@ Behaviour on the wire:
 * a handler exception becomes a 500 ``Incomplete Generation`` body (traceback only in the log);
   if the stream had already started, the connection is aborted instead (the client sees a
   truncated chunked body);
-* ``Date`` and ``Server`` on every response; an idle keep-alive connection is closed after
-  ``idle_timeout`` seconds; a request gets 408 when its header section takes longer than that
-  in all, or its body stalls that long between two reads;
+* ``Date``, ``Server`` and ``X-Request-Id`` on every response (the client's own ``X-Request-Id``
+  when it is 1-128 visible ASCII characters, else a new uuid4 in hex); an idle keep-alive
+  connection is closed after ``idle_timeout`` seconds; a request gets 408 when its header
+  section takes longer than that in all, or its body stalls that long between two reads;
 * a response write waits at most ``idle_timeout`` for a client that does not read; a streamed
   one is also cut off once its client leaves more than ``ResponseStream.max_backlog`` bytes
   unread;
@@ -34,8 +35,10 @@ import asyncio
 import email.utils
 import json
 import logging
+import re
 import ssl
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +61,7 @@ __all__ = ["Handler", "Response", "ResponseStream", "json_response", "serve_conn
 log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024          # bytes per socket read
+_SANE_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 LINGER_SECONDS = 2.0           # max time spent draining input before closing after an error
 CLOSE_SECONDS = 5.0            # max time waiting for the transport to close
 
@@ -103,6 +107,37 @@ def json_response(status: int, obj: Any, headers: list[tuple[str, str]] | None =
 Handler = Callable[[Request, "ResponseStream"], Awaitable[Response | None]]
 
 
+def request_id(request: Request | None) -> str:
+    """The id of ``request``: its ``X-Request-Id`` header when that is 1-128 visible ASCII
+    characters (so a proxy's id carries through), else a new random one (32 hex digits)."""
+    given = request.header("x-request-id") if request is not None else None
+    if given is not None and _SANE_REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def peer_subject(writer: asyncio.StreamWriter) -> str | None:
+    """The subject of the client's TLS certificate as an RFC 4514 string (``CN=client,O=...``),
+    or ``None`` without TLS or without a client certificate."""
+    tls = writer.get_extra_info("ssl_object")
+    der = tls.getpeercert(binary_form=True) if tls is not None else None
+    if not der:
+        return None
+    from cryptography import x509
+    try:
+        return x509.load_der_x509_certificate(der).subject.rfc4514_string()
+    except ValueError:          # a certificate the TLS layer accepted but cryptography cannot read
+        return None
+
+
+def _address(peername) -> str | None:
+    """``host:port`` (``[v6]:port``) of a socket address; ``None`` when unknown."""
+    if not isinstance(peername, tuple) or len(peername) < 2:
+        return None
+    host, port = peername[0], peername[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 class ResponseStream:
     """Handed to the handler with each request; lets it stream the response instead.
 
@@ -113,12 +148,17 @@ class ResponseStream:
         max_backlog: Bytes a streamed response's client may leave unread before it is cut off
             (see :class:`~.sse.ChunkedStream`); ``None`` (the default): no limit. Set it
             before :meth:`start`.
+        request_id: The request's id, sent as ``X-Request-Id`` (see :func:`request_id`).
+        peer: The client's address (``host:port``), ``None`` when unknown.
+        client_subject: The subject of the client's certificate (:func:`peer_subject`).
+        status: The status :meth:`start` sent, ``None`` before.
     """
 
     def __init__(self, writer: asyncio.StreamWriter, request: Request,
                  base_headers: Callable[[bool], list[tuple[str, str]]],
                  write_timeout: float | None,
-                 reader: asyncio.StreamReader | None = None) -> None:
+                 reader: asyncio.StreamReader | None = None, *, request_id: str = "",
+                 peer: str | None = None, client_subject: str | None = None) -> None:
         self._reader = reader
         self._writer = writer
         self._request = request
@@ -126,6 +166,10 @@ class ResponseStream:
         self._write_timeout = write_timeout
         self._stream: ChunkedStream | None = None
         self.max_backlog: int | None = None
+        self.request_id = request_id
+        self.peer = peer
+        self.client_subject = client_subject
+        self.status: int | None = None
 
     @property
     def started(self) -> bool:
@@ -165,6 +209,7 @@ class ResponseStream:
             raise RuntimeError("response stream already started")
         chunked = self._request.version == "HTTP/1.1"
         keep_alive = self._request.keep_alive and chunked
+        self.status = status
         self._stream = ChunkedStream(self._writer, base_headers=self._base_headers(keep_alive),
                                      chunked=chunked, write_timeout=self._write_timeout,
                                      max_backlog=self.max_backlog)
@@ -232,6 +277,7 @@ class _Connection:
         self.server_header = server_header
         self.parser = RequestParser(max_body_bytes=max_body_bytes)
         self.peer = writer.get_extra_info("peername")
+        self.client_subject = peer_subject(writer)
 
     async def run(self) -> None:
         abort = False
@@ -301,8 +347,10 @@ class _Connection:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _base_headers(self, request: Request | None, keep_alive: bool) -> list[tuple[str, str]]:
-        headers = [("Date", _http_date()), ("Server", self.server_header)]
+    def _base_headers(self, request: Request | None, keep_alive: bool,
+                      rid: str | None = None) -> list[tuple[str, str]]:
+        headers = [("Date", _http_date()), ("Server", self.server_header),
+                   ("X-Request-Id", rid or request_id(None))]
         if not keep_alive:
             headers.append(("Connection", "close"))
         elif request is not None and request.version == "HTTP/1.0":
@@ -329,9 +377,11 @@ class _Connection:
 
     async def _respond(self, request: Request) -> tuple[bool, bool]:
         """Run the handler and write its answer. Returns (keep_alive, abort)."""
+        rid = request_id(request)
         stream = ResponseStream(self.writer, request,
-                                lambda keep: self._base_headers(request, keep), self.idle_timeout,
-                                self.reader)
+                                lambda keep: self._base_headers(request, keep, rid),
+                                self.idle_timeout, self.reader, request_id=rid,
+                                peer=_address(self.peer), client_subject=self.client_subject)
         try:
             result = await self.handler(request, stream)
         except asyncio.CancelledError:
@@ -367,7 +417,7 @@ class _Connection:
 
         keep_alive = request.keep_alive and not any(
             n.lower() == "connection" and "close" in v.lower() for n, v in result.headers)
-        headers = self._base_headers(request, keep_alive)
+        headers = self._base_headers(request, keep_alive, rid)
         if result.content_type and not any(n.lower() == "content-type" for n, _ in result.headers):
             headers.append(("Content-Type", result.content_type))
         headers.extend((n, v) for n, v in result.headers if n.lower() != "connection")
@@ -377,7 +427,7 @@ class _Connection:
         except ValueError:
             log.exception("handler for %s %s produced an invalid response",
                           request.method, request.path)
-            data = format_response(500, self._base_headers(request, keep_alive)
+            data = format_response(500, self._base_headers(request, keep_alive, rid)
                                    + [("Content-Type", "application/json")], _INTERNAL_ERROR_BODY)
         await self._write(data)
         return keep_alive, False

@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .conn import Handler, Response, serve_connection
+from .conn import Handler, Response, request_id, serve_connection
 from .http import format_response
 from .tls import describe_refusal
 
@@ -476,6 +476,7 @@ async def start_listeners(listeners: list[Listener],
     def busy_answer() -> bytes:
         return format_response(busy.status, [("Date", email.utils.formatdate(usegmt=True)),
                                              ("Server", "tiny_mindie"),
+                                             ("X-Request-Id", request_id(None)),
                                              ("Content-Type", busy.content_type),
                                              ("Connection", "close")], busy.body)
 

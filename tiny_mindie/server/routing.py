@@ -1,35 +1,82 @@
 """Routes: (method, path template, plane) -> handler, and the dispatch of a request to one (404
-when no route has its path, 405 when none of those has its method). No knowledge of any API
-family: they bring their routes, the JSON body of an error, and errors derived from
-:class:`RouteError`.
+when no route has its path, 405 when none of those has its method), with one access record per
+request. No knowledge of any API family: they bring their routes, the JSON body of an error,
+and errors derived from :class:`RouteError`.
+
+The access record (logger ``tiny_mindie.access``, level INFO) is written when the request
+ends, however it ends -- answered, streamed to its end, or abandoned (the client went away,
+was cut off for not reading, or the server cancelled it). Its message is one line::
+
+    "POST /infer" 200 812.4 ms id=5f0c... prompt_tokens=8 cached_tokens=0 generated_tokens=20
+
+and its structured fields (``extra={"fields": ...}``, written out by ``--log-format json``):
+``request_id``, ``method``, ``route`` (the path template, ``None`` when no route matched), ``path``
+(without the query), ``status`` (the status sent; ``None`` when none was), ``outcome``
+(``completed``, ``client_gone``, ``cancelled``, ``failed``), ``prompt_tokens``, ``cached_tokens``,
+``generated_tokens`` (summed over the request's generations: an OpenAI ``n=2`` request counts its
+prompt twice), ``ttft_ms`` (arrival to the first generated token, ``None`` without one),
+``total_ms``, ``client`` (the subject of the client's TLS certificate), ``peer``; and with
+``Router.log_bodies`` also ``request_body`` and ``output`` (the generated texts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .conn import Handler, Response, ResponseStream, json_response, json_text
 from .http import Request
 
-access = logging.getLogger("tiny_mindie.access")   # one line per request
+access = logging.getLogger("tiny_mindie.access")   # one record per request
 
-# Counts the handler of the request being handled adds to its access line (``name=value``), in a
-# mutable dict so the tasks a handler starts (which get a copy of the context) add to it too.
-_access_counts: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
-    "tiny_mindie_access_counts", default=None)
+#: The token counts of an access record, in the order the text line shows them.
+TOKEN_COUNTS = ("prompt_tokens", "cached_tokens", "generated_tokens")
+
+
+@dataclass
+class _Access:
+    """What the handler of one request adds to its access record."""
+
+    t0: float
+    keep_text: bool
+    counts: dict[str, int] = field(default_factory=dict)
+    first_token: float | None = None
+    route: str | None = None
+    output: list[str] = field(default_factory=list)
+
+
+# The record of the request being handled: a mutable object, so the tasks a handler starts
+# (which get a copy of the context) add to it too.
+_access: contextvars.ContextVar[_Access | None] = contextvars.ContextVar(
+    "tiny_mindie_access", default=None)
 
 
 def count_in_access_log(name: str, n: int) -> None:
-    """Add ``n`` to the count ``name`` shown as ``name=N`` at the end of the current request's
-    access log line (e.g. ``cached``: prompt tokens served from the prefix cache, summed over
-    the request's generations); nothing outside a request."""
-    counts = _access_counts.get()
-    if counts is not None:
-        counts[name] = counts.get(name, 0) + n
+    """Add ``n`` to the count ``name`` of the current request's access record (e.g.
+    ``cached_tokens``: prompt tokens served from the prefix cache, summed over the request's
+    generations); nothing outside a request."""
+    rec = _access.get()
+    if rec is not None:
+        rec.counts[name] = rec.counts.get(name, 0) + n
+
+
+def first_token_in_access_log() -> None:
+    """Note that the current request's first token is out (the record's ``ttft_ms``); later
+    calls change nothing."""
+    rec = _access.get()
+    if rec is not None and rec.first_token is None:
+        rec.first_token = time.monotonic()
+
+
+def output_in_access_log(text: str) -> None:
+    """Keep a generated ``text`` for the access record when ``Router.log_bodies`` is on."""
+    rec = _access.get()
+    if rec is not None and rec.keep_text:
+        rec.output.append(text)
 
 # The planes of spec §1: each listens on its own port unless the ports are equal.
 BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
@@ -86,34 +133,48 @@ class Router:
     Args:
         routes: every route of every plane.
         error_body: the JSON body of the 404 and 405 answers, from (status, message).
+
+    Attributes:
+        log_bodies: put each request's body and generated text in its access record (a debug
+            setting: they may hold personal data); off by default.
     """
 
     def __init__(self, routes: Sequence[Route], error_body: ErrorBody):
         self.routes = list(routes)
         self.error_body = error_body
+        self.log_bodies = False
 
     def handler_for(self, planes: frozenset[str], *,
                     max_backlog_bytes: int | None = None) -> Handler:
         """The connection handler of a listener that serves ``planes``: dispatch, and one access
-        log line per request. ``max_backlog_bytes`` caps the unsent bytes of a stream (``None``:
+        record per request. ``max_backlog_bytes`` caps the unsent bytes of a stream (``None``:
         no cap)."""
         routes = [r for r in self.routes if r.plane in planes]
         error_body = self.error_body
 
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
-            t0 = time.monotonic()
+            rec = _Access(time.monotonic(), keep_text=self.log_bodies)
             stream.max_backlog = max_backlog_bytes
-            counts: dict[str, int] = {}
-            token = _access_counts.set(counts)
+            token = _access.set(rec)
+            resp, outcome = None, "failed"
             try:
                 resp = await dispatch(req, stream)
+                # None without a stream: the handler gave up because the client left
+                gone = not stream.started and (resp is None or stream.peer_gone())
+                outcome = "client_gone" if gone else "completed"
+                return resp
+            except ConnectionError:   # reset, closed, or cut off for not reading
+                outcome = "client_gone"
+                raise
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
             finally:
-                _access_counts.reset(token)
-            status = resp.status if resp is not None else ("stream" if stream.started else "gone")
-            extra = "".join(f" {k}={v}" for k, v in counts.items())
-            access.info('"%s %s" %s %.1f ms%s', req.method, req.target[:200], status,
-                        (time.monotonic() - t0) * 1000, extra)
-            return resp
+                _access.reset(token)
+                status = resp.status if resp is not None else stream.status
+                if status is None and outcome == "failed":
+                    status = 500              # what serve_connection answers for a bug
+                _log_access(req, stream, rec, status, outcome)
 
         async def dispatch(req: Request, stream: ResponseStream) -> Response | None:
             found = [(r, p) for r in routes if (p := r.match(req.path)) is not None]
@@ -127,6 +188,9 @@ class Router:
                     405, f"Method {req.method} is not allowed for {req.path}; use {allow}"),
                     [("Allow", allow)])
             route, params = chosen
+            rec = _access.get()
+            if rec is not None:
+                rec.route = route.path
             try:
                 return await route.handler(req, stream, params)
             except RouteError as err:
@@ -137,3 +201,23 @@ class Router:
                 return json_response(err.status, err.body(), err.headers)
 
         return handle
+
+
+def _log_access(req: Request, stream: ResponseStream, rec: _Access, status: int | None,
+                outcome: str) -> None:
+    """Write the access record of a request that ended (see the module doc)."""
+    total_ms = (time.monotonic() - rec.t0) * 1000
+    fields = {"request_id": stream.request_id, "method": req.method, "route": rec.route,
+              "path": req.path[:200], "status": status, "outcome": outcome,
+              **{k: rec.counts.get(k, 0) for k in TOKEN_COUNTS},
+              "ttft_ms": None if rec.first_token is None
+              else round((rec.first_token - rec.t0) * 1000, 1),
+              "total_ms": round(total_ms, 1), "client": stream.client_subject,
+              "peer": stream.peer}
+    if rec.keep_text:
+        fields["request_body"] = req.body.decode("utf-8", "replace")
+        fields["output"] = rec.output
+    shown = status if outcome == "completed" else f"{status or '-'} {outcome}"
+    counts = "".join(f" {k}={rec.counts[k]}" for k in TOKEN_COUNTS if k in rec.counts)
+    access.info('"%s %s" %s %.1f ms id=%s%s', req.method, req.target[:200], shown, total_ms,
+                stream.request_id, counts, extra={"fields": fields})

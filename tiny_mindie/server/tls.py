@@ -76,7 +76,7 @@ def ensure_certificates(files: TLSFiles, hosts: tuple[str, ...] = (), *,
         missing = [p for p in needed if not os.path.exists(p)]
         raise TLSConfigError(f"TLS file not found: {missing[0]} (certificates are created only "
                              "at the default security/ paths; make them with "
-                             "scripts/make_certs.py, fix the path, or use --no-tls)")
+                             "python -m tiny_mindie certs, fix the path, or use --no-tls)")
     if present:
         missing = [p for p in needed if not os.path.exists(p)]
         raise TLSConfigError(f"TLS files incomplete: {', '.join(missing)} missing "
@@ -382,7 +382,8 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     cas = [c for ca in files.ca for c in _read_certificates(ca, "TLS CA file")]
     for crl in files.crls:
         if not os.path.exists(crl):
-            make = ("make one with scripts/make_certs.py --crl" if os.path.exists(files.ca_key)
+            make = ("make one with python -m tiny_mindie certs --crl"
+                    if os.path.exists(files.ca_key)
                     else f"no CA key at {files.ca_key} to make one: this folder predates kept CA "
                          f"keys; remove it to have a new CA, certificates and CRL made")
             raise TLSConfigError(f"TLS CRL file not found: {crl} (fix tlsCrlPath / tlsCrlFiles, "

@@ -1,0 +1,147 @@
+"""``python -m tiny_mindie certs``: the files, their subjectAltNames, what it tells the user, no
+overwriting without ``--force``; and a real TLS 1.3 handshake with them (the server's own context,
+the made client certificate, the host names checked). The full server with files made this way:
+tests/test_e2e_tls.py (its ``pki``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+
+import pytest
+from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from tiny_mindie.config import load_config
+from tiny_mindie.security import tls_files
+from tiny_mindie.server.tls import client_context, server_context
+
+HOSTS = ("edge.local", "10.0.0.5", "fd00::5")
+
+
+def certs(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tiny_mindie", "certs", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def load(path) -> x509.Certificate:
+    with open(path, "rb") as fh:
+        return x509.load_pem_x509_certificate(fh.read())
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A set made for HOSTS in a folder of its own; (the files, the command's output)."""
+    home = tmp_path_factory.mktemp("certs")
+    r = certs("--dir", str(home), *(a for h in HOSTS for a in ("--host", h)))
+    assert r.returncode == 0, r.stderr
+    return tls_files(replace(load_config(None), home=str(home))), r.stdout
+
+
+def test_files_and_subject_alt_names(made):
+    files, _ = made
+    ca = load(files.ca[0])
+    server = load(files.cert)
+    san = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {"localhost", "edge.local"}
+    assert set(san.get_values_for_type(x509.IPAddress)) == {
+        ipaddress.ip_address(a) for a in ("127.0.0.1", "127.0.0.2", "::1", "10.0.0.5", "fd00::5")}
+    client = load(files.client_cert)
+    for cert, usage in ((server, ExtendedKeyUsageOID.SERVER_AUTH),
+                        (client, ExtendedKeyUsageOID.CLIENT_AUTH)):
+        cert.verify_directly_issued_by(ca)
+        assert list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) == \
+            [usage]
+    for key in (files.ca_key, files.key, files.client_key):
+        assert os.stat(key).st_mode & 0o777 == 0o600, key
+    with open(files.crls[0], "rb") as fh:
+        crl = x509.load_pem_x509_crl(fh.read())
+    assert crl.is_signature_valid(ca.public_key()) and len(crl) == 0
+
+
+def test_output_names_the_files_for_curl_nginx_and_kubernetes(made):
+    files, out = made
+    assert out.startswith("made a CA, a server certificate for localhost, 127.0.0.1, 127.0.0.2, "
+                          "::1, edge.local, 10.0.0.5, fd00::5, a client certificate and an empty "
+                          "CRL:\n")
+    assert f"curl --cacert {files.ca[0]} --cert {files.client_cert} \\\n" in out
+    assert f"--key {files.client_key} https://edge.local:1025/health" in out
+    assert f"proxy_ssl_trusted_certificate {files.ca[0]};" in out
+    assert f"proxy_ssl_certificate_key {files.client_key};" in out
+    assert "proxy_ssl_name edge.local;" in out
+    secret = out[out.index("kubectl create secret generic tiny-mindie-tls"):]
+    for path in (files.ca[0], files.cert, files.key, files.client_cert, files.client_key,
+                 files.crls[0]):
+        assert f"--from-file={path}" in secret
+    assert f"--from-file={files.ca_key}" not in secret
+    home = os.path.dirname(os.path.dirname(os.path.dirname(files.ca[0])))
+    assert f"the server uses them: TINY_MINDIE_HOME={home} python -m tiny_mindie" in out
+
+
+def serve_tls(ctx: ssl.SSLContext, connections: int):
+    """A loopback TLS server thread answering ``connections`` connections with b"hello"; its
+    port, the thread, and the errors of its handshakes."""
+    lsock = socket.create_server(("127.0.0.1", 0))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        with lsock:
+            for _ in range(connections):
+                conn, _ = lsock.accept()
+                try:
+                    with ctx.wrap_socket(conn, server_side=True) as tls:
+                        tls.sendall(b"hello")
+                except (ssl.SSLError, OSError) as exc:
+                    errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return lsock.getsockname()[1], thread, errors
+
+
+def test_a_client_with_the_made_certificate_connects_by_every_name(made):
+    files, _ = made
+    port, thread, errors = serve_tls(server_context(files), 5)
+    for name in ("edge.local", "10.0.0.5", "localhost"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                client_context(files).wrap_socket(raw, server_hostname=name) as tls:
+            assert tls.version() == "TLSv1.3" and tls.recv(5) == b"hello"
+    with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"), \
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        client_context(files).wrap_socket(raw, server_hostname="other.example")
+    anonymous = ssl.create_default_context(cafile=files.ca[0])      # no client certificate
+    with pytest.raises((ssl.SSLError, ConnectionError)), \
+            socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            anonymous.wrap_socket(raw, server_hostname="edge.local") as tls:
+        tls.recv(5)
+    thread.join(timeout=10)                   # its last handshake's error recorded
+    assert len(errors) == 2 and "PEER_DID_NOT_RETURN_A_CERTIFICATE" in str(errors[-1]), errors
+
+
+def test_existing_files_are_kept_without_force(tmp_path):
+    assert certs("--dir", str(tmp_path), "--no-crl").returncode == 0
+    sec = tmp_path / "security"
+    assert not (sec / "certs" / "server_crl.pem").exists()
+    before = (sec / "ca" / "ca.pem").read_bytes()
+    r = certs("--dir", str(tmp_path), "--no-crl")
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"tiny_mindie: error: {sec}/ca/ca.pem exists (and 5 more); use --force "
+                        f"to replace\n")
+    assert (sec / "ca" / "ca.pem").read_bytes() == before
+    r = certs("--dir", str(tmp_path), "--force", "--host", "edge.local")
+    assert r.returncode == 0 and (sec / "ca" / "ca.pem").read_bytes() != before
+    assert (sec / "certs" / "server_crl.pem").exists()
+
+
+def test_default_folder_is_the_config_home(tmp_path):
+    r = certs(env={"TINY_MINDIE_HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "security" / "certs" / "server.pem").is_file()
+    assert "the server uses them: python -m tiny_mindie\n" in r.stdout

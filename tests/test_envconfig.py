@@ -1,0 +1,165 @@
+"""Options from the environment (tiny_mindie/envconfig.py) and the JSON log format
+(tiny_mindie/logs.py), in-process; one subprocess for the exit status of a bad variable."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tiny_mindie.cli import ENV_COMMANDS, _config_from_args, build_parser
+from tiny_mindie.envconfig import EnvError, apply_env, env_name, env_options
+from tiny_mindie.logs import JSONFormatter
+from tiny_mindie.server.conn import request_id
+
+
+def parse(argv: list[str], environ: dict) -> argparse.Namespace:
+    """What ``main`` does before running a command."""
+    p = build_parser()
+    apply_env(p, argv, environ)
+    return p.parse_args(argv)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    p = build_parser()
+    return next(a for a in p._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        "serve"]
+
+
+def test_every_serve_option_has_a_variable_shown_in_help_with_its_default():
+    sp = serve_parser()
+    options = [a for a in sp._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 15
+    help_text = " ".join(sp.format_help().split())
+    for a in options:
+        name = env_name(a)
+        assert name == "TINY_MINDIE_" + a.option_strings[0][2:].replace("-", "_").upper()
+        assert name in help_text, name
+        assert "default" in a.help.lower(), a.help
+    assert "[env TINY_MINDIE_CONFIG or MIES_CONFIG_JSON_PATH]" in help_text
+    assert "[env TINY_MINDIE_NO_TLS=1]" in help_text
+    assert "Precedence: the command line, then the environment, then the config file" in help_text
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path):
+    cfg_file = tmp_path / "config.json"
+    cfg_file.write_text(json.dumps({"ServerConfig": {"port": 2000}}))
+    file = {"TINY_MINDIE_CONFIG": str(cfg_file)}
+
+    def port(argv, environ):
+        return _config_from_args(parse(["serve", *argv], environ)).server.port
+
+    assert port([], {}) == 1025
+    assert port([], file) == 2000
+    assert port([], {**file, "TINY_MINDIE_PORT": "3000"}) == 3000
+    assert port(["--port", "4000"], {**file, "TINY_MINDIE_PORT": "3000"}) == 4000
+    assert port([], {**file, "TINY_MINDIE_PORT": ""}) == 2000      # empty = unset
+
+
+def test_config_path_from_mindie_variable_and_ours_wins(tmp_path):
+    ours, mindie = tmp_path / "ours.json", tmp_path / "mindie.json"
+    ours.write_text(json.dumps({"ServerConfig": {"port": 2001}}))
+    mindie.write_text(json.dumps({"ServerConfig": {"port": 2002}}))
+    assert parse(["serve"], {"MIES_CONFIG_JSON_PATH": str(mindie)}).config == str(mindie)
+    both = {"MIES_CONFIG_JSON_PATH": str(mindie), "TINY_MINDIE_CONFIG": str(ours)}
+    assert _config_from_args(parse(["serve"], both)).server.port == 2001
+    assert parse(["serve", "--config", "x.json"], both).config == "x.json"
+
+
+@pytest.mark.parametrize("value,tls", [("1", False), ("true", False), ("YES", False),
+                                       ("on", False), ("0", True), ("false", True),
+                                       ("off", True)])
+def test_switch_values(value, tls):
+    args = parse(["serve"], {"TINY_MINDIE_NO_TLS": value})
+    assert _config_from_args(args).server.https_enabled is tls
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"TINY_MINDIE_PORT": "abc"}, "TINY_MINDIE_PORT: invalid int value 'abc'"),
+    ({"TINY_MINDIE_NO_TLS": "maybe"}, "TINY_MINDIE_NO_TLS: expected 1/true/yes/on or "
+                                      "0/false/no/off, got 'maybe'"),
+    ({"TINY_MINDIE_LOG_FORMAT": "xml"}, "TINY_MINDIE_LOG_FORMAT: invalid choice 'xml' "
+                                        "(choose from text, json)"),
+    ({"TINY_MINDIE_BACKEND": "torch"}, "TINY_MINDIE_BACKEND: invalid choice 'torch'"),
+])
+def test_bad_values_name_the_variable(env, needle):
+    with pytest.raises(EnvError, match=f"^{needle}".replace("(", r"\(").replace(")", r"\)")):
+        apply_env(build_parser(), ["serve"], env)
+
+
+def test_bad_value_is_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, "-m", "tiny_mindie", "serve"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "TINY_MINDIE_PORT": "80x"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == "tiny_mindie: error: TINY_MINDIE_PORT: invalid int value '80x'\n"
+
+
+def test_other_commands_ignore_the_variables_and_unknown_ones_are_reported():
+    bad = {"TINY_MINDIE_PORT": "abc", "TINY_MINDIE_PROT": "1", "TINY_MINDIE_CACHE": "/c",
+           "TINY_MINDIE_HOME": "/h", "TINY_MINDIE_TEST_BACKEND": "numpy"}
+    for argv in (["list-models"], ["pull", "x"], ["--version"]):
+        assert apply_env(build_parser(), argv, bad) == []
+    env = {k: v for k, v in bad.items() if k != "TINY_MINDIE_PORT"}
+    assert apply_env(build_parser(), ["serve"], env) == ["TINY_MINDIE_PROT"]
+
+
+def test_any_subcommand_can_take_the_environment():
+    """How ``health`` (or any later subcommand) gets it: listed in cli.ENV_COMMANDS, or
+    env_options() on its parser; options added later are covered as long as it runs last."""
+    assert ENV_COMMANDS.get("health") is False
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command")
+    h = sub.add_parser("health")
+    h.add_argument("which", nargs="?", default="ready")
+    for flag in ("--config", "--host"):
+        h.add_argument(flag)
+    h.add_argument("--port", type=int)
+    env_options(h)
+    env = {"TINY_MINDIE_PORT": "8443", "MIES_CONFIG_JSON_PATH": "/etc/mindie/config.json",
+           "TINY_MINDIE_MODEL": "other"}          # a serve option: not health's business
+    assert apply_env(p, ["health", "live"], env) == []
+    args = p.parse_args(["health", "live", "--host", "::1"])
+    assert (args.which, args.port, args.config, args.host) == (
+        "live", 8443, "/etc/mindie/config.json", "::1")
+    with pytest.raises(TypeError, match="--tag"):
+        h.add_argument("--tag", action="append")
+        env_options(h)
+
+
+def test_json_log_lines():
+    fmt = JSONFormatter()
+    rec = logging.LogRecord("tiny_mindie.access", logging.INFO, __file__, 1, '"GET /x" %s', (200,),
+                            None)
+    rec.fields = {"request_id": "r1", "status": 200, "odd": object(), "message": "ignored"}
+    obj = json.loads(fmt.format(rec))
+    assert obj["timestamp"].endswith("Z") and "T" in obj["timestamp"]
+    assert (obj["level"], obj["logger"], obj["message"]) == ("INFO", "tiny_mindie.access",
+                                                             '"GET /x" 200')
+    assert obj["request_id"] == "r1" and obj["odd"].startswith("<object")
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        rec = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    line = fmt.format(rec)
+    assert "\n" not in line and "ValueError: boom" in json.loads(line)["exception"]
+
+
+class _Req:
+    def __init__(self, value):
+        self.value = value
+
+    def header(self, name):
+        return self.value
+
+
+@pytest.mark.parametrize("given,kept", [("abc-123", True), ("x" * 128, True), ("x" * 129, False),
+                                        ("", False), ("a b", False), ("caf\u00e9", False),
+                                        (None, False)])
+def test_request_id_kept_when_sane(given, kept):
+    rid = request_id(_Req(given))
+    assert rid == given if kept else (len(rid) == 32 and int(rid, 16) >= 0)

@@ -1,0 +1,80 @@
+"""The server's log: ``--log-format text`` (one human line per record, as before) or ``json``
+(one JSON object per line), and ``--log-requests`` (request bodies and generated text in the
+access records; off by default: prompts and outputs may hold personal data).
+
+A JSON record holds ``timestamp`` (ISO 8601, UTC, milliseconds), ``level`` (``INFO``, ...),
+``logger``, ``message``, then the record's structured fields (a dict passed as
+``extra={"fields": {...}}``, as the access log ``tiny_mindie.access`` does), and
+``exception`` (the traceback text) when there is one. Records go to standard error; in JSON
+mode the start-up banner and progress lines (:func:`say`) become records too, so that every
+line the process writes is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import UTC, datetime
+
+FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+_json_handler: logging.Handler | None = None    # set by setup() in JSON mode
+
+
+def add_log_options(parser: argparse.ArgumentParser) -> None:
+    """``--log-format`` and ``--log-requests`` on ``parser`` (``serve``'s)."""
+    parser.add_argument("--log-format", choices=FORMATS, default="text",
+                        help="text: one line per record; json: one JSON object per line "
+                             "(timestamp, level, logger, message and the record's fields)")
+    parser.add_argument("--log-requests", action="store_true",
+                        help="debugging: also log each request's body and the generated text "
+                             "in its access record (they may hold personal data)")
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per record (see the module doc); never raises on odd field values
+    (they are written with ``str``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        obj = {"timestamp": datetime.fromtimestamp(record.created, UTC)
+               .isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+               "level": record.levelname, "logger": record.name,
+               "message": record.getMessage()}
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            obj.update((k, v) for k, v in fields.items() if k not in obj)
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            obj["exception"] = record.exc_text
+        return json.dumps(obj, ensure_ascii=False, default=str)
+
+
+def setup(level: str, fmt: str = "text") -> None:
+    """Configure the root logger: ``level`` (``info``, ...) and ``fmt`` (:data:`FORMATS`), to
+    standard error.
+
+    Raises:
+        ValueError: an unknown ``fmt``.
+    """
+    global _json_handler
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JSONFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    _json_handler = handler if fmt == "json" else None
+
+
+def say(msg: str) -> None:
+    """A line for the person starting the server (banner, progress): printed to standard
+    output; in JSON mode an INFO record of the logger ``tiny_mindie`` instead, written
+    whatever the log level (as the printed line would be)."""
+    if _json_handler is not None:
+        _json_handler.handle(logging.getLogger("tiny_mindie").makeRecord(
+            "tiny_mindie", logging.INFO, __file__, 0, msg, (), None))
+    else:
+        print(msg, flush=True)
