@@ -478,7 +478,8 @@ def test_every_numeric_key_has_a_range():
     import dataclasses
 
     from tiny_mindie import config as C
-    by_hand = {"server.port", "server.management_port", "server.metrics_port"}
+    by_hand = {"server.port", "server.management_port", "server.metrics_port",
+               "server.health_port"}
     ranged = {attr for _, attr, *_ in C.RANGES}
     for prefix, cls in (("server", C.ServerConfig), ("backend", C.BackendConfig),
                         ("backend.model", C.ModelDeployConfig),
@@ -492,13 +493,13 @@ def _range_cases():
     from tiny_mindie.config import RANGES, show
     for name, _attr, lo, hi, unit in RANGES:
         is_float = isinstance(lo, float)
-        below = lo / 2 if is_float else lo - 1
+        below = (lo / 2 if lo else -1.0) if is_float else lo - 1
         huge = "1e+30" if is_float else "an integer of 31 digits"
         for bad, got in ((below, show(float(below) if is_float else below)),
                          (hi + 1, show(float(hi + 1) if is_float else hi + 1)), (10 ** 30, huge)):
             yield pytest.param(name, bad, f"{name} must be in {show(lo)}..{show(hi)}{unit}, "
                                           f"got {got}", id=f"{name.rsplit('.', 1)[1]}={bad:g}")
-    for key in ("port", "managementPort", "metricsPort"):
+    for key in ("port", "managementPort", "metricsPort", "healthPort"):
         for bad in (-1, 1, 1023, 65536):
             yield pytest.param(f"ServerConfig.{key}", bad,
                                f"ServerConfig.{key} must be in 1024..65535, got {bad}",
@@ -682,13 +683,10 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
     is (was: 0.0.0.0 shown as 127.0.0.1), and the try-it URL uses the loopback address."""
     from types import SimpleNamespace
 
-    from tiny_mindie.cli import _banner
     from tiny_mindie.config import load_config
+    from tiny_mindie.lifecycle import banner
     from tiny_mindie.server.listen import Listener, bind
 
-    out: list[str] = []
-    import tiny_mindie.cli as cli
-    say, cli._say = cli._say, out.append
     socks = []
     try:
         for host, extra in (("localhost", "  bound to 127.0.0.1:{p}"), ("0.0.0.0", ""),
@@ -701,8 +699,7 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
             backend = SimpleNamespace(num_slots=1, max_seq_len=8, name="numpy", device="cpu")
             llm = SimpleNamespace(model_name="m", model_path="/m.gguf", backend=backend,
                                   config=SimpleNamespace(architecture="llama"))
-            _banner(cfg, llm, [lst], None, 0.1)
-            text = out.pop()
+            text = banner(cfg, llm, [lst], None, 0.1)
             line = next(ln for ln in text.splitlines() if "listens" in ln)
             bound = ", ".join(f"[{s.getsockname()[0]}]:{port}" if ":" in s.getsockname()[0]
                               else f"{s.getsockname()[0]}:{port}" for s in lsocks)
@@ -711,6 +708,5 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
             reach = "127.0.0.1" if host in ("0.0.0.0", "localhost") else host
             assert f"http://{host if host == 'localhost' else reach}:{port}/infer" in text
     finally:
-        cli._say = say
         for s in socks:
             s.close()

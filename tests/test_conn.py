@@ -345,6 +345,7 @@ def test_stream_read_back_with_http_client(server):
     assert resp.getheader("Transfer-Encoding") == "chunked"
     assert resp.getheader("Content-Type") == "text/event-stream"
     assert resp.getheader("Cache-Control") == "no-cache"
+    assert resp.getheader("X-Accel-Buffering") == "no"      # nginx: pass each event on at once
     events = resp.read().decode("utf-8").split("\n\n")
     assert events[-1] == ""
     assert [json.loads(e.removeprefix("data: "))["i"] for e in events[:-1]] == [0, 1, 2]

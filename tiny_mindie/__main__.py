@@ -1,7 +1,14 @@
-"""``python -m tiny_mindie`` -> :func:`tiny_mindie.cli.main`."""
+"""``python -m tiny_mindie`` -> :func:`tiny_mindie.cli.main`; ``python -m tiny_mindie health``
+straight to :mod:`tiny_mindie.health_probe`, without the server's imports (an exec probe must
+start fast)."""
 
 import sys
 
-from .cli import main
+if sys.argv[1:2] == ["health"]:
+    from .health_probe import main
+
+    sys.exit(main(sys.argv[2:]))
+
+from .cli import main  # noqa: E402
 
 sys.exit(main())

@@ -4,43 +4,119 @@ wired to the HTTP server of :mod:`tiny_mindie.server` (which knows none of them)
 Routes belong to a plane -- business (inference), management (health, status) or metrics --
 and each plane listens on its configured address and port; planes with the same port share one
 listener. Every listener speaks HTTP/1.1 over mutual TLS (or plain TCP with ``--no-tls``); how
-connections are accepted and counted is :mod:`tiny_mindie.server.listen`'s.
+connections are accepted and counted is :mod:`tiny_mindie.server.listen`'s. An optional fourth
+listener (``ServerConfig.healthPort``) serves the health routes only, over plain HTTP.
+
+The listeners start before the model is loaded (or pulled): until :meth:`App.loaded`, the app
+is *loading* (:class:`Loading`) and every route but the health ones answers 503 with what the
+load is doing, in its family's error style -- one gate, :meth:`App._gated`, in front of the
+handlers, which so never see an app without a model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import ssl
 
 from .api import manage, metrics, native, openai, tgi, triton
-from .api.errors import error_body
+from .api.errors import MINDIE, APIError, Kind, error_body
 from .config import Config
 from .llm import LLM
 from .server import listen
 from .server.conn import Handler, json_response
 from .server.listen import Listener, bind, connection_limit
-from .server.routing import BUSINESS, MANAGEMENT, METRICS, Route, Router
+from .server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router
+
+#: What the plain-HTTP health listener serves (GET only), and its connections at once.
+HEALTH_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
+HEALTH_CONNECTIONS = 64
+
+
+class Loading:
+    """The model being pulled or loaded: the load's progress, for the 503s.
+
+    :meth:`log` is the load's ``log`` callback (``LLM(log=...)``, which the pull shares): a line
+    starting in its first column names a step (``pulling ...``, ``loading ...``), an indented
+    line is progress within it (``  50%``, ``  41 MB of 98 MB``); each is passed on to ``echo``.
+    Called from the loading thread; read on the event loop (str assignments are atomic).
+    """
+
+    def __init__(self, echo=None):
+        self.step = ""
+        self.progress = ""
+        self.echo = echo
+
+    def log(self, line: str) -> None:
+        text = " ".join(line.split())
+        if text and line[:1].isspace():
+            self.progress = text
+        elif text:
+            self.step, self.progress = text, ""
+        if self.echo is not None:
+            self.echo(line)
+
+    @property
+    def message(self) -> str:
+        """``The model is loading: <step>[: <progress>]``."""
+        said = ": ".join(filter(None, (self.step, self.progress)))
+        return "The model is loading" + (f": {said}" if said else ".")
 
 
 class App:
     """The route table of one server and the dispatch of each request.
 
     Args:
-        llm: the loaded model and engine every API family drives.
         cfg: the server's configuration.
+        llm: the loaded model and engine every API family drives; ``None`` while it loads
+            (then :attr:`loading` holds its progress until :meth:`loaded` is called).
     """
 
-    def __init__(self, llm: LLM, cfg: Config):
-        self.llm = llm
+    def __init__(self, cfg: Config, llm: LLM | None = None, *, echo=None):
+        self._llm = llm
         self.cfg = cfg
+        #: The load in progress, or ``None`` once the model is in.
+        self.loading: Loading | None = Loading(echo) if llm is None else None
         #: Connections open at once: maxLinkNum, or less when the open files limit is lower
         #: (set by :func:`start_listeners`).
         self.max_link_num = cfg.server.max_link_num
         # Each API family contributes its routes: ``module.routes(app) -> list[Route]``; those
         # that generate (``Route.generation``) are counted in /metrics.
-        self.routes: list[Route] = metrics.count_requests(
+        counted = metrics.count_requests(
             [r for family in (native, manage, metrics, tgi, triton, openai)
-             for r in family.routes(self)], llm.engine.metrics)
+             for r in family.routes(self)], lambda: self.llm.engine.metrics)
+        self.routes: list[Route] = [self._gated(r) if r.needs_model else r for r in counted]
+        self.routes += [dataclasses.replace(r, plane=HEALTH) for r in self.routes
+                        if r.plane == MANAGEMENT and r.method == "GET" and r.path in HEALTH_PATHS]
         self.router = Router(self.routes, error_body)
+
+    @property
+    def llm(self) -> LLM:
+        """The loaded model.
+
+        Raises:
+            RuntimeError: still loading (no route handler asks then: see :meth:`_gated`)."""
+        if self._llm is None:
+            raise RuntimeError("the model is not loaded yet")
+        return self._llm
+
+    def loaded(self, llm: LLM) -> None:
+        """The model is in: every route serves from now on."""
+        self._llm = llm
+        self.loading = None
+
+    def _gated(self, route: Route) -> Route:
+        """``route`` answering 503 ``The model is loading: ...`` in its family's error style
+        while the model loads."""
+        inner = route.handler
+
+        async def gated(req, stream, params):
+            loading = self.loading
+            if loading is not None:
+                err = APIError(Kind.LOADING, loading.message, headers=(("Retry-After", "1"),))
+                err.style = route.style or MINDIE
+                raise err
+            return await inner(req, stream, params)
+        return dataclasses.replace(route, handler=gated)
 
     def handler_for(self, planes: frozenset[str]) -> Handler:
         """The connection handler of a listener that serves ``planes``."""
@@ -65,13 +141,16 @@ def plan_listeners(cfg: Config) -> list[Listener]:
 
 
 def check_ports_free(cfg: Config) -> None:
-    """Fail fast, before the slow model load, when a listen address cannot be bound.
+    """Fail fast, before anything else is said or done, when a listen address cannot be bound.
 
     Raises:
         AddressError: a listen address cannot be resolved.
         OSError: the address is in use or not available on this machine.
     """
-    for lst in plan_listeners(cfg):
+    s = cfg.server
+    health = [Listener(s.health_ip_address, s.health_port, frozenset({HEALTH}))] \
+        if s.health_port else []
+    for lst in plan_listeners(cfg) + health:
         for sock in bind(lst.host, lst.port, backlog=1):
             sock.close()
 
@@ -93,7 +172,22 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
     s = cfg.server
     limits = listen.Limits(max_connections=connection_limit(s.max_link_num),
                            max_body_bytes=s.max_request_length * 1024 * 1024,
-                           handshake_timeout=s.tls_handshake_timeout)
+                           handshake_timeout=s.tls_handshake_timeout,
+                           keep_alive_timeout=s.keep_alive_timeout,
+                           header_timeout=s.header_timeout)
     app.max_link_num = limits.max_connections
     busy = json_response(503, error_body(503, "Too many connections, try again later."))
-    return await listen.start_listeners(plan_listeners(cfg), app.handler_for, limits, ssl_ctx, busy)
+    listeners = await listen.start_listeners(plan_listeners(cfg), app.handler_for, limits,
+                                             ssl_ctx, busy)
+    if s.health_port:
+        try:
+            # slots of its own, so that probes still get in when maxLinkNum clients are in
+            listeners += await listen.start_listeners(
+                [Listener(s.health_ip_address, s.health_port, frozenset({HEALTH}))],
+                app.handler_for, dataclasses.replace(limits, max_connections=HEALTH_CONNECTIONS),
+                None, busy)
+        except BaseException:
+            for lst in listeners:
+                lst.server.close()
+            raise
+    return listeners

@@ -7,16 +7,11 @@ non-zero exit status; never a traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import functools
-import logging
 import os
-import signal
 import sys
-import threading
 import time
 
-from . import __version__
+from . import __version__, health_probe
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .envconfig import EnvError, apply_env, env_options
 from .logs import add_log_options, say
@@ -30,7 +25,7 @@ from .server.tls import TLSConfigError
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs", "health")
 # Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
 ENV_COMMANDS = {"serve": True, "health": False}
@@ -54,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect,certs}")
+                           metavar="{serve,pull,list-models,watermark-detect,certs,health}")
 
     s = sub.add_parser("serve", help="serve the HTTP API (the default)")
     s.add_argument("--config", metavar="FILE",
@@ -84,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill every prompt whole (ScheduleConfig.prefixCaching: false)")
     s.add_argument("--no-tls", action="store_true",
                    help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
+    s.add_argument("--drain-timeout", type=float,
+                   help="seconds SIGTERM/SIGINT let the requests in flight finish before the "
+                        "rest are cancelled (ServerConfig.drainTimeout, default 30)")
+    s.add_argument("--health-port", type=int,
+                   help="plain-HTTP port serving only the health routes, for probes that have "
+                        "no client certificate (ServerConfig.healthPort; default 0 = none)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe log records written")
     add_log_options(s)
@@ -104,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="z above which the text is called marked")
     from .certs import add_parser as add_certs
     add_certs(sub)
+    health_probe.add_arguments(sub.add_parser(
+        "health", help="exec probe: exit 0 when the server here answers its health route "
+                       "with 200, else 1"))
     for name, warn in ENV_COMMANDS.items():     # last: every option of theirs gets a variable
         if name in sub.choices:
             env_options(sub.choices[name], warn_unknown=warn)
@@ -129,6 +133,10 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["server.metrics_port"] = args.metrics_port
     if args.no_tls:
         over["server.https_enabled"] = False
+    if args.drain_timeout is not None:
+        over["server.drain_timeout"] = args.drain_timeout
+    if args.health_port is not None:
+        over["server.health_port"] = args.health_port
     if args.no_prefix_cache:
         over["schedule.prefix_caching"] = False
     if args.model is not None:
@@ -158,17 +166,17 @@ def _say(msg: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Load the model, bind the listeners, print the banner and serve until SIGINT/SIGTERM or
-    ``/stopService``."""
-    from .app import App, check_ports_free, start_listeners
-    from .llm import LLM
+    """Bind the listeners, load the model, print the banner and serve until SIGINT/SIGTERM or
+    ``/stopService`` (:mod:`.lifecycle`)."""
+    from .app import check_ports_free
+    from .lifecycle import serve as serve_until_stopped
     from .security import tls_files, uses_default_crl, uses_default_paths
     from .server.tls import ensure_certificates, server_context
 
     setup_logging(args.log_level, args.log_format)
     t0 = time.monotonic()
     cfg = _config_from_args(args)
-    s, b = cfg.server, cfg.backend
+    s = cfg.server
     check_ports_free(cfg)
     ssl_ctx, files = None, None
     if s.https_enabled:
@@ -180,116 +188,7 @@ def serve(args: argparse.Namespace) -> int:
                  f"{' and an empty CRL' if uses_default_crl(cfg) and files.crls else ''} in "
                  f"{os.path.dirname(os.path.dirname(files.ca[0]))} (first run)")
         ssl_ctx = server_context(files)
-    llm = LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
-              max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
-              threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
-              batch_invariant=b.batch_invariant, device_id=b.npu_device_ids[0],
-              providers=list(b.execution_providers) or None,
-              parse_special_tokens=b.model.parse_special_tokens,
-              schedule=_schedule(cfg), max_iter_times=b.schedule.max_iter_times,
-              token_timeout_s=s.token_timeout, e2e_timeout_s=s.e2e_timeout,
-              model_name=b.model.model_name, prefix_cache=b.schedule.prefix_caching, log=_say)
-    app = App(llm, cfg)
-    app.router.log_bodies = args.log_requests
-    try:
-        import uvloop  # optional: a faster event loop when installed
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
-
-    async def main() -> None:
-        listeners = await start_listeners(app, cfg, ssl_ctx)
-        _banner(cfg, llm, listeners, files, time.monotonic() - t0)
-        threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
-                         name="tiny_mindie-grammar-vocabulary").start()
-        # /stopService and the signals meet in one place (api/manage.py's ShutdownControl): a
-        # signal is a forced stop, /stopService a graceful one unless ?mode=Force.
-        shutdown = app.shutdown
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, functools.partial(shutdown.request, force=True))
-        await shutdown.requested.wait()
-        _say("stopping: " + ("cancelling the requests in flight" if shutdown.force else
-                             "no new requests; letting the ones in flight finish"))
-        await shutdown.drain()
-        await asyncio.sleep(0.2)   # the last answers (/stopService's too) reach their sockets
-        _say("shutting down")
-        for lst in listeners:
-            lst.server.close()
-        llm.close()
-
-    run(main())
-    return 0
-
-
-def _schedule(cfg: Config):
-    from .engine.scheduler import SchedulerLimits
-    sc = cfg.backend.schedule
-    return SchedulerLimits(max_batch_size=sc.max_batch_size,
-                           max_prefill_batch_size=sc.max_prefill_batch_size,
-                           max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size))
-
-
-def _threads(backend) -> str:
-    """`` (1 thread x 2 parallel runs)`` for backends that have intra-op threads."""
-    threads, runs = getattr(backend, "threads", None), getattr(backend, "parallel_runs", 1)
-    if not threads:
-        return ""
-    return f" ({threads} thread{'s' if threads > 1 else ''}" + (
-        f" x {runs} parallel runs)" if runs > 1 else ")")
-
-
-def _prepare_constraints(llm) -> None:
-    """Build the grammar engine's vocabulary now (:func:`~.engine.constraint.prepare`), so
-    that the first request with ``response_format``, ``tools`` or ``grammar`` does not stall
-    every other client while it is built."""
-    from .engine.constraint import prepare
-
-    try:
-        seconds = prepare(llm.tokenizer)
-    except Exception:       # a vocabulary llguidance refuses: the first such request says so
-        logging.getLogger("tiny_mindie").exception("building the grammar vocabulary failed")
-        return
-    logging.getLogger("tiny_mindie").info(
-        "constrained decoding ready (grammar vocabulary built in %.1f s)", seconds)
-
-
-def _banner(cfg: Config, llm, listeners, files, startup_s: float) -> None:
-    scheme = "https" if files else "http"
-    lines = [f"tiny_mindie {__version__} ready in {startup_s:.1f} s",
-             f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
-             f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
-             f"{llm.backend.max_seq_len} tokens)",
-             f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"]
-    for lst in listeners:
-        line = (f"  listens  {scheme}://{_hostport(lst.host, lst.bound_port)}  "
-                f"({', '.join(sorted(lst.planes))})")
-        bound = lst.bound_addresses
-        if bound != [lst.host]:      # a host name: the addresses it resolved to
-            line += f"  bound to {', '.join(_hostport(a, lst.bound_port) for a in bound)}"
-        lines.append(line)
-    business = next(lst for lst in listeners if "business" in lst.planes)
-    url = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}/infer"
-    tls = ""
-    if files:
-        lines.append(f"  mTLS     CA {files.ca[0]}")
-        lines.append(f"           client certificate {files.client_cert}")
-        lines.append(f"           client key {files.client_key}")
-        tls = f"--cacert {files.ca[0]} --cert {files.client_cert} --key {files.client_key} "
-    lines.append("try it:")
-    lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
-                 f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
-    _say("\n".join(lines))
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _reachable(host: str) -> str:
-    """An address of this machine a client can connect to for a listen address: the loopback
-    one for a wildcard (0.0.0.0, ::)."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return serve_until_stopped(cfg, ssl_ctx, files, t0, _say, log_bodies=args.log_requests)
 
 
 def pull(args: argparse.Namespace) -> int:
@@ -346,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             from .certs import run as certs
             return certs(args)
         return {"serve": serve, "pull": pull, "list-models": list_models,
-                "watermark-detect": watermark_detect}[args.command](args)
+                "watermark-detect": watermark_detect,
+                "health": health_probe.run}[args.command](args)
     except ModelDownloadError as exc:   # the network: the package index, a download
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 1

@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model.backend import BACKENDS, DEFAULT_BACKEND
+from .model import BACKENDS, DEFAULT_BACKEND
 
 
 class ConfigError(Exception):
@@ -49,6 +49,15 @@ class ServerConfig:
     tls_handshake_timeout: float = 10.0
     # tiny_mindie: KB a stream's client may leave unread; 0 = no limit
     max_stream_backlog_kb: int = 64
+    # tiny_mindie: seconds a stop (SIGTERM, SIGINT) lets the requests in flight finish
+    drain_timeout: float = 30.0
+    # tiny_mindie: seconds a kept-alive connection may sit idle between two requests
+    keep_alive_timeout: float = 65.0
+    # tiny_mindie: seconds a request's header section may take, counted from its first byte
+    header_timeout: float = 60.0
+    # tiny_mindie: plain-HTTP listener for the health routes only; 0 = none
+    health_port: int = 0
+    health_ip_address: str = "127.0.0.1"
 
 
 @dataclass(frozen=True)
@@ -262,6 +271,11 @@ def load_config(path: str | None = None) -> Config:
         max_request_length=_get(s, "maxRequestLength", int, S.max_request_length, W),
         tls_handshake_timeout=_get(s, "tlsHandshakeTimeout", float, S.tls_handshake_timeout, W),
         max_stream_backlog_kb=_get(s, "maxStreamBacklogKB", int, S.max_stream_backlog_kb, W),
+        drain_timeout=_get(s, "drainTimeout", float, S.drain_timeout, W),
+        keep_alive_timeout=_get(s, "keepAliveTimeout", float, S.keep_alive_timeout, W),
+        header_timeout=_get(s, "headerTimeout", float, S.header_timeout, W),
+        health_port=_get(s, "healthPort", int, S.health_port, W),
+        health_ip_address=_get(s, "healthIpAddress", str, S.health_ip_address, W),
     )
     W = "BackendConfig.ModelDeployConfig"
     name = _get(mc, "modelName", str, M.model_name, W + ".ModelConfig[0]")
@@ -336,6 +350,9 @@ RANGES: tuple[tuple[str, str, float, float, str], ...] = (
     ("ServerConfig.maxRequestLength", "server.max_request_length", 1, 100, " MB"),
     ("ServerConfig.tlsHandshakeTimeout", "server.tls_handshake_timeout", 0.1, 600, " seconds"),
     ("ServerConfig.maxStreamBacklogKB", "server.max_stream_backlog_kb", 0, 1 << 20, " KB"),
+    ("ServerConfig.drainTimeout", "server.drain_timeout", 0.0, 86400, " seconds"),
+    ("ServerConfig.keepAliveTimeout", "server.keep_alive_timeout", 0.1, 86400, " seconds"),
+    ("ServerConfig.headerTimeout", "server.header_timeout", 0.1, 600, " seconds"),
     ("BackendConfig.ModelDeployConfig.maxSeqLen", "backend.model.max_seq_len",
      2, 1 << 20, " tokens"),
     ("BackendConfig.ModelDeployConfig.maxInputTokenLen", "backend.model.max_input_token_len",
@@ -392,8 +409,9 @@ def validate(cfg: Config) -> None:
     """Check MindIE's rules (spec §6) and tiny_mindie's own (:data:`RANGES`, listen addresses);
     raises :class:`ConfigError` naming the key and what it may hold."""
     s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
-    for key in ("ipAddress", "managementIpAddress"):
-        check_listen_address(key, s.ip_address if key == "ipAddress" else s.management_ip_address)
+    for key, host in (("ipAddress", s.ip_address), ("managementIpAddress", s.management_ip_address),
+                      ("healthIpAddress", s.health_ip_address)):
+        check_listen_address(key, host)
     for name, attr, lo, hi, unit in RANGES:
         v: Any = cfg
         for part in attr.split("."):
@@ -402,9 +420,13 @@ def validate(cfg: Config) -> None:
         if not (finite and lo <= v <= hi):
             raise ConfigError(f"{name} must be in {show(lo)}..{show(hi)}{unit}, got {show(v)}")
     for key, port in (("port", s.port), ("managementPort", s.management_port),
-                      ("metricsPort", s.metrics_port)):
+                      ("metricsPort", s.metrics_port), ("healthPort", s.health_port)):
         if not (1024 <= port <= 65535 or port == 0):   # 0: any free port (tiny_mindie)
             raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {show(port)}")
+    if s.health_port and s.health_port in (s.port, s.management_port, s.metrics_port):
+        raise ConfigError(f"ServerConfig.healthPort ({s.health_port}) must differ from port, "
+                          "managementPort and metricsPort: it serves plain HTTP (0 = no health "
+                          "listener)")
     if sc.max_prefill_tokens < cfg.max_input_len:
         raise ConfigError("BackendConfig.ScheduleConfig.maxPrefillTokens "
                           f"({sc.max_prefill_tokens}) must be >= maxInputTokenLen "

@@ -52,7 +52,7 @@ def route(method: str, path: str, plane: str, handler: RouteHandler, *, style: S
             err.style = style
             raise
     return Route(method, path, plane, handler if style is MINDIE else styled,
-                 generation=generation)
+                 generation=generation, style=style)
 
 
 # ---- requests ----------------------------------------------------------------------------

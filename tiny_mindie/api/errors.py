@@ -17,6 +17,7 @@ TIMEOUT        500     timeout     a client, token or end-to-end time limit (eng
 CANCELLED      500     cancelled   the client left or read too slowly (engine)
 INTERNAL       500     internal    a server bug (engine)
 STOPPED        503     stopped     the service is stopping (engine, ``/stopService``)
+LOADING        503     stopped     the model is still being pulled or loaded (the app)
 =============  ======  ==========  ==========================================================
 
 The engine's kinds (:class:`~tiny_mindie.engine.request.ErrorKind`) are the members of the same
@@ -56,6 +57,7 @@ class Kind(enum.Enum):
     CANCELLED = "cancelled"
     INTERNAL = "internal"
     STOPPED = "stopped"
+    LOADING = "loading"
 
     @property
     def status(self) -> int:
@@ -72,7 +74,8 @@ _ANSWERS = {Kind.BAD_REQUEST: (400, "validation"), Kind.NOT_FOUND: (404, "valida
             Kind.INVALID: (422, "validation"), Kind.TOO_DEEP: (422, "validation"),
             Kind.EMPTY: (422, "validation"), Kind.TOO_LONG: (424, "too_long"),
             Kind.TIMEOUT: (500, "timeout"), Kind.CANCELLED: (500, "cancelled"),
-            Kind.INTERNAL: (500, "internal"), Kind.STOPPED: (503, "stopped")}
+            Kind.INTERNAL: (500, "internal"), Kind.STOPPED: (503, "stopped"),
+            Kind.LOADING: (503, "stopped")}
 
 
 class APIError(RouteError):

@@ -4,11 +4,14 @@ KV slot counts, status, the effective configuration, and ``/stopService``.
 =====================================  ========================================================
 route                                  answer
 =====================================  ========================================================
-``GET /health``                        200 empty; 503 empty when stopping or the engine is down
-``GET /v2/health/live``                200 empty; 503 when the inference thread is down
-``GET /v2/health/ready``               200 empty; 503 ``{"message"}`` when busy (no free KV
-                                       slot and requests waiting), stopping or down
-``GET /v2/models/{m}/ready``           200 empty; 503 ``{"message"}`` when stopping or down
+``GET /health``                        200 empty; 503 when loading, stopping or the engine is
+                                       down (``{"message"}`` while loading, else empty)
+``GET /v2/health/live``                200 empty, also while the model loads; 503 when the
+                                       inference thread is down
+``GET /v2/health/ready``               200 empty; 503 ``{"message"}`` when loading, busy (no
+                                       free KV slot and requests waiting), stopping or down
+``GET /v2/models/{m}/ready``           200 empty; 503 ``{"message"}`` when loading, stopping
+                                       or down
 ``GET /health/timed-{N}``              a one-token greedy generation at priority 1 within N s
                                        (1..600): 200 ``{"status": "healthy"}``, else 503
 ``GET /v2/models/{m}/getSlotCount``    ``{"total_slots", "free_slots", "available_tokens_length"}``
@@ -21,12 +24,15 @@ route                                  answer
 =====================================  ========================================================
 
 ``routes(app)`` also gives the app its :class:`ShutdownControl` as ``app.shutdown``: the one
-hook between these routes (and SIGINT/SIGTERM) and the serve loop in ``cli.serve``.
+hook between these routes (and SIGINT/SIGTERM) and the serve loop (:mod:`tiny_mindie.lifecycle`).
+The four health routes answer while the model loads (``app.loading``); every other route of the
+app is answered 503 then, before its handler runs (:class:`tiny_mindie.app.App`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 
@@ -38,6 +44,7 @@ from .errors import APIError, Kind
 
 STOPPED = "The service has been stopped."
 MAX_TIMED_S = 600
+log = logging.getLogger("tiny_mindie")
 
 
 def check_model(app, name: str) -> None:
@@ -63,6 +70,7 @@ class ShutdownControl:
         self.requested = asyncio.Event()
         self.drained = asyncio.Event()
         self.force = False
+        self.signals = 0
 
     @property
     def stopping(self) -> bool:
@@ -74,19 +82,35 @@ class ShutdownControl:
         if self.requested.is_set() and (self.force or not force):
             return False
         self.force = self.force or force
-        self.app.llm.engine.drain()
+        if self.app.loading is None:       # while loading there is nothing to drain
+            self.app.llm.engine.drain()
         self.requested.set()
         return True
 
-    async def drain(self, poll_s: float = 0.05, force_wait_s: float = 10.0) -> None:
+    def signal(self) -> bool:
+        """SIGTERM or SIGINT: the first asks for a graceful stop, the next ones force it.
+        Returns whether the stop is forced now."""
+        self.signals += 1
+        self.request(force=self.signals > 1)
+        return self.force
+
+    async def drain(self, poll_s: float = 0.05, force_wait_s: float = 10.0,
+                    graceful_s: float | None = None) -> None:
         """Return when no request is left: graceful -- the engine is idle and every counted
         HTTP request has been answered; forced -- the engine is stopped (its requests end with
         ``The service has been stopped.``) and their handlers have returned, or after
-        ``force_wait_s``. A forced stop asked for meanwhile cuts a graceful drain short."""
+        ``force_wait_s``. A forced stop asked for meanwhile cuts a graceful drain short, and so
+        does ``graceful_s`` seconds passing (``None``: no limit): what is left is cancelled as
+        by a forced stop."""
         engine = self.app.llm.engine
         loop = asyncio.get_running_loop()
         deadline = None
+        give_up = None if graceful_s is None else loop.time() + graceful_s
         while True:
+            if not self.force and give_up is not None and loop.time() >= give_up:
+                self.force = True
+                log.warning("drain deadline (%g s) passed: cancelling the requests left",
+                            graceful_s)
             if self.force and deadline is None:
                 deadline = loop.time() + force_wait_s
                 await asyncio.to_thread(engine.stop)
@@ -129,6 +153,9 @@ def effective_config(app) -> dict:
             "tokenTimeout": s.token_timeout, "e2eTimeout": s.e2e_timeout,
             "maxRequestLength": s.max_request_length,
             "maxStreamBacklogKB": s.max_stream_backlog_kb,
+            "drainTimeout": s.drain_timeout, "keepAliveTimeout": s.keep_alive_timeout,
+            "headerTimeout": s.header_timeout, "healthPort": s.health_port,
+            "healthIpAddress": s.health_ip_address,
         },
         "BackendConfig": {
             "npuDeviceIds": [list(b.npu_device_ids)],
@@ -158,11 +185,13 @@ def effective_config(app) -> dict:
 
 def routes(app) -> list[Route]:
     ctl = app.shutdown = ShutdownControl(app)
-    engine = app.llm.engine
     probe_ids: list[int] = []
 
     def unavailable() -> str | None:
         """Why the service cannot take requests now, or ``None``."""
+        if app.loading is not None:
+            return app.loading.message
+        engine = app.llm.engine
         if ctl.stopping or not engine.accepting:
             return STOPPED
         if not engine.alive:
@@ -173,23 +202,27 @@ def routes(app) -> list[Route]:
         return json_response(503, {"message": message})
 
     async def health(req: Request, stream: ResponseStream, params: dict) -> Response:
+        if app.loading is not None:
+            return message_503(app.loading.message)
         return Response(503 if unavailable() else 200, b"", "")
 
     async def live(req: Request, stream: ResponseStream, params: dict) -> Response:
-        return Response(200 if engine.alive else 503, b"", "")
+        alive = app.loading is not None or app.llm.engine.alive
+        return Response(200 if alive else 503, b"", "")
 
     async def ready(req: Request, stream: ResponseStream, params: dict) -> Response:
         why = unavailable()
         if why:
             return message_503(why)
-        st = engine.stats()
+        st = app.llm.engine.stats()
         if st["free_slots"] == 0 and st["waiting"] > 0:
             return message_503(f"The service is busy: no free KV slot, {st['waiting']} "
                                "requests waiting.")
         return Response(200, b"", "")
 
     async def model_ready(req: Request, stream: ResponseStream, params: dict) -> Response:
-        check_model(app, params["model"])
+        if app.loading is None:
+            check_model(app, params["model"])
         why = unavailable()
         return message_503(why) if why else Response(200, b"", "")
 
@@ -221,6 +254,7 @@ def routes(app) -> list[Route]:
     async def slot_count(req: Request, stream: ResponseStream, params: dict) -> Response:
         """MindIE's ``getSlotCount``: KV-cache slots in all and free; tokens they can hold."""
         check_model(app, params["model"])
+        engine = app.llm.engine
         st = engine.stats()
         return json_response(200, {
             "total_slots": st["total_slots"], "free_slots": st["free_slots"],
@@ -232,7 +266,7 @@ def routes(app) -> list[Route]:
         why = unavailable()
         if why:
             raise APIError(Kind.STOPPED, why)
-        st = engine.stats()
+        st = app.llm.engine.stats()
         per_slot = _blocks_per_slot(app)
         return json_response(200, {
             "service": {"roleStatus": "RoleReady", "currentRole": "none"},
@@ -260,10 +294,10 @@ def routes(app) -> list[Route]:
         return Response(200, b"", "", [("Connection", "close")])
 
     return [
-        Route("GET", "/health", MANAGEMENT, health),
-        Route("GET", "/v2/health/live", MANAGEMENT, live),
-        Route("GET", "/v2/health/ready", MANAGEMENT, ready),
-        Route("GET", "/v2/models/{model}/ready", MANAGEMENT, model_ready),
+        Route("GET", "/health", MANAGEMENT, health, needs_model=False),
+        Route("GET", "/v2/health/live", MANAGEMENT, live, needs_model=False),
+        Route("GET", "/v2/health/ready", MANAGEMENT, ready, needs_model=False),
+        Route("GET", "/v2/models/{model}/ready", MANAGEMENT, model_ready, needs_model=False),
         Route("GET", "/health/{probe}", MANAGEMENT, timed),
         Route("GET", "/v2/models/{model}/getSlotCount", MANAGEMENT, slot_count),
         Route("GET", "/v1/status", MANAGEMENT, status),

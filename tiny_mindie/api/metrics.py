@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
@@ -98,16 +99,17 @@ def report(outcome: str) -> None:
         tally.report(outcome)
 
 
-def count_requests(routes: list[Route], metrics: Metrics) -> list[Route]:
+def count_requests(routes: list[Route], metrics: Callable[[], Metrics]) -> list[Route]:
     """``routes`` with the handlers of generation routes (``Route.generation``) wrapped to count
-    each request once in ``metrics``: received on arrival, then its outcome when the handler
-    returns."""
+    each request once in ``metrics()`` (the loaded engine's): received on arrival, then its
+    outcome when the handler returns."""
     return [dataclasses.replace(r, handler=_counted(r.handler, metrics))
             if r.generation else r for r in routes]
 
 
-def _counted(handler, metrics: Metrics):
+def _counted(handler, get_metrics: Callable[[], Metrics]):
     async def counted(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        metrics = get_metrics()
         metrics.request_received()
         tally = Tally()
         token = _current.set(tally)

@@ -1,0 +1,9 @@
+"""Model files, the backends that run them, and the registry that pulls them.
+
+The backends' names are here rather than in :mod:`.backend` so that the configuration can name
+them without importing numpy (``python -m tiny_mindie health`` reads the configuration and must
+start in a few tens of milliseconds).
+"""
+
+BACKENDS = ("onnxruntime", "numpy")
+DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the fallback

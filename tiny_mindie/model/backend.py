@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import BACKENDS, DEFAULT_BACKEND  # noqa: F401  (named in the package, re-exported)
 from .config import ModelConfig
-
-BACKENDS = ("onnxruntime", "numpy")
-DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the fallback
 
 
 def available_cpus() -> int:

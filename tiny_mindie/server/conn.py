@@ -19,9 +19,11 @@ Behaviour on the wire:
   if the stream had already started, the connection is aborted instead (the client sees a
   truncated chunked body);
 * ``Date``, ``Server`` and ``X-Request-Id`` on every response (the client's own ``X-Request-Id``
-  when it is 1-128 visible ASCII characters, else a new uuid4 in hex); an idle keep-alive
-  connection is closed after ``idle_timeout`` seconds; a request gets 408 when its header
-  section takes longer than that in all, or its body stalls that long between two reads;
+  when it is 1-128 visible ASCII characters, else a new uuid4 in hex); a kept-alive connection
+  is closed after ``keep_alive_timeout`` idle seconds between two requests (a new connection
+  waits ``header_timeout`` for its first request); a request gets 408 when its header section
+  takes longer than ``header_timeout`` in all, or its body stalls ``idle_timeout`` between two
+  reads;
 * a response write waits at most ``idle_timeout`` for a client that does not read; a streamed
   one is also cut off once its client leaves more than ``ResponseStream.max_backlog`` bytes
   unread;
@@ -199,7 +201,9 @@ class ResponseStream:
                     extra_headers: Iterable[tuple[str, str]] = ()) -> ChunkedStream:
         """Send the response head and return the started :class:`~.sse.ChunkedStream`.
 
-        HTTP/1.0 requests get an unchunked body delimited by closing the connection.
+        HTTP/1.0 requests get an unchunked body delimited by closing the connection. Every
+        streamed response carries ``X-Accel-Buffering: no``, so that nginx (or another proxy
+        that honours it) passes each event on as it comes instead of buffering the answer.
 
         Raises:
             RuntimeError: called twice.
@@ -213,7 +217,8 @@ class ResponseStream:
         self._stream = ChunkedStream(self._writer, base_headers=self._base_headers(keep_alive),
                                      chunked=chunked, write_timeout=self._write_timeout,
                                      max_backlog=self.max_backlog)
-        await self._stream.start(status, content_type, extra_headers)
+        await self._stream.start(status, content_type,
+                                 [("X-Accel-Buffering", "no"), *extra_headers])
         return self._stream
 
 
@@ -246,6 +251,8 @@ _INTERNAL_ERROR_BODY = utf8(json_text(
 
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            handler: Handler, *, max_body_bytes: int, idle_timeout: float = 60.0,
+                           keep_alive_timeout: float | None = None,
+                           header_timeout: float | None = None,
                            server_header: str = "tiny_mindie") -> None:
     """Serve HTTP/1.1 requests on one connection until it closes; never raises (except
     ``CancelledError``, after closing the connection).
@@ -255,11 +262,18 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
         handler: ``async (Request, ResponseStream) -> Response | None`` (see module docstring).
         max_body_bytes: Request body limit in bytes (MindIE ``maxRequestLength`` MB * 2**20);
             larger bodies are answered with 413.
-        idle_timeout: Seconds a keep-alive connection may sit idle, a started request may
-            stall between reads (-> 408), and a response write may wait for the client.
+        idle_timeout: Seconds a request's body may stall between reads (-> 408) and a
+            response write may wait for the client.
+        keep_alive_timeout: Seconds a kept-alive connection may sit idle between two requests
+            before it is closed (default: ``idle_timeout``).
+        header_timeout: Seconds a request's header section may take in all, counted from its
+            first byte (-> 408); also how long a new connection may wait before its first
+            request (default: ``idle_timeout``).
         server_header: Value of the ``Server`` header.
     """
-    conn = _Connection(reader, writer, handler, max_body_bytes, idle_timeout, server_header)
+    conn = _Connection(reader, writer, handler, max_body_bytes, idle_timeout, server_header,
+                       idle_timeout if keep_alive_timeout is None else keep_alive_timeout,
+                       idle_timeout if header_timeout is None else header_timeout)
     await conn.run()
 
 
@@ -268,12 +282,15 @@ class _Connection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  handler: Handler, max_body_bytes: int, idle_timeout: float,
-                 server_header: str) -> None:
+                 server_header: str, keep_alive_timeout: float, header_timeout: float) -> None:
         self.reader = reader
         self.writer = writer
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.idle_timeout = idle_timeout
+        self.keep_alive_timeout = keep_alive_timeout
+        self.header_timeout = header_timeout
+        self.served = 0                 # requests answered on this connection
         self.server_header = server_header
         self.parser = RequestParser(max_body_bytes=max_body_bytes)
         self.peer = writer.get_extra_info("peername")
@@ -295,6 +312,7 @@ class _Connection:
                 if request is None:
                     return
                 keep_alive, abort = await self._respond(request)
+                self.served += 1
                 if not keep_alive:
                     return
         except (TimeoutError, ConnectionError, ssl.SSLError, asyncio.IncompleteReadError,
@@ -308,20 +326,27 @@ class _Connection:
 
     async def _read_request(self) -> Request | None:
         """Next complete request, or ``None`` when the peer closed or idled out between
-        requests.  Raises HTTPError (bad input, or 408 when a request stalls: ``idle_timeout``
-        between two reads of its body, or for its whole header section counted from its first
+        requests (``keep_alive_timeout``; ``header_timeout`` before the first one).  Raises
+        HTTPError (bad input, or 408 when a request stalls: ``idle_timeout`` between two reads
+        of its body, or ``header_timeout`` for its whole header section counted from its first
         byte, empty lines before it included -- a client trickling the header in a byte at a
         time, or sending empty lines, would otherwise hold a connection forever)."""
         parser = self.parser
         loop = asyncio.get_running_loop()
         head_deadline: float | None = None      # set by the first byte of the request
         head_in = False
+        idle = self.keep_alive_timeout if self.served else self.header_timeout
         while True:
             event = parser.next_event()
             if event is NEED_DATA:
                 if not head_in and head_deadline is None and parser.has_partial_request:
-                    head_deadline = loop.time() + self.idle_timeout
-                wait = self.idle_timeout if head_deadline is None else head_deadline - loop.time()
+                    head_deadline = loop.time() + self.header_timeout
+                if head_in:
+                    wait = self.idle_timeout
+                elif head_deadline is None:
+                    wait = idle
+                else:
+                    wait = head_deadline - loop.time()
                 try:
                     if wait <= 0:
                         raise TimeoutError

@@ -448,11 +448,16 @@ class Limits:
         max_body_bytes: the largest request body, in bytes (413 beyond).
         handshake_timeout: seconds a new connection may take for its TLS handshake (without
             TLS: for its first byte).
+        keep_alive_timeout: seconds a kept-alive connection may sit idle between requests.
+        header_timeout: seconds a request's header section may take (see
+            :func:`~.conn.serve_connection`).
     """
 
     max_connections: int
     max_body_bytes: int
     handshake_timeout: float
+    keep_alive_timeout: float = 65.0
+    header_timeout: float = 60.0
 
 
 async def start_listeners(listeners: list[Listener],
@@ -485,7 +490,9 @@ async def start_listeners(listeners: list[Listener],
             handle = handler_for(lst.planes)
 
             async def serve(reader, writer, handle=handle) -> None:
-                await serve_connection(reader, writer, handle, max_body_bytes=limits.max_body_bytes)
+                await serve_connection(reader, writer, handle, max_body_bytes=limits.max_body_bytes,
+                                       keep_alive_timeout=limits.keep_alive_timeout,
+                                       header_timeout=limits.header_timeout)
 
             lst.server = TCPListener(bind(lst.host, lst.port, backlog=LISTEN_BACKLOG),
                                      serve, busy_answer, slots=slots, ssl_ctx=ssl_ctx,

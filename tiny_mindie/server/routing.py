@@ -78,8 +78,9 @@ def output_in_access_log(text: str) -> None:
     if rec is not None and rec.keep_text:
         rec.output.append(text)
 
-# The planes of spec §1: each listens on its own port unless the ports are equal.
-BUSINESS, MANAGEMENT, METRICS = "business", "management", "metrics"
+# The planes of spec §1: each listens on its own port unless the ports are equal; and
+# tiny_mindie's plain-HTTP health listener (health routes only, ``ServerConfig.healthPort``).
+BUSINESS, MANAGEMENT, METRICS, HEALTH = "business", "management", "metrics", "health"
 
 # handler(request, stream, path parameters such as {"model": "..."})
 RouteHandler = Callable[[Request, ResponseStream, dict], Awaitable[Response | None]]
@@ -103,13 +104,17 @@ class RouteError(Exception):
 class Route:
     """``path`` may hold ``{name}`` segments, matched by any one non-empty path segment;
     ``generation`` marks a route that runs generations (its requests are counted in
-    ``/metrics``)."""
+    ``/metrics``); ``style`` is how the route's family writes its errors (opaque here: the API
+    layer's; ``None`` for the default); ``needs_model`` is false for the few routes that answer
+    while the model is still loading (liveness and readiness)."""
 
     method: str
     path: str
     plane: str
     handler: RouteHandler
     generation: bool = False
+    style: object = None
+    needs_model: bool = True
 
     def match(self, path: str) -> dict | None:
         """The path parameters when ``path`` fits this route's template, else ``None``."""

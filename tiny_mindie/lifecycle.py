@@ -1,0 +1,247 @@
+"""A server's life after its configuration is read: listen at once, load the model, serve, drain.
+
+1. The listeners are bound first (a busy port fails before anything slow) and accept at once:
+   while the model is pulled or loaded, ``/v2/health/live`` answers 200 and every other route
+   503 ``The model is loading: <the load's last progress line>`` (:class:`~.app.Loading`).
+2. The model loads on a thread of its own; when it is in, the banner says ``ready in N s``. A
+   load that fails ends the process with its one-line error (the caller's ``main`` prints it).
+3. ``SIGTERM`` or ``SIGINT`` starts a graceful stop, as ``/stopService`` does: no new requests
+   (503, so a proxy retries them elsewhere), readiness 503, liveness still 200; the requests in
+   flight may finish for ``ServerConfig.drainTimeout`` seconds, then what is left is cancelled.
+   A second signal cancels at once. Either way the process exits with status 0. A signal while
+   the model is still loading exits at once (status 0): there is nothing to drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from . import __version__
+from .config import Config
+
+log = logging.getLogger("tiny_mindie")
+
+EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
+                '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
+                '"max_new_tokens": 20, "do_sample": true, "details": true}}')
+#: Seconds a forced stop waits for the cancelled requests' handlers to write their last words.
+FORCE_WAIT_S = 5.0
+
+
+def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
+          say: Callable[[str], None], *, log_bodies: bool = False) -> int:
+    """Run the server until it is stopped; returns the exit status (0).
+
+    Args:
+        cfg: the configuration; ``ssl_ctx`` its server TLS context (``None``: plain HTTP);
+            ``files`` its TLS files (for the banner), or ``None``.
+        t0: ``time.monotonic()`` at the start of the command (the banner's "ready in").
+        say: where the banner and the progress lines go.
+        log_bodies: access records carry request bodies and outputs (``--log-requests``).
+
+    Raises:
+        ModelFileError: the model cannot be pulled or loaded (after the listeners are closed).
+        AddressError, OSError: a listen address cannot be bound.
+    """
+    from .app import App
+    from .model.registry import lookup, resolve
+
+    model = cfg.backend.model.model_weight_path
+    if not os.path.isfile(model) and lookup(model) is None:
+        resolve(model)      # neither a file nor a registry name: its one-line error, at once
+    app = App(cfg, echo=say)
+    app.router.log_bodies = log_bodies
+    try:
+        import uvloop  # optional: a faster event loop when installed
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    run(_main(app, cfg, ssl_ctx, files, t0, say))
+    return 0
+
+
+async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
+    from .app import start_listeners
+
+    listeners = await start_listeners(app, cfg, ssl_ctx)
+    say(listening(cfg, listeners, files))
+    ctl = app.shutdown
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        forced = ctl.signal()
+        if app.loading is not None:
+            say(f"{sig.name}: stopping while the model loads")
+        elif forced:
+            say(f"{sig.name} again: cancelling the requests in flight")
+        else:
+            say(f"{sig.name}: stopping; no new requests, the ones in flight may finish "
+                f"within {cfg.server.drain_timeout:g} s (another signal cancels them)")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    load: asyncio.Future = loop.create_future()
+
+    def load_model() -> None:
+        try:
+            llm = _load(cfg, app.loading.log)
+        except BaseException as exc:       # noqa: BLE001  handed to the event loop
+            loop.call_soon_threadsafe(_settle, load, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, load, llm, None)
+
+    threading.Thread(target=load_model, daemon=True, name="tiny_mindie-load").start()
+    stop = asyncio.ensure_future(ctl.requested.wait())
+    await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
+    if not load.done():
+        # Stopped while loading: nothing to drain, and a load (a pull, a graph build) cannot be
+        # interrupted -- leave without waiting for it.
+        for lst in listeners:
+            lst.server.close()
+        say("stopped before the model was loaded")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if load.exception() is not None:
+        stop.cancel()
+        for lst in listeners:
+            lst.server.close()
+        raise load.exception()
+    llm = load.result()
+    app.loaded(llm)
+    say(banner(cfg, llm, listeners, files, time.monotonic() - t0))
+    threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
+                     name="tiny_mindie-grammar-vocabulary").start()
+    await stop
+    if not ctl.signals:       # /stopService (a signal has said it already)
+        say("stopping: " + ("cancelling the requests in flight" if ctl.force else
+                            "no new requests; letting the ones in flight finish within "
+                            f"{cfg.server.drain_timeout:g} s"))
+    await ctl.drain(force_wait_s=FORCE_WAIT_S, graceful_s=cfg.server.drain_timeout)
+    await asyncio.sleep(0.2)   # the last answers (/stopService's too) reach their sockets
+    say("shutting down")
+    for lst in listeners:
+        lst.server.close()
+    llm.close()
+
+
+def _settle(fut: asyncio.Future, result, exc: BaseException | None) -> None:
+    """The load's outcome, on the event loop."""
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+def _load(cfg: Config, log_line: Callable[[str], None]):
+    """The model of ``cfg``, pulled if needed, loaded, its engine started."""
+    from .engine.scheduler import SchedulerLimits
+    from .llm import LLM
+
+    s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
+    return LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
+               max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
+               threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
+               batch_invariant=b.batch_invariant, device_id=b.npu_device_ids[0],
+               providers=list(b.execution_providers) or None,
+               parse_special_tokens=b.model.parse_special_tokens,
+               schedule=SchedulerLimits(
+                   max_batch_size=sc.max_batch_size,
+                   max_prefill_batch_size=sc.max_prefill_batch_size,
+                   max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size)),
+               max_iter_times=sc.max_iter_times, token_timeout_s=s.token_timeout,
+               e2e_timeout_s=s.e2e_timeout, model_name=b.model.model_name,
+               prefix_cache=sc.prefix_caching, log=log_line)
+
+
+def _prepare_constraints(llm) -> None:
+    """Build the grammar engine's vocabulary now (:func:`~.engine.constraint.prepare`), so
+    that the first request with ``response_format``, ``tools`` or ``grammar`` does not stall
+    every other client while it is built."""
+    from .engine.constraint import prepare
+
+    try:
+        seconds = prepare(llm.tokenizer)
+    except Exception:       # a vocabulary llguidance refuses: the first such request says so
+        log.exception("building the grammar vocabulary failed")
+        return
+    log.info("constrained decoding ready (grammar vocabulary built in %.1f s)", seconds)
+
+
+# ---- what the server says ----------------------------------------------------------------
+def _threads(backend) -> str:
+    """`` (1 thread x 2 parallel runs)`` for backends that have intra-op threads."""
+    threads, runs = getattr(backend, "threads", None), getattr(backend, "parallel_runs", 1)
+    if not threads:
+        return ""
+    return f" ({threads} thread{'s' if threads > 1 else ''}" + (
+        f" x {runs} parallel runs)" if runs > 1 else ")")
+
+
+def _listener_lines(listeners, files) -> list[str]:
+    from .server.routing import HEALTH
+
+    lines = []
+    for lst in listeners:
+        if lst.planes == {HEALTH}:
+            lines.append(f"  health   http://{_hostport(lst.host, lst.bound_port)}  "
+                         "(GET /health, /v2/health/live, /v2/health/ready; plain HTTP)")
+            continue
+        line = (f"  listens  {'https' if files else 'http'}://"
+                f"{_hostport(lst.host, lst.bound_port)}  ({', '.join(sorted(lst.planes))})")
+        bound = lst.bound_addresses
+        if bound != [lst.host]:      # a host name: the addresses it resolved to
+            line += f"  bound to {', '.join(_hostport(a, lst.bound_port) for a in bound)}"
+        lines.append(line)
+    return lines
+
+
+def listening(cfg: Config, listeners, files) -> str:
+    """The first lines, said as soon as the listeners are bound (the model not loaded yet)."""
+    return "\n".join([f"tiny_mindie {__version__} listening; loading the model "
+                      f"{cfg.backend.model.model_name} (/v2/health/live answers 200, the other "
+                      "routes 503 until it is ready)", *_listener_lines(listeners, files)])
+
+
+def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
+    """The banner said when the model is in: model, backend, listeners, TLS files, a curl."""
+    scheme = "https" if files else "http"
+    lines = [f"tiny_mindie {__version__} ready in {startup_s:.1f} s",
+             f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
+             f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
+             f"{llm.backend.max_seq_len} tokens)",
+             f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}",
+             *_listener_lines(listeners, files)]
+    business = next(lst for lst in listeners if "business" in lst.planes)
+    url = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}/infer"
+    tls = ""
+    if files:
+        lines.append(f"  mTLS     CA {files.ca[0]}")
+        lines.append(f"           client certificate {files.client_cert}")
+        lines.append(f"           client key {files.client_key}")
+        tls = f"--cacert {files.ca[0]} --cert {files.client_cert} --key {files.client_key} "
+    lines.append("try it:")
+    lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
+                 f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
+    return "\n".join(lines)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reachable(host: str) -> str:
+    """An address of this machine a client can connect to for a listen address: the loopback
+    one for a wildcard (0.0.0.0, ::)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
