@@ -86,8 +86,9 @@ def start_server(backend: str | None, threads: int | None, home: str,
         if not line:
             break
         banner += line
+        # the listeners are announced at once, the model loaded after: wait for "ready in"
         m = re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", line)
-        if m:
+        if m and " ready in " in banner:
             threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, int(m.group(1))
     proc.kill()
