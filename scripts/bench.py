@@ -849,7 +849,6 @@ def speculation_table(args) -> int:
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
 
     model = resolve(args.model or DEFAULT_MODEL)
-    name = "smollm2-135m-instruct" if args.model is None else os.path.basename(model)
     procs, servers = [], {}
     load0 = os.getloadavg()[0]
     rates: dict[tuple[str, str], list[float]] = {}
@@ -864,6 +863,7 @@ def speculation_table(args) -> int:
                                           schedule={"speculativeDecoding": on})
                 procs.append(proc)
                 servers[label] = port
+            name = _served_model(servers["on"])
             for port in servers.values():                        # warm up
                 _decode_rate(port, name, "Hello", 4)
             for _ in range(args.reps):
@@ -891,6 +891,17 @@ def speculation_table(args) -> int:
     print(f"proposed {spec[0]:.0f} tokens, kept {spec[1]:.0f} "
           f"({spec[1] / spec[0] * 100 if spec[0] else 0:.0f} %)")
     return 0
+
+
+def _served_model(port: int) -> str:
+    """The model name a server answers to (``/v1/models``)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/v1/models")
+    name = json.loads(conn.getresponse().read())["data"][0]["id"]
+    conn.close()
+    return name
 
 
 def _spec_counters(port: int) -> tuple[float, float]:

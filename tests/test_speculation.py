@@ -110,7 +110,8 @@ def _verify_equals_decode(backend, past: int, n: int, seed: int) -> None:
 def smollm(model_path):
     from tiny_mindie.llm import LLM
 
-    m = LLM(model_path, max_seq_len=768, max_input_len=700, num_slots=4, log=None)
+    m = LLM(model_path, max_seq_len=768, max_input_len=700, num_slots=4, speculation=True,
+            log=None)
     yield m
     m.close()
 
@@ -126,7 +127,7 @@ def test_verification_rows_are_decode_steps_bit_for_bit(smollm):
 def test_gemma3_verification_matches_decoding_past_its_sliding_window(gemma_path):
     from tiny_mindie.model.loader import load_model
 
-    _, cfg, _, be = load_model(gemma_path, num_slots=2, max_seq_len=640)
+    _, cfg, _, be = load_model(gemma_path, num_slots=2, max_seq_len=640, speculation=True)
     try:
         assert cfg.sliding_window == 512 and be.fast_verify
         _verify_equals_decode(be, 600, 5, 3)        # local layers see only their window

@@ -103,7 +103,7 @@ class LLM:
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
-                 speculation: bool = True, log=print):
+                 speculation: bool = False, log=print):
         say = log or (lambda _msg: None)
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
@@ -114,7 +114,7 @@ class LLM:
             self.model_path, backend=backend, num_slots=num_slots, kv_cache_mb=kv_cache_mb,
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             parallel_runs=parallel_runs, batch_invariant=batch_invariant, device_id=device_id,
-            providers=providers)
+            providers=providers, speculation=speculation)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "

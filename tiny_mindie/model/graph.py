@@ -190,23 +190,21 @@ class _Builder:
     def op1(self, op_type: str, inputs: Sequence[str], **kw) -> str:
         return self.op(op_type, inputs, 1, **kw)[0]
 
-    def subgraph(self, name: str, build: Callable[[], Sequence[str]],
-                 inputs: Sequence[tuple[str, int]] = (), bool_outputs: int = 0):
-        """A ``GraphProto`` for an ``If`` branch or a ``Loop`` body: the nodes ``build()`` adds
-        (constants it makes go to the main graph, which it may also read), its outputs the names
-        ``build()`` returns (the first ``bool_outputs`` bool, the others float32), ``inputs``
-        ``(name, TensorProto type)`` pairs declared as the subgraph's own (scalar) inputs."""
+    def subgraph(self, name: str, build: Callable[[], str], shape: Sequence[int | str]):
+        """A ``GraphProto`` for an ``If`` branch: the nodes ``build()`` adds (constants it
+        makes go to the main graph, whose names it may read) and one float32 output, the name
+        ``build()`` returns, declared with ``shape`` (ints and dimension names: onnxruntime
+        checks a branch's output against it, and formats a warning at every run where its
+        own shape inference left a wrong dimension)."""
         outer, self.nodes = self.nodes, []
         try:
-            outs = build()
+            out = build()
             nodes = self.nodes
         finally:
             self.nodes = outer
-        TP, h = self.TensorProto, self.helper
-        return h.make_graph(
-            nodes, name, [h.make_tensor_value_info(n, t, []) for n, t in inputs],
-            [h.make_tensor_value_info(o, TP.BOOL if k < bool_outputs else TP.FLOAT, None)
-             for k, o in enumerate(outs)])
+        h = self.helper
+        return h.make_graph(nodes, name, [],
+                            [h.make_tensor_value_info(out, self.TensorProto.FLOAT, shape)])
 
 
 # ---- build options ---------------------------------------------------------------------------
@@ -486,9 +484,11 @@ def attention(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
                 rotary_interleaved=0 if c.rope_neox else 1, scale=s.attn_scale,
                 **window)[0]                                                 # [B, S, Nq H]
     if s.verify is not None:
-        rows = g.subgraph(p + "/verify_rows", lambda: [verify_attention(
-            g, i, qkv, s, (cos, sin) if rotary else None, window.get("local_window_size", 0))])
-        same = g.subgraph(p + "/decode_rows", lambda: [g.op1("Identity", [attn])])
+        shape = ["batch", "seq", c.num_heads * c.head_dim]
+        rows = g.subgraph(p + "/verify_rows", lambda: verify_attention(
+            g, i, qkv, s, (cos, sin) if rotary else None, window.get("local_window_size", 0)),
+            shape)
+        same = g.subgraph(p + "/decode_rows", lambda: g.op1("Identity", [attn]), shape)
         attn = g.op1("If", ["verify"], name=p + "/verify", then_branch=rows,
                      else_branch=same)                                       # [B, S, Nq H]
     attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
