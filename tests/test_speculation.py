@@ -166,7 +166,7 @@ def _outputs(llm, prompts, speculation: bool, concurrent: bool, **params) -> lis
 
 def test_seeded_sampling_is_the_same_with_and_without_speculation_for_200_prompts(smollm):
     prompts = _repetitive_prompts(200, smollm.config.vocab_size, seed=11)
-    params = dict(max_new_tokens=10, do_sample=True, temperature=0.7, top_p=0.95, top_k=40,
+    params = dict(max_new_tokens=6, do_sample=True, temperature=0.7, top_p=0.95, top_k=40,
                   seed=1234, ignore_eos=True)
     before = smollm.engine.metrics.snapshot()
     on = _outputs(smollm, prompts, True, concurrent=False, **params)
@@ -176,7 +176,7 @@ def test_seeded_sampling_is_the_same_with_and_without_speculation_for_200_prompt
     assert on == off
     proposed = after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
     accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
-    assert proposed > 100 and accepted > 20, (proposed, accepted)
+    assert proposed > 60 and accepted > 20, (proposed, accepted)
 
 
 def test_greedy_extractive_answers_are_the_same_and_mostly_speculated(smollm):

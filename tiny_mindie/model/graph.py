@@ -117,6 +117,10 @@ GRAPH_OPTIONS_KEY = "tiny_mindie.graph_options"
 LOGITS_ROWS_KEY = "tiny_mindie.logits_row_multiple"
 VERIFY_ROWS_KEY = "tiny_mindie.verify_rows"
 
+#: ``GraphOptions.verify_rows`` of a graph for speculative decoding: the last token and up to 4
+#: proposed ones per verification run.
+VERIFY_ROWS = 5
+
 IR_VERSION = 10
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -248,8 +252,8 @@ class GraphOptions:
             do not depend on its batch; 1, or bits not listed, runs the rows as they are.
             Default: :func:`default_row_multiples` (for this CPU).
         verify_rows: add the ``verify`` input and each layer's :func:`verify_attention`
-            for chunks of up to this many rows (speculative decoding; costs an ``If`` per layer
-            in every run); 0: neither.
+            for chunks of up to this many rows (speculative decoding, :data:`VERIFY_ROWS`;
+            costs an ``If`` per layer in every run); 0: neither.
     """
 
     accuracy_level: int = 4
@@ -258,7 +262,7 @@ class GraphOptions:
     max_positions: int = 0
     overrides: tuple[tuple[str, int], ...] = ()
     row_multiples: tuple[tuple[int, int], ...] = field(default_factory=default_row_multiples)
-    verify_rows: int = 5
+    verify_rows: int = 0
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,

@@ -88,13 +88,13 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
         be: Backend = NumpyBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len)
     elif backend == "onnxruntime":
         try:
-            from .graph import GraphOptions
+            from .graph import VERIFY_ROWS, GraphOptions
             from .ort_backend import OrtBackend
             be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
                             threads=threads, parallel_runs=parallel_runs, device_id=device_id,
                             providers=list(providers) if providers else None,
                             graph_options=GraphOptions(
-                                verify_rows=GraphOptions.verify_rows if speculation else 0,
+                                verify_rows=VERIFY_ROWS if speculation else 0,
                                 **({} if batch_invariant else {"row_multiples": ()})),
                             check_batching=batch_invariant)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment

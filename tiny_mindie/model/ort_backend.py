@@ -288,7 +288,8 @@ class OrtBackend(Backend):
         meta = self._session.get_modelmeta().custom_metadata_map
         self._logits_row_multiple = int(meta.get(LOGITS_ROWS_KEY, "1"))
         self.max_verify_rows = int(meta.get(VERIFY_ROWS_KEY, "0"))
-        self.fast_verify = self.max_verify_rows > 0
+        self._verify_input = self.max_verify_rows > 0       # the graph has the verify input
+        self.fast_verify = self._verify_input
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
         self.node_placement = node_placement(self._session)
@@ -716,7 +717,7 @@ class OrtBackend(Backend):
                 ptr = buf.ctypes.data + off
                 binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
                 binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-        if self.fast_verify:
+        if self._verify_input:
             binding.bind_cpu_input("verify", np.array(verify))
         rows, m = rows or B, self._logits_row_multiple
         logits = np.empty((-(-rows // m) * m, c.vocab_size), np.float32)
