@@ -791,6 +791,136 @@ def prefix_cache_table(args) -> int:
     return 0
 
 
+SPEC_PARAGRAPH = (
+    "Small language models run well on edge devices when their weights are quantized to four "
+    "bits. A server that speaks the same API as the big one in the data centre saves rewriting "
+    "every client, and mutual TLS keeps the traffic private on the factory network. The KV "
+    "cache holds the keys and values of every position, so its size grows with the context; "
+    "the prefix cache reuses it when a new request starts with the same tokens. Continuous "
+    "batching lets many users share one forward pass, and each of them still gets the same "
+    "answer as when alone.")
+SPEC_CODE = (
+    "def parse_line(line):\n    fields = line.strip().split(',')\n    name = fields[0]\n"
+    "    count = int(fields[1])\n    price = float(fields[2])\n    return name, count, price\n"
+    "\n\ndef total(lines):\n    result = 0.0\n    for line in lines:\n"
+    "        name, count, price = parse_line(line)\n        result += count * price\n"
+    "    return result\n")
+SPEC_WORKLOADS = {
+    "extractive: fix typos": "Rewrite this paragraph with its spelling mistakes fixed:\n\n" + (
+        SPEC_PARAGRAPH.replace("quantized", "quantised").replace("private", "privat")
+        .replace("context", "contxt").replace("answer", "anwser")),
+    "extractive: code edit": "Rename the variable `result` to `amount` in this code, and "
+                             "show the whole code:\n\n```python\n" + SPEC_CODE + "```",
+    "free chat": "Tell me a story about a lighthouse keeper and a storm.",
+    "free chat 2": "What should I know before adopting a dog?",
+}
+
+
+def _decode_rate(port: int, model: str, content: str, max_tokens: int) -> tuple[float, int]:
+    """One greedy streaming chat completion over plain HTTP: (decode tok/s after the first
+    token, tokens)."""
+    import http.client
+
+    from loadtest import sse_events
+
+    body = {"model": model, "messages": [{"role": "user", "content": content}],
+            "stream": True, "max_tokens": max_tokens, "temperature": 0}
+    times = []
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    for event in sse_events(conn, "/v1/chat/completions", body):
+        if event.startswith(b"data: [DONE]"):
+            continue
+        delta = ((json.loads(event[6:]).get("choices") or [{}])[0]).get("delta") or {}
+        if delta.get("content"):
+            times.append(time.perf_counter())
+    conn.close()
+    # one content event per token (a verification's tokens are sent one by one, at once);
+    # a token whose text is held back (a partial UTF-8 character) is counted with the next
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0, len(times)
+
+
+def speculation_table(args) -> int:
+    """Single-stream decode speed with speculative decoding on and off (docstring)."""
+    import tempfile
+
+    sys.path.insert(0, HERE)
+    from loadtest import cpu_line, start_server
+
+    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+
+    model = resolve(args.model or DEFAULT_MODEL)
+    procs, servers = [], {}
+    load0 = os.getloadavg()[0]
+    rates: dict[tuple[str, str], list[float]] = {}
+    counts: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="tiny_mindie-spec-") as home:
+        try:
+            for label, on in (("on", True), ("off", False)):
+                folder = os.path.join(home, label)
+                os.makedirs(folder)
+                proc, port = start_server(None, None, folder,
+                                          extra=["--no-tls", "--model", model],
+                                          schedule={"speculativeDecoding": on})
+                procs.append(proc)
+                servers[label] = port
+            name = _served_model(servers["on"])
+            for port in servers.values():                        # warm up
+                _decode_rate(port, name, "Hello", 4)
+            for _ in range(args.reps):
+                for work, content in SPEC_WORKLOADS.items():
+                    for label, port in servers.items():
+                        rate, n = _decode_rate(port, name, content, args.gen_tokens)
+                        rates.setdefault((work, label), []).append(rate)
+                        counts[work] = n
+            spec = _spec_counters(servers["on"])
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+    print(cpu_line())
+    print(f"{os.path.basename(model)}; one stream, greedy /v1/chat/completions over plain HTTP, "
+          f"up to {args.gen_tokens} tokens; load average {load0:.2f} before, "
+          f"{os.getloadavg()[0]:.2f} after; {args.reps} repetitions, the servers taking turns")
+    print(f"{'workload':<24} {'events':>6} {'on tok/s (median)':>18} {'off tok/s':>10} "
+          f"{'on/off':>7}  per repetition")
+    for work in SPEC_WORKLOADS:
+        on, off = rates[(work, "on")], rates[(work, "off")]
+        per = ", ".join(f"{a / b:.2f}" for a, b in zip(on, off, strict=True))
+        print(f"{work:<24} {counts[work]:>6} {_median(on):>18.1f} {_median(off):>10.1f} "
+              f"{_median(on) / _median(off):>7.2f}  {per}")
+    print(f"proposed {spec[0]:.0f} tokens, kept {spec[1]:.0f} "
+          f"({spec[1] / spec[0] * 100 if spec[0] else 0:.0f} %)")
+    return 0
+
+
+def _served_model(port: int) -> str:
+    """The model name a server answers to (``/v1/models``)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/v1/models")
+    name = json.loads(conn.getresponse().read())["data"][0]["id"]
+    conn.close()
+    return name
+
+
+def _spec_counters(port: int) -> tuple[float, float]:
+    """(proposed, kept) speculated tokens from a server's /metrics."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("tiny_mindie_spec_decode_num_"):
+            key, value = line.rsplit(" ", 1)
+            values[key.split("{")[0]] = float(value)
+    return (values.get("tiny_mindie_spec_decode_num_draft_tokens_total", 0.0),
+            values.get("tiny_mindie_spec_decode_num_accepted_tokens_total", 0.0))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a .gguf file or a registry name, e.g. gemma3-270m "
@@ -821,12 +951,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-cache", action="store_true",
                     help="instead: TTFT with the prefix cache on and off (and llama-server with "
                          "--llama-bin): a second chat turn, 8 users sharing a system prompt")
+    ap.add_argument("--speculation", action="store_true",
+                    help="only: one stream's decode speed with speculative decoding on and off")
     ap.add_argument("--mask", action="store_true",
                     help="instead: the grammar masks' share of a batch-8 decode step (Gemma 3 "
                          "270M and SmolLM2-135M unless --model; --reps, at least 30)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    if args.speculation:
+        return speculation_table(args)
     if args.prefix_cache:
         return prefix_cache_table(args)
 

@@ -84,6 +84,7 @@ class ScheduleConfig:
     max_queue_delay_microseconds: int = 5000
     prefill_chunk_size: int = 512  # tiny_mindie: prompt tokens per step, so decode keeps flowing
     prefix_caching: bool = True    # tiny_mindie: reuse the KV of a prompt prefix seen before
+    speculative_decoding: bool = False  # tiny_mindie: prompt lookup, verified losslessly
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,7 @@ def load_config(path: str | None = None) -> Config:
                                           SC.max_queue_delay_microseconds, W),
         prefill_chunk_size=_get(sc, "prefillChunkSize", int, SC.prefill_chunk_size, W),
         prefix_caching=_get(sc, "prefixCaching", bool, SC.prefix_caching, W),
+        speculative_decoding=_get(sc, "speculativeDecoding", bool, SC.speculative_decoding, W),
     )
     W = "BackendConfig"
     ids = b.get("npuDeviceIds", [[0]])

@@ -162,7 +162,8 @@ def _load(cfg: Config, log_line: Callable[[str], None]):
                    max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size)),
                max_iter_times=sc.max_iter_times, token_timeout_s=s.token_timeout,
                e2e_timeout_s=s.e2e_timeout, model_name=b.model.model_name,
-               prefix_cache=sc.prefix_caching, log=log_line)
+               prefix_cache=sc.prefix_caching, speculation=sc.speculative_decoding,
+               log=log_line)
 
 
 def _prepare_constraints(llm) -> None:

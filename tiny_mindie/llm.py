@@ -88,6 +88,7 @@ class LLM:
             (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
         prefix_cache: reuse the KV of prompt prefixes seen before (see :class:`EngineLimits`).
+        speculation: speculative decoding by prompt lookup (see :class:`EngineLimits`).
         log: where progress lines go (``print`` by default; ``None`` for silence).
 
     Raises:
@@ -101,7 +102,8 @@ class LLM:
                  providers: list | None = None, parse_special_tokens: bool = True,
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
-                 model_name: str | None = None, prefix_cache: bool = True, log=print):
+                 model_name: str | None = None, prefix_cache: bool = True,
+                 speculation: bool = False, log=print):
         say = log or (lambda _msg: None)
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
@@ -112,7 +114,7 @@ class LLM:
             self.model_path, backend=backend, num_slots=num_slots, kv_cache_mb=kv_cache_mb,
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             parallel_runs=parallel_runs, batch_invariant=batch_invariant, device_id=device_id,
-            providers=providers)
+            providers=providers, speculation=speculation)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
@@ -128,7 +130,7 @@ class LLM:
         self.engine = Engine(self.backend, self.tokenizer, EngineLimits(
             max_seq_len=max_seq_len, max_input_len=max_input_len, max_iter_times=max_iter_times,
             token_timeout_s=token_timeout_s, e2e_timeout_s=e2e_timeout_s,
-            prefix_cache=prefix_cache,
+            prefix_cache=prefix_cache, speculation=speculation,
             schedule=SchedulerLimits(max_batch_size=min(schedule.max_batch_size, num_slots),
                                      max_prefill_batch_size=schedule.max_prefill_batch_size,
                                      max_prefill_tokens=schedule.max_prefill_tokens)))

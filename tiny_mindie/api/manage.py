@@ -177,6 +177,7 @@ def effective_config(app) -> dict:
                 "maxQueueDelayMicroseconds": sc.max_queue_delay_microseconds,
                 "prefillChunkSize": sc.prefill_chunk_size,
                 "prefixCaching": llm.engine.limits.prefix_cache,
+                "speculativeDecoding": llm.engine.speculation,
             },
         },
     }

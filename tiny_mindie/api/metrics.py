@@ -29,6 +29,9 @@ series                                                 type       meaning
                                                                   prefix cache (0..1)
 ``tiny_mindie_prefix_cache_hit_tokens_total``          counter    ... those tokens
 ``tiny_mindie_prefix_cache_miss_tokens_total``         counter    ... the prompt tokens prefilled
+``tiny_mindie_spec_decode_num_draft_tokens_total``     counter    tokens proposed by speculative
+                                                                  decoding and verified
+``tiny_mindie_spec_decode_num_accepted_tokens_total``  counter    ... those of them kept
 =====================================================  =========  =================================
 
 Token counters and histograms cover everything the engine runs (``/health/timed-N`` probes
@@ -206,6 +209,11 @@ def render(metrics: Metrics, stats: dict, model_name: str) -> str:
            "Number of prompt tokens whose KV came from the prefix cache.", hits)
     simple("prefix_cache_miss_tokens_total", "counter",
            "Number of prompt tokens prefilled (not in the prefix cache).", misses)
+    simple("spec_decode_num_draft_tokens_total", "counter",
+           "Number of tokens proposed by speculative decoding (prompt lookup) and verified.",
+           snap["spec_proposed_tokens"])
+    simple("spec_decode_num_accepted_tokens_total", "counter",
+           "Number of proposed tokens that verification kept.", snap["spec_accepted_tokens"])
     return "\n".join(out) + "\n" + generate_latest(_PROCESS).decode("utf-8")
 
 

@@ -34,6 +34,7 @@ from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
 from .sampling import SampleRow, make_rng, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusable_prefix
+from .speculation import CostModel, SpeculationPolicy
 
 log = logging.getLogger("tiny_mindie.engine")
 
@@ -61,6 +62,9 @@ class EngineLimits:
         prefix_cache: a finished request leaves its prompt's KV in its slot, and a new request
             whose prompt starts with the same tokens reuses it instead of prefilling them again
             (see :class:`~.scheduler.SlotPool`); the answer is the same either way.
+        speculation: a sequence decoding alone verifies tokens proposed by prompt lookup
+            several at a time when that pays (:mod:`.speculation`), on backends that verify
+            in one run; the answer is the same either way.
     """
 
     max_seq_len: int = 2560
@@ -71,6 +75,7 @@ class EngineLimits:
     max_buffered_events: int = 1024
     schedule: SchedulerLimits = field(default_factory=SchedulerLimits)
     prefix_cache: bool = True
+    speculation: bool = False
 
 
 class _Sequence:
@@ -78,7 +83,7 @@ class _Sequence:
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
                  queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int, matcher: Matcher | None = None):
+                 max_buffered: int, matcher: Matcher | None = None, max_proposals: int = 0):
         self.req = req
         self.matcher = matcher      # the request's place in its grammar (constraint), or None
         self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
@@ -101,6 +106,7 @@ class _Sequence:
         self.last_token: float | None = None
         self.cancelled = False
         self.max_buffered = max_buffered
+        self.speculation = SpeculationPolicy(max_proposals)
 
     @property
     def n_generated(self) -> int:
@@ -142,6 +148,8 @@ class Engine:
         self.max_input_len = min(limits.max_input_len, self.max_seq_len - 1)
         self._slots = SlotPool(backend.num_slots)
         self._can_copy = type(backend).copy_kv is not Backend.copy_kv
+        self.speculation = limits.speculation and backend.fast_verify
+        self._verify_cost = CostModel()     # a verification's time in lone decode steps
         self._waiting: WaitQueue[_Sequence] = WaitQueue()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
@@ -216,7 +224,8 @@ class Engine:
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
         seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
-                        self.limits.max_buffered_events, matcher)
+                        self.limits.max_buffered_events, matcher,
+                        max(0, self.backend.max_verify_rows - 1))
         with self._cond:
             if self._stopping or self._draining:
                 raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")
@@ -277,8 +286,12 @@ class Engine:
                     self._cond.wait(timeout=0.5)
                     continue
                 batch = self._plan()
+                proposal = self._proposal(batch)
             try:
-                self._step(batch)
+                if proposal:
+                    self._verify_step(batch[0][0], proposal)
+                else:
+                    self._step(batch)
             except Exception:  # a bug or a backend failure: fail the batch, keep serving
                 log.exception("forward pass failed")
                 with self._cond:
@@ -348,11 +361,60 @@ class Engine:
                                 if s.n_cached < s.n_prompt), self.limits.schedule)
         return decode + prefill
 
+    def _proposal(self, batch: list[tuple[_Sequence, int]]) -> list[int]:
+        """Tokens to verify instead of this step's decode row (:mod:`.speculation`): only
+        for an unconstrained sequence decoding alone; else empty."""
+        if not self.speculation or len(batch) != 1 or len(self._running) != 1:
+            return []
+        seq, n = batch[0]
+        if n != 1 or seq.matcher is not None or seq.cancelled:
+            return []
+        room = min(seq.max_new_tokens - seq.n_generated,
+                   self.max_seq_len - len(seq.tokens)) - 1
+        return seq.speculation.proposals(seq.tokens, room, self._verify_cost)
+
+    def _verify_step(self, seq: _Sequence, proposal: list[int]) -> None:
+        """Run ``seq``'s last token and the ``proposal`` as one chunk
+        (:meth:`~tiny_mindie.model.backend.Backend.verify`), then sample its positions in
+        order, as decode steps would, while the samples equal the proposal."""
+        ids = np.asarray([seq.tokens[-1], *proposal], dtype=np.int64)
+        t0 = time.perf_counter()
+        logits = self.backend.verify(seq.slot, seq.n_cached, ids)
+        self._verify_cost.verify(len(ids), time.perf_counter() - t0)
+        now = time.monotonic()
+        accepted = 0
+        for i in range(len(ids)):
+            with self._cond:
+                if seq.cancelled or seq.slot is None:
+                    return
+                seq.n_cached += 1                 # ids[i] is a token of the sequence
+            row = logits[i:i + 1]
+            self._bias_and_mask(row, [seq], [], None)
+            result = self._sample(row, [SampleRow(seq.req.sampling, np.asarray(seq.tokens),
+                                                  seq.rng, seq.req.top_logprobs,
+                                                  seq.n_prompt)])[0]
+            with self._cond:
+                if seq.cancelled or seq.slot is None:
+                    return
+                if result is None:
+                    self._finish(seq, GenerationError(ErrorKind.INTERNAL,
+                                                      "Internal error in generation."))
+                    return
+                self._next_token(seq, result, now)
+                if seq.slot is None or i == len(proposal) or result[0] != proposal[i]:
+                    break
+            accepted += 1
+        self.metrics.speculation(proposed=len(proposal), accepted=accepted)
+        seq.speculation.update(len(proposal), accepted, self._verify_cost(len(ids)))
+
     def _step(self, batch: list[tuple[_Sequence, int]]) -> None:
         chunks = [SeqChunk(s.slot, s.n_cached,
                            np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
                   for s, n in batch]
+        t0 = time.perf_counter()
         logits = self.backend.forward(chunks)
+        if len(batch) == 1 and batch[0][1] == 1:         # a lone decode step: the cost unit
+            self._verify_cost.decode(time.perf_counter() - t0)
         now = time.monotonic()
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now

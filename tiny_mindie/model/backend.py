@@ -62,6 +62,8 @@ class Backend(ABC):
             through the decode kernels, which round differently). Where this holds, the prefix
             cache may reuse a prefix of any length; else only whole pieces between the fixed
             cuts of the engine's prefill plan.
+        fast_verify: :meth:`verify` computes up to ``max_verify_rows`` rows in one run
+            (speculative decoding can pay); else it decodes them one by one.
     """
 
     name: str
@@ -71,6 +73,8 @@ class Backend(ABC):
     max_seq_len: int
     batch_invariant: bool = False
     prefix_split_invariant: bool = False
+    fast_verify: bool = False
+    max_verify_rows: int = 0
 
     @abstractmethod
     def forward(self, chunks: Sequence[SeqChunk]) -> np.ndarray:
@@ -86,6 +90,25 @@ class Backend(ABC):
             ValueError: a chunk is empty, its slot is out of range, or it would pass
                 ``max_seq_len``.
         """
+
+    def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
+        """Run the tokens of one sequence as a chunk at ``start`` (writing the KV of positions
+        ``[start, start + n)``) and return the logits after *each* of them: bit for bit what
+        ``n`` one-token decode steps would return (speculative decoding verifies proposed
+        tokens with it). This default runs the decode steps; a backend that can compute them
+        in one run overrides it (:attr:`fast_verify`).
+
+        Args:
+            token_ids: int64 ``[n]``, ``n >= 1``.
+
+        Returns:
+            float32 ``[n, vocab_size]``.
+
+        Raises:
+            ValueError: as :meth:`forward`.
+        """
+        return np.stack([self.forward([SeqChunk(slot, start + k, token_ids[k:k + 1])])[0]
+                         for k in range(len(token_ids))])
 
     def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
         """Copy the KV cache of positions ``[0, n)`` of ``src_slot`` into ``dst_slot`` (bit for

@@ -30,6 +30,11 @@ Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer leng
                                                    call, padding included) - 1
     total_sequence_length  int32   []              max over rows of seqlens_k + 1
     logits_index           int64   [B]             per row: b * S + (index of its last real token)
+                                                   (a verification chunk: any rows of T)
+    verify                 bool    []              (GraphOptions.verify_rows) True: a chunk of
+                                                   one sequence, S <= verify_rows, whose rows'
+                                                   attention is computed as decoding would
+                                                   (:func:`verify_attention`)
     past_key.{i}           float32 [B, Nkv, L, H]  layer i's key cache (i = 0 .. num_layers-1)
     past_value.{i}         float32 [B, Nkv, L, H]  layer i's value cache
 
@@ -104,12 +109,17 @@ from .weights import (
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 9
+BUILDER_VERSION = 10
 
-#: ``model.onnx`` metadata entries: the graph options' key, and the row multiple of the
-#: ``logits`` output (see the table above).
+#: ``model.onnx`` metadata entries: the graph options' key, the row multiple of the ``logits``
+#: output (see the table above), and the rows a ``verify`` run takes at most.
 GRAPH_OPTIONS_KEY = "tiny_mindie.graph_options"
 LOGITS_ROWS_KEY = "tiny_mindie.logits_row_multiple"
+VERIFY_ROWS_KEY = "tiny_mindie.verify_rows"
+
+#: ``GraphOptions.verify_rows`` of a graph for speculative decoding: the last token and up to 4
+#: proposed ones per verification run.
+VERIFY_ROWS = 5
 
 IR_VERSION = 10
 OPSET = 21
@@ -184,6 +194,22 @@ class _Builder:
     def op1(self, op_type: str, inputs: Sequence[str], **kw) -> str:
         return self.op(op_type, inputs, 1, **kw)[0]
 
+    def subgraph(self, name: str, build: Callable[[], str], shape: Sequence[int | str]):
+        """A ``GraphProto`` for an ``If`` branch: the nodes ``build()`` adds (constants it
+        makes go to the main graph, whose names it may read) and one float32 output, the name
+        ``build()`` returns, declared with ``shape`` (ints and dimension names: onnxruntime
+        checks a branch's output against it, and formats a warning at every run where its
+        own shape inference left a wrong dimension)."""
+        outer, self.nodes = self.nodes, []
+        try:
+            out = build()
+            nodes = self.nodes
+        finally:
+            self.nodes = outer
+        h = self.helper
+        return h.make_graph(nodes, name, [],
+                            [h.make_tensor_value_info(out, self.TensorProto.FLOAT, shape)])
+
 
 # ---- build options ---------------------------------------------------------------------------
 
@@ -225,6 +251,9 @@ class GraphOptions:
             bits runs on a multiple of ``multiple`` rows (:func:`_pad_rows`), so a row's logits
             do not depend on its batch; 1, or bits not listed, runs the rows as they are.
             Default: :func:`default_row_multiples` (for this CPU).
+        verify_rows: add the ``verify`` input and each layer's :func:`verify_attention`
+            for chunks of up to this many rows (speculative decoding, :data:`VERIFY_ROWS`;
+            costs an ``If`` per layer in every run); 0: neither.
     """
 
     accuracy_level: int = 4
@@ -233,6 +262,7 @@ class GraphOptions:
     max_positions: int = 0
     overrides: tuple[tuple[str, int], ...] = ()
     row_multiples: tuple[tuple[int, int], ...] = field(default_factory=default_row_multiples)
+    verify_rows: int = 0
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -247,7 +277,7 @@ class GraphOptions:
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         rows = ".".join(f"{b}x{m}" for b, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}-r{rows}{extra}")
+                f"-p{self.max_positions}-r{rows}-v{self.verify_rows}{extra}")
 
     def row_multiple(self, bits: int) -> int:
         """Rows a product with ``bits``-bit weights is padded to a multiple of (1: none)."""
@@ -271,6 +301,8 @@ class Shared:
             layers'; ``rope_local``: local layers' (Gemma 3), else ``None``.
         attn_scale: GroupQueryAttention's ``scale``: 1 when the model's scale is folded into
             the queries (:func:`attention`), else ``config.attn_scale``.
+        verify: where the graph has the ``verify`` input and :func:`verify_attention` beside
+            each layer's GroupQueryAttention, the positions of its rows; else ``None``.
     """
 
     config: ModelConfig
@@ -280,6 +312,7 @@ class Shared:
     rope: tuple[str, str]
     rope_local: tuple[str, str] | None
     attn_scale: float
+    verify: VerifyRows | None = None
 
 
 def rope_caches(g: _Builder, config: ModelConfig, positions: int
@@ -454,8 +487,122 @@ def attention(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
                 num_heads=c.num_heads, kv_num_heads=c.num_kv_heads, do_rotary=int(rotary),
                 rotary_interleaved=0 if c.rope_neox else 1, scale=s.attn_scale,
                 **window)[0]                                                 # [B, S, Nq H]
+    if s.verify is not None:
+        shape = ["batch", "seq", c.num_heads * c.head_dim]
+        rows = g.subgraph(p + "/verify_rows", lambda: verify_attention(
+            g, i, qkv, s, (cos, sin) if rotary else None, window.get("local_window_size", 0)),
+            shape)
+        same = g.subgraph(p + "/decode_rows", lambda: g.op1("Identity", [attn]), shape)
+        attn = g.op1("If", ["verify"], name=p + "/verify", then_branch=rows,
+                     else_branch=same)                                       # [B, S, Nq H]
     attn = g.op1("Reshape", [attn, g.const([-1, c.num_heads * c.head_dim])])  # [T, Nq H]
     return linear(g, attn, [w.w_o], p + ".attn_output", s, "attn_output")    # [T, D]
+
+
+def verify_attention(g: _Builder, i: int, qkv: str, s: Shared, rope: tuple[str, str] | None,
+                     window: int) -> str:
+    """Layer ``i``'s attention for a chunk of one sequence (``B == 1``, ``S`` rows) computed the
+    way decoding computes it: the output of ``S`` decode steps, bit for bit, where
+    GroupQueryAttention's own chunk output rounds otherwise. For verifying proposed tokens in
+    one run (speculative decoding), after GroupQueryAttention wrote the chunk's KV.
+
+    qkv: float32 ``[1, S, (Nq + 2 Nkv) H]``, GroupQueryAttention's packed input; rope: the
+    layer's ``(cos, sin)`` caches, ``None`` for a layer without rotary; window: its
+    ``local_window_size`` (0: none). Reads ``present_key.{i}``/``present_value.{i}`` up to the
+    chunk's end ``t``. Returns float32 ``[1, S, Nq H]``.
+
+    Why it matches: for one query row (decode) GroupQueryAttention's ``Q K^T`` and ``probs V``
+    per head are MLAS SGEMMs with ``M = 1``, which take MLAS's one-row kernels, over exactly the
+    row's causal length ``e``, and its softmax spans those ``e`` scores (or the last ``window``,
+    zeros before); for ``S > 1`` rows it takes the general kernel, which adds in another
+    order. Here the heads of a KV group are a batch dimension, so ``FusedMatMul`` and ``MatMul``
+    are again ``M = 1`` GEMMs, each row's over exactly its own ``e`` keys and values (the
+    one-row kernels add the last few columns or terms otherwise depending on how many there
+    are: neither longer products nor zero padding give the same bits), and each row's
+    ``Softmax`` (MLAS's, as GroupQueryAttention's) spans exactly its own scores. Rows are
+    unrolled up to ``GraphOptions.verify_rows`` (:class:`VerifyRows`); the rows past a shorter
+    chunk attend to one position and are dropped.
+    """
+    c, p, vr = s.config, f"blk.{i}", s.verify
+    nkv, hd, group = c.num_kv_heads, c.head_dim, c.num_heads // c.num_kv_heads
+    nq = c.num_heads * hd
+    q = g.op1("Slice", [qkv, g.const([0]), g.const([nq]), g.const([2])])    # [1, S, Nq H]
+    if rope is not None:
+        partial = {"rotary_embedding_dim": c.rope_dim} if c.rope_dim < hd else {}
+        q = g.op1("RotaryEmbedding", [q, vr.base, *rope], domain=MS_DOMAIN,
+                  name=p + "/verify_rotary", num_heads=c.num_heads,
+                  interleaved=0 if c.rope_neox else 1, **partial)
+    q = g.op1("Reshape", [q, g.const([-1, nkv, group, 1, hd])])            # [S, Nkv, G, 1, H]
+    outs = []
+    for row, start, end, pads in vr.rows_for(window):
+        k, v = (g.op1("Reshape", [g.op1("Slice", [f"{kind}.{i}", g.const([0]), end,
+                                                 g.const([2])]),
+                                  g.const([1, nkv, 1, -1, hd])])           # [1, Nkv, 1, e, H]
+                for kind in ("present_key", "present_value"))
+        if nkv == 1:    # else MatMul folds the heads into the rows of one GEMM (M = G)
+            k, v = (g.op1("Expand", [t, g.const([1, 1, group, 1, 1])]) for t in (k, v))
+        sr = g.op1("FusedMatMul", [g.op1("Gather", [q, row], axis=0), k], domain=MS_DOMAIN,
+                   transB=1, alpha=float(s.attn_scale))                    # [1, Nkv, G, 1, e]
+        if window:
+            sr = g.op1("Slice", [sr, start, end, g.const([4])])            # the window's keys
+        probs = g.op1("Softmax", [sr], axis=-1)
+        if window:
+            probs = g.op1("Pad", [probs, pads])                            # zeros before
+        outs.append(g.op1("MatMul", [probs, v]))                           # [1, Nkv, G, 1, H]
+    out = g.op1("Slice", [g.op1("Concat", outs, axis=0), g.const([0]), s.tokens,
+                          g.const([0])])                                   # [S, Nkv, G, 1, H]
+    return g.op1("Reshape", [out, g.const([1, -1, nq])])                   # [1, S, Nq H]
+
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """The positions of a verification chunk's rows, computed once in the main graph for
+    every layer's :func:`verify_attention` (int64 ``[1]`` tensors unless said).
+
+    Attributes:
+        base: the chunk's first position, ``total_sequence_length - S``.
+        total: ``t = total_sequence_length``, the chunk's end.
+        rows: per unrolled row ``j``: ``(row, end)``: ``row = min(j, S - 1)`` and its causal
+            end ``e = base + j + 1`` (1 for a row past the chunk: computed, then dropped).
+        windowed: ``{window: [(start, pads)]}`` for local layers: the first position a row
+            sees (``max(0, e - window)``: onnxruntime 1.24's GroupQueryAttention lets a query
+            see ``window`` keys, itself included) and int64 ``[10]`` Pad pads putting ``start``
+            zeros before its probabilities.
+    """
+
+    base: str
+    total: str
+    zero: str
+    rows: list[tuple[str, str]]
+    windowed: dict[int, list[tuple[str, str]]]
+
+    def rows_for(self, window: int) -> list[tuple[str, str, str, str | None]]:
+        """``(row, start, end, pads)`` per unrolled row for a layer with ``window`` (0: none;
+        ``start`` 0, ``pads`` ``None``)."""
+        starts = self.windowed[window] if window else [(self.zero, None)] * len(self.rows)
+        return [(row, start, end, pads)
+                for (row, end), (start, pads) in zip(self.rows, starts, strict=True)]
+
+
+def verify_rows(g: _Builder, tokens: str, rows: int, windows: Sequence[int]) -> VerifyRows:
+    """The :class:`VerifyRows` of a graph with ``rows`` unrolled verification rows (``tokens``
+    holds ``S``), for local layers of the ``windows`` sizes too."""
+    total = g.op1("Reshape", [g.op1("Cast", ["total_sequence_length"], to=g.TensorProto.INT64),
+                              g.const([1])])
+    base = g.op1("Sub", [total, tokens])
+    last = g.op1("Sub", [tokens, g.const([1])])
+    out, windowed = [], {w: [] for w in windows}
+    for j in range(rows):
+        row = g.op1("Min", [g.const([j]), last])
+        end = g.op1("Add", [base, g.const([j + 1])])
+        if j:       # a row past the chunk's (dropped) looks at one position: next to no work
+            end = g.op1("Where", [g.op1("Less", [g.const([j]), tokens]), end, g.const([1])])
+        out.append((row, end))
+        for w in windows:
+            start = g.op1("Max", [g.op1("Sub", [end, g.const([w])]), g.const([0])])
+            windowed[w].append((start, g.op1("Concat", [g.const([0] * 4), start,
+                                                        g.const([0] * 5)], axis=0)))
+    return VerifyRows(base, total, g.const([0]), out, windowed)
 
 
 def mlp(g: _Builder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
@@ -550,8 +697,12 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         qkv_shape = g.op1("Concat", [g.op1("Shape", ["input_ids"]),
                                      g.const([(c.num_heads + 2 * c.num_kv_heads) * c.head_dim])],
                           axis=0)                                           # [B, S, (Nq+2Nkv) H]
+        verify = None
+        if options.verify_rows:
+            windows = sorted({c.sliding_window for i in range(c.num_layers) if c.is_local(i)})
+            verify = verify_rows(g, tokens, options.verify_rows, windows)
         s = Shared(c, options, tokens, qkv_shape, rope, rope_local,
-                   1.0 if q_scale is not None else float(c.attn_scale))
+                   1.0 if q_scale is not None else float(c.attn_scale), verify)
         pending = None
         for i, weights in enumerate(layers):
             h, pending = block(g, i, h, pending, weights, s)
@@ -559,8 +710,9 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         logits = lm_head(g, h, pending, f.dequantize("output_norm.weight"), head,
                          "token_embd" if c.tied_embeddings else "output", s)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
-        model = _model_proto(g, c, {GRAPH_OPTIONS_KEY: options.key(),
-                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits))})
+        model = _model_proto(g, c, options.verify_rows > 0, {GRAPH_OPTIONS_KEY: options.key(),
+                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits)),
+                                    VERIFY_ROWS_KEY: str(options.verify_rows)})
     finally:
         pool.shutdown(cancel_futures=True)
         g.close()
@@ -583,7 +735,7 @@ def _ahead(pool: ThreadPoolExecutor, fn: Callable, items, depth: int) -> Iterato
         yield jobs.popleft().result()
 
 
-def _model_proto(g: _Builder, c: ModelConfig, metadata: dict[str, str]):
+def _model_proto(g: _Builder, c: ModelConfig, verify: bool, metadata: dict[str, str]):
     """The ``onnx.ModelProto`` of the nodes and initializers in ``g``, with the graph inputs and
     outputs of the module docstring and ``metadata`` as its metadata entries."""
     from onnx import TensorProto, helper
@@ -594,6 +746,8 @@ def _model_proto(g: _Builder, c: ModelConfig, metadata: dict[str, str]):
               helper.make_tensor_value_info("seqlens_k", I32, ["batch"]),
               helper.make_tensor_value_info("total_sequence_length", I32, []),
               helper.make_tensor_value_info("logits_index", I64, ["batch"])]
+    if verify:
+        inputs.append(helper.make_tensor_value_info("verify", TensorProto.BOOL, []))
     outputs = [helper.make_tensor_value_info("logits", F, ["logits_rows", c.vocab_size])]
     for i in range(c.num_layers):
         inputs += [helper.make_tensor_value_info(f"past_key.{i}", F, kv_shape),

@@ -25,7 +25,7 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
-               device_id: int = 0, providers: list | None = None,
+               device_id: int = 0, providers: list | None = None, speculation: bool = False,
                ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
@@ -45,6 +45,9 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         device_id: NPU device for the CANN execution provider.
         providers: onnxruntime execution providers to ask for, names or ``[name, {options}]``;
             ``None`` chooses (CANN when Ascend's runtime loads, else CPU).
+        speculation: onnxruntime: build the graph with its verification path
+            (``GraphOptions.verify_rows``) for speculative decoding; without it, a decode step
+            skips an ``If`` per layer.
 
     Raises:
         ModelFileError: missing/bad file, unsupported architecture or tokenizer.
@@ -55,14 +58,15 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     if backend != "onnxruntime":
         return f, cfg, load_tokenizer(f), _load_backend(
             f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
-            parallel_runs, batch_invariant, device_id, providers)
+            parallel_runs, batch_invariant, device_id, providers, speculation)
     # The tokenizer is read while the session is created (which releases the GIL): for a
     # 150k-token vocabulary that hides ~1.5 s of a warm start. Its errors are raised once the
     # backend has loaded.
     with ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-tokenizer") as pool:
         tok_job = pool.submit(load_tokenizer, f)
         be = _load_backend(f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len,
-                           threads, parallel_runs, batch_invariant, device_id, providers)
+                           threads, parallel_runs, batch_invariant, device_id, providers,
+                           speculation)
         try:
             tok = tok_job.result()
         except BaseException:
@@ -74,7 +78,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
 def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | None,
                   kv_cache_mb: int, max_batch: int, max_seq_len: int, threads: int,
                   parallel_runs: int, batch_invariant: bool, device_id: int,
-                  providers: list | None) -> Backend:
+                  providers: list | None, speculation: bool = False) -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
     max_seq_len = min(max_seq_len, cfg.context_length)
     if num_slots is None:
@@ -84,13 +88,14 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
         be: Backend = NumpyBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len)
     elif backend == "onnxruntime":
         try:
-            from .graph import GraphOptions
+            from .graph import VERIFY_ROWS, GraphOptions
             from .ort_backend import OrtBackend
             be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
                             threads=threads, parallel_runs=parallel_runs, device_id=device_id,
                             providers=list(providers) if providers else None,
-                            graph_options=GraphOptions() if batch_invariant
-                            else GraphOptions(row_multiples=()),
+                            graph_options=GraphOptions(
+                                verify_rows=VERIFY_ROWS if speculation else 0,
+                                **({} if batch_invariant else {"row_multiples": ()})),
                             check_batching=batch_invariant)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
             raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "

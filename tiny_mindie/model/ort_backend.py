@@ -85,7 +85,7 @@ import numpy as np
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .graph import LOGITS_ROWS_KEY, GraphOptions, default_row_multiples
+from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions, default_row_multiples
 from .graph_cache import cached_graph, write_json_atomic
 from .memory import (
     populated_pieces,
@@ -285,8 +285,11 @@ class OrtBackend(Backend):
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
-        self._logits_row_multiple = int(self._session.get_modelmeta().custom_metadata_map
-                                        .get(LOGITS_ROWS_KEY, "1"))
+        meta = self._session.get_modelmeta().custom_metadata_map
+        self._logits_row_multiple = int(meta.get(LOGITS_ROWS_KEY, "1"))
+        self.max_verify_rows = int(meta.get(VERIFY_ROWS_KEY, "0"))
+        self._verify_input = self.max_verify_rows > 0       # the graph has the verify input
+        self.fast_verify = self._verify_input
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
         self.node_placement = node_placement(self._session)
@@ -357,6 +360,24 @@ class OrtBackend(Backend):
                      "prompt KV depends on the chunks it is computed in on this CPU: only "
                      "prefixes ending at a prefill cut are reused")
             self.load_seconds["split check"] = time.perf_counter() - t4
+        if self.fast_verify and not check_batching:
+            self.fast_verify = False    # unpadded rows: a chunk's rows are not decode's
+        if self.fast_verify:
+            t5 = time.perf_counter()
+            key = dict(self._batch_check_key(session_config), check="verify",
+                       lengths=self._verify_check_lengths())
+            recorded = _recorded_check(self.graph_path, key)
+            if recorded is not None:
+                self.fast_verify = recorded
+            else:
+                with slow_step(log, "checking that verification matches decoding"):
+                    self.fast_verify = self.check_verify_matches_decode()
+                _record_batch_check(self.graph_path, key, self.fast_verify)
+            log.info("speculative decoding: %s", "proposed tokens are verified in one run "
+                     "(checked: the same logits and KV as decoding them)" if self.fast_verify
+                     else "a chunk's rows are not computed as decoding computes them on this "
+                     "CPU: no speculation")
+            self.load_seconds["verify check"] = time.perf_counter() - t5
 
     @property
     def huge_page_bytes(self) -> int:
@@ -395,6 +416,31 @@ class OrtBackend(Backend):
                 lanes[k].append(run)
                 load[k] += cost
             self._run_lanes(lanes)
+        return out
+
+    def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
+        """See :meth:`Backend.verify`: runs with the graph's ``verify`` input set
+        (:func:`.graph.verify_attention`) of up to :attr:`max_verify_rows` tokens each, where
+        the graph has it."""
+        if not self.fast_verify:
+            return super().verify(slot, start, token_ids)
+        ids = check_chunks([SeqChunk(slot, start, token_ids)], self.num_slots, self.max_seq_len,
+                           self.config.vocab_size)[0]
+        out = np.empty((len(ids), self.config.vocab_size), np.float32)
+        with self._lock:
+            self._used[slot] = min(self._used[slot], start)
+            binding = self._session.io_binding()
+            for j in range(0, len(ids), self.max_verify_rows):
+                piece = ids[j:j + self.max_verify_rows]
+                n, end = len(piece), start + j + len(piece)
+                logits = self._bind_kv(binding, self._phys[slot], 1, rows=n, verify=True)
+                binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
+                binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
+                binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
+                binding.bind_cpu_input("logits_index", np.arange(n, dtype=np.int64))
+                self._session.run_with_iobinding(binding)
+                out[j:j + n] = logits
+                self._used[slot] = end
         return out
 
     def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
@@ -514,6 +560,46 @@ class OrtBackend(Backend):
         finally:
             self._used[0] = 0
 
+    #: past lengths at which :meth:`check_verify_matches_decode` verifies a chunk (and one past
+    #: the sliding window, for models with local layers).
+    VERIFY_CHECK_LENGTHS = (21, 150)
+
+    def _verify_check_lengths(self) -> list[int]:
+        w = self.config.sliding_window
+        return list(self.VERIFY_CHECK_LENGTHS) + ([w + 7] if w else [])
+
+    def check_verify_matches_decode(self) -> bool:
+        """Whether :meth:`verify` gives bit for bit the logits and KV of decoding the same
+        tokens one by one (:func:`.graph.verify_attention`), for a chunk of
+        :attr:`max_verify_rows` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
+        (and ``sliding_window + 7``).
+        Uses slot 0, whose KV is forgotten afterwards.
+
+        Would fail where the matrix products compute a chunk's few rows otherwise than decode
+        rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
+        :func:`.graph.verify_attention` assumes; speculation is then off.
+        """
+        row, V = self._phys[0], self.config.vocab_size
+        try:
+            for past in self._verify_check_lengths():
+                n = min(self.max_verify_rows, self.max_seq_len - past)
+                if n < 2:
+                    continue
+                ids = (np.arange(past + n, dtype=np.int64) * 7919 + 11) % V
+                self.forward([SeqChunk(0, 0, ids[:past])])
+                steps = np.stack([self.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
+                                  for k in range(n)])
+                kv = [buf[row, :, :past + n].copy() for buf in self._k + self._v]
+                self.forward([SeqChunk(0, 0, ids[:past])])
+                rows = self.verify(0, past, ids[past:])
+                if not (np.array_equal(rows, steps) and all(
+                        np.array_equal(a, buf[row, :, :past + n])
+                        for a, buf in zip(kv, self._k + self._v, strict=True))):
+                    return False
+            return True
+        finally:
+            self._used[0] = 0
+
     # ---- internals --------------------------------------------------------------------------
     def _run_lanes(self, lanes: list[list[Callable[[], None]]]) -> None:
         """Run each lane's runs in order, the lanes at once (the first in this thread)."""
@@ -617,10 +703,12 @@ class OrtBackend(Backend):
         self._phys[sa], self._phys[sb] = b, a
         self.swaps += 1
 
-    def _bind_kv(self, binding, r0: int, B: int) -> np.ndarray:
+    def _bind_kv(self, binding, r0: int, B: int, *, rows: int = 0, verify: bool = False
+                 ) -> np.ndarray:
         """Bind the KV buffers of physical rows ``[r0, r0 + B)`` in place (past and present share
-        memory) and a logits buffer; returns the logits buffer's first ``B`` rows ``[B, vocab]``
-        (the buffer has ``B`` rounded up to the graph's row multiple)."""
+        memory), the ``verify`` input where the graph has one, and a logits buffer; returns the
+        logits buffer's first ``rows`` (default ``B``) rows ``[rows, vocab]`` (the buffer has
+        them rounded up to the graph's row multiple)."""
         c = self.config
         shape = [B, c.num_kv_heads, self.max_seq_len, c.head_dim]
         off = r0 * self._row_bytes
@@ -629,10 +717,12 @@ class OrtBackend(Backend):
                 ptr = buf.ctypes.data + off
                 binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
                 binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-        m = self._logits_row_multiple
-        logits = np.empty((-(-B // m) * m, c.vocab_size), np.float32)
+        if self._verify_input:
+            binding.bind_cpu_input("verify", np.array(verify))
+        rows, m = rows or B, self._logits_row_multiple
+        logits = np.empty((-(-rows // m) * m, c.vocab_size), np.float32)
         binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        return logits[:B]
+        return logits[:rows]
 
     def _prefill_binding(self, r0: int):
         entry = self._prefill_bindings.get(r0)

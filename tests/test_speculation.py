@@ -1,0 +1,222 @@
+"""Speculative decoding by prompt lookup: proposals, the policy, and that it is lossless.
+
+Unit tests drive :func:`propose`, :class:`SpeculationPolicy` and :class:`CostModel`. Model
+tests run the real models on the onnxruntime backend in-process: a verification's rows and KV
+are bit for bit those of decoding the same tokens one by one (SmolLM2; Gemma 3 past its
+sliding window), and the engine's outputs -- tokens and logprobs, greedy and seeded -- are the
+same with speculation on and off, while proposals really were verified and kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tiny_mindie.engine.speculation import (
+    CostModel,
+    SpeculationPolicy,
+    expected_tokens,
+    propose,
+)
+
+# ---- unit ------------------------------------------------------------------------------------
+
+
+def test_propose_follows_the_most_recent_occurrence_of_the_longest_ngram():
+    #         0  1  2  3  4  5  6  7  8  9 10 11 12
+    tokens = [5, 6, 7, 1, 2, 9, 6, 7, 3, 4, 8, 6, 7]
+    # the 2-gram (6, 7) last occurred at 6..7 (not at 1..2): what followed it there
+    assert propose(tokens, 3) == [3, 4, 8]
+    assert propose(tokens, 1) == [3]
+    # a 3-gram match wins over a more recent 2-gram one
+    tokens = [1, 2, 3, 10, 11, 9, 2, 3, 20, 1, 2, 3]
+    assert propose(tokens, 2) == [10, 11]
+    # near the end: fewer tokens than asked
+    assert propose([4, 5, 6, 4, 5], 4) == [6, 4, 5]
+
+
+def test_propose_needs_an_earlier_ngram_of_two_tokens():
+    assert propose([1, 2, 3, 4], 4) == []
+    assert propose([1, 2, 3, 2], 4) == []          # a lone repeated token proposes nothing
+    assert propose([7, 7], 4) == []
+    assert propose([], 4) == [] and propose([1, 2, 1, 2], 0) == []
+
+
+def test_expected_tokens_is_the_geometric_sum():
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+
+
+def test_policy_proposes_while_it_pays_and_backs_off_when_it_does_not():
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2]
+    cheap = lambda n: 1.0 + 0.3 * (n - 1)                       # noqa: E731
+    p = SpeculationPolicy(max_proposals=4)
+    assert p.proposals(tokens, room=10, cost=cheap) == [3, 4, 5, 6]
+    assert p.proposals(tokens, room=2, cost=cheap) == [3, 4]    # the request's room caps k
+    # nothing kept: the rate falls below break-even, so it pauses 4 steps ...
+    p.update(4, 0, cheap(5))
+    assert [p.proposals(tokens, 10, cheap) for _ in range(4)] == [[]] * 4
+    # ... then tries again (from a rate at which trying may pay) with fewer proposals
+    again = p.proposals(tokens, 10, cheap)
+    assert 1 <= len(again) < 4 and again == [3, 4, 5, 6][:len(again)]
+    p.update(len(again), 0, cheap(len(again) + 1))     # failing again: a pause twice as long
+    assert [p.proposals(tokens, 10, cheap) for _ in range(8)] == [[]] * 8
+    assert p.proposals(tokens, 10, cheap)
+    # a verification that costs more than any yield never runs
+    dear = SpeculationPolicy(max_proposals=4)
+    assert dear.proposals(tokens, 10, lambda n: 10.0) == []
+    # an accepted run resets the pause
+    q = SpeculationPolicy(max_proposals=4)
+    q.update(4, 4, cheap(5))
+    assert q.rate == 1.0 and q.proposals(tokens, 10, cheap) == [3, 4, 5, 6]
+
+
+def test_cost_model_is_measured_verification_time_over_decode_time():
+    c = CostModel()
+    assert c(5) == pytest.approx(2.2)           # the prior before measurements
+    c.decode(0.020)
+    c.verify(5, 0.050)
+    assert c(5) == pytest.approx(2.5)
+    c.decode(0.030)                              # exponential averages
+    assert c.decode_s == pytest.approx(0.022)
+    assert c(3) == pytest.approx(1.6)            # no measurement for 3 rows yet
+
+
+# ---- model: the backend --------------------------------------------------------------------
+
+def _verify_equals_decode(backend, past: int, n: int, seed: int) -> None:
+    from tiny_mindie.model.backend import SeqChunk
+
+    V = backend.config.vocab_size
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(100, V - 100, past + n).astype(np.int64)
+    backend.forward([SeqChunk(0, 0, ids[:past])])
+    steps = np.stack([backend.forward([SeqChunk(0, past + k, ids[past + k:past + k + 1])])[0]
+                      for k in range(n)])
+    row0, row1 = backend._phys[0], backend._phys[1]
+    backend.forward([SeqChunk(1, 0, ids[:past])])
+    rows = backend.verify(1, past, ids[past:])
+    assert rows.shape == (n, V)
+    for k in range(n):
+        assert np.array_equal(rows[k], steps[k]), f"row {k} of {n} after {past} positions"
+    for a, b in zip(backend._k + backend._v, backend._k + backend._v, strict=True):
+        assert np.array_equal(a[row0, :, :past + n], b[row1, :, :past + n])
+
+
+@pytest.fixture(scope="module")
+def smollm(model_path):
+    from tiny_mindie.llm import LLM
+
+    m = LLM(model_path, max_seq_len=768, max_input_len=700, num_slots=4, speculation=True,
+            log=None)
+    yield m
+    m.close()
+
+
+def test_verification_rows_are_decode_steps_bit_for_bit(smollm):
+    be = smollm.backend
+    assert be.fast_verify and be.max_verify_rows == 5
+    # a whole verification, a short one, and one longer than a run (two runs)
+    for past, n, seed in ((37, 5, 0), (300, 2, 1), (500, 8, 2)):
+        _verify_equals_decode(be, past, n, seed)
+
+
+def test_gemma3_verification_matches_decoding_past_its_sliding_window(gemma_path):
+    from tiny_mindie.model.loader import load_model
+
+    _, cfg, _, be = load_model(gemma_path, num_slots=2, max_seq_len=640, speculation=True)
+    try:
+        assert cfg.sliding_window == 512 and be.fast_verify
+        _verify_equals_decode(be, 600, 5, 3)        # local layers see only their window
+    finally:
+        be.close()
+
+
+# ---- model: the engine -----------------------------------------------------------------------
+
+def _repetitive_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    """Token-id prompts in which a random phrase comes back, so that a model continuing them
+    often repeats it: prompt lookup then has something to propose."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        phrase = rng.integers(200, vocab - 200, int(rng.integers(4, 9))).tolist()
+        filler = rng.integers(200, vocab - 200, int(rng.integers(0, 6))).tolist()
+        out.append(filler + phrase + filler[:2] + phrase + phrase[:int(rng.integers(1, 4))])
+    return out
+
+
+def _outputs(llm, prompts, speculation: bool, concurrent: bool, **params) -> list[tuple]:
+    llm.engine.speculation = speculation
+
+    async def one(p):
+        c = await llm.generate_async(llm.make_request(p, **params))
+        return tuple(c.token_ids), tuple(c.logprobs), c.finish_reason
+
+    async def all_at_once():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    if concurrent:      # batched: speculation never runs (a sequence decoding alone only)
+        return asyncio.run(all_at_once())
+    return [asyncio.run(one(p)) for p in prompts]
+
+
+def test_seeded_sampling_is_the_same_with_and_without_speculation_for_200_prompts(smollm):
+    prompts = _repetitive_prompts(200, smollm.config.vocab_size, seed=11)
+    params = dict(max_new_tokens=6, do_sample=True, temperature=0.7, top_p=0.95, top_k=40,
+                  seed=1234, ignore_eos=True)
+    before = smollm.engine.metrics.snapshot()
+    on = _outputs(smollm, prompts, True, concurrent=False, **params)
+    after = smollm.engine.metrics.snapshot()
+    off = _outputs(smollm, prompts, False, concurrent=True, **params)
+    smollm.engine.speculation = True
+    assert on == off
+    proposed = after["spec_proposed_tokens"] - before["spec_proposed_tokens"]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    assert proposed > 60 and accepted > 20, (proposed, accepted)
+
+
+def test_greedy_extractive_answers_are_the_same_and_mostly_speculated(smollm):
+    text = ("Edge devices have little memory, so small quantized models are a good fit for "
+            "them, and a server that speaks the same API as the big one saves rewriting "
+            "every client.")
+    prompts = [f"Text:\n{text}\n\nThe same text again:\n{text[:k]}" for k in (0, 20, 45)]
+    before = smollm.engine.metrics.snapshot()
+    on = _outputs(smollm, prompts, True, concurrent=False, max_new_tokens=40)
+    after = smollm.engine.metrics.snapshot()
+    off = _outputs(smollm, prompts, False, concurrent=False, max_new_tokens=40)
+    smollm.engine.speculation = True
+    assert on == off
+    generated = sum(len(t) for t, _, _ in on)
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    assert accepted > generated // 2, (accepted, generated)
+
+
+def test_a_cancelled_speculating_stream_frees_its_slot(smollm):
+    text = "one two three four five six seven eight nine ten " * 4
+    stream = smollm.stream(text, max_new_tokens=60, ignore_eos=True)
+    got = [next(stream) for _ in range(3)]
+    stream.close()                                     # the client goes away mid-answer
+    assert len(got) == 3
+    for _ in range(100):
+        if smollm.engine.stats()["running"] == 0:
+            break
+        import time
+        time.sleep(0.02)
+    assert smollm.engine.stats() == {"running": 0, "waiting": 0, "total_slots": 4,
+                                     "free_slots": 4}
+    assert len(smollm.generate(text, max_new_tokens=5).token_ids) == 5
+
+
+def test_spec_counters_are_exposed(smollm):
+    from tiny_mindie.api.metrics import render
+
+    snap = smollm.engine.metrics.snapshot()
+    text = render(smollm.engine.metrics, smollm.engine.stats(), "m")
+    assert (f'tiny_mindie_spec_decode_num_draft_tokens_total{{model_name="m"}} '
+            f'{snap["spec_proposed_tokens"]}') in text
+    assert (f'tiny_mindie_spec_decode_num_accepted_tokens_total{{model_name="m"}} '
+            f'{snap["spec_accepted_tokens"]}') in text
