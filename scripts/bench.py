@@ -702,6 +702,13 @@ def _ttft(port: int, model: str, prompt: str, max_tokens: int) -> tuple[float, s
     return first if first is not None else float("nan"), text
 
 
+def _stop(procs) -> None:
+    """Terminate the servers ``procs`` and wait for each."""
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def prefix_cache_table(args) -> int:
     """The two prefix-cache workloads of the docstring; prints the table."""
     import tempfile
@@ -766,9 +773,7 @@ def prefix_cache_table(args) -> int:
                         t.join()
                     users[label].append(times)
         finally:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(timeout=30)
+            _stop(procs)
     print(cpu_line())
     print(f"{os.path.basename(model)}; load average {load0:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after; {args.reps} repetitions")
@@ -874,9 +879,7 @@ def speculation_table(args) -> int:
                         counts[work] = n
             spec = _spec_counters(servers["on"])
         finally:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(timeout=30)
+            _stop(procs)
     print(cpu_line())
     print(f"{os.path.basename(model)}; one stream, greedy /v1/chat/completions over plain HTTP, "
           f"up to {args.gen_tokens} tokens; load average {load0:.2f} before, "

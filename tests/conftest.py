@@ -20,14 +20,13 @@ need is an error.
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 pytest.register_assert_rewrite("helpers")   # its asserts report like the tests' own
 
-from helpers import TEST_CONFIG, Server, start_server  # noqa: E402  (re-exported: fixtures below)
+from helpers import TEST_CONFIG, Server, serving, start_server  # noqa: E402  (re-exported: fixtures below)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -122,15 +121,4 @@ def server(tmp_path_factory, model_path) -> Iterator[Server]:
     backend = os.environ.get("TINY_MINDIE_TEST_BACKEND")   # default: the server's default
     srv = start_server(str(tmp_path_factory.mktemp("server")), TEST_CONFIG,
                        ["--backend", backend] if backend else [])
-    # Keep reading its output so the pipe never fills up.
-    import threading
-    log: list[str] = []
-    threading.Thread(target=lambda: log.extend(iter(srv.proc.stdout.readline, "")),
-                     daemon=True).start()
-    srv.log = log
-    yield srv
-    srv.proc.terminate()
-    try:
-        srv.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        srv.proc.kill()
+    yield from serving(srv)

@@ -78,6 +78,22 @@ TEST_CONFIG = {
 }
 
 
+def serving(srv: Server):
+    """For a fixture: keep reading ``srv``'s output into ``srv.log`` (so the pipe never fills
+    up), yield it, then stop it (SIGTERM; killed after 20 s)."""
+    srv.log = []
+    threading.Thread(target=lambda: srv.log.extend(iter(srv.proc.stdout.readline, "")),
+                     daemon=True).start()
+    try:
+        yield srv
+    finally:
+        srv.proc.terminate()
+        try:
+            srv.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            srv.proc.kill()
+
+
 def start_server(home: str, config: dict, extra_args: list[str] = (),
                  timeout: float = 180, env: dict | None = None) -> Server:
     """Start the server from a config file in ``home`` and wait for its banner; ``env``: more

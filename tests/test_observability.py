@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import threading
 import time
 
 import pytest
-from helpers import TEST_CONFIG, request, seed_body, sse_events, start_server
+from helpers import TEST_CONFIG, request, seed_body, serving, sse_events, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -27,15 +25,7 @@ def jsrv(tmp_path_factory, model_path):
     """A server logging JSON (chosen by its environment); ``jsrv.log``: its output lines."""
     srv = start_server(str(tmp_path_factory.mktemp("jsonlog")), TEST_CONFIG,
                        env={"TINY_MINDIE_LOG_FORMAT": "json", "TINY_MINDIE_LOG_LEVEL": "info"})
-    srv.log = []
-    threading.Thread(target=lambda: srv.log.extend(iter(srv.proc.stdout.readline, "")),
-                     daemon=True).start()
-    yield srv
-    srv.proc.terminate()
-    try:
-        srv.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        srv.proc.kill()
+    yield from serving(srv)
 
 
 def access_record(srv, request_id: str, timeout: float = 10.0) -> dict:

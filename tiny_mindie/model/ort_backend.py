@@ -348,13 +348,9 @@ class OrtBackend(Backend):
                        tokens=self.SPLIT_CHECK_TOKENS,
                        cuts=[list(c) for c in self.SPLIT_CHECK_CUTS])
             # both outcomes are recorded: a failure only means the safe, shorter reuse
-            recorded = _recorded_check(self.graph_path, key)
-            if recorded is not None:
-                self.prefix_split_invariant = recorded
-            else:
-                with slow_step(log, "checking that prompts get the same KV in any chunks"):
-                    self.prefix_split_invariant = self.check_prefix_split_invariance()
-                _record_batch_check(self.graph_path, key, self.prefix_split_invariant)
+            self.prefix_split_invariant = self._recorded_outcome(
+                key, "checking that prompts get the same KV in any chunks",
+                self.check_prefix_split_invariance)
             log.info("prefix cache: %s", "a prefix of any length is reused (prompt KV checked: "
                      "the same in any chunks of 2+ tokens)" if self.prefix_split_invariant else
                      "prompt KV depends on the chunks it is computed in on this CPU: only "
@@ -366,18 +362,25 @@ class OrtBackend(Backend):
             t5 = time.perf_counter()
             key = dict(self._batch_check_key(session_config), check="verify",
                        lengths=self._verify_check_lengths())
-            recorded = _recorded_check(self.graph_path, key)
-            if recorded is not None:
-                self.fast_verify = recorded
-            else:
-                with slow_step(log, "checking that verification matches decoding"):
-                    self.fast_verify = self.check_verify_matches_decode()
-                _record_batch_check(self.graph_path, key, self.fast_verify)
+            self.fast_verify = self._recorded_outcome(
+                key, "checking that verification matches decoding",
+                self.check_verify_matches_decode)
             log.info("speculative decoding: %s", "proposed tokens are verified in one run "
                      "(checked: the same logits and KV as decoding them)" if self.fast_verify
                      else "a chunk's rows are not computed as decoding computes them on this "
                      "CPU: no speculation")
             self.load_seconds["verify check"] = time.perf_counter() - t5
+
+    def _recorded_outcome(self, key: dict, doing: str, check: Callable[[], bool]) -> bool:
+        """The outcome of ``check`` recorded with the graph under ``key``; else ``check()``
+        now (saying ``doing`` when it is slow), its outcome recorded, pass or fail."""
+        recorded = _recorded_check(self.graph_path, key)
+        if recorded is not None:
+            return recorded
+        with slow_step(log, doing):
+            passed = check()
+        _record_batch_check(self.graph_path, key, passed)
+        return passed
 
     @property
     def huge_page_bytes(self) -> int:
