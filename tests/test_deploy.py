@@ -186,7 +186,7 @@ def _make_certificates(directory: str) -> str:
     """One CA, a server certificate also naming ``tiny-mindie`` (nginx's proxy_ssl_name), a
     client certificate and an empty CRL, in MindIE's security/ layout under ``directory``; the
     config keys naming them (absolute paths) are returned as a ServerConfig fragment."""
-    from tiny_mindie.server.tls import TLSFiles, make_certificates
+    from tiny_mindie.server.tls import TLSFiles, issue_certificate, issue_crl, make_certificates
 
     sec = os.path.join(directory, "security")
     files = TLSFiles(ca=(f"{sec}/ca/ca.pem",), cert=f"{sec}/certs/server.pem",
@@ -194,12 +194,17 @@ def _make_certificates(directory: str) -> str:
                      client_cert=f"{sec}/certs/client.pem",
                      client_key=f"{sec}/keys/client.key.pem")
     make_certificates(files, ("tiny-mindie",))
+    # a client the CRL revokes: the replicas and nginx (ssl_crl) both refuse it
+    issue_certificate(files.ca[0], files.ca_key, f"{sec}/certs/revoked.pem",
+                      f"{sec}/keys/revoked.key.pem", "revoked client")
+    issue_crl(files.crls[0], files.ca[0], files.ca_key, revoke=(f"{sec}/certs/revoked.pem",))
     # the files nginx names (deploy/nginx/tiny_mindie.conf): its front certificate is the
     # replicas' own in this test
     nginx_dir = os.path.join(directory, "nginx")
     os.makedirs(nginx_dir)
     for src, name in ((files.cert, "front.pem"), (files.key, "front.key.pem"),
-                      (files.ca[0], "ca.pem"), (files.client_cert, "client.pem"),
+                      (files.ca[0], "ca.pem"), (files.crls[0], "crl.pem"),
+                      (files.client_cert, "client.pem"),
                       (files.client_key, "client.key.pem")):
         shutil.copy(src, os.path.join(nginx_dir, name))
     return sec
@@ -440,6 +445,36 @@ def _bursts(times: list[float], gap: float = 0.005) -> int:
 
 
 @pytest.mark.e2e
+def test_nginx_refuses_a_client_certificate_the_crl_revokes(nginx_pair):
+    """nginx checks the clients' certificates against the replicas' CRL (``ssl_crl``): the
+    replicas only ever see nginx's own certificate, so a revoked client would otherwise pass."""
+    import dataclasses
+    import ssl
+
+    from tiny_mindie.server.tls import client_context
+
+    tls = nginx_pair.replicas[0].tls
+    sec = os.path.dirname(os.path.dirname(tls.client_cert))
+    body = json.dumps({"inputs": "Hi", "parameters": {"max_new_tokens": 1}})
+
+    def status(files) -> int | None:
+        conn = http.client.HTTPSConnection("127.0.0.1", nginx_pair.port,
+                                           context=client_context(files), timeout=60)
+        try:
+            conn.request("POST", "/infer", body=body,
+                         headers={"Content-Type": "application/json"})
+            return conn.getresponse().status
+        except (ssl.SSLError, ConnectionError):
+            return None                             # refused in the handshake
+        finally:
+            conn.close()
+
+    revoked = dataclasses.replace(tls, client_cert=f"{sec}/certs/revoked.pem",
+                                  client_key=f"{sec}/keys/revoked.key.pem")
+    assert status(revoked) in (None, 400)           # nginx: 400 "The SSL certificate error"
+    assert status(tls) == 200
+
+
 def test_nginx_streams_reach_both_replicas(nginx_pair):
     """20 concurrent streams through nginx all complete, their tokens arriving one by one (not in
     one burst at the end), both replicas serving; X-Session-Id keeps a session on one replica."""
