@@ -174,7 +174,7 @@ def test_grace_period_covers_prestop_and_drain(tmp_path):
     assert stop >= drain + 5
     # the probes are the exec probe, never a generation (/health/timed-N)
     for probe, mode in (("startupProbe", "live"), ("livenessProbe", "live"),
-                        ("readinessProbe", "ready")):
+                        ("readinessProbe", "serving")):
         assert container[probe]["exec"]["command"] == ["python", "-m", "tiny_mindie", "health",
                                                        mode]
 

@@ -235,9 +235,10 @@ def test_while_the_model_is_pulled_live_is_200_the_rest_503_loading_then_a_faile
         args = ("--config", srv.config_path, "--port", str(srv.port))
         r, _ = probe("live", *args)
         assert r.returncode == 0 and r.stdout.startswith("live: 200"), r
-        r, _ = probe("ready", *args)
-        assert r.returncode == 1 and r.stderr.count("\n") == 1, r
-        assert "503" in r.stderr and LOADING in r.stderr
+        for check in ("ready", "serving"):
+            r, _ = probe(check, *args)
+            assert r.returncode == 1 and r.stderr.count("\n") == 1, r
+            assert "503" in r.stderr and LOADING in r.stderr
     finally:
         index.release.set()
     # The pull fails (the index has no such file): the server ends with one line and status 1,
@@ -292,7 +293,7 @@ def test_sigterm_drains_finishes_the_short_stream_cancels_the_long_one_at_the_de
         args = ("--config", srv.config_path, "--port", str(srv.port))
         # the exec probe, on an idle server: 0 for both, fast (best of three: the host is shared)
         times = []
-        for check in ("live", "ready", "ready"):
+        for check in ("live", "ready", "serving"):
             r, seconds = probe(check, *args)
             assert r.returncode == 0 and r.stdout.startswith(f"{check}: 200 OK"), r
             times.append(seconds)
@@ -350,6 +351,7 @@ def test_sigterm_drains_finishes_the_short_stream_cancels_the_long_one_at_the_de
         assert (status, body) == (503, {"error": STOPPED, "error_type": "Service Unavailable"})
         r, _ = probe("ready", *args)
         assert r.returncode == 1 and STOPPED in r.stderr, r
+        assert probe("serving", *args)[0].returncode == 1
         assert probe("live", *args)[0].returncode == 0
         # the short stream finishes; the long one is cut at the deadline; the process exits 0
         short.join(60)

@@ -1,4 +1,4 @@
-"""``python -m tiny_mindie health [live|ready]``: an exec probe (Kubernetes ``exec``, Docker
+"""``python -m tiny_mindie health [live|ready|serving]``: an exec probe (Kubernetes ``exec``, Docker
 ``HEALTHCHECK``, systemd, a shell) that asks the server on this machine for its health with the
 server's own configuration and certificate files.
 
@@ -8,8 +8,8 @@ MindIE's ``$MIES_CONFIG_JSON_PATH``; ``--host``, ``--port``, ``--management-port
 (a wildcard listen address is reached on the loopback one) -- over mutual TLS with the client
 certificate and key beside the server's (``security.tls_files``), checking the server's
 certificate against the CA but not its host name (the probe connects to the listen address,
-which a certificate made for a service name need not carry) -- and GETs ``/v2/health/live`` or
-``/v2/health/ready``.
+which a certificate made for a service name need not carry) -- and GETs ``/v2/health/live``,
+``/v2/health/ready`` or ``/health``.
 
 Exit status 0 when the answer is 200 (one line on stdout); 1 otherwise -- another status, no
 connection, a TLS failure, no answer within ``--timeout`` seconds, a configuration it cannot
@@ -28,7 +28,7 @@ import ssl
 import sys
 import time
 
-PATHS = {"live": "/v2/health/live", "ready": "/v2/health/ready"}
+PATHS = {"live": "/v2/health/live", "ready": "/v2/health/ready", "serving": "/health"}
 DEFAULT_TIMEOUT_S = 2.0
 _TRUE = ("1", "true", "yes", "on")
 
@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("check", nargs="?", choices=tuple(PATHS), default="live",
                    help="live: the process serves (GET /v2/health/live, 200 also while the "
                         "model loads); ready: it takes requests now (GET /v2/health/ready: 503 "
-                        "while loading, busy or stopping). Default live")
+                        "while loading, busy or stopping); serving: the model is loaded and the "
+                        "server is not stopping (GET /health: 200 also when busy, requests "
+                        "queue; Kubernetes readiness). Default live")
     p.add_argument("--config", metavar="FILE",
                    help="the server's config.json (default $TINY_MINDIE_CONFIG, else "
                         "$MIES_CONFIG_JSON_PATH, else the defaults)")
