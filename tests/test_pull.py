@@ -321,6 +321,14 @@ def test_unreachable_index_ends_the_command_with_one_line(tmp_path):
 
 # ---- settings ------------------------------------------------------------------------------------
 
+def test_an_index_url_that_is_not_http_is_one_line(monkeypatch, tmp_path):
+    isolate(monkeypatch, tmp_path)
+    for bad in ("not-a-url", "ftp://mirror.example/simple", "file:///srv/simple"):
+        monkeypatch.setenv("PIP_INDEX_URL", bad)
+        with pytest.raises(index.PackageIndexError, match="not an http:// or https:// URL"):
+            index.index_settings()
+
+
 def test_index_settings_precedence(monkeypatch, tmp_path):
     isolate(monkeypatch, tmp_path)
     monkeypatch.delenv("PIP_CONFIG_FILE")

@@ -150,8 +150,8 @@ def index_settings() -> IndexSettings:
     """The settings in force now (environment and pip's configuration files; see the module doc).
 
     Raises:
-        PackageIndexError: a pip configuration file cannot be parsed, or ``timeout`` /
-            ``retries`` is not a number.
+        PackageIndexError: a pip configuration file cannot be parsed, the index URL is not
+            http(s), or ``timeout`` / ``retries`` is not a number.
     """
     files = _pip_file_settings()
 
@@ -171,6 +171,9 @@ def index_settings() -> IndexSettings:
             url, where = files["index-url"]
             source = f"index-url in {where}"
     s = IndexSettings(index_url=url.split()[0] if url.split() else DEFAULT_INDEX, source=source)
+    if urllib.parse.urlsplit(s.index_url).scheme not in ("http", "https"):
+        raise PackageIndexError(f"the package index {s.index_url!r} (from {source}) is not an "
+                                "http:// or https:// URL")
     for key, field in (("cert", "cert"), ("client-cert", "client_cert"), ("proxy", "proxy")):
         if (v := get(key)) is not None and v[0]:
             s = replace(s, **{field: os.path.expanduser(v[0])})
