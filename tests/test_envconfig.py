@@ -99,6 +99,16 @@ def test_bad_value_is_one_line_and_exit_2():
     assert r.stderr == "tiny_mindie: error: TINY_MINDIE_PORT: invalid int value '80x'\n"
 
 
+def test_in_json_mode_a_fatal_configuration_error_is_a_json_record_too():
+    r = subprocess.run([sys.executable, "-m", "tiny_mindie", "serve", "--port", "70000"],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "TINY_MINDIE_LOG_FORMAT": "json"})
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
+    record = json.loads(r.stderr)
+    assert record["level"] == "ERROR" and record["logger"] == "tiny_mindie"
+    assert record["message"] == "ServerConfig.port must be in 1024..65535, got 70000"
+
+
 def test_other_commands_ignore_the_variables_and_unknown_ones_are_reported():
     bad = {"TINY_MINDIE_PORT": "abc", "TINY_MINDIE_PROT": "1", "TINY_MINDIE_CACHE": "/c",
            "TINY_MINDIE_HOME": "/h", "TINY_MINDIE_TEST_BACKEND": "numpy"}

@@ -14,7 +14,7 @@ import time
 from . import __version__, health_probe
 from .config import BACKENDS, DEFAULT_BACKEND, Config, ConfigError, load_config
 from .envconfig import EnvError, apply_env, env_options
-from .logs import add_log_options, say
+from .logs import add_log_options, fail, say
 from .logs import setup as setup_logging
 from .model.gguf import ModelFileError
 from .model.registry import ModelDownloadError
@@ -254,13 +254,13 @@ def main(argv: list[str] | None = None) -> int:
                 "watermark-detect": watermark_detect,
                 "health": health_probe.run}[args.command](args)
     except ModelDownloadError as exc:   # the network: the package index, a download
-        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        fail(str(exc))
         return 1
     except CONFIG_ERRORS as exc:
-        print(f"tiny_mindie: error: {exc}", file=sys.stderr)
+        fail(str(exc))
         return 2
     except OSError as exc:   # e.g. the port is in use
-        print(f"tiny_mindie: error: {exc.strerror or exc}", file=sys.stderr)
+        fail(str(exc.strerror or exc))
         return 1
     except KeyboardInterrupt:
         return 130

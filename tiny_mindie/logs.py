@@ -69,6 +69,17 @@ def setup(level: str, fmt: str = "text") -> None:
     _json_handler = handler if fmt == "json" else None
 
 
+def fail(msg: str) -> None:
+    """The one line a command ends with on an error: ``tiny_mindie: error: <msg>`` on stderr;
+    in JSON mode an ERROR record of the logger ``tiny_mindie`` instead (every line the process
+    writes stays JSON)."""
+    if _json_handler is not None:
+        _json_handler.handle(logging.getLogger("tiny_mindie").makeRecord(
+            "tiny_mindie", logging.ERROR, __file__, 0, msg, (), None))
+    else:
+        print(f"tiny_mindie: error: {msg}", file=sys.stderr)
+
+
 def say(msg: str) -> None:
     """A line for the person starting the server (banner, progress): printed to standard
     output; in JSON mode an INFO record of the logger ``tiny_mindie`` instead, written
