@@ -148,7 +148,10 @@ def ask(host: str, port: int, ctx: ssl.SSLContext | None, path: str,
         resp = conn.getresponse()
         body = resp.read(4096)
     except TimeoutError:
-        raise ProbeError(f"no answer from {where}{path} within {timeout:g} s") from None
+        # a plain-HTTP server never answers a TLS handshake: it waits for a request line
+        hint = (" (if the server runs without TLS, httpsEnabled false or --no-tls, give the "
+                "probe --no-tls too)") if ctx else ""
+        raise ProbeError(f"no answer from {where}{path} within {timeout:g} s{hint}") from None
     except ssl.SSLError as exc:
         why = getattr(exc, "verify_message", None) or exc.reason or str(exc)
         raise ProbeError(f"TLS with {where} failed: {why}") from None
