@@ -152,7 +152,9 @@ def _report(args: argparse.Namespace, cfg, files: TLSFiles, hosts: tuple[str, ..
     print(f"nginx:      proxy_ssl_trusted_certificate {files.ca[0]};\n"
           f"            proxy_ssl_certificate {files.client_cert};\n"
           f"            proxy_ssl_certificate_key {files.client_key};\n"
-          f"            proxy_ssl_verify on; proxy_ssl_name {host}; proxy_ssl_protocols TLSv1.3;")
+          f"            proxy_ssl_verify on; proxy_ssl_name {host}; proxy_ssl_protocols TLSv1.3;"
+          + (f"\n            ssl_crl {files.crls[0]};   # nginx refuses revoked clients itself"
+             if files.crls else ""))
     secret = [files.ca[0], files.cert, files.key, files.client_cert, files.client_key,
               *files.crls]
     print(f"Kubernetes: kubectl create secret generic {SECRET} \\\n"
