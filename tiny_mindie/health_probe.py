@@ -28,9 +28,10 @@ import ssl
 import sys
 import time
 
+from .envconfig import EnvError, env_defaults, env_options
+
 PATHS = {"live": "/v2/health/live", "ready": "/v2/health/ready", "serving": "/health"}
 DEFAULT_TIMEOUT_S = 2.0
-_TRUE = ("1", "true", "yes", "on")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,16 +71,6 @@ class ProbeError(Exception):
     """Why the probe cannot ask: one line."""
 
 
-def _env_int(name: str) -> int | None:
-    v = os.environ.get(name)
-    if v is None or v == "":
-        return None
-    try:
-        return int(v)
-    except ValueError:
-        raise ProbeError(f"${name} must be an integer, got {v!r}") from None
-
-
 def target(args: argparse.Namespace) -> tuple[str, int, ssl.SSLContext | None]:
     """``(host, port, TLS context or None)`` of the server's management listener.
 
@@ -90,24 +81,18 @@ def target(args: argparse.Namespace) -> tuple[str, int, ssl.SSLContext | None]:
     from .config import ConfigError, load_config
     from .security import tls_files
 
-    path = (args.config or os.environ.get("TINY_MINDIE_CONFIG")
-            or os.environ.get("MIES_CONFIG_JSON_PATH") or None)
-    host = args.host or os.environ.get("TINY_MINDIE_HOST") or None
-    port = args.port if args.port is not None else _env_int("TINY_MINDIE_PORT")
-    mport = (args.management_port if args.management_port is not None
-             else _env_int("TINY_MINDIE_MANAGEMENT_PORT"))
-    no_tls = args.no_tls or os.environ.get("TINY_MINDIE_NO_TLS", "").lower() in _TRUE
     try:
-        cfg = load_config(path)
-        # as serve's options move the listeners (cli._config_from_args)
+        cfg = load_config(args.config)
+        # as serve's options move the listeners (cli._config_from_args, which imports the
+        # server: not here)
         over: dict = {}
-        if host is not None:
-            over["server.management_ip_address"] = host
-        if port is not None and cfg.server.management_port == cfg.server.port:
-            over["server.management_port"] = port
-        if mport is not None:
-            over["server.management_port"] = mport
-        if no_tls:
+        if args.host:
+            over["server.management_ip_address"] = args.host
+        if args.port is not None and cfg.server.management_port == cfg.server.port:
+            over["server.management_port"] = args.port
+        if args.management_port is not None:
+            over["server.management_port"] = args.management_port
+        if args.no_tls:
             over["server.https_enabled"] = False
         s = (cfg.with_overrides(**over) if over else cfg).server
         files = tls_files(cfg) if s.https_enabled else None
@@ -201,5 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Exit 0 when the server on this machine answers "
                                             "200 to its health route, else 1 with the reason.")
     add_arguments(p)
+    env_options(p)          # TINY_MINDIE_* as serve's (envconfig: argparse only, light)
+    try:
+        p.set_defaults(**env_defaults(p, os.environ))
+    except EnvError as exc:       # like a configuration the probe cannot read: status 1
+        print(f"tiny_mindie health: {exc}", file=sys.stderr)
+        return 1
     return run(p.parse_args(argv))
 
