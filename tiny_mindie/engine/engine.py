@@ -112,6 +112,11 @@ class _Sequence:
     def n_generated(self) -> int:
         return len(self.tokens) - self.n_prompt
 
+    def sample_row(self) -> SampleRow:
+        """What the sampler needs of this sequence for its next token."""
+        return SampleRow(self.req.sampling, np.asarray(self.tokens), self.rng,
+                         self.req.top_logprobs, self.n_prompt)
+
     def emit(self, item) -> None:
         """Hand ``item`` to the request's event loop; a closed loop means the caller is gone."""
         try:
@@ -390,9 +395,7 @@ class Engine:
                 seq.n_cached += 1                 # ids[i] is a token of the sequence
             row = logits[i:i + 1]
             self._bias_and_mask(row, [seq], [], None)
-            result = self._sample(row, [SampleRow(seq.req.sampling, np.asarray(seq.tokens),
-                                                  seq.rng, seq.req.top_logprobs,
-                                                  seq.n_prompt)])[0]
+            result = self._sample(row, [seq.sample_row()])[0]
             with self._cond:
                 if seq.cancelled or seq.slot is None:
                     return
@@ -439,9 +442,7 @@ class Engine:
         bitmask = (fill_masks([seq.matcher for seq in constrained], self.tokenizer.vocab_size)
                    if constrained else None)
         self._bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
-        rows = [SampleRow(seq.req.sampling, np.asarray(seq.tokens), seq.rng, seq.req.top_logprobs,
-                          seq.n_prompt) for _, seq in ready]
-        sampled = self._sample(logits, rows)
+        sampled = self._sample(logits, [seq.sample_row() for _, seq in ready])
         with self._cond:
             for (_, seq), result in zip(ready, sampled, strict=True):
                 if seq.cancelled or seq.slot is None:
