@@ -435,15 +435,10 @@ class OrtBackend(Backend):
             binding = self._session.io_binding()
             for j in range(0, len(ids), self.max_verify_rows):
                 piece = ids[j:j + self.max_verify_rows]
-                n, end = len(piece), start + j + len(piece)
-                logits = self._bind_kv(binding, self._phys[slot], 1, rows=n, verify=True)
-                binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
-                binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
-                binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
-                binding.bind_cpu_input("logits_index", np.arange(n, dtype=np.int64))
-                self._session.run_with_iobinding(binding)
-                out[j:j + n] = logits
-                self._used[slot] = end
+                logits = self._bind_kv(binding, self._phys[slot], 1, rows=len(piece),
+                                       verify=True)
+                self._run_chunk(binding, slot, start + j, piece, np.arange(len(piece)))
+                out[j:j + len(piece)] = logits
         return out
 
     def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
@@ -660,15 +655,21 @@ class OrtBackend(Backend):
         def run() -> None:
             for j in range(0, len(tokens), self.max_chunk_tokens):
                 piece = tokens[j:j + self.max_chunk_tokens]
-                end = start + j + len(piece)
-                binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
-                binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
-                binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
-                binding.bind_cpu_input("logits_index", np.array([len(piece) - 1], np.int64))
-                self._session.run_with_iobinding(binding)
-                self._used[slot] = end
+                self._run_chunk(binding, slot, start + j, piece, [len(piece) - 1])
             out[out_row] = logits[0]
         return run
+
+    def _run_chunk(self, binding, slot: int, start: int, piece: np.ndarray, rows) -> None:
+        """One session run of ``piece`` (int64 ``[n]``) of ``slot`` at ``start`` on
+        ``binding`` (its KV and logits bound), the logits of its ``rows`` (indexes into the
+        piece) into the bound logits buffer."""
+        end = start + len(piece)
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
+        binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
+        binding.bind_cpu_input("logits_index", np.asarray(rows, np.int64))
+        self._session.run_with_iobinding(binding)
+        self._used[slot] = end
 
     def _arrange(self, slots: list[int]) -> int:
         """Make the physical rows of ``slots`` consecutive (swapping rows); return the first."""
