@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -816,9 +817,18 @@ SPEC_WORKLOADS = {
         .replace("context", "contxt").replace("answer", "anwser")),
     "extractive: code edit": "Rename the variable `result` to `amount` in this code, and "
                              "show the whole code:\n\n```python\n" + SPEC_CODE + "```",
-    "free chat": "Tell me a story about a lighthouse keeper and a storm.",
-    "free chat 2": "What should I know before adopting a dog?",
 }
+#: Free chat, where little repeats: speculation must not cost here (each prompt is reported,
+#: and the geometric mean of their on/off ratios).
+SPEC_FREE_CHAT = {
+    "free: a story": "Tell me a story about a lighthouse keeper and a storm.",
+    "free: a question": "What should I know before adopting a dog?",
+    "free: an explanation": "Explain how a refrigerator works.",
+    "free: a poem": "Write a poem about autumn leaves.",
+    "free: advice": "Give me three tips for a job interview.",
+    "free: a letter": "Write a short letter to a friend who moved abroad.",
+}
+SPEC_WORKLOADS.update(SPEC_FREE_CHAT)
 
 
 def _decode_rate(port: int, model: str, content: str, max_tokens: int) -> tuple[float, int]:
@@ -888,12 +898,20 @@ def speculation_table(args) -> int:
           f"{'on/off':>7}  per repetition")
     for work in SPEC_WORKLOADS:
         on, off = rates[(work, "on")], rates[(work, "off")]
-        per = ", ".join(f"{a / b:.2f}" for a, b in zip(on, off, strict=True))
+        per = ", ".join(f"{_ratio(a, b):.2f}" for a, b in zip(on, off, strict=True))
         print(f"{work:<24} {counts[work]:>6} {_median(on):>18.1f} {_median(off):>10.1f} "
-              f"{_median(on) / _median(off):>7.2f}  {per}")
+              f"{_ratio(_median(on), _median(off)):>7.2f}  {per}")
+    free = [_ratio(_median(rates[(w, "on")]), _median(rates[(w, "off")])) for w in SPEC_FREE_CHAT]
+    print(f"free chat, geometric mean of the {len(free)} on/off ratios: "
+          f"{math.prod(free) ** (1 / len(free)):.3f} (lowest {min(free):.2f})")
     print(f"proposed {spec[0]:.0f} tokens, kept {spec[1]:.0f} "
           f"({spec[1] / spec[0] * 100 if spec[0] else 0:.0f} %)")
     return 0
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is 0 (an answer of one token has no decode rate)."""
+    return a / b if b else float("nan")
 
 
 def _served_model(port: int) -> str:

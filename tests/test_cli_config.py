@@ -211,21 +211,23 @@ def test_prefix_caching_is_on_unless_the_file_or_the_flag_turns_it_off(tmp_path)
     assert _config_from_args(args).backend.schedule.prefix_caching is False
 
 
-def test_speculation_is_off_unless_the_file_the_flag_or_the_environment_turns_it_on(tmp_path):
+def test_speculation_is_on_unless_the_file_the_flag_or_the_environment_turns_it_off(tmp_path):
     from tiny_mindie.cli import _config_from_args, build_parser
-    assert load_config(write(tmp_path, {})).backend.schedule.speculative_decoding is False
-    on = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"speculativeDecoding": True}}})
-    assert load_config(on).backend.schedule.speculative_decoding is True
+    assert load_config(write(tmp_path, {})).backend.schedule.speculative_decoding is True
+    off = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"speculativeDecoding": False}}})
+    assert load_config(off).backend.schedule.speculative_decoding is False
     bad = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"speculativeDecoding": "no"}}})
     with pytest.raises(ConfigError, match="speculativeDecoding must be true or false"):
         load_config(bad)
-    args = build_parser().parse_args(["serve", "--speculation"])
+    args = build_parser().parse_args(["serve"])
     assert _config_from_args(args).backend.schedule.speculative_decoding is True
+    args = build_parser().parse_args(["serve", "--no-speculation"])
+    assert _config_from_args(args).backend.schedule.speculative_decoding is False
     from tiny_mindie.envconfig import apply_env
     parser = build_parser()
-    apply_env(parser, ["serve"], {"TINY_MINDIE_SPECULATION": "1"})
+    apply_env(parser, ["serve"], {"TINY_MINDIE_NO_SPECULATION": "1"})
     args = parser.parse_args(["serve"])
-    assert _config_from_args(args).backend.schedule.speculative_decoding is True
+    assert _config_from_args(args).backend.schedule.speculative_decoding is False
 
 
 def test_registry_alias_shows_the_full_model_name(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import os
 import subprocess
 import time
 
@@ -176,3 +177,27 @@ def test_non_generation_routes_are_not_counted(server):
     assert request(server, "GET", "/nope")[0] == 404
     _, after = scrape(server)
     assert counters(after) == counters(before)
+
+
+def test_the_default_server_speculates_on_extractive_work_and_counts_it(server):
+    """Speculative decoding is on by default (onnxruntime backend): a request that copies its
+    prompt, decoding alone, has proposals verified and kept, and /metrics counts them."""
+    status, _, body = request(server, "GET", "/v1/config")
+    on = json.loads(body)["BackendConfig"]["ScheduleConfig"]["speculativeDecoding"]
+    numpy = os.environ.get("TINY_MINDIE_TEST_BACKEND") == "numpy"
+    assert status == 200 and on is (not numpy)
+    text = ("Edge devices have little memory, so small quantized models are a good fit for "
+            "them, and a server that speaks the same API saves rewriting every client.")
+    before = _wait_for(server, idle)
+    status, _, body = request(server, "POST", "/infer", {
+        "inputs": f"Text:\n{text}\n\nThe same text again:\n{text[:30]}",
+        "parameters": {"max_new_tokens": 24, "do_sample": False}})
+    assert status == 200 and json.loads(body)["generated_text"]
+    _, after = scrape(server)
+    d = lambda name: value(after, name) - value(before, name)   # noqa: E731
+    proposed = d("spec_decode_num_draft_tokens_total")
+    kept = d("spec_decode_num_accepted_tokens_total")
+    if numpy:
+        assert proposed == kept == 0
+    else:
+        assert proposed >= kept >= 8, (proposed, kept)

@@ -220,3 +220,19 @@ def test_spec_counters_are_exposed(smollm):
             f'{snap["spec_proposed_tokens"]}') in text
     assert (f'tiny_mindie_spec_decode_num_accepted_tokens_total{{model_name="m"}} '
             f'{snap["spec_accepted_tokens"]}') in text
+
+
+def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path, caplog):
+    """CANN would run an If per layer (untested there): the graph is built without them, and
+    the log says why (onnxruntime without CANN then runs it on the CPU)."""
+    from tiny_mindie.model.loader import load_model
+
+    with caplog.at_level("INFO", logger="tiny_mindie.model.ort_backend"):
+        _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
+                                 providers=[("CANNExecutionProvider", {"device_id": "0"}),
+                                            "CPUExecutionProvider"])
+    try:
+        assert be.max_verify_rows == 0 and not be.fast_verify
+        assert "off on CANNExecutionProvider" in caplog.text
+    finally:
+        be.close()

@@ -84,7 +84,7 @@ class ScheduleConfig:
     max_queue_delay_microseconds: int = 5000
     prefill_chunk_size: int = 512  # tiny_mindie: prompt tokens per step, so decode keeps flowing
     prefix_caching: bool = True    # tiny_mindie: reuse the KV of a prompt prefix seen before
-    speculative_decoding: bool = False  # tiny_mindie: prompt lookup, verified losslessly
+    speculative_decoding: bool = True   # tiny_mindie: prompt lookup, verified losslessly
 
 
 @dataclass(frozen=True)

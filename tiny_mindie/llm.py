@@ -103,7 +103,7 @@ class LLM:
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
-                 speculation: bool = False, log=print):
+                 speculation: bool = True, log=print):
         say = log or (lambda _msg: None)
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)

@@ -75,7 +75,7 @@ class EngineLimits:
     max_buffered_events: int = 1024
     schedule: SchedulerLimits = field(default_factory=SchedulerLimits)
     prefix_cache: bool = True
-    speculation: bool = False
+    speculation: bool = True
 
 
 class _Sequence:

@@ -102,6 +102,7 @@ from .providers import (
     device_name,
     node_placement,
     placement_summary,
+    provider_name,
     select_providers,
     session_options,
 )
@@ -268,6 +269,12 @@ class OrtBackend(Backend):
         self.max_seq_len = max_seq_len
         self.max_chunk_tokens = max(1, max_chunk_tokens)
 
+        chosen = select_providers(providers, device_id)
+        if graph_options.verify_rows and provider_name(chosen[0]) != CPU:
+            # an If per layer would cut an NPU's graph into pieces (and is untested there)
+            log.info("speculative decoding: for the CPU execution provider only; off on %s",
+                     provider_name(chosen[0]))
+            graph_options = dataclasses.replace(graph_options, verify_rows=0)
         t0 = time.perf_counter()
         self.graph_path, self.built = cached_graph(f, config, graph_options, cache_dir)
         t1 = time.perf_counter()
@@ -278,7 +285,7 @@ class OrtBackend(Backend):
         self._session, before = _open_session(
             self.graph_path,
             session_options(self.threads, spinning=spinning, config=session_config),
-            select_providers(providers, device_id), release=release, huge_pages=huge_pages)
+            chosen, release=release, huge_pages=huge_pages)
         self._huge_pages = _HugePageMove(before) if before is not None else None
         if self._huge_pages is not None:
             self._huge_pages.start()

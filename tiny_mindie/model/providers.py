@@ -50,6 +50,11 @@ def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0)
     return chosen
 
 
+def provider_name(provider: Any) -> str:
+    """The name of one entry of :func:`select_providers`' list (a name or ``(name, options)``)."""
+    return provider if isinstance(provider, str) else provider[0]
+
+
 def device_name(provider: str, device_id: int) -> str:
     """What a session on ``provider`` (the first it uses) runs on, as shown to users:
     ``"CPU"``, ``"CANNExecutionProvider:<device_id>"``, or the provider's name."""
