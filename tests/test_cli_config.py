@@ -223,6 +223,11 @@ def test_speculation_is_on_unless_the_file_the_flag_or_the_environment_turns_it_
     assert _config_from_args(args).backend.schedule.speculative_decoding is True
     args = build_parser().parse_args(["serve", "--no-speculation"])
     assert _config_from_args(args).backend.schedule.speculative_decoding is False
+    off = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"speculativeDecoding": False}}})
+    args = build_parser().parse_args(["serve", "--config", off, "--speculation"])
+    assert _config_from_args(args).backend.schedule.speculative_decoding is True
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--speculation", "--no-speculation"])
     from tiny_mindie.envconfig import apply_env
     parser = build_parser()
     apply_env(parser, ["serve"], {"TINY_MINDIE_NO_SPECULATION": "1"})

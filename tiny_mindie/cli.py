@@ -77,11 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt + output tokens per sequence (maxSeqLen, default 2560)")
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt whole (ScheduleConfig.prefixCaching: false)")
-    s.add_argument("--no-speculation", action="store_true",
-                   help="one token per decode step, and a graph without the verification path "
-                        "(ScheduleConfig.speculativeDecoding: false; by default tokens proposed "
-                        "by prompt lookup are verified several at a time, losslessly, when it "
-                        "pays)")
+    spec = s.add_mutually_exclusive_group()
+    spec.add_argument("--speculation", action="store_true",
+                      help="speculative decoding (the default; ScheduleConfig."
+                           "speculativeDecoding: true over a file's false)")
+    spec.add_argument("--no-speculation", action="store_true",
+                      help="one token per decode step, and a graph without the verification "
+                           "path (ScheduleConfig.speculativeDecoding: false; by default tokens "
+                           "proposed by prompt lookup are verified several at a time, "
+                           "losslessly, when it pays)")
     s.add_argument("--no-tls", action="store_true",
                    help="plain HTTP, no TLS (MindIE's httpsEnabled: false); for local development")
     s.add_argument("--drain-timeout", type=float,
@@ -146,6 +150,8 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["schedule.prefix_caching"] = False
     if args.no_speculation:
         over["schedule.speculative_decoding"] = False
+    elif args.speculation:
+        over["schedule.speculative_decoding"] = True
     if args.model is not None:
         over["model.model_weight_path"] = args.model
         if args.model_name is None and cfg.source is None:
