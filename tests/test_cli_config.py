@@ -228,11 +228,24 @@ def test_speculation_is_on_unless_the_file_the_flag_or_the_environment_turns_it_
     assert _config_from_args(args).backend.schedule.speculative_decoding is True
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--speculation", "--no-speculation"])
-    from tiny_mindie.envconfig import apply_env
-    parser = build_parser()
-    apply_env(parser, ["serve"], {"TINY_MINDIE_NO_SPECULATION": "1"})
-    args = parser.parse_args(["serve"])
-    assert _config_from_args(args).backend.schedule.speculative_decoding is False
+    from tiny_mindie.envconfig import EnvError, apply_env
+
+    def with_env(environ, argv=()):
+        parser = build_parser()
+        apply_env(parser, ["serve"], environ)
+        return _config_from_args(parser.parse_args(["serve", *argv])).backend.schedule
+    assert with_env({"TINY_MINDIE_NO_SPECULATION": "1"}).speculative_decoding is False
+    assert with_env({"TINY_MINDIE_NO_SPECULATION": "0"}).speculative_decoding is True
+    # the flag wins over the variable, either way round
+    assert with_env({"TINY_MINDIE_NO_SPECULATION": "1"},
+                    ["--speculation"]).speculative_decoding is True
+    assert with_env({"TINY_MINDIE_SPECULATION": "1"},
+                    ["--no-speculation"]).speculative_decoding is False
+    assert with_env({"TINY_MINDIE_SPECULATION": "1",
+                     "TINY_MINDIE_NO_SPECULATION": "0"}).speculative_decoding is True
+    with pytest.raises(EnvError, match="TINY_MINDIE_SPECULATION and TINY_MINDIE_NO_SPECULATION "
+                                       "contradict each other"):
+        with_env({"TINY_MINDIE_SPECULATION": "1", "TINY_MINDIE_NO_SPECULATION": "yes"})
 
 
 def test_registry_alias_shows_the_full_model_name(tmp_path):

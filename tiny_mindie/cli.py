@@ -78,10 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill every prompt whole (ScheduleConfig.prefixCaching: false)")
     spec = s.add_mutually_exclusive_group()
-    spec.add_argument("--speculation", action="store_true",
+    spec.add_argument("--speculation", action="store_true", dest="speculation", default=None,
                       help="speculative decoding (the default; ScheduleConfig."
                            "speculativeDecoding: true over a file's false)")
-    spec.add_argument("--no-speculation", action="store_true",
+    spec.add_argument("--no-speculation", action="store_false", dest="speculation",
+                      default=None,
                       help="one token per decode step, and a graph without the verification "
                            "path (ScheduleConfig.speculativeDecoding: false; by default tokens "
                            "proposed by prompt lookup are verified several at a time, "
@@ -148,10 +149,8 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["server.health_port"] = args.health_port
     if args.no_prefix_cache:
         over["schedule.prefix_caching"] = False
-    if args.no_speculation:
-        over["schedule.speculative_decoding"] = False
-    elif args.speculation:
-        over["schedule.speculative_decoding"] = True
+    if args.speculation is not None:
+        over["schedule.speculative_decoding"] = args.speculation
     if args.model is not None:
         over["model.model_weight_path"] = args.model
         if args.model_name is None and cfg.source is None:

@@ -105,9 +105,10 @@ def env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) ->
 
     Raises:
         EnvError: a value the option does not take, e.g. ``TINY_MINDIE_PORT: invalid int
-            value 'x'``.
+            value 'x'``; or two switches of one setting both turned on, e.g.
+            ``TINY_MINDIE_SPECULATION`` and ``TINY_MINDIE_NO_SPECULATION``.
     """
-    out = {}
+    out, turned_on = {}, {}
     for action in parser._actions:
         name = next((n for n in _names(action) if environ.get(n)), None)
         if name is None:
@@ -117,7 +118,14 @@ def env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) ->
             word = raw.strip().lower()
             if word not in _TRUE | _FALSE:
                 raise EnvError(f"{name}: expected 1/true/yes/on or 0/false/no/off, got {raw!r}")
-            out[action.dest] = action.const if word in _TRUE else action.default
+            if word in _FALSE:
+                out.setdefault(action.dest, action.default)
+                continue
+            other = turned_on.get(action.dest)
+            if other is not None and out[action.dest] != action.const:   # --x and --no-x
+                raise EnvError(f"{other} and {name} contradict each other; set one of them")
+            turned_on[action.dest] = name
+            out[action.dest] = action.const
             continue
         try:
             value = action.type(raw) if callable(action.type) else raw
