@@ -881,9 +881,12 @@ def speculation_table(args) -> int:
             name = _served_model(servers["on"])
             for port in servers.values():                        # warm up
                 _decode_rate(port, name, "Hello", 4)
-            for _ in range(args.reps):
+            for rep in range(args.reps):
+                # which server goes first alternates: in process, speculation always run
+                # first measured 0.91-0.92x on a free-chat story, 0.98x with the order rotated
+                order = list(servers.items())[::-1 if rep % 2 else 1]
                 for work, content in SPEC_WORKLOADS.items():
-                    for label, port in servers.items():
+                    for label, port in order:
                         rate, n = _decode_rate(port, name, content, args.gen_tokens)
                         rates.setdefault((work, label), []).append(rate)
                         counts[work] = n
