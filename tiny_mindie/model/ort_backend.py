@@ -535,9 +535,10 @@ class OrtBackend(Backend):
     def check_prefix_split_invariance(self) -> bool:
         """Whether a prompt's KV cache (every layer, every position) and last logits are bit for
         bit the same prefilled in one chunk and in the chunkings of :data:`SPLIT_CHECK_CUTS`
-        (see :attr:`~.backend.Backend.prefix_split_invariant`). Uses slot 0, whose KV is
-        forgotten afterwards. Costs four prefills of :data:`SPLIT_CHECK_TOKENS` tokens (about
-        3 s for SmolLM2 on a busy 2-core host; a pass is recorded beside the batch check).
+        (see :attr:`~.backend.Backend.prefix_split_invariant`). Costs four prefills of
+        :data:`SPLIT_CHECK_TOKENS` tokens, spread over the parallel runs: run ``j`` prefills
+        every ``L``-th chunking in slot ``j`` (``L = min(parallel_runs, num_slots)``), whose KV
+        is forgotten afterwards. A pass is recorded beside the batch check.
 
         On an AVX2 EPYC, SmolLM2-135M Q4_1 passes (also for cuts anywhere in 300 tokens);
         Gemma 3 270M Q4_K_M fails each of the three chunkings: a position computed in a chunk
@@ -546,24 +547,30 @@ class OrtBackend(Backend):
         """
         n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
         prompt = (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
-        row = self._phys[0]
+        chunkings = [(), *self.SPLIT_CHECK_CUTS]
+        lanes = min(self.parallel_runs, self.num_slots)
+        logits = np.empty((len(chunkings), self.config.vocab_size), np.float32)
+        kv: list[list[np.ndarray]] = [[] for _ in chunkings]
 
-        def prefill(cuts: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
-            bounds = [0, *(c for c in cuts if 0 < c < n), n]
-            for a, b in itertools.pairwise(bounds):
-                logits = self.forward([SeqChunk(0, a, prompt[a:b])])[0]
-            return logits, [buf[row, :, :n].copy() for buf in self._k + self._v]
+        def lane(slot: int) -> None:
+            row = self._phys[slot]
+            for i in range(slot, len(chunkings), lanes):
+                bounds = [0, *(c for c in chunkings[i] if 0 < c < n), n]
+                for a, b in itertools.pairwise(bounds):
+                    self._prefill_run(slot, a, prompt[a:b], logits, i)()
+                kv[i] = [buf[row, :, :n].copy() for buf in self._k + self._v]
 
         try:
-            whole, kv = prefill(())
-            for cuts in self.SPLIT_CHECK_CUTS:
-                logits, kv2 = prefill(cuts)
-                if not (np.array_equal(logits, whole)
-                        and all(np.array_equal(a, b) for a, b in zip(kv, kv2, strict=True))):
-                    return False
-            return True
+            with self._lock:
+                for slot in range(lanes):       # bindings made here, not in a worker thread
+                    self._prefill_binding(self._phys[slot])
+                self._run_lanes([[lambda s=slot: lane(s)] for slot in range(lanes)])
+            return all(np.array_equal(logits[i], logits[0]) and all(
+                np.array_equal(a, b) for a, b in zip(kv[0], kv[i], strict=True))
+                for i in range(1, len(chunkings)))
         finally:
-            self._used[0] = 0
+            for slot in range(lanes):
+                self._used[slot] = 0
 
     #: past lengths at which :meth:`check_verify_matches_decode` verifies a chunk (and one past
     #: the sliding window, for models with local layers).
@@ -577,26 +584,29 @@ class OrtBackend(Backend):
         """Whether :meth:`verify` gives bit for bit the logits and KV of decoding the same
         tokens one by one (:func:`.graph.verify_attention`), for a chunk of
         :attr:`max_verify_rows` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
-        (and ``sliding_window + 7``).
-        Uses slot 0, whose KV is forgotten afterwards.
+        (and ``sliding_window + 7``). One prompt is prefilled once, up to the longest of those
+        positions; the chunks are then decoded and verified from the longest position down
+        (each leaves the positions before it as they were). Uses slot 0, whose KV is forgotten
+        afterwards.
 
         Would fail where the matrix products compute a chunk's few rows otherwise than decode
         rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
         :func:`.graph.verify_attention` assumes; speculation is then off.
         """
         row, V = self._phys[0], self.config.vocab_size
+        pasts = sorted((p for p in set(self._verify_check_lengths())
+                        if min(self.max_verify_rows, self.max_seq_len - p) >= 2), reverse=True)
+        if not pasts:
+            return True
+        ids = (np.arange(pasts[0] + self.max_verify_rows, dtype=np.int64) * 7919 + 11) % V
         try:
-            for past in self._verify_check_lengths():
+            self.forward([SeqChunk(0, 0, ids[:pasts[0]])])
+            for past in pasts:
                 n = min(self.max_verify_rows, self.max_seq_len - past)
-                if n < 2:
-                    continue
-                ids = (np.arange(past + n, dtype=np.int64) * 7919 + 11) % V
-                self.forward([SeqChunk(0, 0, ids[:past])])
                 steps = np.stack([self.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
                                   for k in range(n)])
                 kv = [buf[row, :, :past + n].copy() for buf in self._k + self._v]
-                self.forward([SeqChunk(0, 0, ids[:past])])
-                rows = self.verify(0, past, ids[past:])
+                rows = self.verify(0, past, ids[past:past + n])
                 if not (np.array_equal(rows, steps) and all(
                         np.array_equal(a, buf[row, :, :past + n])
                         for a, buf in zip(kv, self._k + self._v, strict=True))):
