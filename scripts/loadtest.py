@@ -261,6 +261,8 @@ def versus_llama_server(args) -> int:
     extra = ["--no-tls", "--model", model]
     if args.parallel_runs is not None:
         extra += ["--parallel-runs", str(args.parallel_runs)]
+    if args.no_speculation:
+        extra.append("--no-speculation")
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
         tiny, tiny_port = start_server(args.backend, args.threads, home, extra=extra)
         llama, llama_port = start_llama_server(args.llama_server, model, cpus)
@@ -285,7 +287,8 @@ def versus_llama_server(args) -> int:
     print(f"{os.path.basename(model)}: greedy /v1/completions streams, {args.new_tokens} tokens, "
           f"{args.rounds} per client, plain HTTP; tiny_mindie threads "
           f"{args.threads if args.threads is not None else 'default'}, parallel runs "
-          f"{args.parallel_runs if args.parallel_runs is not None else 'default'}; llama-server "
+          f"{args.parallel_runs if args.parallel_runs is not None else 'default'}"
+          f"{', no speculation' if args.no_speculation else ''}; llama-server "
           f"-t {cpus} -np 8; load average {os.getloadavg()[0]:.2f}")
     print(f"{'clients':>7}  {'tiny_mindie tok/s':<28} {'llama-server tok/s':<28} ratio per turn")
     for n in args.levels:
@@ -304,6 +307,8 @@ def main() -> int:
     ap.add_argument("--backend", choices=["onnxruntime", "numpy"])
     ap.add_argument("--threads", type=int)
     ap.add_argument("--parallel-runs", type=int, help="tiny_mindie's --parallel-runs")
+    ap.add_argument("--no-speculation", action="store_true",
+                    help="tiny_mindie with --no-speculation (one token per decode step)")
     ap.add_argument("--model", help="a .gguf file or a registry name (with --llama-server)")
     ap.add_argument("--llama-server", metavar="DIR",
                     help="llama.cpp's binaries folder (or llama-server): compare against it")
@@ -313,7 +318,8 @@ def main() -> int:
     if args.llama_server:
         return versus_llama_server(args)
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
-        proc, port = start_server(args.backend, args.threads, home)
+        proc, port = start_server(args.backend, args.threads, home,
+                                  extra=["--no-speculation"] if args.no_speculation else None)
         try:
             ctx = client_context(tls_files(load_config(os.path.join(home, "config.json"))))
             Client(port, ctx).stream({"inputs": "warm up", "stream": True,

@@ -19,9 +19,8 @@ def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
     assert out == "" and err == ""
 
 
-def test_default_threads_leave_a_core():
-    n = len(os.sched_getaffinity(0))
-    assert providers.default_threads() == max(1, n - 1)
+def test_default_threads_are_every_cpu_of_the_process():
+    assert providers.default_threads() == len(os.sched_getaffinity(0))
 
 
 def test_node_placement_counts_the_nodes_each_provider_runs():

@@ -213,7 +213,7 @@ class OrtBackend(Backend):
         config: its parameters (``ModelConfig.from_gguf(f)``).
         num_slots: sequences the KV cache holds at once.
         max_seq_len: positions per slot.
-        threads: intra-op threads (0: :func:`.providers.default_threads`, all CPUs but one).
+        threads: intra-op threads (0: :func:`.providers.default_threads`, every CPU).
         device_id: NPU for the CANN execution provider.
         providers: execution providers (see :func:`.providers.select_providers`); ``None``
             chooses.

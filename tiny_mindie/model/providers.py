@@ -90,14 +90,15 @@ def cpu_identity() -> str:
 
 
 def default_threads() -> int:
-    """Intra-op threads when none are configured: all CPUs this process may run on but one,
-    at least 1 -- the other core serves the event loop, the engine thread and the sampler.
+    """Intra-op threads when none are configured: every CPU this process may run on, so that
+    one run -- a lone stream's decode step above all -- uses every core (the parallel runs then
+    default to one: :attr:`.ort_backend.OrtBackend.parallel_runs`).
 
-    Why: spinning intra-op threads on every core fight the server's own Python threads (and
-    anyone else's work); under load one thread per run was as fast or faster, and steadier.
-    ``--threads`` (or ``intraOpThreads``) still selects more.
+    The other choice, ``--threads 1`` (or ``intraOpThreads: 1``: one thread per run, CPUs runs
+    at once), keeps a lone stream on one core: slower on a machine of its own, steadier where
+    other processes keep the CPUs busy (the README's "Against llama.cpp's own server" has both).
     """
-    return max(1, available_cpus() - 1)
+    return available_cpus()
 
 
 def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None):
