@@ -318,8 +318,10 @@ def main() -> int:
     if args.llama_server:
         return versus_llama_server(args)
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
-        proc, port = start_server(args.backend, args.threads, home,
-                                  extra=["--no-speculation"] if args.no_speculation else None)
+        extra = ["--no-speculation"] if args.no_speculation else []
+        if args.parallel_runs is not None:
+            extra += ["--parallel-runs", str(args.parallel_runs)]
+        proc, port = start_server(args.backend, args.threads, home, extra=extra)
         try:
             ctx = client_context(tls_files(load_config(os.path.join(home, "config.json"))))
             Client(port, ctx).stream({"inputs": "warm up", "stream": True,
@@ -330,7 +332,8 @@ def main() -> int:
             proc.wait(timeout=30)
     base = rows[0]["tok_s"]
     print(f"prompt ~{len(PROMPT.split())} words, {args.new_tokens} new tokens, {args.rounds} "
-          f"rounds per client, backend {args.backend or 'default'}, load average "
+          f"rounds per client, backend {args.backend or 'default'}"
+          f"{', no speculation' if args.no_speculation else ''}, load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'clients':>7} {'requests':>8} {'agg tok/s':>9} {'vs 1':>5} {'TTFT p50':>9} "
           f"{'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}   (ms)")

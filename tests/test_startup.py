@@ -77,6 +77,44 @@ def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, capl
     third.close()
 
 
+def test_a_check_record_names_what_was_checked(tiny, tmp_path):
+    """A start with a short ``max_seq_len`` checks a shorter prompt (and rows at fewer
+    positions): its record must not stand for a longer one, or one start at 60 tokens would
+    vouch for prefix reuse at 2048. Cuts that would leave a 1-token piece are dropped (the
+    check vouches for chunks of 2+ tokens). Down to 5 positions, the checks run (no error)."""
+    f = GGUFFile(tiny)
+    cfg = ModelConfig.from_gguf(f)
+    for n in (5, 20, 32, 20):
+        OrtBackend(f, cfg, num_slots=4, max_seq_len=n, threads=1, cache_dir=str(tmp_path),
+                   huge_pages=False).close()
+    record = os.path.join(os.path.dirname(
+        OrtBackend(f, cfg, num_slots=4, max_seq_len=20, threads=1, cache_dir=str(tmp_path),
+                   huge_pages=False).graph_path), ort_backend.BATCH_CHECKS)
+    keys = json.load(open(record))
+    assert [(k["tokens"], k["cuts"]) for k in keys if k.get("check") == "prefix split"] == [
+        (5, [[2], [], []]), (20, [[2], [], [17]]), (32, [[2], [], [17]])]
+    # the batch check's rows sit at the same positions at 20 and 32: one record serves both
+    assert [k["positions"] for k in keys if k.get("check") is None] == [[3, 4, 1, 2],
+                                                                         [3, 4, 5, 6]]
+
+
+def test_the_verification_check_fits_a_short_max_seq_len(tiny, tmp_path):
+    """Where ``max_seq_len`` leaves no room after positions 21 and 150, the verification check
+    verifies after the last position that does; below 3 positions nothing can be verified, and
+    speculation stays off rather than being vouched for unchecked."""
+    from tiny_mindie.model.graph import GraphOptions
+
+    f = GGUFFile(tiny)
+    cfg = ModelConfig.from_gguf(f)
+    for n, pasts in ((2, []), (3, [1]), (5, [1]), (30, [21]), (128, [21])):
+        be = OrtBackend(f, cfg, num_slots=2, max_seq_len=n, threads=1, cache_dir=str(tmp_path),
+                        huge_pages=False, graph_options=GraphOptions(verify_rows=5))
+        assert be._verify_check_pasts() == pasts, n
+        if not pasts:                   # (elsewhere the check's outcome is this CPU's)
+            assert not be.fast_verify
+        be.close()
+
+
 def test_load_model_reads_the_tokenizer_beside_the_backend(tiny):
     f, cfg, tok, be = load_model(tiny, num_slots=2, max_seq_len=32, threads=1)
     try:

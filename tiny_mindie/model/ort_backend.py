@@ -36,10 +36,11 @@ Why: a second intra-op thread splits every operator, so each one waits for the s
 (with another process busy on one core, a single stream slows down badly), while separate runs
 leave a single stream on its one core -- what ``threads=1`` gives on a shared host. Default
 ``L = CPUs // threads``: 1 with the default threads (every CPU, so a lone stream uses every
-core), 2 on a 2-core machine with ``threads=1``; 1 on other execution providers. A second session with more intra-op threads
-for a lone stream would hold its own copy of the prepacked weights (the Python binding cannot
-share them between sessions), so there is none. The intra-op thread count does not change a
-row's arithmetic (the kernels split output columns and heads over threads, not sums).
+core), 2 on a 2-core machine with ``threads=1``; 1 on other execution providers. A second
+session with more intra-op threads for a lone stream would hold its own copy of the prepacked
+weights (the Python binding cannot share them between sessions), so there is none. The
+intra-op thread count does not change a row's arithmetic (the kernels split output columns and
+heads over threads, not sums).
 
 Batch invariance: a decode row must get the same logits in a run of one row and in a run of
 many (else a seeded or greedy answer would change with the load). The graph pads the matrix
@@ -351,9 +352,9 @@ class OrtBackend(Backend):
             self.load_seconds["batch check"] = time.perf_counter() - t3
         if check_batching:
             t4 = time.perf_counter()
+            n, chunkings = self._split_check_chunkings()
             key = dict(self._batch_check_key(session_config), check="prefix split",
-                       tokens=self.SPLIT_CHECK_TOKENS,
-                       cuts=[list(c) for c in self.SPLIT_CHECK_CUTS])
+                       tokens=n, cuts=[b[1:-1] for b in chunkings[1:]])
             # both outcomes are recorded: a failure only means the safe, shorter reuse
             self.prefix_split_invariant = self._recorded_outcome(
                 key, "checking that prompts get the same KV in any chunks",
@@ -368,7 +369,7 @@ class OrtBackend(Backend):
         if self.fast_verify:
             t5 = time.perf_counter()
             key = dict(self._batch_check_key(session_config), check="verify",
-                       lengths=self._verify_check_lengths())
+                       lengths=self._verify_check_pasts())
             self.fast_verify = self._recorded_outcome(
                 key, "checking that verification matches decoding",
                 self.check_verify_matches_decode)
@@ -484,7 +485,13 @@ class OrtBackend(Backend):
         return {"onnxruntime": build, "cpu": cpu_identity(),
                 "providers": [str(p) for p in self.providers], "threads": self.threads,
                 "session_config": {k: str(v) for k, v in sorted((session_config or {}).items())},
-                "rows": self._batch_check_rows()}
+                "rows": self._batch_check_rows(), "positions": self._batch_check_positions()}
+
+    def _batch_check_positions(self) -> list[int]:
+        """The position each row of :meth:`check_batch_invariance` decodes at: ``3 + s`` for row
+        ``s``, wrapped into ``[1, max_seq_len)`` where that is shorter."""
+        return [1 + (2 + s) % max(1, self.max_seq_len - 1)
+                for s in range(self._batch_check_rows())]
 
     def _batch_check_rows(self) -> int:
         tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
@@ -496,15 +503,19 @@ class OrtBackend(Backend):
         multiple of the graph or of this CPU's default (its kernels' row tile). One run of
         ``b`` rows is what :meth:`forward` makes of a decode batch beside a prompt; split over
         parallel runs, a batch is runs of fewer rows, each covered too. Row ``s`` sits at its
-        own position (a prompt of ``3 + s`` fixed token ids). Afterwards the slots are forgotten
+        own position (a prompt of ``3 + s`` fixed token ids, see
+        :meth:`_batch_check_positions`). Afterwards the slots are forgotten
         (layout reset, KV pages given back).
 
         The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
         CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
         """
         n = self._batch_check_rows()
+        if self.max_seq_len < 2:                        # no position to decode at
+            return True
         vocab = self.config.vocab_size
-        prompts = [np.arange(1, 4 + s, dtype=np.int64) % vocab for s in range(n)]
+        prompts = [np.arange(1, 1 + p, dtype=np.int64) % vocab
+                   for p in self._batch_check_positions()]
         tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]
 
         def step(rows: range) -> np.ndarray:
@@ -536,18 +547,19 @@ class OrtBackend(Backend):
         """Whether a prompt's KV cache (every layer, every position) and last logits are bit for
         bit the same prefilled in one chunk and in the chunkings of :data:`SPLIT_CHECK_CUTS`
         (see :attr:`~.backend.Backend.prefix_split_invariant`). Costs four prefills of
-        :data:`SPLIT_CHECK_TOKENS` tokens, spread over the parallel runs: run ``j`` prefills
-        every ``L``-th chunking in slot ``j`` (``L = min(parallel_runs, num_slots)``), whose KV
-        is forgotten afterwards. A pass is recorded beside the batch check.
+        :data:`SPLIT_CHECK_TOKENS` tokens (fewer where ``max_seq_len`` is shorter: see
+        :meth:`_split_check_chunkings`), spread over the parallel runs: run ``j`` prefills every
+        ``L``-th chunking in slot ``j`` (``L = min(parallel_runs, num_slots)``), whose KV is
+        forgotten afterwards. Either outcome is recorded beside the batch check, keyed by what
+        was checked.
 
         On an AVX2 EPYC, SmolLM2-135M Q4_1 passes (also for cuts anywhere in 300 tokens);
         Gemma 3 270M Q4_K_M fails each of the three chunkings: a position computed in a chunk
         of 64 tokens or fewer gets other KV than in one of 100 or more (2-token pieces among
         short pieces are alike), as if a kernel chose its path by the number of rows.
         """
-        n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
+        n, chunkings = self._split_check_chunkings()
         prompt = (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
-        chunkings = [(), *self.SPLIT_CHECK_CUTS]
         lanes = min(self.parallel_runs, self.num_slots)
         logits = np.empty((len(chunkings), self.config.vocab_size), np.float32)
         kv: list[list[np.ndarray]] = [[] for _ in chunkings]
@@ -555,8 +567,7 @@ class OrtBackend(Backend):
         def lane(slot: int) -> None:
             row = self._phys[slot]
             for i in range(slot, len(chunkings), lanes):
-                bounds = [0, *(c for c in chunkings[i] if 0 < c < n), n]
-                for a, b in itertools.pairwise(bounds):
+                for a, b in itertools.pairwise(chunkings[i]):
                     self._prefill_run(slot, a, prompt[a:b], logits, i)()
                 kv[i] = [buf[row, :, :n].copy() for buf in self._k + self._v]
 
@@ -572,6 +583,21 @@ class OrtBackend(Backend):
             for slot in range(lanes):
                 self._used[slot] = 0
 
+    def _split_check_chunkings(self) -> tuple[int, list[list[int]]]:
+        """``(n, chunkings)`` of :meth:`check_prefix_split_invariance`: its prompt's length
+        ``n = min(SPLIT_CHECK_TOKENS, max_seq_len)`` and the chunk bounds ``[0, ..., n]`` of the
+        whole prompt and of each of :data:`SPLIT_CHECK_CUTS`, cuts dropped where they would leave
+        a piece shorter than 2 tokens (what the check vouches for) -- part of its record's key."""
+        n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
+        chunkings = []
+        for cuts in ((), *self.SPLIT_CHECK_CUTS):
+            bounds = [0]
+            for c in cuts:
+                if c - bounds[-1] >= 2 and n - c >= 2:
+                    bounds.append(c)
+            chunkings.append([*bounds, n])
+        return n, chunkings
+
     #: past lengths at which :meth:`check_verify_matches_decode` verifies a chunk (and one past
     #: the sliding window, for models with local layers).
     VERIFY_CHECK_LENGTHS = (21, 150)
@@ -579,6 +605,17 @@ class OrtBackend(Backend):
     def _verify_check_lengths(self) -> list[int]:
         w = self.config.sliding_window
         return list(self.VERIFY_CHECK_LENGTHS) + ([w + 7] if w else [])
+
+    def _verify_check_pasts(self) -> list[int]:
+        """The positions :meth:`check_verify_matches_decode` verifies a chunk of 2 or more
+        tokens after, longest first: those of :meth:`_verify_check_lengths` that
+        ``max_seq_len`` leaves room for, else the last that does (none below 3 positions) --
+        part of its record's key."""
+        fit = [p for p in set(self._verify_check_lengths())
+               if min(self.max_verify_rows, self.max_seq_len - p) >= 2]
+        if not fit and self.max_seq_len >= 3:
+            fit = [max(1, self.max_seq_len - self.max_verify_rows)]
+        return sorted(fit, reverse=True)
 
     def check_verify_matches_decode(self) -> bool:
         """Whether :meth:`verify` gives bit for bit the logits and KV of decoding the same
@@ -594,10 +631,9 @@ class OrtBackend(Backend):
         :func:`.graph.verify_attention` assumes; speculation is then off.
         """
         row, V = self._phys[0], self.config.vocab_size
-        pasts = sorted((p for p in set(self._verify_check_lengths())
-                        if min(self.max_verify_rows, self.max_seq_len - p) >= 2), reverse=True)
-        if not pasts:
-            return True
+        pasts = self._verify_check_pasts()
+        if not pasts:                   # no room for a verification of 2+ tokens: none vouched
+            return False
         ids = (np.arange(pasts[0] + self.max_verify_rows, dtype=np.int64) * 7919 + 11) % V
         try:
             self.forward([SeqChunk(0, 0, ids[:pasts[0]])])
