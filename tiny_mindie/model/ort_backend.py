@@ -559,7 +559,7 @@ class OrtBackend(Backend):
         short pieces are alike), as if a kernel chose its path by the number of rows.
         """
         n, chunkings = self._split_check_chunkings()
-        prompt = (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
+        prompt = self._check_prompt(n)
         lanes = min(self.parallel_runs, self.num_slots)
         logits = np.empty((len(chunkings), self.config.vocab_size), np.float32)
         kv: list[list[np.ndarray]] = [[] for _ in chunkings]
@@ -583,6 +583,10 @@ class OrtBackend(Backend):
             for slot in range(lanes):
                 self._used[slot] = 0
 
+    def _check_prompt(self, n: int) -> np.ndarray:
+        """int64 ``[n]``: the fixed token ids the prompt and verification checks prefill."""
+        return (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
+
     def _split_check_chunkings(self) -> tuple[int, list[list[int]]]:
         """``(n, chunkings)`` of :meth:`check_prefix_split_invariance`: its prompt's length
         ``n = min(SPLIT_CHECK_TOKENS, max_seq_len)`` and the chunk bounds ``[0, ..., n]`` of the
@@ -602,16 +606,13 @@ class OrtBackend(Backend):
     #: the sliding window, for models with local layers).
     VERIFY_CHECK_LENGTHS = (21, 150)
 
-    def _verify_check_lengths(self) -> list[int]:
-        w = self.config.sliding_window
-        return list(self.VERIFY_CHECK_LENGTHS) + ([w + 7] if w else [])
-
     def _verify_check_pasts(self) -> list[int]:
         """The positions :meth:`check_verify_matches_decode` verifies a chunk of 2 or more
-        tokens after, longest first: those of :meth:`_verify_check_lengths` that
-        ``max_seq_len`` leaves room for, else the last that does (none below 3 positions) --
-        part of its record's key."""
-        fit = [p for p in set(self._verify_check_lengths())
+        tokens after, longest first: those of :data:`VERIFY_CHECK_LENGTHS` and
+        ``sliding_window + 7`` that ``max_seq_len`` leaves room for, else the last that does
+        (none below 3 positions) -- part of its record's key."""
+        w = self.config.sliding_window
+        fit = [p for p in {*self.VERIFY_CHECK_LENGTHS, *([w + 7] if w else [])}
                if min(self.max_verify_rows, self.max_seq_len - p) >= 2]
         if not fit and self.max_seq_len >= 3:
             fit = [max(1, self.max_seq_len - self.max_verify_rows)]
@@ -630,11 +631,11 @@ class OrtBackend(Backend):
         rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
         :func:`.graph.verify_attention` assumes; speculation is then off.
         """
-        row, V = self._phys[0], self.config.vocab_size
+        row = self._phys[0]
         pasts = self._verify_check_pasts()
         if not pasts:                   # no room for a verification of 2+ tokens: none vouched
             return False
-        ids = (np.arange(pasts[0] + self.max_verify_rows, dtype=np.int64) * 7919 + 11) % V
+        ids = self._check_prompt(pasts[0] + self.max_verify_rows)
         try:
             self.forward([SeqChunk(0, 0, ids[:pasts[0]])])
             for past in pasts:
