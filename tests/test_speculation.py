@@ -110,8 +110,10 @@ def _verify_equals_decode(backend, past: int, n: int, seed: int) -> None:
 def smollm(model_path):
     from tiny_mindie.llm import LLM
 
+    # one intra-op thread: with two, the adaptive policy (timed) kept 47 of 120 extractive
+    # tokens in one of four runs after test_startup, where the assertion below wants > 60
     m = LLM(model_path, max_seq_len=768, max_input_len=700, num_slots=4, speculation=True,
-            log=None)
+            threads=1, log=None)
     yield m
     m.close()
 
