@@ -15,6 +15,11 @@ A test's tier comes from the fixtures it uses, directly or through other fixture
 ``@pytest.mark.e2e``) for a test that pulls a model or starts a server in its own body or in a
 module fixture of its own; else it is ``unit``. An explicit mark lighter than what the fixtures
 need is an error.
+
+Beside its tier, a test that needs a real-size model (hundreds of MB to pull, seconds to load;
+Qwen2.5-Coder 0.5B through the ``qwen_coder_path`` fixture) is marked ``realsize``, from its
+fixtures (:data:`REALSIZE_FIXTURES`) or by hand; ``-m "not realsize"`` leaves those out. A
+``realsize`` test of the ``unit`` tier is an error.
 """
 
 from __future__ import annotations
@@ -42,32 +47,48 @@ TIERS = ("unit", "model", "e2e")            # lightest first
 #: tier. A module's own fixture of the same name (tests/test_conn.py's in-process ``server``)
 #: does not count.
 TIER_OF_FIXTURE = {"server": "e2e", "model_path": "model", "tokenizer": "model",
-                   "gemma_path": "model", "vocab_dir": "model"}
+                   "gemma_path": "model", "vocab_dir": "model", "qwen_coder_path": "model"}
+#: The fixtures of this file that mark every test using them ``realsize`` as well.
+REALSIZE_FIXTURES = {"qwen_coder_path"}
+
+
+def _own_fixtures(item, names) -> set[str]:
+    """Which of ``names`` the test uses (even through other fixtures) as this file defines them."""
+    found = set()
+    for name in item.fixturenames:                      # the transitive closure
+        defs = item._fixtureinfo.name2fixturedefs.get(name)
+        if name in names and defs and defs[-1].func.__module__ == __name__:
+            found.add(name)
+    return found
 
 
 def _fixture_tiers(item) -> set[str]:
-    tiers = set()
-    for name in item.fixturenames:                      # the transitive closure
-        defs = item._fixtureinfo.name2fixturedefs.get(name)
-        if name in TIER_OF_FIXTURE and defs and defs[-1].func.__module__ == __name__:
-            tiers.add(TIER_OF_FIXTURE[name])
-    return tiers
+    return {TIER_OF_FIXTURE[name] for name in _own_fixtures(item, TIER_OF_FIXTURE)}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Give each test its tier marker (see the module doc)."""
+    """Give each test its tier marker, and ``realsize`` where due (see the module doc)."""
     errors = []
     for item in items:
         marked = {m.name for m in item.iter_markers() if m.name in TIERS}
         needed = max(_fixture_tiers(item), key=TIERS.index, default="unit")
         if len(marked) > 1:
             errors.append(f"{item.nodeid}: marked {' and '.join(sorted(marked))}; one tier only")
-        elif marked:
+            continue
+        if marked:
             (tier,) = marked
             if TIERS.index(tier) < TIERS.index(needed):
                 errors.append(f"{item.nodeid}: marked {tier}, but its fixtures make it {needed}")
         else:
-            item.add_marker(needed)
+            tier = needed
+            item.add_marker(tier)
+        realsize = any(m.name == "realsize" for m in item.iter_markers())
+        if not realsize and _own_fixtures(item, REALSIZE_FIXTURES):
+            item.add_marker("realsize")
+            realsize = True
+        if realsize and tier == "unit":
+            errors.append(f"{item.nodeid}: marked realsize, but its tier is unit (a real-size "
+                          "model is pulled and loaded: mark it model)")
     if errors:
         raise pytest.UsageError("test tiers:\n  " + "\n  ".join(errors))
 
@@ -93,6 +114,13 @@ def model_path() -> str:
 def gemma_path() -> str:
     """Path of Gemma 3 270M's GGUF (Q4_K_M), pulled on first use."""
     return _pulled("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> str:
+    """Path of Qwen2.5-Coder-0.5B-Instruct's GGUF (Q4_K_M, 491 MB), pulled on first use; a test
+    using it is ``realsize``."""
+    return _pulled("qwen2.5-coder-0.5b-instruct")
 
 
 def _pulled(name: str) -> str:

@@ -138,6 +138,8 @@ def test_cli_help_and_list_models():
     r = run_cli("list-models")
     assert (r.returncode == 0 and "smollm2-135m-instruct (default)" in r.stdout
             and "Apache-2.0" in r.stdout)
+    for name in ("gemma3-270m", "qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):
+        assert f"\n{name}\n" in r.stdout, r.stdout
 
 
 def skip_without_download(r) -> None:

