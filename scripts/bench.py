@@ -151,7 +151,10 @@ class _Runner:
 
 
 def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: str) -> None:
+    """``backend`` is ``numpy``, ``onnxruntime`` or ``onnxruntime:MODE`` (a weight mode of
+    ``WEIGHT_MODES``, or a block size for 4-bit requantized weights)."""
     sys.path.insert(0, root)
+    backend, _, mode = backend.partition(":")
     import numpy as np
 
     from tiny_mindie.model.backend import SeqChunk
@@ -168,9 +171,16 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
     rss_open = rss_mb()
     extra = {}
     if backend == "onnxruntime":
+        from tiny_mindie.model import WEIGHT_MODES
+        from tiny_mindie.model.graph import GraphOptions
         from tiny_mindie.model.ort_backend import OrtBackend
-        be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads)
+        compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode or 0)
+        be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads,
+                        graph_options=GraphOptions(compact=compact))
+        from tiny_mindie.model.footprint import graph_weight_bytes
+        wb = graph_weight_bytes(be.graph_path)
         extra = {"graph": "built" if be.built else "cached", "device": be.device,
+                 "weight_bytes": wb.per_token, "weight_resident_bytes": wb.resident,
                  "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"],
                  "threads": threads, "huge_mb": getattr(be, "huge_page_bytes", 0) / 1e6}
     else:
@@ -617,6 +627,55 @@ def run_interleaved(children: list[Child], prompt_len: int, gen: int, reps: int,
             if runs[c.name]["tokens"] is None:
                 runs[c.name]["tokens"] = toks[c.name]
     return runs
+
+
+def read_bandwidth(threads: int, mib: int = 1024, reps: int = 5) -> float:
+    """This machine's memory read bandwidth in bytes/s: ``threads`` threads each sum their own
+    part of one float32 array of ``mib`` MiB (numpy releases the GIL while it sums), the best
+    of ``reps`` passes after one pass that faults the pages in. The array is far larger than
+    the caches, so every pass reads memory."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    a = np.ones(mib * (1 << 20) // 4, np.float32)
+    parts = np.array_split(a, threads)
+    best = math.inf
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            list(pool.map(np.sum, parts))
+            best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best
+
+
+def wall_table(results: list[dict], model: str, threads: int) -> None:
+    """Each engine's decode against the memory wall: weight bytes read per decoded token
+    (:mod:`tiny_mindie.model.footprint`), times its decode tok/s, as a share of this machine's
+    read bandwidth (:func:`read_bandwidth`, measured now with the same threads)."""
+    sys.path.insert(0, ROOT)
+    from tiny_mindie.model.footprint import gguf_weight_bytes
+    from tiny_mindie.model.gguf import GGUFFile
+
+    llama = gguf_weight_bytes(GGUFFile(model))
+    bw = read_bandwidth(threads)
+    print(f"\nthe memory wall: read bandwidth {bw / 1e9:.1f} GB/s ({threads} threads, numpy sums "
+          f"of a 1 GiB array); bytes = weight bytes read per decoded token")
+    print(f"{'engine':<16} {'bytes MB':>9} {'vs llama.cpp':>12} {'decode tok/s':>12} "
+          f"{'GB/s':>6} {'of the wall':>11} {'resident MB':>11}")
+    for r in results:
+        if r["backend"] in ("llama-bench", "llama.cpp"):
+            per, res = llama.per_token, llama.resident
+        elif "weight_bytes" in r:
+            per, res = r["weight_bytes"], r["weight_resident_bytes"]
+        else:
+            continue                       # the numpy reference reads float32 weights
+        rate = per * r["decode_tps"]
+        r.update(weight_bytes=per, weight_resident_bytes=res, read_gbs=rate / 1e9,
+                 wall_share=rate / bw, bandwidth_gbs=bw / 1e9)
+        print(f"{r['backend']:<16} {per / 1e6:>9.1f} {per / llama.per_token:>12.2f} "
+              f"{r['decode_tps']:>12.1f} {rate / 1e9:>6.1f} {100 * rate / bw:>10.0f}% "
+              f"{res / 1e6:>11.1f}")
 
 
 def find_llama_python(given: str | None) -> str | None:
@@ -1118,6 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"llama.cpp: llama-cpp-python {r['version']}")
         if r["backend"] == "llama-bench":
             print(f"llama-bench: llama.cpp {r['version']}, CPU {r['cpu']}")
+    wall_table(results, model, args.threads)
     greedy = [r for r in results if r["tokens"]]          # llama-bench gives no tokens
     same = {tuple(r["tokens"][:8]) for r in greedy}
     print("decode tok/s of each repetition: " + ", ".join(

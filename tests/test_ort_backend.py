@@ -408,11 +408,14 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     scale = next(a.f for a in gqa[0].attribute if a.name == "scale")
     assert scale == 1.0                       # 1/sqrt(64) = 1/8 is folded into Wq
     meta = {p.key: p.value for p in m.metadata_props}      # the 8-bit head's row multiple
-    assert meta[graph_mod.LOGITS_ROWS_KEY] == str(GraphOptions().row_multiple(8)) == \
-        str(ort._logits_row_multiple)
-    pads = sum(n.op_type == "Pad" for n in m.graph.node)      # 4-bit layer matrices are padded
-    assert pads == (4 * 30 if GraphOptions().row_multiple(4) > 1 else 0) + \
-        (GraphOptions().row_multiple(8) > 1)
+    head = next(n for n in m.graph.node if n.op_type == "MatMulNBits" and "lm_head" in n.name)
+    head_block = next(a.i for a in head.attribute if a.name == "block_size")
+    assert head_block == 32                  # 576 inputs: no blocks of 128 (lm_head_weight)
+    assert meta[graph_mod.LOGITS_ROWS_KEY] == str(GraphOptions().row_multiple(8, head_block)) \
+        == str(ort._logits_row_multiple)
+    pads = sum(n.op_type == "Pad" for n in m.graph.node)   # 4-bit blocks of 32: Q4_1 matrices
+    assert pads == (4 * 30 if GraphOptions().row_multiple(4, 32) > 1 else 0) + \
+        (GraphOptions().row_multiple(8, head_block) > 1)
 
 
 @needs_collapse

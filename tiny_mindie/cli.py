@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parallel-runs", type=int,
                    help="onnxruntime runs executed at once, each on its own threads "
                         "(BackendConfig.parallelRuns; default 0 = CPUs // threads)")
+    s.add_argument("--weights", choices=("exact", "compact"),
+                   help="onnxruntime weights (BackendConfig.weights): exact, the GGUF's own "
+                        "values (default), or compact, every matrix in 4-bit blocks of 64: "
+                        "fewer bytes per token, faster decode, slightly different answers "
+                        "(docs/weights.md)")
     s.add_argument("--max-seq-len", type=int,
                    help="prompt + output tokens per sequence (maxSeqLen, default 2560)")
     s.add_argument("--no-prefix-cache", action="store_true",
@@ -166,6 +171,8 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         over["backend.intra_op_threads"] = args.threads
     if args.parallel_runs is not None:
         over["backend.parallel_runs"] = args.parallel_runs
+    if args.weights is not None:
+        over["backend.weights"] = args.weights
     if args.max_seq_len is not None:
         over["model.max_seq_len"] = args.max_seq_len
         over["model.max_input_token_len"] = min(cfg.backend.model.max_input_token_len,

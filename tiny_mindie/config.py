@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .model import BACKENDS, DEFAULT_BACKEND
+from .model import BACKENDS, DEFAULT_BACKEND, WEIGHT_MODES
 
 
 class ConfigError(Exception):
@@ -97,6 +97,7 @@ class BackendConfig:
     parallel_runs: int = 0              # tiny_mindie: onnxruntime runs at once; 0 = CPUs // threads
     kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
     batch_invariant: bool = True        # tiny_mindie: a row's logits the same alone and in a batch
+    weights: str = "exact"              # tiny_mindie: "exact" or "compact" (4-bit blocks of 64)
     execution_providers: tuple = ()     # tiny_mindie: onnxruntime EPs, names or [name, {options}]
     model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -315,6 +316,7 @@ def load_config(path: str | None = None) -> Config:
         parallel_runs=_get(b, "parallelRuns", int, B.parallel_runs, W),
         kv_cache_mb=_get(b, "kvCacheMB", int, B.kv_cache_mb, W),
         batch_invariant=_get(b, "batchInvariant", bool, B.batch_invariant, W),
+        weights=_get(b, "weights", str, B.weights, W),
         execution_providers=_providers(b.get("executionProviders")),
         model=model, schedule=sched,
     )
@@ -440,3 +442,9 @@ def validate(cfg: Config) -> None:
                           f"got {', '.join(show(i) for i in b.npu_device_ids)}")
     if b.backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {b.backend!r}")
+    if b.weights not in WEIGHT_MODES:
+        raise ConfigError(f"BackendConfig.weights must be one of {', '.join(WEIGHT_MODES)}, "
+                          f"got {show(b.weights)}")
+    if b.weights != "exact" and b.backend != "onnxruntime":
+        raise ConfigError(f"BackendConfig.weights {b.weights!r} needs the onnxruntime backend "
+                          f"(the {b.backend} backend runs the exact weights)")

@@ -153,7 +153,8 @@ def _load(cfg: Config, log_line: Callable[[str], None]):
     return LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
                max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
                threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
-               batch_invariant=b.batch_invariant, device_id=b.npu_device_ids[0],
+               batch_invariant=b.batch_invariant, weights=b.weights,
+               device_id=b.npu_device_ids[0],
                providers=list(b.execution_providers) or None,
                parse_special_tokens=b.model.parse_special_tokens,
                schedule=SchedulerLimits(
@@ -222,7 +223,8 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
              f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
              f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
              f"{llm.backend.max_seq_len} tokens)",
-             f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}",
+             f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"
+             + (f", {cfg.backend.weights} weights" if llm.backend.name == "onnxruntime" else ""),
              *_listener_lines(listeners, files)]
     business = next(lst for lst in listeners if "business" in lst.planes)
     url = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}/infer"

@@ -82,6 +82,8 @@ class LLM:
             :mod:`tiny_mindie.model.ort_backend`).
         batch_invariant: onnxruntime: give a row the same logits alone and in any batch (see
             :func:`tiny_mindie.model.loader.load_model`).
+        weights: onnxruntime: ``exact`` (the GGUF's values) or ``compact`` (4-bit blocks of
+            64; see :func:`tiny_mindie.model.loader.load_model`).
         device_id, providers: the NPU and the onnxruntime execution providers (see
             :func:`tiny_mindie.model.loader.load_model`).
         parse_special_tokens: whether control tokens written in a text prompt
@@ -98,7 +100,7 @@ class LLM:
     def __init__(self, model: str = DEFAULT_MODEL, *, backend: str = DEFAULT_BACKEND,
                  max_seq_len: int = 2560, max_input_len: int = 2048, num_slots: int | None = None,
                  kv_cache_mb: int = 1024, threads: int = 0, parallel_runs: int = 0,
-                 batch_invariant: bool = True, device_id: int = 0,
+                 batch_invariant: bool = True, weights: str = "exact", device_id: int = 0,
                  providers: list | None = None, parse_special_tokens: bool = True,
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
@@ -113,7 +115,8 @@ class LLM:
         gguf_file, self.config, self.tokenizer, self.backend = load_model(
             self.model_path, backend=backend, num_slots=num_slots, kv_cache_mb=kv_cache_mb,
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
-            parallel_runs=parallel_runs, batch_invariant=batch_invariant, device_id=device_id,
+            parallel_runs=parallel_runs, batch_invariant=batch_invariant, weights=weights,
+            device_id=device_id,
             providers=providers, speculation=speculation)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:

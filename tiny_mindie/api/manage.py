@@ -161,7 +161,7 @@ def effective_config(app) -> dict:
             "npuDeviceIds": [list(b.npu_device_ids)],
             "backend": b.backend, "intraOpThreads": b.intra_op_threads,
             "parallelRuns": getattr(llm.backend, "parallel_runs", 1), "kvCacheMB": b.kv_cache_mb,
-            "batchInvariant": llm.backend.batch_invariant,
+            "batchInvariant": llm.backend.batch_invariant, "weights": b.weights,
             "device": llm.backend.device, "kvSlots": engine.stats()["total_slots"],
             "ModelDeployConfig": {
                 "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,

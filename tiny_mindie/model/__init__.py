@@ -7,3 +7,8 @@ start in a few tens of milliseconds).
 
 BACKENDS = ("onnxruntime", "numpy")
 DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the fallback
+
+#: The weight modes of the onnxruntime backend (``--weights``), as ``GraphOptions.compact``:
+#: ``exact`` keeps the GGUF's own blocks, ``compact`` requantizes every matrix to 4-bit blocks
+#: of 64 (docs/weights.md).
+WEIGHT_MODES = {"exact": 0, "compact": 64}

@@ -196,6 +196,10 @@ class GGUFFile:
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors
 
+    def tensor_names(self) -> list[str]:
+        """The names of the file's tensors, in file order."""
+        return list(self._tensors)
+
     def raw(self, name: str) -> RawTensor:
         """The tensor ``name`` as stored (quantized blocks untouched)."""
         t = self._tensor(name)

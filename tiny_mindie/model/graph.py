@@ -218,18 +218,25 @@ def cpu_flags() -> set[str]:
     return cpu_info()[1]
 
 
-def default_row_multiples() -> tuple[tuple[int, int], ...]:
-    """``((bits, multiple), ...)``: the rows a MatMulNBits call with weights of ``bits`` bits is
-    padded to a multiple of on this CPU (see :func:`_pad_rows`); 1 where its kernels give a row
-    the same arithmetic whatever the number of rows.
+def default_row_multiples() -> tuple[tuple[int, int, int], ...]:
+    """``((bits, block, multiple), ...)``: the rows a MatMulNBits call with weights of ``bits``
+    bits in blocks of ``block`` (0: any block) is padded to a multiple of on this CPU (see
+    :func:`_pad_rows`); 1 where its kernels give a row the same arithmetic whatever the number
+    of rows.
 
-    x86-64: 4-bit 2 (AVX2 and AVX-VNNI take a one-row kernel at M = 1); 8-bit 1, or 2 with
-    AVX-512 (an odd last row was computed by another path there). Elsewhere (aarch64: NEON
-    computes 4-bit rows in tiles of 4 and the rows left over otherwise): 4-bit 4, 8-bit 1.
+    x86-64 with AVX-512 VNNI: blocks of 32 (4- and 8-bit) 1, larger blocks 2 (rows are computed
+    in pairs, an odd last row alone, otherwise). Other x86-64: 4-bit 2 (AVX2 and AVX-VNNI take
+    a one-row kernel at M = 1); 8-bit 1, or 2 with AVX-512 (an odd last row was computed by
+    another path there). Elsewhere (aarch64: NEON computes 4-bit rows in tiles of 4 and the rows
+    left over otherwise): 4-bit 4, 8-bit 1. The start-up check
+    (:meth:`.ort_backend.OrtBackend.check_batch_invariance`) holds the graph to this.
     """
     if platform.machine().lower() in ("x86_64", "amd64", "x64"):
-        return (4, 2), (8, 2 if "avx512f" in cpu_flags() else 1)
-    return (4, 4), (8, 1)
+        flags = cpu_flags()
+        if {"avx512f", "avx512_vnni"} <= flags:
+            return (4, 32, 1), (4, 0, 2), (8, 32, 1), (8, 0, 2)
+        return (4, 0, 2), (8, 0, 2 if "avx512f" in flags else 1)
+    return (4, 0, 4), (8, 0, 1)
 
 
 @dataclass(frozen=True)
@@ -247,10 +254,14 @@ class GraphOptions:
             0: the model's ``context_length``.
         overrides: ``((kind, accuracy_level), ...)`` for single matrix kinds (see :meth:`level`),
             e.g. ``(("ffn_down", 0),)``.
-        row_multiples: ``((bits, multiple), ...)``: a matrix product with weights of ``bits``
-            bits runs on a multiple of ``multiple`` rows (:func:`_pad_rows`), so a row's logits
-            do not depend on its batch; 1, or bits not listed, runs the rows as they are.
+        row_multiples: ``((bits, block, multiple), ...)``: a matrix product with weights of
+            ``bits`` bits in blocks of ``block`` (0: any other block) runs on a multiple of
+            ``multiple`` rows (:func:`_pad_rows`), so a row's logits do not depend on its batch;
+            1, or weights not listed, runs the rows as they are.
             Default: :func:`default_row_multiples` (for this CPU).
+        compact: 0 keeps the GGUF's weights (exact where :mod:`.weights` says so); a block size
+            (64) requantizes every matrix, the LM head included, to 4-bit blocks of that size
+            (:func:`.weights.quantize_4bit`): fewer bytes than the GGUF, not its values.
         verify_rows: add the ``verify`` input and each layer's :func:`verify_attention`
             for chunks of up to this many rows (speculative decoding, :data:`VERIFY_ROWS`;
             costs an ``If`` per layer in every run); 0: neither.
@@ -261,8 +272,10 @@ class GraphOptions:
     lm_head_block: int = 128
     max_positions: int = 0
     overrides: tuple[tuple[str, int], ...] = ()
-    row_multiples: tuple[tuple[int, int], ...] = field(default_factory=default_row_multiples)
+    row_multiples: tuple[tuple[int, int, int], ...] = field(
+        default_factory=default_row_multiples)
     verify_rows: int = 0
+    compact: int = 0
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -275,13 +288,16 @@ class GraphOptions:
     def key(self) -> str:
         """The options as a short string, part of the graph cache's entry names."""
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
-        rows = ".".join(f"{b}x{m}" for b, m in self.row_multiples)
+        rows = ".".join(f"{b}b{k}x{m}" for b, k, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
-                f"-p{self.max_positions}-r{rows}-v{self.verify_rows}{extra}")
+                f"-p{self.max_positions}-r{rows}-v{self.verify_rows}{extra}"
+                + (f"-c{self.compact}" if self.compact else ""))
 
-    def row_multiple(self, bits: int) -> int:
-        """Rows a product with ``bits``-bit weights is padded to a multiple of (1: none)."""
-        return dict(self.row_multiples).get(bits, 1)
+    def row_multiple(self, bits: int, block: int) -> int:
+        """Rows a product with ``bits``-bit weights in blocks of ``block`` is padded to a
+        multiple of (1: none)."""
+        rules = {(b, k): m for b, k, m in self.row_multiples}
+        return rules.get((bits, block), rules.get((bits, 0), 1))
 
 
 # ---- the blocks ----------------------------------------------------------------------------------
@@ -384,7 +400,7 @@ def linear(g: _Builder, x: str, ws: Sequence[NBitsWeight], prefix: str, s: Share
     outs = []
     for j, w in enumerate(concat_weights(ws)):
         p = f"{prefix}.{j}" if len(ws) > 1 else prefix
-        m = s.options.row_multiple(w.bits)
+        m = s.options.row_multiple(w.bits, w.block)
         inputs = [_pad_rows(g, x, rows, m), g.init(p + ".qweight", w.data),
                   g.init(p + ".scales", w.scales.reshape(-1))]
         if w.zero_points is not None:
@@ -432,9 +448,10 @@ def _pad_rows(g: _Builder, x: str, rows: str, multiple: int) -> str:
     depend on the batch it runs in (so would a seeded or greedy answer): on AVX2 a call of
     exactly one row of 4-bit weights takes a GEMV kernel (``CountM == 1``) that rounds otherwise
     than the kernel of every larger M; NEON computes 4-bit rows in tiles of 4 and the rows left
-    over otherwise; on AVX-512 an odd last row of 8-bit blocks of 128 took another path than rows
-    in pairs (see :func:`default_row_multiples`). MLAS quantizes the activations per row, so the
-    repeated rows change nothing for the others; a single stream pays the slower multi-row kernel.
+    over otherwise; on AVX-512 rows of blocks larger than 32 are computed in pairs and an odd
+    last row alone (see :func:`default_row_multiples`, which also says where no padding is
+    needed). MLAS quantizes the activations per row, so the repeated rows change nothing for
+    the others; a single stream pays the slower multi-row kernel.
     """
     if multiple <= 1:
         return x
@@ -692,9 +709,9 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         # the weights are packed on other cores (numpy releases the GIL) one layer ahead of
         # the nodes written in order, the LM head beside them: the build's peak memory is
         # about two layers' packing plus the head's, not the whole model's
-        head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block)
-        layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale), range(c.num_layers),
-                        depth=1)
+        head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block, options.compact)
+        layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale, options.compact),
+                        range(c.num_layers), depth=1)
         rope, rope_local = rope_caches(g, c, options.max_positions or c.context_length)
         h = embed(g, c, emb)                                                # [T, D]
         tokens = _rows(g, h)
@@ -715,7 +732,8 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                          "token_embd" if c.tied_embeddings else "output", s)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
         model = _model_proto(g, c, options.verify_rows > 0, {GRAPH_OPTIONS_KEY: options.key(),
-                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits)),
+                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits,
+                                                                              head.block)),
                                     VERIFY_ROWS_KEY: str(options.verify_rows)})
     finally:
         pool.shutdown(cancel_futures=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from . import WEIGHT_MODES
 from .backend import BACKENDS, DEFAULT_BACKEND, Backend
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
@@ -25,7 +26,8 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
-               device_id: int = 0, providers: list | None = None, speculation: bool = False,
+               weights: str = "exact", device_id: int = 0, providers: list | None = None,
+               speculation: bool = False,
                ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
@@ -42,6 +44,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
             ``graph._pad_rows``); ``False`` leaves both out (a lone stream of a 4-bit model
             decodes faster on AVX2, but a row's logits may then change with the batch). The
             numpy backend is not batch-invariant either way.
+        weights: onnxruntime: a weight mode of :data:`~tiny_mindie.model.WEIGHT_MODES`
+            (``exact``, ``compact``); the numpy backend takes ``exact`` only.
         device_id: NPU device for the CANN execution provider.
         providers: onnxruntime execution providers to ask for, names or ``[name, {options}]``;
             ``None`` chooses (CANN when Ascend's runtime loads, else CPU).
@@ -58,7 +62,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     if backend != "onnxruntime":
         return f, cfg, load_tokenizer(f), _load_backend(
             f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
-            parallel_runs, batch_invariant, device_id, providers, speculation)
+            parallel_runs, batch_invariant, device_id, providers, speculation, weights)
     # The tokenizer is read while the session is created (which releases the GIL): for a
     # 150k-token vocabulary that hides ~1.5 s of a warm start. Its errors are raised once the
     # backend has loaded.
@@ -66,7 +70,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         tok_job = pool.submit(load_tokenizer, f)
         be = _load_backend(f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len,
                            threads, parallel_runs, batch_invariant, device_id, providers,
-                           speculation)
+                           speculation, weights)
         try:
             tok = tok_job.result()
         except BaseException:
@@ -78,8 +82,12 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
 def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | None,
                   kv_cache_mb: int, max_batch: int, max_seq_len: int, threads: int,
                   parallel_runs: int, batch_invariant: bool, device_id: int,
-                  providers: list | None, speculation: bool = False) -> Backend:
+                  providers: list | None, speculation: bool = False,
+                  weights: str = "exact") -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
+    if weights not in WEIGHT_MODES or (weights != "exact" and backend != "onnxruntime"):
+        raise ValueError(f"weights {weights!r}: the onnxruntime backend takes "
+                         f"{', '.join(WEIGHT_MODES)}, the numpy backend exact only")
     max_seq_len = min(max_seq_len, cfg.context_length)
     if num_slots is None:
         num_slots = slots_for_budget(cfg, max_seq_len, kv_cache_mb, max_batch)
@@ -95,6 +103,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                             providers=list(providers) if providers else None,
                             graph_options=GraphOptions(
                                 verify_rows=VERIFY_ROWS if speculation else 0,
+                                compact=WEIGHT_MODES[weights],
                                 **({} if batch_invariant else {"row_multiples": ()})),
                             check_batching=batch_invariant)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment

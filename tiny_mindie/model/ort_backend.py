@@ -494,7 +494,8 @@ class OrtBackend(Backend):
                 for s in range(self._batch_check_rows())]
 
     def _batch_check_rows(self) -> int:
-        tile = max(m for _, m in (*self._graph_options.row_multiples, *default_row_multiples()))
+        tile = max(m for *_, m in (*self._graph_options.row_multiples,
+                                   *default_row_multiples()))
         return min(self.num_slots, max(5, 2 * tile + 1))
 
     def check_batch_invariance(self) -> bool:

@@ -244,14 +244,87 @@ def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
     return NBitsWeight(8, n, k, q.astype(np.uint8), scale, None, None, exact=False, block=block)
 
 
+#: Shrink factors of a block's range tried by :func:`quantize_4bit` (1.0: min to max).
+_SHRINKS = np.linspace(0.70, 1.0, 13, dtype=np.float32)
+
+
+def quantize_4bit(w: np.ndarray, block: int, rows: int = 4096) -> NBitsWeight:
+    """Float ``w [N, K]`` -> asymmetric 4-bit blocks of ``block`` along ``K``: ``w ~ s * (q - z)``
+    with ``q`` in 0..15, a float32 scale ``s`` and a uint8 zero point ``z`` per block (what
+    onnxruntime's int8 kernel folds into its per-block sums, so the zero points cost no bytes
+    once prepacked). The weight mode ``compact`` (:class:`.graph.GraphOptions`).
+
+    Per block the scale is searched, not just taken from the range: for each shrink factor
+    ``f`` of :data:`_SHRINKS`, ``s = f * (max - min) / 15`` (the range widened to hold 0) with
+    ``z`` the integer nearest ``-min / s`` (clamped to 0..15) and ``q`` rounded; the factor
+    with the least squared error wins, and its scale is then refitted by least squares for the
+    chosen codes (as llama.cpp's ``make_qkx2_quants`` searches its Q4_K scales). ``block`` must
+    divide ``K``; ``rows`` rows are quantized at a time (bounds the memory of a large matrix).
+    """
+    n, k = w.shape
+    nb = k // block
+    q = np.empty((n, nb, block), np.uint8)
+    scale = np.empty((n, nb), np.float32)
+    zero = np.zeros((n, nb + nb % 2), np.uint8)
+    for a in range(0, n, rows):
+        b = np.asarray(w[a:a + rows], dtype=np.float32).reshape(-1, nb, block)
+        q[a:a + rows], scale[a:a + rows], zero[a:a + rows, :nb] = _fit_4bit(b)
+    return NBitsWeight(4, n, k, _pairs(q), scale, _pairs(zero), None, exact=False, block=block)
+
+
+def _fit_4bit(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks ``b`` float32 ``[R, nb, block]`` -> codes uint8 ``[R, nb, block]``, scales float32
+    and zero points uint8 ``[R, nb]`` (the search of :func:`quantize_4bit`)."""
+    lo = np.minimum(b.min(axis=-1), 0.0)
+    rng = np.maximum(np.maximum(b.max(axis=-1), 0.0) - lo, np.float32(1e-30))
+    best_err = np.full(lo.shape, np.inf, np.float32)
+    best_s, best_z = np.zeros_like(lo), np.zeros_like(lo)
+    for f in _SHRINKS:
+        s = rng * (f / 15)
+        z = np.clip(np.rint(-lo / s), 0, 15)
+        q = np.clip(np.rint(b / s[..., None]) + z[..., None], 0, 15)
+        q -= z[..., None]
+        q *= s[..., None]
+        q -= b
+        err = np.square(q, out=q).sum(axis=-1)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_s = np.where(better, s, best_s)
+        best_z = np.where(better, z, best_z)
+    q = np.clip(np.rint(b / best_s[..., None]) + best_z[..., None], 0, 15)
+    c = q - best_z[..., None]                                   # the centred codes, -15..15
+    den = np.square(c).sum(axis=-1)
+    fit = np.divide((b * c).sum(axis=-1), den, out=best_s.copy(), where=den > 0)
+    return (q.astype(np.uint8), np.where(fit > 0, fit, best_s).astype(np.float32),
+            best_z.astype(np.uint8))
+
+
+def compact_block(k: int, block: int) -> int:
+    """The block :func:`quantize_4bit` uses for rows of ``k``: ``block``, halved until it
+    divides ``k`` (at least 16, MatMulNBits' smallest block).
+
+    Raises:
+        ModelFileError: no such block (``k`` not a multiple of 16).
+    """
+    b = block
+    while b >= 16 and k % b:
+        b //= 2
+    if b < 16:
+        raise ModelFileError(f"rows of {k} are not whole blocks of 16: the compact weight mode "
+                             f"cannot hold this model; use the exact weights")
+    return b
+
+
 #: GGUF types packed exactly, and their packers (others are requantized, :func:`pack_weight`).
 PACKERS = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0, "Q5_1": pack_q5_1,
            "Q8_0": pack_q8_0, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k}
 
 
-def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
+def pack_weight(f: GGUFFile, name: str, compact: int = 0) -> NBitsWeight:
     """The matrix ``name`` of ``f`` in MatMulNBits form: exactly for the types of
-    :data:`PACKERS`, else requantized to symmetric 8-bit blocks of 32 (:func:`quantize_8bit`).
+    :data:`PACKERS`, else requantized to symmetric 8-bit blocks of 32 (:func:`quantize_8bit`);
+    with ``compact`` > 0 every type is requantized to 4-bit blocks of that size
+    (:func:`quantize_4bit`, :func:`compact_block`).
 
     Raises:
         ModelFileError: ``name`` is missing, not a matrix, its rows are not whole blocks, or
@@ -260,6 +333,11 @@ def pack_weight(f: GGUFFile, name: str) -> NBitsWeight:
     raw = f.raw(name)
     if len(raw.shape) != 2:
         raise ModelFileError(f"{name}: expected a matrix, got shape {raw.shape}")
+    if compact:
+        try:
+            return quantize_4bit(f.dequantize(name), compact_block(raw.shape[1], compact))
+        except NotImplementedError:
+            raise ModelFileError(f"{name}: GGUF type {raw.qtype} is not supported") from None
     packer = PACKERS.get(raw.qtype)
     if packer is not None:
         return packer(raw)
@@ -365,18 +443,23 @@ def load_embedding(f: GGUFFile) -> NBitsWeight:
     return emb
 
 
-def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None) -> LayerWeights:
+def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
+               compact: int = 0) -> LayerWeights:
     """Layer ``i``'s weights; ``q_scale`` (a power of two, or ``None``) is folded into the
     queries, exactly: into Wq and the q bias, or, with q/k norms (Gemma 3), into the q norm's
-    weights (a factor on Wq would be normalized away)."""
+    weights (a factor on Wq would be normalized away). ``compact``: as for :func:`pack_weight`."""
     p = f"blk.{i}"
+
+    def pack(name: str) -> NBitsWeight:
+        return pack_weight(f, name, compact)
+
     if f.has_tensor(p + ".attn_qkv.weight"):       # Phi-3: one [(Nq + 2 Nkv) H, D] matrix
-        wqkv = pack_weight(f, p + ".attn_qkv.weight")
+        wqkv = pack(p + ".attn_qkv.weight")
         nq, nkv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         wq, wk, wv = (row_slice(wqkv, a, b) for a, b in
                       ((0, nq), (nq, nq + nkv), (nq + nkv, nq + 2 * nkv)))
     else:
-        wq, wk, wv = (pack_weight(f, f"{p}.attn_{t}.weight") for t in "qkv")
+        wq, wk, wv = (pack(f"{p}.attn_{t}.weight") for t in "qkv")
     extra = {}
     if config.qk_norm:
         q_norm = f.dequantize(p + ".attn_q_norm.weight").astype(np.float32)
@@ -397,12 +480,12 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None) 
     return LayerWeights(
         attn_norm=f.dequantize(p + ".attn_norm.weight"),
         w_qkv=[wq, wk, wv],
-        w_o=pack_weight(f, p + ".attn_output.weight"),
+        w_o=pack(p + ".attn_output.weight"),
         ffn_norm=f.dequantize(p + ".ffn_norm.weight"),
         # Phi-3's ffn_up holds the gate rows, then the up rows: already the fused layout
-        w_gate_up=[pack_weight(f, p + ".ffn_up.weight")] if not f.has_tensor(p + ".ffn_gate.weight")
-        else [pack_weight(f, p + ".ffn_gate.weight"), pack_weight(f, p + ".ffn_up.weight")],
-        w_down=pack_weight(f, p + ".ffn_down.weight"),
+        w_gate_up=[pack(p + ".ffn_up.weight")] if not f.has_tensor(p + ".ffn_gate.weight")
+        else [pack(p + ".ffn_gate.weight"), pack(p + ".ffn_up.weight")],
+        w_down=pack(p + ".ffn_down.weight"),
         **extra,
     )
 
@@ -431,8 +514,12 @@ def lm_head_weight(w: NBitsWeight, block: int) -> NBitsWeight:
 
 
 def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight,
-                 block: int) -> NBitsWeight:
+                 block: int, compact: int = 0) -> NBitsWeight:
     """The LM head ``[V, D]``: ``output.weight``, or the packed ``embedding`` when tied, through
-    :func:`lm_head_weight` with ``block``."""
+    :func:`lm_head_weight` with ``block``; with ``compact`` > 0, that GGUF matrix in 4-bit
+    blocks (:func:`pack_weight`)."""
+    if compact:
+        return pack_weight(f, "token_embd.weight" if config.tied_embeddings else "output.weight",
+                           compact)
     return lm_head_weight(embedding if config.tied_embeddings else pack_weight(f, "output.weight"),
                           block)
