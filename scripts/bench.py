@@ -171,18 +171,24 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
     rss_open = rss_mb()
     extra = {}
     if backend == "onnxruntime":
-        from tiny_mindie.model import WEIGHT_MODES
-        from tiny_mindie.model.graph import GraphOptions
         from tiny_mindie.model.ort_backend import OrtBackend
-        compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode or 0)
-        be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads,
-                        graph_options=GraphOptions(compact=compact))
-        from tiny_mindie.model.footprint import graph_weight_bytes
-        wb = graph_weight_bytes(be.graph_path)
+        kw = {}
+        if mode:                           # (a tree older than the weight modes takes none)
+            from tiny_mindie.model import WEIGHT_MODES
+            from tiny_mindie.model.graph import GraphOptions
+            compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode)
+            kw["graph_options"] = GraphOptions(compact=compact)
+        be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads, **kw)
         extra = {"graph": "built" if be.built else "cached", "device": be.device,
-                 "weight_bytes": wb.per_token, "weight_resident_bytes": wb.resident,
                  "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"],
                  "threads": threads, "huge_mb": getattr(be, "huge_page_bytes", 0) / 1e6}
+        try:                               # a source tree older than the footprint module
+            from tiny_mindie.model.footprint import graph_weight_bytes
+        except ImportError:
+            pass
+        else:
+            wb = graph_weight_bytes(be.graph_path)
+            extra.update(weight_bytes=wb.per_token, weight_resident_bytes=wb.resident)
     else:
         from tiny_mindie.model.reference import NumpyBackend
         be = NumpyBackend(f, cfg, num_slots=4, max_seq_len=1024)
@@ -1186,8 +1192,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"first greedy tokens agree across backends: {len(same) == 1} "
               + " ".join(f"{r['backend']}={r['tokens'][:8]}" for r in greedy))
     if args.json:
+        import onnxruntime
         with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+            json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": cpu_line(),
+                       "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
+                       "model": os.path.basename(model), "onnxruntime": onnxruntime.__version__,
+                       "load_average": os.getloadavg()[0], "results": results}, fh, indent=1)
     if args.concurrency is not None:
         print("\nconcurrency sweep over HTTP(S) (scripts/loadtest.py):", flush=True)
         cmd = [sys.executable, os.path.join(HERE, "loadtest.py")]

@@ -252,17 +252,29 @@ def start_llama_server(where: str, model: str, threads: int, parallel: int = 8,
     raise SystemExit(f"llama-server did not start ({binary})")
 
 
+def server_flags(args) -> list[str]:
+    """The tiny_mindie flags this run's options ask for (beside backend and threads)."""
+    extra = ["--no-speculation"] if args.no_speculation else []
+    if args.parallel_runs is not None:
+        extra += ["--parallel-runs", str(args.parallel_runs)]
+    if args.weights:
+        extra += ["--weights", args.weights]
+    return extra
+
+
+def settings(args) -> str:
+    """This run's tiny_mindie settings that are not the defaults, for the printed header."""
+    return (f"{', no speculation' if args.no_speculation else ''}"
+            f"{f', {args.weights} weights' if args.weights else ''}")
+
+
 def versus_llama_server(args) -> int:
     """tiny_mindie (plain HTTP) against llama-server on the same model, turns alternating."""
     from tiny_mindie.model.registry import resolve
 
     model = resolve(args.model or "smollm2-135m-instruct")
     cpus = len(os.sched_getaffinity(0))
-    extra = ["--no-tls", "--model", model]
-    if args.parallel_runs is not None:
-        extra += ["--parallel-runs", str(args.parallel_runs)]
-    if args.no_speculation:
-        extra.append("--no-speculation")
+    extra = ["--no-tls", "--model", model, *server_flags(args)]
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
         tiny, tiny_port = start_server(args.backend, args.threads, home, extra=extra)
         llama, llama_port = start_llama_server(args.llama_server, model, cpus)
@@ -288,7 +300,7 @@ def versus_llama_server(args) -> int:
           f"{args.rounds} per client, plain HTTP; tiny_mindie threads "
           f"{args.threads if args.threads is not None else 'default'}, parallel runs "
           f"{args.parallel_runs if args.parallel_runs is not None else 'default'}"
-          f"{', no speculation' if args.no_speculation else ''}; llama-server "
+          f"{settings(args)}; llama-server "
           f"-t {cpus} -np 8; load average {os.getloadavg()[0]:.2f}")
     print(f"{'clients':>7}  {'tiny_mindie tok/s':<28} {'llama-server tok/s':<28} ratio per turn")
     for n in args.levels:
@@ -309,6 +321,7 @@ def main() -> int:
     ap.add_argument("--parallel-runs", type=int, help="tiny_mindie's --parallel-runs")
     ap.add_argument("--no-speculation", action="store_true",
                     help="tiny_mindie with --no-speculation (one token per decode step)")
+    ap.add_argument("--weights", choices=("exact", "compact"), help="tiny_mindie's --weights")
     ap.add_argument("--model", help="a .gguf file or a registry name (with --llama-server)")
     ap.add_argument("--llama-server", metavar="DIR",
                     help="llama.cpp's binaries folder (or llama-server): compare against it")
@@ -318,10 +331,7 @@ def main() -> int:
     if args.llama_server:
         return versus_llama_server(args)
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
-        extra = ["--no-speculation"] if args.no_speculation else []
-        if args.parallel_runs is not None:
-            extra += ["--parallel-runs", str(args.parallel_runs)]
-        proc, port = start_server(args.backend, args.threads, home, extra=extra)
+        proc, port = start_server(args.backend, args.threads, home, extra=server_flags(args))
         try:
             ctx = client_context(tls_files(load_config(os.path.join(home, "config.json"))))
             Client(port, ctx).stream({"inputs": "warm up", "stream": True,
@@ -333,7 +343,7 @@ def main() -> int:
     base = rows[0]["tok_s"]
     print(f"prompt ~{len(PROMPT.split())} words, {args.new_tokens} new tokens, {args.rounds} "
           f"rounds per client, backend {args.backend or 'default'}"
-          f"{', no speculation' if args.no_speculation else ''}, load average "
+          f"{settings(args)}, load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"{'clients':>7} {'requests':>8} {'agg tok/s':>9} {'vs 1':>5} {'TTFT p50':>9} "
           f"{'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9}   (ms)")

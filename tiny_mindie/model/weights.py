@@ -3,7 +3,9 @@
 A matrix ``W [N, K]`` (GGUF rows: ``N`` outputs of ``K`` inputs) becomes an :class:`NBitsWeight`,
 the operand of onnxruntime's ``MatMulNBits``; norm weights and biases stay float32 vectors.
 "Exact" means the packed weight dequantizes to the same float32 values as
-``GGUFFile.dequantize`` (gguf's ``quants.dequantize``), bit for bit.
+``GGUFFile.dequantize`` (gguf's ``quants.dequantize``), bit for bit. The table below is the
+weight mode ``exact``; the mode ``compact`` requantizes every matrix to 4-bit blocks instead
+(:func:`quantize_4bit`; what each mode costs in bytes and quality: docs/weights.md).
 
 What each GGUF type becomes, and the largest error measured (``max |w - dequant| / max |w|``
 over a matrix: random blocks of every type, and for Q4_K, Q6_K, Q5_0, Q8_0 and Q4_1 all
@@ -437,10 +439,9 @@ class LayerWeights:
 def load_embedding(f: GGUFFile) -> NBitsWeight:
     """``token_embd.weight`` ``[V, D]`` as 8-bit blocks of 32 with the default zero point (what
     the graph's ``GatherBlockQuantized`` reads): Q8_0 and Q5_0 as packed, others requantized."""
-    emb = pack_weight(f, "token_embd.weight")
-    if emb.bits != 8 or emb.zero_points is not None or emb.mins is not None:
-        emb = quantize_8bit(f.dequantize("token_embd.weight"))
-    return emb
+    if f.raw("token_embd.weight").qtype in ("Q8_0", "Q5_0"):
+        return pack_weight(f, "token_embd.weight")
+    return quantize_8bit(f.dequantize("token_embd.weight"))
 
 
 def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
