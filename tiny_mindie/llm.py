@@ -95,6 +95,7 @@ class LLM:
 
     Raises:
         ModelFileError: the model file is missing, unreadable or unsupported.
+        ValueError: an unknown backend, or a weight mode the backend does not take.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, backend: str = DEFAULT_BACKEND,

@@ -55,7 +55,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
 
     Raises:
         ModelFileError: missing/bad file, unsupported architecture or tokenizer.
-        ValueError: unknown backend.
+        ValueError: unknown backend, or a weight mode the backend does not take.
     """
     f = GGUFFile(path)
     cfg = ModelConfig.from_gguf(f)
