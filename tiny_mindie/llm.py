@@ -32,7 +32,7 @@ from .engine.request import (
 )
 from .engine.scheduler import SchedulerLimits
 from .model.backend import DEFAULT_BACKEND
-from .model.loader import load_model
+from .model.loader import check_weight_mode, load_model
 from .model.registry import DEFAULT_MODEL, resolve
 
 MAX_SEED = 2**63 - 1
@@ -108,6 +108,7 @@ class LLM:
                  model_name: str | None = None, prefix_cache: bool = True,
                  speculation: bool = True, log=print):
         say = log or (lambda _msg: None)
+        check_weight_mode(backend, weights)            # before a pull, not after it
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
         t0 = time.monotonic()

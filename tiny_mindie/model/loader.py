@@ -23,6 +23,14 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
     return max(1, min(max_batch, (budget_mb << 20) // per))
 
 
+def check_weight_mode(backend: str, weights: str) -> None:
+    """Raises ``ValueError`` unless ``backend`` takes the weight mode ``weights``
+    (:data:`~tiny_mindie.model.WEIGHT_MODES` on onnxruntime, ``exact`` on numpy)."""
+    if weights not in WEIGHT_MODES or (weights != "exact" and backend != "onnxruntime"):
+        raise ValueError(f"weights {weights!r}: the onnxruntime backend takes "
+                         f"{', '.join(WEIGHT_MODES)}, the numpy backend exact only")
+
+
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
@@ -85,9 +93,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                   providers: list | None, speculation: bool = False,
                   weights: str = "exact") -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
-    if weights not in WEIGHT_MODES or (weights != "exact" and backend != "onnxruntime"):
-        raise ValueError(f"weights {weights!r}: the onnxruntime backend takes "
-                         f"{', '.join(WEIGHT_MODES)}, the numpy backend exact only")
+    check_weight_mode(backend, weights)
     max_seq_len = min(max_seq_len, cfg.context_length)
     if num_slots is None:
         num_slots = slots_for_budget(cfg, max_seq_len, kv_cache_mb, max_batch)

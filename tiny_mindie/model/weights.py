@@ -306,8 +306,11 @@ def compact_block(k: int, block: int) -> int:
     divides ``k`` (at least 16, MatMulNBits' smallest block).
 
     Raises:
+        ValueError: ``block`` is not a power of two of at least 16 (MatMulNBits' blocks).
         ModelFileError: no such block (``k`` not a multiple of 16).
     """
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"a compact block must be a power of two of at least 16, not {block}")
     b = block
     while b >= 16 and k % b:
         b //= 2
