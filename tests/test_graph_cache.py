@@ -168,3 +168,35 @@ def test_two_starts_at_once_build_the_graph_once(tmp_path):
     assert results[0][0] == results[1][0] and sorted(r[1] for r in results) == [False, True]
     assert _entries(cache) == [f"m-{sha256_of(gguf)[:16]}-b3-opts"]
     assert not [n for n in os.listdir(cache) if n.startswith(".")]   # no temporary or lock left
+
+
+def test_a_build_killed_halfway_leaves_nothing_behind_after_the_next_build(tmp_path):
+    """A server stopped while it builds (Ctrl-C on a first start: the build runs on a daemon
+    thread, no cleanup) leaves its half-written folder; the next build of that entry removes it,
+    and leaves another entry's build folder alone."""
+    import signal
+    import subprocess
+    import sys
+
+    gguf, cache = _write(tmp_path / "m.gguf", b"weights"), tmp_path / "cache"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time\n"
+        "from tiny_mindie.model import graph_cache\n"
+        "def build(out):\n"
+        "    open(os.path.join(out, 'model.onnx.data'), 'wb').write(b'x' * 1000)\n"
+        "    print('building', flush=True)\n"
+        "    time.sleep(60)\n"
+        f"graph_cache.cached_build({gguf!r}, 3, 'opts', build, {str(cache)!r})\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "building"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    left = [p.name for p in cache.iterdir() if p.name.startswith(".build-")]
+    assert len(left) == 1 and "-b3-opts-" in left[0]
+    other = cache / ".build-m-0123456789abcdef-b3-other-xyz"      # another entry's, alive
+    other.mkdir()
+    path, built = graph_cache.cached_build(gguf, 3, "opts", Builds(), str(cache))
+    assert built and os.path.isfile(path)
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")] == [other.name]

@@ -16,8 +16,10 @@ Concurrency: a graph is built into a temporary directory beside the entry and re
 index files are written to a temporary name and renamed, so a reader never sees half an entry or
 half an index file. Two processes that miss the same entry at once (two servers starting) build it
 once: the second waits on a lock file (``fcntl.flock``; where there is none, both build and the
-first rename wins). Building or loading a graph removes the file's graphs from older builder
-versions.
+first rename wins). The temporary directory is made under that lock and named after its entry
+(``.build-<entry>-XXXX``), so the next build of an entry removes the folder a build stopped
+halfway left behind (a server stopped with Ctrl-C while it built). Building or loading a graph
+removes the file's graphs from older builder versions.
 """
 
 from __future__ import annotations
@@ -101,19 +103,29 @@ def cached_build(path: str, version: int, options_key: str, build: Callable[[str
     stem = os.path.splitext(os.path.basename(path))[0]
     last_error: Exception | None = None
     for root in roots:
+        tmp = None
         try:
-            os.makedirs(root, exist_ok=True)
-            tmp = tempfile.mkdtemp(prefix=".build-", dir=root)
-        except OSError as exc:
-            last_error = exc
-            continue
-        try:
-            with _lock(root, stem + suffix):
+            with contextlib.ExitStack() as held:
+                try:
+                    os.makedirs(root, exist_ok=True)
+                    held.enter_context(_lock(root, stem + suffix))
+                except OSError as exc:
+                    last_error = exc
+                    continue
                 found = _find_entry(root, suffix)      # built by another process meanwhile
                 if found:
-                    shutil.rmtree(tmp, ignore_errors=True)
                     record_index(root, ident, digest)
                     return os.path.join(found, "model.onnx"), False
+                prefix = f".build-{stem}{suffix}-"
+                if _HAS_FLOCK:      # held: another build of this entry left its folder only
+                    for name in os.listdir(root):   # if it died or was stopped (Ctrl-C)
+                        if name.startswith(prefix):
+                            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                try:
+                    tmp = tempfile.mkdtemp(prefix=prefix, dir=root)
+                except OSError as exc:
+                    last_error = exc
+                    continue
                 with slow_step(log, f"building the ONNX graph of {os.path.basename(path)}"
                                f"{what}"):
                     build(tmp)
@@ -128,7 +140,8 @@ def cached_build(path: str, version: int, options_key: str, build: Callable[[str
             record_index(root, ident, digest)
             return os.path.join(final, "model.onnx"), True
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             raise
     raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
 
@@ -210,6 +223,13 @@ def _find_entry(root: str, suffix: str) -> str | None:
         if name.endswith(suffix) and os.path.isfile(os.path.join(root, name, "complete")):
             return os.path.join(root, name)
     return None
+
+
+try:
+    import fcntl  # noqa: F401  (whether _lock can lock)
+    _HAS_FLOCK = True
+except ImportError:
+    _HAS_FLOCK = False
 
 
 @contextlib.contextmanager
