@@ -138,7 +138,7 @@ def _pulled(name: str) -> str:
 def tokenizer(model_path):
     """The default model's tokenizer, loaded once."""
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     return load_tokenizer(GGUFFile(model_path))
 

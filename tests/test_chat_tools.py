@@ -478,7 +478,7 @@ def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
     ``</think>`` is reasoning (:func:`~tiny_mindie.api.openai.opens_thinking` on the ids)."""
     from tiny_mindie.api.openai import opens_thinking
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(GGUFFile(tiny_server.model_file))
 

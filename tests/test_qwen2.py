@@ -230,7 +230,7 @@ def test_config(config, model):
 
 
 def test_tokenizer_loads(model):
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(model)
     ids = tok.encode("the cat")

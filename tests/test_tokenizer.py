@@ -16,7 +16,8 @@ import time
 import pytest
 
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError
-from tiny_mindie.model.tokenizer import Tokenizer, load_tokenizer
+from tiny_mindie.model.tokenizer import Tokenizer
+from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 BYTE_LEVEL = ["ggml-vocab-gpt-2.gguf", "ggml-vocab-qwen2.gguf", "ggml-vocab-llama-bpe.gguf"]
 SENTENCEPIECE = ["ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf"]

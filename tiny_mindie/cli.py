@@ -231,7 +231,7 @@ def watermark_detect(args: argparse.Namespace) -> int:
     from .engine.watermark import GAMMA, z_score
     from .model.gguf import GGUFFile
     from .model.registry import DEFAULT_MODEL, resolve
-    from .model.tokenizer import load_tokenizer
+    from .model.tokenizer_load import load_tokenizer
 
     text = sys.stdin.read() if args.text == "-" else args.text
     if not text.strip():

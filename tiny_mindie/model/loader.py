@@ -8,7 +8,8 @@ from . import WEIGHT_MODES
 from .backend import BACKENDS, DEFAULT_BACKEND, Backend
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .tokenizer import Tokenizer, load_tokenizer
+from .tokenizer import Tokenizer
+from .tokenizer_load import load_tokenizer
 
 
 def kv_bytes_per_slot(cfg: ModelConfig, max_seq_len: int, dtype_bytes: int = 4) -> int:
