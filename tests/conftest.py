@@ -31,6 +31,7 @@ import pytest
 
 pytest.register_assert_rewrite("helpers")   # its asserts report like the tests' own
 
+from ci_gate import pytest_runtest_makereport  # noqa: E402,F401  (a hook: pytest finds it here)
 from helpers import TEST_CONFIG, Server, serving, start_server  # noqa: E402  (re-exported: fixtures below)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -182,10 +182,8 @@ def smol(smol_file) -> Tokenizer:
     return load_tokenizer(smol_file)
 
 
-def test_default_model_loads_fast(smol_file):
-    t0 = time.perf_counter()
-    tok = load_tokenizer(smol_file)      # once the file is open: measured ~0.2 s
-    assert time.perf_counter() - t0 < 1.0
+def test_default_model_tokenizer_loads(smol_file):
+    tok = load_tokenizer(smol_file)
     assert tok.vocab_size == 49152 and tok.pre == "smollm"
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from test_architectures import copy_tokenizer, tokenizer_meta, write_tiny
+from tiny_arch import copy_tokenizer, tokenizer_meta, write_tiny
 
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED
