@@ -367,6 +367,9 @@ def test_sigterm_drains_finishes_the_short_stream_cancels_the_long_one_at_the_de
         assert exited < DRAIN_S + 12
         out.wait_for("SIGTERM: stopping", 5)
         out.wait_for("drain deadline", 5)
+        # the access log: the 503 at the stop and the stream cut at the deadline were stopped
+        out.wait_for(r'"POST /infer" 503 stopped ', 5)
+        out.wait_for(r'"POST /infer" 200 stopped ', 5)
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -393,6 +396,7 @@ def test_a_second_signal_cancels_at_once_and_exits_0(tmp_path):
         assert long.events[-1] == {"error": STOPPED, "error_type": "Service Unavailable"}
         assert len(long.events) < 900
         out.wait_for("SIGINT again: cancelling", 5)
+        out.wait_for(r'"POST /infer" 200 stopped ', 5)      # the access log: cut by the stop
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -494,8 +498,9 @@ def test_a_loading_app_answers_health_routes_and_gates_the_others():
     from tiny_mindie.app import App
     from tiny_mindie.config import load_config
     from tiny_mindie.server.routing import HEALTH
+    from tiny_mindie.shutdown import ShutdownControl
 
-    app = App(load_config(None))
+    app = App(load_config(None), shutdown=ShutdownControl())
     assert app.loading.message == f"{LOADING}."
     app.loading.log("pulling smollm2-135m-instruct (98 MB)")
     app.loading.log("        25%")
@@ -523,8 +528,9 @@ def test_while_loading_each_family_answers_503_in_its_own_shape_in_process():
     from tiny_mindie.app import App
     from tiny_mindie.config import load_config
     from tiny_mindie.server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS
+    from tiny_mindie.shutdown import ShutdownControl
 
-    app = App(load_config(None))
+    app = App(load_config(None), shutdown=ShutdownControl())
     app.loading.log("pulling smollm2-135m-instruct (98 MB)")
     everything = app.handler_for(frozenset({BUSINESS, MANAGEMENT, METRICS}))
     health_only = app.handler_for(frozenset({HEALTH}))
