@@ -578,3 +578,24 @@ def test_a_busy_health_port_ends_the_start_with_one_line_before_the_load(tmp_pat
     assert r.stderr == (f"tiny_mindie: error: cannot listen on 127.0.0.1:{port}: Address "
                         "already in use\n"), r.stderr
     assert time.monotonic() - t0 < 10
+
+
+def test_a_stop_asked_while_loading_stops_the_engine_admitting_once_it_is_there():
+    """The serve loop's stop control: a stop asked for before the engine exists is passed on
+    to the engine as soon as the loop hands it over; a forced stop may follow a graceful one,
+    not the reverse; the second signal forces."""
+    from tiny_mindie.shutdown import ShutdownControl
+
+    class Engine:
+        drains = 0
+
+        def drain(self):
+            self.drains += 1
+
+    ctl, engine = ShutdownControl(), Engine()
+    assert ctl.signal() is False and ctl.stopping
+    assert ctl.request() is False                   # a graceful stop is under way already
+    ctl.serving(engine)
+    assert engine.drains == 1
+    assert ctl.signal() is True and engine.drains == 2
+    assert ctl.request(force=True) is False

@@ -6,9 +6,10 @@ the JSON body of an error, and errors derived from :class:`RouteError`.
 The record of a request holds its id, route, timings, token counts and one outcome word
 (:data:`OUTCOMES`): ``success``, or why it did not succeed -- ``validation`` (refused: the
 request itself is wrong, e.g. 404, 405, 422), ``too_long`` (424), ``timeout`` (a time limit),
-``cancelled`` (the client left, stopped it, or was cut off for not reading, before its answer
-was delivered), ``stopped`` (the service stopped it: a 503 while stopping or loading, a stream
-cut by the drain) or ``internal`` (a server bug). The handler reports what it knows
+``cancelled`` (the client left, asked for the generation to stop, or was cut off for not
+reading, before its answer was delivered), ``stopped`` (the service stopped it: a 503 while
+stopping or loading, a stream cut by the drain, a handler cancelled at the server's exit) or
+``internal`` (a server bug). The handler reports what it knows
 (:func:`report_outcome`: the first failure wins over success); the router adds what it sees
 (the client gone, the task cancelled, an exception). The same word is the request's
 ``outcome`` in its access record and, on a generation route, how ``/metrics`` counts it.
