@@ -53,27 +53,28 @@ def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
     """
     from .app import App
     from .model.registry import lookup, resolve
+    from .shutdown import ShutdownControl
 
     model = cfg.backend.model.model_weight_path
     if not os.path.isfile(model) and lookup(model) is None:
         resolve(model)      # neither a file nor a registry name: its one-line error, at once
-    app = App(cfg, echo=say)
+    ctl = ShutdownControl()
+    app = App(cfg, shutdown=ctl, echo=say)
     app.router.log_bodies = log_bodies
     try:
         import uvloop  # optional: a faster event loop when installed
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    run(_main(app, cfg, ssl_ctx, files, t0, say))
+    run(_main(app, ctl, cfg, ssl_ctx, files, t0, say))
     return 0
 
 
-async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
+async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
     from .app import start_listeners
 
     listeners = await start_listeners(app, cfg, ssl_ctx)
     say(listening(cfg, listeners, files))
-    ctl = app.shutdown
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -118,6 +119,7 @@ async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
         raise load.exception()
     llm = load.result()
     app.loaded(llm)
+    ctl.serving(llm.engine)
     say(banner(cfg, llm, listeners, files, time.monotonic() - t0))
     threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
                      name="tiny_mindie-grammar-vocabulary").start()
