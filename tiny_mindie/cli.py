@@ -30,9 +30,6 @@ COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs", "health
 # Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
 ENV_COMMANDS = {"serve": True, "health": False}
-EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
-                '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
-                '"max_new_tokens": 20, "do_sample": true, "details": true}}')
 
 
 class _Parser(argparse.ArgumentParser):

@@ -14,7 +14,7 @@ which a certificate made for a service name need not carry) -- and GETs ``/v2/he
 Exit status 0 when the answer is 200 (one line on stdout); 1 otherwise -- another status, no
 connection, a TLS failure, no answer within ``--timeout`` seconds, a configuration it cannot
 read -- with one line on stderr saying why. It imports neither numpy nor onnxruntime nor
-asyncio: a healthy answer takes a few tens of milliseconds, most of them Python's start.
+asyncio, so that a probe run often costs little more than Python's start.
 """
 
 from __future__ import annotations
