@@ -41,7 +41,11 @@ KINDS = ("bench", "quality", "loadtest", "loadtest-vs-llama-server", "startup")
 def load(source: str | dict) -> dict:
     """A results file (path) or its parsed content, with ``kind`` set (see the module doc);
     ValueError for a file no kind fits."""
-    data = dict(source) if isinstance(source, dict) else json.load(open(source))
+    if isinstance(source, dict):
+        data = dict(source)
+    else:
+        with open(source) as fh:
+            data = json.load(fh)
     if "kind" not in data:
         rows = data.get("results") or [{}]
         data["kind"] = ("bench" if "decode_tps" in rows[0] else
@@ -319,7 +323,7 @@ def _draw_versus(fig, data: dict) -> None:
 
 def _draw_startup(fig, data: dict) -> None:
     rows = data["results"]
-    steps = [s for s in dict.fromkeys(k for r in rows for k in r["steps"])]
+    steps = list(dict.fromkeys(k for r in rows for k in r["steps"]))
     ax = fig.subplots()
     _bars(ax, steps, {r["start"]: [r["steps"].get(s, 0.0) for s in steps] for r in rows})
     ax.set_ylabel("seconds")
