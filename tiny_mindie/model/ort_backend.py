@@ -34,10 +34,11 @@ and it and the chunks go to the threads longest first, each to the least loaded 
 prompt tokens, :data:`DECODE_RUN_COST`), so new prompts are prefilled *beside* the running
 streams. Every run writes only its own KV rows and logits rows.
 Why: a second intra-op thread splits every operator, so each one waits for the slower core
-(with another process busy on one core, a single stream slows down badly), while separate runs
-leave a single stream on its one core -- what ``threads=1`` gives on a shared host. Default
-``L = CPUs // threads``: 1 with the default threads (every CPU, so a lone stream uses every
-core), 2 on a 2-core machine with ``threads=1``; 1 on other execution providers. A second
+(a single stream slows down whenever another process keeps one core busy), while separate runs
+leave a single stream on its one core -- what ``threads=1`` gives where other processes share
+the CPUs. Default ``L = CPUs // threads``: 1 with the default threads (every CPU, so a lone
+stream uses every core), the number of CPUs with ``threads=1``; 1 on other execution
+providers. A second
 session with more intra-op threads for a lone stream would hold its own copy of the prepacked
 weights (the Python binding cannot share them between sessions), so there is none. The
 intra-op thread count does not change a row's arithmetic (the kernels split output columns and
