@@ -283,7 +283,7 @@ class OrtBackend(StartupChecks, Backend):
 
     def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
         """See :meth:`Backend.verify`: runs with the graph's ``verify`` input set
-        (:func:`.graph.verify_attention`) of up to :attr:`max_verify_rows` tokens each, where
+        (:func:`.graph_layers.verify_attention`) of up to :attr:`max_verify_rows` tokens each, where
         the graph has it."""
         if not self.fast_verify:
             return super().verify(slot, start, token_ids)
