@@ -17,6 +17,8 @@ by :mod:`.weights` and :mod:`.graph_weights`. The graph follows the numpy refere
 
 Each residual add is fused into the next norm (``SkipSimplifiedLayerNormalization``: ``h += y;
 x = rms_norm(h)``), so a block hands its output on un-added (see :func:`.graph_layers.block`).
+This module holds the graph's contract (below), the build choices (:class:`GraphOptions`, with
+the row multiples each CPU needs) and :func:`build_model`, which assembles the graph.
 
 It uses ONNX Runtime's contrib operators (domain ``com.microsoft``) where they are the fast path
 on CPU: ``GroupQueryAttention`` (KV cache updated in place, rotary inside), ``MatMulNBits``

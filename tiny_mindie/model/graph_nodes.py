@@ -21,7 +21,7 @@ from .config import ModelConfig
 from .reference_layers import rope_frequencies, rope_table
 from .weights import BLOCK, NBitsWeight, concat_weights
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:                   # annotations only: both modules import this one
     from .graph import GraphOptions
     from .graph_layers import VerifyRows
 
