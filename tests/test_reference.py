@@ -192,7 +192,7 @@ def test_last_position_of_a_slot_is_usable(backend, gguf):
 
 
 def test_linear_gemv_and_gemm_paths_agree(backend):
-    from tiny_mindie.model.reference import GEMV_MAX_ROWS, linear
+    from tiny_mindie.model.reference_layers import GEMV_MAX_ROWS, linear
 
     w = backend.weights.layers[0].w_gate_up  # [576, 3072]
     x = np.random.default_rng(0).standard_normal(

@@ -20,6 +20,7 @@ from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError  # noqa: E402
 from tiny_mindie.model.loader import load_model  # noqa: E402
 from tiny_mindie.model.ort_backend import OrtBackend  # noqa: E402
+from tiny_mindie.model.startup_checks import BATCH_CHECKS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, capl
         return [k for k in json.load(open(record)) if k.get("check") == check]
 
     first = backend(1)
-    record = os.path.join(os.path.dirname(first.graph_path), ort_backend.BATCH_CHECKS)
+    record = os.path.join(os.path.dirname(first.graph_path), BATCH_CHECKS)
     (key,) = recorded()
     assert key["threads"] == 1 and key["rows"] == 4 and key["cpu"]
     # the prefix-split check is recorded beside it, whatever its outcome (a failure is the
@@ -89,7 +90,7 @@ def test_a_check_record_names_what_was_checked(tiny, tmp_path):
                    huge_pages=False).close()
     record = os.path.join(os.path.dirname(
         OrtBackend(f, cfg, num_slots=4, max_seq_len=20, threads=1, cache_dir=str(tmp_path),
-                   huge_pages=False).graph_path), ort_backend.BATCH_CHECKS)
+                   huge_pages=False).graph_path), BATCH_CHECKS)
     keys = json.load(open(record))
     assert [(k["tokens"], k["cuts"]) for k in keys if k.get("check") == "prefix split"] == [
         (5, [[2], [], []]), (20, [[2], [], [17]]), (32, [[2], [], [17]])]

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from tiny_mindie.model import weights
+from tiny_mindie.model import graph_weights, weights
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError, RawTensor
 from tiny_mindie.model.weights import NBitsWeight, lm_head_weight, pack_weight, unpack_nbits
@@ -113,7 +113,7 @@ def test_other_types_requantize_to_8bit_within_half_a_step(tmp_path):
     assert pack_weight(f, "Q4_K").exact and pack_weight(f, "Q4_K").bits == 4
     with pytest.raises(ModelFileError, match="Q8_1: GGUF type Q8_1 is not supported"):
         pack_weight(f, "Q8_1")
-    emb = weights.load_embedding(f)
+    emb = graph_weights.load_embedding(f)
     assert emb.bits == 8 and emb.block == 32 and emb.zero_points is None and not emb.exact
 
 
@@ -162,13 +162,13 @@ def test_matmulnbits_reads_8bit_zero_points_and_residuals(qtype):
 def test_attention_scale_folds_only_when_exact(gguf):
     """1/sqrt(head_dim) goes into the query weights only as a power of two, so the folded query
     matrix is still bit-exact (times 1/8 for SmolLM2's head_dim 64)."""
-    assert weights.power_of_two(1 / math.sqrt(64)) == 0.125
-    assert weights.power_of_two(1 / math.sqrt(16)) == 0.25
-    assert weights.power_of_two(1 / math.sqrt(128)) is None
-    assert weights.power_of_two(1 / math.sqrt(80)) is None
-    s = weights.power_of_two(ModelConfig.from_gguf(gguf).attn_scale)
+    assert graph_weights.power_of_two(1 / math.sqrt(64)) == 0.125
+    assert graph_weights.power_of_two(1 / math.sqrt(16)) == 0.25
+    assert graph_weights.power_of_two(1 / math.sqrt(128)) is None
+    assert graph_weights.power_of_two(1 / math.sqrt(80)) is None
+    s = graph_weights.power_of_two(ModelConfig.from_gguf(gguf).attn_scale)
     if s is not None:
-        w = weights._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
+        w = graph_weights._scaled(pack_weight(gguf, "blk.3.attn_q.weight"), s)
         expect = gguf.dequantize("blk.3.attn_q.weight") * np.float32(s)
         assert np.array_equal(unpack_nbits(w).view(np.uint32), expect.view(np.uint32))
 

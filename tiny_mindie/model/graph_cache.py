@@ -10,7 +10,7 @@ Finding the sha256 without reading the file: the cache directory's ``index/`` fo
 file's identity -- real path, size, modification and change times in ns, inode and device -- to
 its sha256, one small JSON file per identity. A start whose file has an identity in the index
 reads nothing of it; the first start, or one after the file changed (any of those fields), hashes
-it (about 1 s per GB) and records the new identity (dropping the path's older ones).
+it and records the new identity (dropping the path's older ones).
 
 Concurrency: a graph is built into a temporary directory beside the entry and renamed into place,
 index files are written to a temporary name and renamed, so a reader never sees half an entry or
@@ -84,6 +84,35 @@ def cached_build(path: str, version: int, options_key: str, build: Callable[[str
         OSError: ``path`` cannot be read.
     """
     roots = cache_roots(path, cache_dir)
+    ident, digest = _identify(path, roots)
+    suffix = f"-{digest[:16]}-b{version}-{options_key}"
+    for root in roots:
+        found = _find_entry(root, suffix)
+        if found:
+            _drop_outdated(root, digest, version)       # left by an older version, if any
+            record_index(root, ident, digest)
+            return os.path.join(found, "model.onnx"), False
+    stem = os.path.splitext(os.path.basename(path))[0]
+    label = f"{os.path.basename(path)}{what}"
+    marker = f"sha256 {digest}\nbuilder {version}\noptions {options_key}\n"
+    last_error: Exception | None = None
+    for root in roots:
+        try:
+            entry, built = _build_entry(root, stem, suffix, build, label, marker)
+        except _Unwritable as exc:
+            last_error = exc.__cause__
+            continue
+        if built:
+            _drop_outdated(root, digest, version)
+        record_index(root, ident, digest)
+        return os.path.join(entry, "model.onnx"), built
+    raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
+
+
+def _identify(path: str, roots: list[str]) -> tuple[dict, str]:
+    """``(identity, sha256)`` of the file at ``path``: the sha256 from an index of ``roots``,
+    else hashed now; the identity is empty when the file changed while it was hashed (it is
+    then not recorded)."""
     ident = file_identity(path)
     digest = next(filter(None, (lookup_index(root, ident) for root in roots)), None)
     if digest is None:
@@ -93,57 +122,62 @@ def cached_build(path: str, version: int, options_key: str, build: Callable[[str
         if file_identity(path) != ident:                # changed while it was read: not recorded
             log.warning("%s changed while it was hashed", path)
             ident = {}
-    suffix = f"-{digest[:16]}-b{version}-{options_key}"
-    for root in roots:
-        found = _find_entry(root, suffix)
-        if found:
-            _drop_outdated(root, digest, version)       # left by an older version, if any
-            record_index(root, ident, digest)
-            return os.path.join(found, "model.onnx"), False
-    stem = os.path.splitext(os.path.basename(path))[0]
-    last_error: Exception | None = None
-    for root in roots:
-        tmp = None
-        try:
-            with contextlib.ExitStack() as held:
-                try:
-                    os.makedirs(root, exist_ok=True)
-                    held.enter_context(_lock(root, stem + suffix))
-                except OSError as exc:
-                    last_error = exc
-                    continue
-                found = _find_entry(root, suffix)      # built by another process meanwhile
-                if found:
-                    record_index(root, ident, digest)
-                    return os.path.join(found, "model.onnx"), False
-                prefix = f".build-{stem}{suffix}-"
-                if _HAS_FLOCK:      # held: another build of this entry left its folder only
-                    for name in os.listdir(root):   # if it died or was stopped (Ctrl-C)
-                        if name.startswith(prefix):
-                            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-                try:
-                    tmp = tempfile.mkdtemp(prefix=prefix, dir=root)
-                except OSError as exc:
-                    last_error = exc
-                    continue
-                with slow_step(log, f"building the ONNX graph of {os.path.basename(path)}"
-                               f"{what}"):
-                    build(tmp)
-                with open(os.path.join(tmp, "complete"), "w") as fh:
-                    fh.write(f"sha256 {digest}\nbuilder {version}\noptions {options_key}\n")
-                final = os.path.join(root, stem + suffix)
-                try:
-                    os.rename(tmp, final)
-                except OSError:                         # another process built it meanwhile
-                    shutil.rmtree(tmp, ignore_errors=True)
-            _drop_outdated(root, digest, version)
-            record_index(root, ident, digest)
-            return os.path.join(final, "model.onnx"), True
-        except BaseException:
-            if tmp is not None:
+    return ident, digest
+
+
+class _Unwritable(Exception):
+    """A cache root where no entry can be made (the ``OSError`` is its ``__cause__``)."""
+
+
+def _build_entry(root: str, stem: str, suffix: str, build: Callable[[str], object], label: str,
+                 marker: str) -> tuple[str, bool]:
+    """The entry ``root/<stem><suffix>``, built by ``build(directory)`` under the entry's lock
+    (``label`` names it in the log) and marked complete with ``marker``; or an entry with the
+    same suffix another process made meanwhile. Returns ``(entry folder, True if built now)``.
+
+    Raises:
+        _Unwritable: ``root`` cannot be made, locked or written in.
+    """
+    tmp = None
+    try:
+        with contextlib.ExitStack() as held:
+            try:
+                os.makedirs(root, exist_ok=True)
+                held.enter_context(_lock(root, stem + suffix))
+            except OSError as exc:
+                raise _Unwritable from exc
+            found = _find_entry(root, suffix)          # built by another process meanwhile
+            if found:
+                return found, False
+            prefix = f".build-{stem}{suffix}-"
+            _remove_stopped_builds(root, prefix)
+            try:
+                tmp = tempfile.mkdtemp(prefix=prefix, dir=root)
+            except OSError as exc:
+                raise _Unwritable from exc
+            with slow_step(log, f"building the ONNX graph of {label}"):
+                build(tmp)
+            with open(os.path.join(tmp, "complete"), "w") as fh:
+                fh.write(marker)
+            final = os.path.join(root, stem + suffix)
+            try:
+                os.rename(tmp, final)
+            except OSError:                             # another process built it meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
+        return final, True
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _remove_stopped_builds(root: str, prefix: str) -> None:
+    """Remove the build folders of ``root`` named with ``prefix``: with the entry's lock held,
+    another build of the entry left its folder only if it died or was stopped (Ctrl-C)."""
+    if _HAS_FLOCK:
+        for name in os.listdir(root):
+            if name.startswith(prefix):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 # ---- the index: file identity -> sha256 ----------------------------------------------------------
@@ -258,8 +292,8 @@ def _lock(root: str, entry: str) -> Iterator[None]:
 def _drop_outdated(root: str, digest: str, version: int) -> None:
     """Remove the graphs of the file of ``digest`` (entries ``<stem>-<digest[:16]>-b<v>-
     <options>``, any stem) built by a builder older than ``version``, whatever their options:
-    this code never loads them again (a builder version bump would leave ~1.5x the GGUF behind
-    for each)."""
+    this code never loads them again (a builder version bump would leave a graph larger than the
+    GGUF behind for each)."""
     marker = f"-{digest[:16]}-b"
     for name in os.listdir(root):
         at = name.find(marker)

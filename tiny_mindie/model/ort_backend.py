@@ -1,8 +1,9 @@
 """The ONNX Runtime backend: the decoder graph of :mod:`.graph` in one ``InferenceSession``.
 
 The graph comes from the cache of built graphs (:mod:`.graph_cache`); the session's providers,
-threads and options from :mod:`.providers`; its resident memory is kept low by :mod:`.memory`.
-This module owns the session runs and the KV cache.
+threads and options from :mod:`.providers`; it is opened by :mod:`.ort_session`, and its resident
+memory is kept low by :mod:`.memory`; the start-up self-checks are :mod:`.startup_checks`. This
+module owns the session runs and the KV cache.
 
 KV cache and continuous batching
 --------------------------------
@@ -33,10 +34,11 @@ and it and the chunks go to the threads longest first, each to the least loaded 
 prompt tokens, :data:`DECODE_RUN_COST`), so new prompts are prefilled *beside* the running
 streams. Every run writes only its own KV rows and logits rows.
 Why: a second intra-op thread splits every operator, so each one waits for the slower core
-(with another process busy on one core, a single stream slows down badly), while separate runs
-leave a single stream on its one core -- what ``threads=1`` gives on a shared host. Default
-``L = CPUs // threads``: 1 with the default threads (every CPU, so a lone stream uses every
-core), 2 on a 2-core machine with ``threads=1``; 1 on other execution providers. A second
+(a single stream slows down whenever another process keeps one core busy), while separate runs
+leave a single stream on its one core -- what ``threads=1`` gives where other processes share
+the CPUs. Default ``L = CPUs // threads``: 1 with the default threads (every CPU, so a lone
+stream uses every core), the number of CPUs with ``threads=1``; 1 on other execution
+providers. A second
 session with more intra-op threads for a lone stream would hold its own copy of the prepacked
 weights (the Python binding cannot share them between sessions), so there is none. The
 intra-op thread count does not change a row's arithmetic (the kernels split output columns and
@@ -44,9 +46,10 @@ heads over threads, not sums).
 
 Batch invariance: a decode row must get the same logits in a run of one row and in a run of
 many (else a seeded or greedy answer would change with the load). The graph pads the matrix
-products whose kernels need it (see ``graph._pad_rows``); after loading,
-:meth:`OrtBackend.check_batch_invariance` checks it on this CPU, and if a row differs, decode
-rows run one per session run (``rows_per_decode_run = 1``): the same answers, slower under load.
+products whose kernels need it (see ``graph_nodes._pad_rows``); after loading,
+:meth:`.startup_checks.StartupChecks.check_batch_invariance` checks it on this CPU, and if a row
+differs, decode rows run one per session run (``rows_per_decode_run = 1``): the same answers,
+slower under load.
 
 GroupQueryAttention places a row's new tokens at ``[seqlens_k + 1 - S, seqlens_k + 1)``; for a
 chunk ``(start, n)`` run alone that is ``seqlens_k = start + n - 1``, and in a decode batch each
@@ -58,8 +61,8 @@ Prefix caching: a slot keeps its KV after its sequence ends (``_used`` still cou
 positions, so row swaps carry it along); the engine reuses it for a later prompt with the same
 prefix, or copies it into another slot (:meth:`OrtBackend.copy_kv`). That keeps the answer
 the same only if a prompt's KV does not depend on how it was chunked:
-:meth:`OrtBackend.check_prefix_split_invariance` checks that at start-up (recorded beside the
-batch check) and sets ``prefix_split_invariant``.
+:meth:`.startup_checks.StartupChecks.check_prefix_split_invariance` checks that at start-up
+(recorded beside the batch check) and sets ``prefix_split_invariant``.
 
 Why prefill chunks run alone: onnxruntime's GroupQueryAttention rejects ``S > 1`` with past
 context at ``B > 1``, and on CPU a prompt's matmuls are already wide (``M = n``), so batching
@@ -69,12 +72,7 @@ serves every row.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import json
 import logging
-import mmap
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -86,27 +84,20 @@ import numpy as np
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions, default_row_multiples
-from .graph_cache import cached_graph, write_json_atomic
-from .memory import (
-    populated_pieces,
-    release_file_pages,
-    trim_heap,
-    use_huge_pages,
-    zeroed_buffers,
-)
-from .progress import slow_step
+from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions
+from .graph_cache import cached_graph
+from .memory import zeroed_buffers
+from .ort_session import HugePageMove, for_provider, open_session, with_rotary_table
 from .providers import (
     CPU,
-    cpu_identity,
     default_threads,
     device_name,
     node_placement,
     placement_summary,
-    provider_name,
     select_providers,
     session_options,
 )
+from .startup_checks import StartupChecks
 
 log = logging.getLogger(__name__)
 
@@ -116,97 +107,14 @@ log = logging.getLogger(__name__)
 DECODE_RUN_COST = 4
 
 
-def _open_session(path: str, options, providers: list, *, release: Sequence[str],
-                  huge_pages: bool):
-    """An ``onnxruntime.InferenceSession`` on the graph at ``path``, and the pieces of memory
-    populated before it (:func:`.memory.populated_pieces`; ``None`` without ``huge_pages``),
-    for :class:`_HugePageMove`.
-
-    Afterwards the pages of the files in ``release`` that this process mapped are given back
-    (:func:`.memory.release_file_pages`: onnxruntime read them to prepack the weights). Says so
-    in the log when creating the session takes over 2 s.
-    """
-    import onnxruntime as ort
-
-    if huge_pages:      # freed heap pages out first, so memory the session reuses is new
-        trim_heap()
-    before = populated_pieces() if huge_pages else None
-    with slow_step(log, "creating the onnxruntime session (prepacking the weights)"):
-        session = ort.InferenceSession(path, options, providers=providers)
-    if release:
-        for name in release:
-            release_file_pages(name)
-        trim_heap()
-    return session, before
-
-
-class _HugePageMove(threading.Thread):
-    """Moves the memory a session wrote (its prepacked weights above all) to huge pages
-    (:func:`.memory.use_huge_pages` of the pieces not populated ``before``), in the background:
-    the backend serves meanwhile, at full speed once it is done (2.0-3.6 s for 450 MB of a
-    0.5B model, measured on a busy 2-core machine, where it was the longest step of a warm
-    start). ``moved``
-    holds the bytes moved once :meth:`join` returns."""
-
-    def __init__(self, before: set[int]):
-        super().__init__(name="tiny_mindie-huge-pages", daemon=True)
-        self.before = before
-        self.moved = 0
-
-    def run(self) -> None:
-        t0 = time.perf_counter()
-        self.moved = use_huge_pages(self.before)
-        log.info("%d MB of the session's memory moved to huge pages (%.2f s, in the background)",
-                 self.moved // 10**6, time.perf_counter() - t0)
-
-
 def _run_all(runs: Sequence[Callable[[], None]]) -> None:
     for run in runs:
         run()
 
 
-#: a graph entry's record of the start-up checks it went through (see ``_batch_check_key``)
-BATCH_CHECKS = "batch-checks.json"
-
-
-def _batch_checks(graph_path: str) -> list:
-    """The entries recorded for the checks of the graph at ``graph_path``: each a check's key
-    and ``"passed"``."""
-    try:
-        with open(os.path.join(os.path.dirname(graph_path), BATCH_CHECKS)) as fh:
-            keys = json.load(fh)
-    except (OSError, ValueError):
-        return []
-    return keys if isinstance(keys, list) else []
-
-
-def _key_of(entry: dict) -> dict:
-    return {n: v for n, v in entry.items() if n != "passed"}
-
-
-def _recorded_check(graph_path: str, key: dict) -> bool | None:
-    """The outcome recorded for the check ``key`` of the graph at ``graph_path``, ``None`` when
-    there is none (an entry without ``"passed"`` is a pass: older records held passes only)."""
-    outcomes = [bool(e.get("passed", True)) for e in _batch_checks(graph_path)
-                if isinstance(e, dict) and _key_of(e) == key]
-    return outcomes[-1] if outcomes else None
-
-
-def _record_batch_check(graph_path: str, key: dict, passed: bool = True) -> None:
-    """Record the outcome of the check ``key`` with the graph entry (written to a temporary
-    file and renamed; an entry that cannot be written is checked again at the next start)."""
-    folder = os.path.dirname(graph_path)
-    keys = [e for e in _batch_checks(graph_path)
-            if not isinstance(e, dict) or _key_of(e) != key] + [dict(key, passed=passed)]
-    try:
-        write_json_atomic(os.path.join(folder, BATCH_CHECKS), keys[-16:])
-    except OSError as exc:
-        log.debug("cannot record the batch check in %s: %s", folder, exc)
-
-
 # ---- the backend -----------------------------------------------------------------------------
 
-class OrtBackend(Backend):
+class OrtBackend(StartupChecks, Backend):
     """The decoder as an ONNX Runtime session with a slot-based, in-place KV cache.
 
     Args:
@@ -257,13 +165,7 @@ class OrtBackend(Backend):
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
             raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be "
                              f">= 1, parallel_runs ({parallel_runs}) >= 0")
-        if config.rope_factors_long and not graph_options.max_positions:
-            # LongRoPE picks its factors by the positions a sequence can reach (llama.cpp:
-            # n_ctx_seq), so the graph's rotary table is built for max_seq_len, as the reference
-            graph_options = dataclasses.replace(graph_options, max_positions=max_seq_len)
-        if max_seq_len > (graph_options.max_positions or config.context_length):
-            raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
-                             f"({graph_options.max_positions or config.context_length})")
+        graph_options = with_rotary_table(graph_options, config, max_seq_len)
         self.config = config
         self._graph_options = graph_options
         self.num_slots = num_slots
@@ -271,11 +173,7 @@ class OrtBackend(Backend):
         self.max_chunk_tokens = max(1, max_chunk_tokens)
 
         chosen = select_providers(providers, device_id)
-        if graph_options.verify_rows and provider_name(chosen[0]) != CPU:
-            # an If per layer would cut an NPU's graph into pieces (and is untested there)
-            log.info("speculative decoding: for the CPU execution provider only; off on %s",
-                     provider_name(chosen[0]))
-            graph_options = dataclasses.replace(graph_options, verify_rows=0)
+        graph_options = for_provider(graph_options, chosen)
         t0 = time.perf_counter()
         self.graph_path, self.built = cached_graph(f, config, graph_options, cache_dir)
         t1 = time.perf_counter()
@@ -283,15 +181,32 @@ class OrtBackend(Backend):
         release = [self.graph_path + ".data"] if release_pages else []
         if release_pages and self.built:                # building read every tensor of the GGUF
             release.append(f.path)
-        self._session, before = _open_session(
+        self._session, before = open_session(
             self.graph_path,
             session_options(self.threads, spinning=spinning, config=session_config),
             chosen, release=release, huge_pages=huge_pages)
-        self._huge_pages = _HugePageMove(before) if before is not None else None
+        self._huge_pages = HugePageMove(before) if before is not None else None
         if self._huge_pages is not None:
             self._huge_pages.start()
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
+        self._read_session(device_id)
+        self.parallel_runs = self._lanes(parallel_runs)
+        self._pool = (ThreadPoolExecutor(self.parallel_runs - 1,
+                                         thread_name_prefix="tiny_mindie-run")
+                      if self.parallel_runs > 1 else None)
+        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)", self.device,
+                 "built" if self.built else "cached", t1 - t0, t2 - t1)
+
+        self._make_kv_cache()
+        self._lock = threading.Lock()
+        self.swaps = 0                                  # row swaps done (for tests / metrics)
+        self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
+        self.batch_invariant = check_batching           # by the graph, or row by row (checks)
+        self._run_startup_checks(session_config, check_batching)
+
+    def _read_session(self, device_id: int) -> None:
+        """What the session tells: the graph's metadata, the providers in use, node placement."""
         # the graph's logits may have padding rows (see graph.py, output ``logits``)
         meta = self._session.get_modelmeta().custom_metadata_map
         self._logits_row_multiple = int(meta.get(LOGITS_ROWS_KEY, "1"))
@@ -302,21 +217,21 @@ class OrtBackend(Backend):
         self.device = device_name(self.providers[0], device_id)
         self.node_placement = node_placement(self._session)
         log.info("execution providers: %s", placement_summary(self.node_placement))
+
+    def _lanes(self, parallel_runs: int) -> int:
+        """The session runs one :meth:`forward` executes at once, of ``parallel_runs`` asked
+        (0: CPUs // threads on the CPU provider; 1 on others)."""
         if self.providers[0] != CPU:
             parallel_runs = 1
         elif parallel_runs * self.threads > available_cpus():
             log.warning("%d parallel runs x %d intra-op threads is more than the %d CPUs: the "
                         "runs will only take turns", parallel_runs, self.threads, available_cpus())
         # more runs than slots could never all be busy (a run has at least one row)
-        self.parallel_runs = min(parallel_runs or max(1, available_cpus() // self.threads),
-                                 num_slots)
-        self._pool = (ThreadPoolExecutor(self.parallel_runs - 1,
-                                         thread_name_prefix="tiny_mindie-run")
-                      if self.parallel_runs > 1 else None)
-        log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)", self.device,
-                 "built" if self.built else "cached", t1 - t0, t2 - t1)
+        return min(parallel_runs or max(1, available_cpus() // self.threads), self.num_slots)
 
-        c = config
+    def _make_kv_cache(self) -> None:
+        """The KV buffers (zeroed, pages allocated as they are written) and the slot layout."""
+        c, num_slots, max_seq_len = self.config, self.num_slots, self.max_seq_len
         shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
         self._kv_map, kv = zeroed_buffers(2 * c.num_layers, shape)
         self._k, self._v = kv[:c.num_layers], kv[c.num_layers:]
@@ -326,69 +241,6 @@ class OrtBackend(Backend):
         self._used = [0] * num_slots                    # positions in use, per slot
         self._decode_bindings: dict[tuple[int, int], tuple] = {}
         self._prefill_bindings: dict[int, tuple] = {}
-        self._lock = threading.Lock()
-        self.swaps = 0                                  # row swaps done (for tests / metrics)
-        self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
-        self.batch_invariant = check_batching           # by the graph, or row by row (below)
-        if check_batching and num_slots > 1:            # one slot: never a batch
-            t3 = time.perf_counter()
-            key = self._batch_check_key(session_config)
-            if _recorded_check(self.graph_path, key):       # only passes are recorded
-                log.info("decode rows: the same logits alone and in batches (checked at an "
-                         "earlier start, with this onnxruntime, CPU and thread count)")
-            else:
-                with slow_step(log, "checking that decode rows get the same logits in batches"):
-                    invariant = self.check_batch_invariance()
-                if invariant:
-                    _record_batch_check(self.graph_path, key)
-                    log.info("decode rows checked: the same logits alone and in batches "
-                             "(%.2f s)", time.perf_counter() - t3)
-                else:
-                    self.rows_per_decode_run = 1
-                    log.warning("onnxruntime computes a decode row differently alone and in a "
-                                "batch on this CPU: decode rows run one per session run, so "
-                                "that every answer stays the same under any load (slower with "
-                                "many streams)")
-            self.load_seconds["batch check"] = time.perf_counter() - t3
-        if check_batching:
-            t4 = time.perf_counter()
-            n, chunkings = self._split_check_chunkings()
-            key = dict(self._batch_check_key(session_config), check="prefix split",
-                       tokens=n, cuts=[b[1:-1] for b in chunkings[1:]])
-            # both outcomes are recorded: a failure only means the safe, shorter reuse
-            self.prefix_split_invariant = self._recorded_outcome(
-                key, "checking that prompts get the same KV in any chunks",
-                self.check_prefix_split_invariance)
-            log.info("prefix cache: %s", "a prefix of any length is reused (prompt KV checked: "
-                     "the same in any chunks of 2+ tokens)" if self.prefix_split_invariant else
-                     "prompt KV depends on the chunks it is computed in on this CPU: only "
-                     "prefixes ending at a prefill cut are reused")
-            self.load_seconds["split check"] = time.perf_counter() - t4
-        if self.fast_verify and not check_batching:
-            self.fast_verify = False    # unpadded rows: a chunk's rows are not decode's
-        if self.fast_verify:
-            t5 = time.perf_counter()
-            key = dict(self._batch_check_key(session_config), check="verify",
-                       lengths=self._verify_check_pasts())
-            self.fast_verify = self._recorded_outcome(
-                key, "checking that verification matches decoding",
-                self.check_verify_matches_decode)
-            log.info("speculative decoding: %s", "proposed tokens are verified in one run "
-                     "(checked: the same logits and KV as decoding them)" if self.fast_verify
-                     else "a chunk's rows are not computed as decoding computes them on this "
-                     "CPU: no speculation")
-            self.load_seconds["verify check"] = time.perf_counter() - t5
-
-    def _recorded_outcome(self, key: dict, doing: str, check: Callable[[], bool]) -> bool:
-        """The outcome of ``check`` recorded with the graph under ``key``; else ``check()``
-        now (saying ``doing`` when it is slow), its outcome recorded, pass or fail."""
-        recorded = _recorded_check(self.graph_path, key)
-        if recorded is not None:
-            return recorded
-        with slow_step(log, doing):
-            passed = check()
-        _record_batch_check(self.graph_path, key, passed)
-        return passed
 
     @property
     def huge_page_bytes(self) -> int:
@@ -431,7 +283,7 @@ class OrtBackend(Backend):
 
     def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
         """See :meth:`Backend.verify`: runs with the graph's ``verify`` input set
-        (:func:`.graph.verify_attention`) of up to :attr:`max_verify_rows` tokens each, where
+        (:func:`.graph_layers.verify_attention`) of up to :attr:`max_verify_rows` tokens each, where
         the graph has it."""
         if not self.fast_verify:
             return super().verify(slot, start, token_ids)
@@ -473,185 +325,6 @@ class OrtBackend(Backend):
         self._session = None
         self._k = self._v = []
         self._kv_map = None             # unmapped once the last view is gone
-
-    def _batch_check_key(self, session_config: dict[str, str] | None) -> dict:
-        """What the outcome of :meth:`check_batch_invariance` depends on besides the graph (whose
-        entry keeps the record): onnxruntime's version and build (``onnxruntime`` and
-        ``onnxruntime-cann`` share version numbers), the CPU (model and feature flags), the
-        providers, intra-op threads, session config entries and the rows checked."""
-        import onnxruntime as ort
-
-        build = f"{ort.__version__} {ort.get_device()} {ort.get_build_info()}"
-        return {"onnxruntime": build, "cpu": cpu_identity(),
-                "providers": [str(p) for p in self.providers], "threads": self.threads,
-                "session_config": {k: str(v) for k, v in sorted((session_config or {}).items())},
-                "rows": self._batch_check_rows(), "positions": self._batch_check_positions()}
-
-    def _batch_check_positions(self) -> list[int]:
-        """The position each row of :meth:`check_batch_invariance` decodes at: ``3 + s`` for row
-        ``s``, wrapped into ``[1, max_seq_len)`` where that is shorter."""
-        return [1 + (2 + s) % max(1, self.max_seq_len - 1)
-                for s in range(self._batch_check_rows())]
-
-    def _batch_check_rows(self) -> int:
-        tile = max(m for *_, m in (*self._graph_options.row_multiples,
-                                   *default_row_multiples()))
-        return min(self.num_slots, max(5, 2 * tile + 1))
-
-    def check_batch_invariance(self) -> bool:
-        """Whether a decode row gets bit for bit the same logits alone and in one session run
-        of 2 .. ``n`` rows, ``n = min(num_slots, max(5, 2 m + 1))`` with ``m`` the largest row
-        multiple of the graph or of this CPU's default (its kernels' row tile). One run of
-        ``b`` rows is what :meth:`forward` makes of a decode batch beside a prompt; split over
-        parallel runs, a batch is runs of fewer rows, each covered too. Row ``s`` sits at its
-        own position (a prompt of ``3 + s`` fixed token ids, see
-        :meth:`_batch_check_positions`). Afterwards the slots are forgotten
-        (layout reset, KV pages given back).
-
-        The graph is built so that this holds (see ``graph._pad_rows``); the check catches a
-        CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n`` session runs.
-        """
-        n = self._batch_check_rows()
-        if self.max_seq_len < 2:                        # no position to decode at
-            return True
-        vocab = self.config.vocab_size
-        prompts = [np.arange(1, 1 + p, dtype=np.int64) % vocab
-                   for p in self._batch_check_positions()]
-        tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]
-
-        def step(rows: range) -> np.ndarray:
-            return self.forward([SeqChunk(s, len(prompts[s]), tokens[s]) for s in rows])
-
-        lanes, self.parallel_runs = self.parallel_runs, 1       # one run per forward call
-        try:
-            self.forward([SeqChunk(s, 0, prompts[s]) for s in range(n)])
-            alone = [step(range(s, s + 1))[0] for s in range(n)]
-            return all(np.array_equal(row, alone[s])
-                       for b in range(2, n + 1) for s, row in enumerate(step(range(b))))
-        finally:
-            self.parallel_runs = lanes
-            self._phys = list(range(self.num_slots))
-            self._slot_at = list(range(self.num_slots))
-            self._used = [0] * self.num_slots
-            self.swaps = 0
-            if hasattr(mmap, "MADV_REMOVE"):            # shared anonymous: pages freed, zeros again
-                self._kv_map.madvise(mmap.MADV_REMOVE)
-
-    #: The chunkings :meth:`check_prefix_split_invariance` compares with one whole chunk: the
-    #: cut positions in a prompt of :data:`SPLIT_CHECK_TOKENS` tokens (every piece >= 2 tokens):
-    #: positions computed in short pieces where the whole prompt computes them in a long one,
-    #: and the other way round (kernels may pick their path by the number of rows).
-    SPLIT_CHECK_TOKENS = 160
-    SPLIT_CHECK_CUTS = ((2,), (64,), (17, 150))
-
-    def check_prefix_split_invariance(self) -> bool:
-        """Whether a prompt's KV cache (every layer, every position) and last logits are bit for
-        bit the same prefilled in one chunk and in the chunkings of :data:`SPLIT_CHECK_CUTS`
-        (see :attr:`~.backend.Backend.prefix_split_invariant`). Costs four prefills of
-        :data:`SPLIT_CHECK_TOKENS` tokens (fewer where ``max_seq_len`` is shorter: see
-        :meth:`_split_check_chunkings`), spread over the parallel runs: run ``j`` prefills every
-        ``L``-th chunking in slot ``j`` (``L = min(parallel_runs, num_slots)``), whose KV is
-        forgotten afterwards. Either outcome is recorded beside the batch check, keyed by what
-        was checked.
-
-        On an AVX2 EPYC, SmolLM2-135M Q4_1 passes (also for cuts anywhere in 300 tokens);
-        Gemma 3 270M Q4_K_M fails each of the three chunkings: a position computed in a chunk
-        of 64 tokens or fewer gets other KV than in one of 100 or more (2-token pieces among
-        short pieces are alike), as if a kernel chose its path by the number of rows.
-        """
-        n, chunkings = self._split_check_chunkings()
-        prompt = self._check_prompt(n)
-        lanes = min(self.parallel_runs, self.num_slots)
-        logits = np.empty((len(chunkings), self.config.vocab_size), np.float32)
-        kv: list[list[np.ndarray]] = [[] for _ in chunkings]
-
-        def lane(slot: int) -> None:
-            row = self._phys[slot]
-            for i in range(slot, len(chunkings), lanes):
-                for a, b in itertools.pairwise(chunkings[i]):
-                    self._prefill_run(slot, a, prompt[a:b], logits, i)()
-                kv[i] = [buf[row, :, :n].copy() for buf in self._k + self._v]
-
-        try:
-            with self._lock:
-                for slot in range(lanes):       # bindings made here, not in a worker thread
-                    self._prefill_binding(self._phys[slot])
-                self._run_lanes([[lambda s=slot: lane(s)] for slot in range(lanes)])
-            return all(np.array_equal(logits[i], logits[0]) and all(
-                np.array_equal(a, b) for a, b in zip(kv[0], kv[i], strict=True))
-                for i in range(1, len(chunkings)))
-        finally:
-            for slot in range(lanes):
-                self._used[slot] = 0
-
-    def _check_prompt(self, n: int) -> np.ndarray:
-        """int64 ``[n]``: the fixed token ids the prompt and verification checks prefill."""
-        return (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
-
-    def _split_check_chunkings(self) -> tuple[int, list[list[int]]]:
-        """``(n, chunkings)`` of :meth:`check_prefix_split_invariance`: its prompt's length
-        ``n = min(SPLIT_CHECK_TOKENS, max_seq_len)`` and the chunk bounds ``[0, ..., n]`` of the
-        whole prompt and of each of :data:`SPLIT_CHECK_CUTS`, cuts dropped where they would leave
-        a piece shorter than 2 tokens (what the check vouches for) -- part of its record's key."""
-        n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
-        chunkings = []
-        for cuts in ((), *self.SPLIT_CHECK_CUTS):
-            bounds = [0]
-            for c in cuts:
-                if c - bounds[-1] >= 2 and n - c >= 2:
-                    bounds.append(c)
-            chunkings.append([*bounds, n])
-        return n, chunkings
-
-    #: past lengths at which :meth:`check_verify_matches_decode` verifies a chunk (and one past
-    #: the sliding window, for models with local layers).
-    VERIFY_CHECK_LENGTHS = (21, 150)
-
-    def _verify_check_pasts(self) -> list[int]:
-        """The positions :meth:`check_verify_matches_decode` verifies a chunk of 2 or more
-        tokens after, longest first: those of :data:`VERIFY_CHECK_LENGTHS` and
-        ``sliding_window + 7`` that ``max_seq_len`` leaves room for, else the last that does
-        (none below 3 positions) -- part of its record's key."""
-        w = self.config.sliding_window
-        fit = [p for p in {*self.VERIFY_CHECK_LENGTHS, *([w + 7] if w else [])}
-               if min(self.max_verify_rows, self.max_seq_len - p) >= 2]
-        if not fit and self.max_seq_len >= 3:
-            fit = [max(1, self.max_seq_len - self.max_verify_rows)]
-        return sorted(fit, reverse=True)
-
-    def check_verify_matches_decode(self) -> bool:
-        """Whether :meth:`verify` gives bit for bit the logits and KV of decoding the same
-        tokens one by one (:func:`.graph.verify_attention`), for a chunk of
-        :attr:`max_verify_rows` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
-        (and ``sliding_window + 7``). One prompt is prefilled once, up to the longest of those
-        positions; the chunks are then decoded and verified from the longest position down
-        (each leaves the positions before it as they were). Uses slot 0, whose KV is forgotten
-        afterwards.
-
-        Would fail where the matrix products compute a chunk's few rows otherwise than decode
-        rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
-        :func:`.graph.verify_attention` assumes; speculation is then off.
-        """
-        row = self._phys[0]
-        pasts = self._verify_check_pasts()
-        if not pasts:                   # no room for a verification of 2+ tokens: none vouched
-            return False
-        ids = self._check_prompt(pasts[0] + self.max_verify_rows)
-        try:
-            self.forward([SeqChunk(0, 0, ids[:pasts[0]])])
-            for past in pasts:
-                n = min(self.max_verify_rows, self.max_seq_len - past)
-                steps = np.stack([self.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
-                                  for k in range(n)])
-                kv = [buf[row, :, :past + n].copy() for buf in self._k + self._v]
-                rows = self.verify(0, past, ids[past:past + n])
-                if not (np.array_equal(rows, steps) and all(
-                        np.array_equal(a, buf[row, :, :past + n])
-                        for a, buf in zip(kv, self._k + self._v, strict=True))):
-                    return False
-            return True
-        finally:
-            self._used[0] = 0
 
     # ---- internals --------------------------------------------------------------------------
     def _run_lanes(self, lanes: list[list[Callable[[], None]]]) -> None:

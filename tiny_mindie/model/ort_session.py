@@ -1,0 +1,93 @@
+"""Opening the ONNX Runtime backend's session: the graph options its settings call for, the
+session on the built graph with the weight-file pages it read given back, and the move of its
+memory to huge pages in the background.
+
+Part of the backend's start: it logs through :mod:`.ort_backend`'s logger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from .config import ModelConfig
+from .graph import GraphOptions
+from .memory import populated_pieces, release_file_pages, trim_heap, use_huge_pages
+from .progress import slow_step
+from .providers import CPU, provider_name
+
+log = logging.getLogger(f"{__package__}.ort_backend")
+
+
+def with_rotary_table(options: GraphOptions, config: ModelConfig, max_seq_len: int
+                      ) -> GraphOptions:
+    """``options`` with the rotary table a LongRoPE model needs for ``max_seq_len``.
+
+    Raises:
+        ValueError: ``max_seq_len`` passes the graph's rotary table.
+    """
+    if config.rope_factors_long and not options.max_positions:
+        # LongRoPE picks its factors by the positions a sequence can reach (llama.cpp:
+        # n_ctx_seq), so the graph's rotary table is built for max_seq_len, as the reference
+        options = dataclasses.replace(options, max_positions=max_seq_len)
+    if max_seq_len > (options.max_positions or config.context_length):
+        raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
+                         f"({options.max_positions or config.context_length})")
+    return options
+
+
+def for_provider(options: GraphOptions, chosen: list) -> GraphOptions:
+    """``options`` without the verification path unless the first of the ``chosen``
+    providers is the CPU's."""
+    if options.verify_rows and provider_name(chosen[0]) != CPU:
+        # an If per layer would cut an NPU's graph into pieces (and is untested there)
+        log.info("speculative decoding: for the CPU execution provider only; off on %s",
+                 provider_name(chosen[0]))
+        options = dataclasses.replace(options, verify_rows=0)
+    return options
+
+
+def open_session(path: str, options, providers: list, *, release: Sequence[str],
+                 huge_pages: bool):
+    """An ``onnxruntime.InferenceSession`` on the graph at ``path``, and the pieces of memory
+    populated before it (:func:`.memory.populated_pieces`; ``None`` without ``huge_pages``),
+    for :class:`HugePageMove`.
+
+    Afterwards the pages of the files in ``release`` that this process mapped are given back
+    (:func:`.memory.release_file_pages`: onnxruntime read them to prepack the weights). Says so
+    in the log when creating the session is slow (:func:`.progress.slow_step`).
+    """
+    import onnxruntime as ort
+
+    if huge_pages:      # freed heap pages out first, so memory the session reuses is new
+        trim_heap()
+    before = populated_pieces() if huge_pages else None
+    with slow_step(log, "creating the onnxruntime session (prepacking the weights)"):
+        session = ort.InferenceSession(path, options, providers=providers)
+    if release:
+        for name in release:
+            release_file_pages(name)
+        trim_heap()
+    return session, before
+
+
+class HugePageMove(threading.Thread):
+    """Moves the memory a session wrote (its prepacked weights above all) to huge pages
+    (:func:`.memory.use_huge_pages` of the pieces not populated ``before``), in the background:
+    the backend serves meanwhile, at full speed once it is done (moving hundreds of MB is a
+    long step of a start, not worth waiting for). ``moved`` holds the bytes moved once
+    :meth:`join` returns."""
+
+    def __init__(self, before: set[int]):
+        super().__init__(name="tiny_mindie-huge-pages", daemon=True)
+        self.before = before
+        self.moved = 0
+
+    def run(self) -> None:
+        t0 = time.perf_counter()
+        self.moved = use_huge_pages(self.before)
+        log.info("%d MB of the session's memory moved to huge pages (%.2f s, in the background)",
+                 self.moved // 10**6, time.perf_counter() - t0)
