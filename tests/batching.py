@@ -1,7 +1,7 @@
 """Test helper: does a backend give a row the same logits alone and in any batch?
 
 Used by the SmolLM2 and Gemma 3 backend tests. Bit-for-bit equality, not closeness: a seeded or
-greedy answer must not change with the load (see ``graph._pad_rows``).
+greedy answer must not change with the load (see ``graph_nodes._pad_rows``).
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_default_graph_gives_a_row_the_same_logits_alone_and_in_any_batch(gguf, 
     """A seeded request must give the same text alone and beside others, so a row's logits may
     not depend on the batch -- also with the LM head in blocks of 128, whose kernel computes an
     odd last row by another path on some CPUs (the graph pads every matrix product to a
-    multiple of 2 or 4 rows; see ``graph._pad_rows``)."""
+    multiple of 2 or 4 rows; see ``graph_nodes._pad_rows``)."""
     be = OrtBackend(gguf, config, num_slots=5, max_seq_len=64, threads=1, parallel_runs=2)
     try:
         assert be.rows_per_decode_run == 0

@@ -139,7 +139,7 @@ def test_verification_rows_are_decode_steps_bit_for_bit(smollm):
 
 def test_the_start_up_check_catches_a_graph_whose_chunks_are_not_decode_rows(model_path):
     """Without row padding (``batchInvariant: false``) a 4-bit product of one decode row takes
-    another kernel than the rows of a chunk on x86-64 and aarch64 (see ``graph._pad_rows``):
+    another kernel than the rows of a chunk on x86-64 and aarch64 (see ``graph_nodes._pad_rows``):
     the verification check must say so, as a direct comparison does, and speculation would
     stay off (the server never enables it on such a graph)."""
     from tiny_mindie.model.backend import SeqChunk

@@ -50,7 +50,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         parallel_runs: onnxruntime runs executed at once (0 = CPUs // threads).
         batch_invariant: onnxruntime: pad the matrix products whose kernels need it and check
             at start-up that a row gets the same logits alone and in a batch (see
-            ``graph._pad_rows``); ``False`` leaves both out (a lone stream of a 4-bit model
+            ``graph_nodes._pad_rows``); ``False`` leaves both out (a lone stream of a 4-bit model
             may then decode faster, but a row's logits may change with the batch). The
             numpy backend is not batch-invariant either way.
         weights: onnxruntime: a weight mode of :data:`~tiny_mindie.model.WEIGHT_MODES`
