@@ -49,6 +49,15 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
     python scripts/bench.py --sampler           # only: the batch sampler's share of a decode step
     python scripts/bench.py --mask              # only: the grammar masks' share of a decode step
     python scripts/bench.py --prefix-cache [--llama-bin DIR]   # only: prefix caching (below)
+    python scripts/bench.py --llama-bin DIR --json docs/results/bench-NAME.json \\
+        --plot docs/results/bench-NAME.svg      # the results file and its figure
+
+``--json FILE`` writes the main table's run as a results file (kind ``bench``, with the record
+every results file carries: scripts/results.py): one row per backend with ``decode_tps``,
+``prefill_tps`` (medians), ``decode_tps_all``/``prefill_tps_all`` (each repetition),
+``ttft_ms``, ``load_s``, the RSS figures and, where known, the weight bytes read per token.
+``--plot FIG`` draws it (scripts/plot.py). The ``--sampler``, ``--mask``, ``--prefix-cache``
+and ``--speculation`` tables are printed only.
 
 ``--prefix-cache`` measures TTFT over plain HTTP (streaming ``/v1/completions``, greedy) on two
 tiny_mindie servers, one with ``prefixCaching`` on and one with it off, and with ``--llama-bin``
@@ -287,7 +296,7 @@ def sampler_table(model: str | None, reps: int) -> int:
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.ort_backend import OrtBackend
     from tiny_mindie.model.registry import resolve
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     path = resolve(model or SAMPLER_MODEL)
     f = GGUFFile(path)
@@ -392,7 +401,7 @@ def mask_table(models: list[str], reps: int) -> int:
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.ort_backend import OrtBackend
     from tiny_mindie.model.registry import resolve
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     pool = ThreadPoolExecutor(1)
     rows = []
@@ -554,7 +563,7 @@ def child_llama_bench(binary: str, model: str, prompt: list[int], threads: int) 
 def prompt_ids(model: str, n: int) -> list[int]:
     sys.path.insert(0, ROOT)
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(GGUFFile(model))
     ids: list[int] = []
@@ -782,11 +791,12 @@ def prefix_cache_table(args) -> int:
     import threading
 
     sys.path.insert(0, HERE)
-    from loadtest import cpu_line, start_llama_server, start_server
+    from loadtest import start_llama_server, start_server
+    from results import cpu_line
 
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     model = resolve(args.model or DEFAULT_MODEL)
     tok = load_tokenizer(GGUFFile(model))
@@ -925,7 +935,8 @@ def speculation_table(args) -> int:
     import tempfile
 
     sys.path.insert(0, HERE)
-    from loadtest import cpu_line, start_server
+    from loadtest import start_server
+    from results import cpu_line
 
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
 
@@ -1032,7 +1043,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="llama.cpp's binaries folder: llama-bench from there (unless "
                          "--llama-bench), and with --concurrency llama-server as the HTTP baseline")
     ap.add_argument("--llama-python", help="interpreter that can import llama_cpp")
-    ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--json", metavar="FILE",
+                    help="also write the results file here (scripts/results.py; with "
+                         "--concurrency the sweep's beside it, FILE-loadtest.json)")
+    ap.add_argument("--plot", metavar="FIG",
+                    help="also draw the results into FIG (.svg or .png; scripts/plot.py, needs "
+                         "matplotlib)")
     ap.add_argument("--concurrency", type=int, nargs="*", metavar="N",
                     help="also run the HTTP concurrency sweep of scripts/loadtest.py with these "
                          "numbers of streaming clients (default levels: 1 4 8 16)")
@@ -1074,9 +1090,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.llama_bin and not args.llama_bench:
         args.llama_bench = os.path.join(args.llama_bin, "llama-bench")
     sys.path.insert(0, ROOT)
-    from loadtest import cpu_line
+    from results import can_draw, cpu_line, run_record
 
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+
+    if args.plot:
+        can_draw()
+    record = run_record("bench")
     # a .gguf path or a registry name, pulled if missing
     model = resolve(args.model or DEFAULT_MODEL)
     prompt = prompt_ids(model, args.prompt_tokens)
@@ -1200,13 +1220,9 @@ def main(argv: list[str] | None = None) -> int:
     if len(greedy) > 1:
         print(f"first greedy tokens agree across backends: {len(same) == 1} "
               + " ".join(f"{r['backend']}={r['tokens'][:8]}" for r in greedy))
-    if args.json:
-        import onnxruntime
-        with open(args.json, "w") as fh:
-            json.dump({"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "cpu": cpu_line(),
-                       "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
-                       "model": os.path.basename(model), "onnxruntime": onnxruntime.__version__,
-                       "load_average": os.getloadavg()[0], "results": results}, fh, indent=1)
+    save(args, record, results, model=os.path.basename(model), prompt_tokens=len(prompt),
+         gen_tokens=args.gen_tokens, reps=args.reps, segment=args.segment, threads=args.threads,
+         seconds=wall)
     if args.concurrency is not None:
         print("\nconcurrency sweep over HTTP(S) (scripts/loadtest.py):", flush=True)
         cmd = [sys.executable, os.path.join(HERE, "loadtest.py")]
@@ -1214,8 +1230,27 @@ def main(argv: list[str] | None = None) -> int:
             cmd += ["--levels", *map(str, args.concurrency)]
         if args.llama_bin:
             cmd += ["--llama-server", args.llama_bin, "--model", model]
+        for flag, path in (("--json", args.json), ("--plot", args.plot)):
+            if path:
+                stem, ext = os.path.splitext(path)
+                cmd += [flag, f"{stem}-loadtest{ext}"]
         subprocess.run(cmd, check=True)
     return 0
+
+
+def save(args, record: dict, results: list[dict], **fields) -> None:
+    """Write the results file (``--json``) and its figure (``--plot``) this run asks for."""
+    import tempfile
+
+    from results import draw, write
+
+    if not (args.json or args.plot):
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        path = args.json or os.path.join(tmp, "results.json")
+        write(path, record, results, **fields)
+        if args.plot:
+            draw(path, args.plot)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,17 @@ every figure is printed, then the per-turn ratios tiny_mindie / llama-server), a
 model and its SIMD flags.
 
     python scripts/loadtest.py --llama-server /path/to/llama.cpp/build/bin --levels 1 8
+
+``--json FILE`` writes the run as a results file (kind ``loadtest``, or
+``loadtest-vs-llama-server`` with ``--llama-server``; the record every results file carries:
+scripts/results.py) with one row per level: ``n`` clients, ``tok_s``, ``ttft50``/``ttft99``/
+``tpot50``/``tpot99`` (ms), ``requests``, ``tokens``, ``wall_s``; against llama-server,
+``tiny_mindie_tok_s``, ``llama_server_tok_s`` and ``ratios``, one per turn. ``--plot FIG``
+draws it (scripts/plot.py: tok/s against concurrent streams). A server that does not get
+ready: the last lines of its log are printed, and the script exits non-zero.
+
+    python scripts/loadtest.py --levels 1 4 8 16 --json docs/results/loadtest-NAME.json \\
+        --plot docs/results/loadtest-NAME.svg
 """
 
 from __future__ import annotations
@@ -41,9 +52,11 @@ import sys
 import tempfile
 import threading
 import time
+from typing import NoReturn
+
+from results import can_draw, cpu_line, draw, run_record, write
 
 from tiny_mindie.config import load_config
-from tiny_mindie.model.providers import cpu_info
 from tiny_mindie.security import tls_files
 from tiny_mindie.server.tls import client_context
 
@@ -61,9 +74,11 @@ def percentile(xs: list[float], q: float) -> float:
 def start_server(backend: str | None, threads: int | None, home: str,
                  log_path: str | None = None, extra: list[str] | None = None,
                  schedule: dict | None = None) -> tuple[subprocess.Popen, int]:
-    """Start the server in ``home`` and wait for its banner; returns (process, business port).
-    Its log (stderr) goes to ``log_path``, or nowhere. ``schedule``: more ``ScheduleConfig``
-    keys."""
+    """Start the server in ``home`` and wait for its banner; returns (process, business port),
+    the banner's text in ``process.banner``. Its log (stderr) goes to ``log_path``, or to a
+    temporary file. ``schedule``: more ``ScheduleConfig`` keys. A server that exits (or stays
+    silent past 300 s) before it is ready: the last lines of its log go to stderr, then
+    SystemExit with a one-line message."""
     cfg = {"ServerConfig": {"port": 0, "managementPort": 0, "metricsPort": 0, "maxLinkNum": 256},
            "BackendConfig": {"kvCacheMB": 1024,
                              "ScheduleConfig": {"maxBatchSize": 16, "maxPrefillBatchSize": 16,
@@ -77,22 +92,56 @@ def start_server(backend: str | None, threads: int | None, home: str,
     if threads is not None:
         cmd += ["--threads", str(threads)]
     cmd += extra or []
-    stderr = open(log_path, "w") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    deadline = time.monotonic() + 300
-    banner = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        banner += line
-        # the listeners are announced at once, the model loaded after: wait for "ready in"
-        m = re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", line)
-        if m and " ready in " in banner:
-            threading.Thread(target=proc.stdout.read, daemon=True).start()
-            return proc, int(m.group(1))
-    proc.kill()
-    raise SystemExit("server did not start:\n" + banner)
+    log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")
+    with log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        deadline = time.monotonic() + 300
+        banner = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            banner += line
+            # the listeners are announced at once, the model loaded after: wait for "ready in"
+            m = re.search(r"listens\s+https?://127\.0\.0\.1:(\d+)", line)
+            if m and " ready in " in banner:
+                threading.Thread(target=proc.stdout.read, daemon=True).start()
+                proc.banner = banner
+                return proc, int(m.group(1))
+        not_started("tiny_mindie", proc, log, timed_out=bool(line))
+
+
+def not_started(name: str, proc: subprocess.Popen, log, timed_out: bool,
+                lines: int = 20) -> NoReturn:
+    """Stop ``proc`` (the server ``name``, which exited or, ``timed_out``, did not get ready in
+    time), print the last ``lines`` of its ``log`` (the file object its stderr went to) to
+    stderr, and exit with a one-line message."""
+    if timed_out:
+        proc.kill()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.seek(0)
+    tail = log.read().rstrip().splitlines()[-lines:]
+    print(f"--- the last {len(tail)} lines of {name}'s log:", file=sys.stderr)
+    print("\n".join(tail) or "(empty)", file=sys.stderr)
+    why = ("was not ready in 300 s" if timed_out
+           else f"exited with code {proc.returncode} before it was ready")
+    raise SystemExit(f"loadtest: {name} {why}; the last lines of its log are above")
+
+
+def banner_lines(banner: str) -> dict:
+    """The ``model`` and ``backend`` lines of the server's banner, e.g. ``{"model":
+    "smollm2-135m-instruct (SmolLM2-135M-Instruct.Q4_1.gguf, llama, ...)", "backend":
+    "onnxruntime on CPU (2 threads), exact weights"}``."""
+    out = {}
+    for line in banner.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key in ("model", "backend") and value.strip():
+            out[key] = value.strip()
+    return out
 
 
 class Client:
@@ -173,15 +222,8 @@ def run_level(n: int, port: int, ctx, rounds: int, new_tokens: int) -> dict:
     wall = run_clients(n, worker)
     return {"n": n, "tok_s": tokens[0] / wall, "ttft50": percentile(ttft, 50),
             "ttft99": percentile(ttft, 99), "tpot50": percentile(tpot, 50),
-            "tpot99": percentile(tpot, 99), "requests": len(ttft)}
-
-
-def cpu_line() -> str:
-    """The CPU model and its SIMD flags (from ``/proc/cpuinfo``), and how many CPUs we may use."""
-    model, flags = cpu_info()
-    model = model or "unknown CPU"
-    simd = sorted(f for f in flags if f.startswith(("avx", "fma", "f16c", "amx", "sse4", "vnni")))
-    return f"{model}, {len(os.sched_getaffinity(0))} CPUs, flags: {' '.join(simd) or '-'}"
+            "tpot99": percentile(tpot, 99), "requests": len(ttft), "tokens": tokens[0],
+            "wall_s": wall}
 
 
 class PlainClient:
@@ -228,28 +270,45 @@ def start_llama_server(where: str, model: str, threads: int, parallel: int = 8,
                        extra: list[str] | None = None) -> tuple[subprocess.Popen, int]:
     """llama.cpp's ``llama-server`` (``where``: the binary or its folder) on ``model``, plain
     HTTP on a free port, ``-t threads -np parallel`` and ``extra`` arguments; waits until
-    ``/health`` answers 200."""
+    ``/health`` answers 200. One that exits or is not healthy in 300 s: the last lines of its
+    log go to stderr, then SystemExit with a one-line message."""
     import socket
 
-    binary = os.path.join(where, "llama-server") if os.path.isdir(where) else where
+    binary = llama_server_binary(where)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([binary, "-m", model, "-t", str(threads), "-np", str(parallel),
-                             "--host", "127.0.0.1", "--port", str(port), *(extra or [])],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"llama-server did not start ({binary})")
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([binary, "-m", model, "-t", str(threads), "-np", str(parallel),
+                                 "--host", "127.0.0.1", "--port", str(port), *(extra or [])],
+                                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    return proc, port
+            except OSError:
+                pass
+            time.sleep(0.5)
+        not_started(f"llama-server ({binary})", proc, log, timed_out=proc.poll() is None)
+
+
+def llama_server_binary(where: str) -> str:
+    """The ``llama-server`` binary: ``where`` itself, or the one in the folder ``where``."""
+    return os.path.join(where, "llama-server") if os.path.isdir(where) else where
+
+
+def llama_server_version(where: str) -> str | None:
+    """What ``llama-server --version`` says its version is (e.g. ``version: 1 (0c1e570)``)."""
+    try:
+        proc = subprocess.run([llama_server_binary(where), "--version"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith("version")]
+    return found[0].strip() if found else None
 
 
 def server_flags(args) -> list[str]:
@@ -259,6 +318,8 @@ def server_flags(args) -> list[str]:
         extra += ["--parallel-runs", str(args.parallel_runs)]
     if args.weights:
         extra += ["--weights", args.weights]
+    if args.model and not args.llama_server:
+        extra += ["--model", args.model]
     return extra
 
 
@@ -268,17 +329,43 @@ def settings(args) -> str:
             f"{f', {args.weights} weights' if args.weights else ''}")
 
 
+def run_settings(args) -> dict:
+    """This run's settings for its results file."""
+    return {"prompt": PROMPT, "new_tokens": args.new_tokens, "rounds": args.rounds,
+            "levels": args.levels, "backend": args.backend, "threads": args.threads,
+            "parallel_runs": args.parallel_runs, "speculation": not args.no_speculation,
+            "weights": args.weights}
+
+
+def save(args, record: dict, rows: list[dict], **fields) -> None:
+    """Write the results file (``--json``) and the figure (``--plot``) this run asks for."""
+    if not (args.json or args.plot):
+        return
+    with tempfile.TemporaryDirectory(prefix="loadtest-") as tmp:
+        path = args.json or os.path.join(tmp, "results.json")
+        write(path, record, rows, **run_settings(args), **fields)
+        if args.plot:
+            draw(path, args.plot)
+
+
 def versus_llama_server(args) -> int:
     """tiny_mindie (plain HTTP) against llama-server on the same model, turns alternating."""
-    from tiny_mindie.model.registry import resolve
+    from tiny_mindie.model.gguf import ModelFileError
+    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
 
-    model = resolve(args.model or "smollm2-135m-instruct")
+    record = run_record("loadtest-vs-llama-server")
+    try:
+        model = resolve(args.model or DEFAULT_MODEL)
+    except ModelFileError as exc:
+        raise SystemExit(f"loadtest: {exc}") from None
     cpus = len(os.sched_getaffinity(0))
     extra = ["--no-tls", "--model", model, *server_flags(args)]
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
         tiny, tiny_port = start_server(args.backend, args.threads, home, extra=extra)
-        llama, llama_port = start_llama_server(args.llama_server, model, cpus)
+        procs = [tiny]
         try:
+            llama, llama_port = start_llama_server(args.llama_server, model, cpus)
+            procs.append(llama)
             conn = http.client.HTTPConnection("127.0.0.1", tiny_port, timeout=60)
             conn.request("GET", "/v1/models")
             name = json.loads(conn.getresponse().read())["data"][0]["id"]
@@ -292,7 +379,7 @@ def versus_llama_server(args) -> int:
                         r = plain_level(n, port, m, args.rounds, args.new_tokens)
                         figures.setdefault((label, n), []).append(r["tok_s"])
         finally:
-            for proc in (tiny, llama):
+            for proc in procs:
                 proc.terminate()
                 proc.wait(timeout=30)
     print(cpu_line())
@@ -303,33 +390,23 @@ def versus_llama_server(args) -> int:
           f"{settings(args)}; llama-server "
           f"-t {cpus} -np 8; load average {os.getloadavg()[0]:.2f}")
     print(f"{'clients':>7}  {'tiny_mindie tok/s':<28} {'llama-server tok/s':<28} ratio per turn")
+    rows = []
     for n in args.levels:
         a, b = figures[("tiny_mindie", n)], figures[("llama-server", n)]
-        ratios = " ".join(f"{x / y:.2f}" for x, y in zip(a, b, strict=True))
+        ratios = [x / y for x, y in zip(a, b, strict=True)]
+        rows.append({"n": n, "tiny_mindie_tok_s": a, "llama_server_tok_s": b, "ratios": ratios})
         print(f"{n:>7}  {' '.join(f'{x:.1f}' for x in a):<28} "
-              f"{' '.join(f'{x:.1f}' for x in b):<28} {ratios}")
+              f"{' '.join(f'{x:.1f}' for x in b):<28} {' '.join(f'{x:.2f}' for x in ratios)}")
+    save(args, record, rows, model=os.path.basename(model), alternate=args.alternate,
+         server=banner_lines(tiny.banner), api="/v1/completions, greedy, plain HTTP",
+         llama_server={"version": llama_server_version(args.llama_server),
+                       "flags": f"-t {cpus} -np 8"})
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16])
-    ap.add_argument("--rounds", type=int, default=2, help="requests per client per level")
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--backend", choices=["onnxruntime", "numpy"])
-    ap.add_argument("--threads", type=int)
-    ap.add_argument("--parallel-runs", type=int, help="tiny_mindie's --parallel-runs")
-    ap.add_argument("--no-speculation", action="store_true",
-                    help="tiny_mindie with --no-speculation (one token per decode step)")
-    ap.add_argument("--weights", choices=("exact", "compact"), help="tiny_mindie's --weights")
-    ap.add_argument("--model", help="a .gguf file or a registry name (with --llama-server)")
-    ap.add_argument("--llama-server", metavar="DIR",
-                    help="llama.cpp's binaries folder (or llama-server): compare against it")
-    ap.add_argument("--alternate", type=int, default=3,
-                    help="turns of each server per level (with --llama-server)")
-    args = ap.parse_args()
-    if args.llama_server:
-        return versus_llama_server(args)
+def own_server(args) -> int:
+    """The sweep against tiny_mindie alone, over mutual TLS (``/infer`` streams, sampled)."""
+    record = run_record("loadtest")
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
         proc, port = start_server(args.backend, args.threads, home, extra=server_flags(args))
         try:
@@ -350,8 +427,36 @@ def main() -> int:
     for r in rows:
         print(f"{r['n']:>7} {r['requests']:>8} {r['tok_s']:>9.1f} {r['tok_s'] / base:>5.2f} "
               f"{r['ttft50']:>9.1f} {r['ttft99']:>9.1f} {r['tpot50']:>9.1f} {r['tpot99']:>9.1f}")
+    save(args, record, rows, server=banner_lines(proc.banner),
+         api="/infer streams over mutual TLS, temperature 0.8, top-k 50, top-p 0.95")
     return 0
 
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client per level")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--backend", choices=["onnxruntime", "numpy"])
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--parallel-runs", type=int, help="tiny_mindie's --parallel-runs")
+    ap.add_argument("--no-speculation", action="store_true",
+                    help="tiny_mindie with --no-speculation (one token per decode step)")
+    ap.add_argument("--weights", choices=("exact", "compact"), help="tiny_mindie's --weights")
+    ap.add_argument("--model", help="a .gguf file or a registry name (default: the server's)")
+    ap.add_argument("--llama-server", metavar="DIR",
+                    help="llama.cpp's binaries folder (or llama-server): compare against it")
+    ap.add_argument("--alternate", type=int, default=3,
+                    help="turns of each server per level (with --llama-server)")
+    ap.add_argument("--json", metavar="FILE", help="write the results file (scripts/results.py)")
+    ap.add_argument("--plot", metavar="FIG",
+                    help="draw the results into FIG (.svg or .png; needs matplotlib)")
+    args = ap.parse_args(argv)
+    if args.plot:
+        can_draw()
+    if args.llama_server:
+        return versus_llama_server(args)
+    return own_server(args)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -12,6 +12,11 @@ disk). Prints one line per start with each step's seconds.
 
     python scripts/startup.py ~/.cache/tiny_mindie/models/SmolLM2-135M-Instruct.Q4_1.gguf
     python scripts/startup.py MODEL.gguf --warm 3 --profile      # cProfile of the cold start
+    python scripts/startup.py MODEL.gguf --json startup.json --plot startup.svg
+
+``--json FILE`` writes the starts as a results file (kind ``startup``, with the record every
+results file carries: scripts/results.py): one row per start, ``start`` (``cold``, ``warm 1``,
+...), ``built`` and its ``steps`` in seconds. ``--plot FIG`` draws it (scripts/plot.py).
 """
 
 from __future__ import annotations
@@ -66,11 +71,20 @@ def main() -> None:
     ap.add_argument("--cache-dir", help="graph cache (default: a new scratch directory: cold)")
     ap.add_argument("--profile", metavar="FILE", help="cProfile the cold start's backend load")
     ap.add_argument("--log", action="store_true", help="print each start's log lines")
+    ap.add_argument("--json", metavar="FILE", help="write the results file (scripts/results.py)")
+    ap.add_argument("--plot", metavar="FIG",
+                    help="draw the results into FIG (.svg or .png; needs matplotlib)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.model, args.cache_dir, args.profile)
         return
+    from results import can_draw, draw, run_record, write
+
+    if args.plot:
+        can_draw()
+    record = run_record("startup")
+    rows = []
     with tempfile.TemporaryDirectory(prefix="startup-") as tmp:
         cache = args.cache_dir or tmp
         print(f"{os.path.basename(args.model)} ({os.path.getsize(args.model) / 1e6:.0f} MB), "
@@ -88,6 +102,13 @@ def main() -> None:
             print(f"  {kind}: {steps}")
             if args.log:
                 print(proc.stderr.rstrip())
+            rows.append({"start": "cold" if i == 0 else f"warm {i}", **r})
+        if args.json or args.plot:
+            path = args.json or os.path.join(tmp, "results.json")
+            write(path, record, rows, model=os.path.basename(args.model),
+                  model_bytes=os.path.getsize(args.model), graph_cache_given=bool(args.cache_dir))
+            if args.plot:
+                draw(path, args.plot)
 
 
 if __name__ == "__main__":

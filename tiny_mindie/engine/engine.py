@@ -433,9 +433,9 @@ class Engine:
         # sequences' tokens and generators; a cancel() meanwhile is seen below)
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
-        # the grammar masks of the constrained rows: after the forward pass, not beside it (on
-        # 2 CPUs a helper thread computing them meanwhile slowed the forward by more than they
-        # cost: scripts/bench.py --mask, README)
+        # the grammar masks of the constrained rows: after the forward pass, not beside it (a
+        # helper thread computing them meanwhile slows the forward pass by more than they cost
+        # on a small CPU: scripts/bench.py --mask, docs/structured-outputs.md)
         constrained = [seq for _, seq in ready if seq.matcher is not None]
         bitmask = (fill_masks([seq.matcher for seq in constrained], self.tokenizer.vocab_size)
                    if constrained else None)
