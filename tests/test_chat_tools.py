@@ -40,9 +40,11 @@ from helpers import (  # noqa: E402
 )
 
 from tiny_mindie.api import tool_calls as tc  # noqa: E402
+from tiny_mindie.api import tool_request as tr  # noqa: E402
 from tiny_mindie.api.chat_template import render_chat  # noqa: E402
 from tiny_mindie.api.errors import APIError  # noqa: E402
-from tiny_mindie.api.openai import ChatTools, _with_tools  # noqa: E402
+from tiny_mindie.api.openai_chat import _with_tools  # noqa: E402
+from tiny_mindie.api.openai_request import ChatTools  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -80,13 +82,13 @@ def fake_llm(template: str):
 
 def _prepared(source: str, messages: list[dict], mode: str = "auto"):
     """Messages as the chat route prepares them (parse_chat's tool_calls, then the tools)."""
-    from tiny_mindie.api.openai import _message_tool_calls
+    from tiny_mindie.api.openai_request import _message_tool_calls
 
     msgs = [{**m, "content": m["content"] or ""} for m in messages]
     for i, m in enumerate(msgs):
         if m.get("tool_calls"):
             m["tool_calls"] = _message_tool_calls(m["tool_calls"], i)
-    tools = ChatTools(tc.parse_tools([WEATHER]), tc.Choice(mode), None)
+    tools = ChatTools(tr.parse_tools([WEATHER]), tr.Choice(mode), None)
     return _with_tools(source, msgs, {}, tools)
 
 
@@ -168,7 +170,8 @@ def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
     from tiny_chat import template_source, vocabulary, write_scripted
 
     from tiny_mindie.api.chat_template import encode_chat
-    from tiny_mindie.api.openai import Answer, _Split
+    from tiny_mindie.api.openai_answer import Split
+    from tiny_mindie.api.openai_request import Answer
     from tiny_mindie.llm import LLM
 
     case, vocab, template, script, end = SCRIPTED[family]
@@ -184,7 +187,7 @@ def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
         markers = tc.marker_tokens(llm.tokenizer)       # <tool_call> is text: no marker
         assert set(markers.values()) == {"qwen2.5": set(), "llama3.1": {tc.PYTHON_TAG},
                                          "mistral": {tc.MISTRAL_CALLS, "[ARGS]"}}[family]
-        split = _Split(Answer(fmt, False, False, markers=markers))
+        split = Split(Answer(fmt, False, False, markers=markers))
         events = list(llm.stream(encode_chat(llm, messages, extra), max_new_tokens=40))
         assert events[-1].finish_reason == "eos_token"
         deltas = [d for ev in events for d in split.feed(ev)]
@@ -475,8 +478,8 @@ def test_bad_tools_are_400_naming_the_field_and_long_prompts_context_length_exce
 
 def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
     """DeepSeek-R1 distills' generation prompt ends with ``<think>\n``: the answer's text up to
-    ``</think>`` is reasoning (:func:`~tiny_mindie.api.openai.opens_thinking` on the ids)."""
-    from tiny_mindie.api.openai import opens_thinking
+    ``</think>`` is reasoning (:func:`~tiny_mindie.api.openai_chat.opens_thinking` on the ids)."""
+    from tiny_mindie.api.openai_chat import opens_thinking
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 

@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from tiny_mindie.api import tool_calls as tc
+from tiny_mindie.api import tool_request as tr
 from tiny_mindie.api.errors import APIError, Kind
-from tiny_mindie.api.openai import parse_chat, parse_completion
+from tiny_mindie.api.openai_request import parse_chat, parse_completion
 from tiny_mindie.api.structured import (
     INT_BOUND,
     closed,
@@ -211,9 +211,9 @@ def test_strict_response_format_closes_objects_non_strict_does_not(tok):
 def test_tool_without_properties_is_called_with_the_empty_object(tok):
     """``"parameters": {"type": "object"}``: the grammar allows only ``{}`` as arguments (a
     small model otherwise writes made-up members until max_tokens)."""
-    tools = tc.parse_tools([{"type": "function", "function": {
+    tools = tr.parse_tools([{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object"}}}])
-    schema = tc.call_schema(tools, tc.Choice("required"), parallel=False)
+    schema = tr.call_schema(tools, tr.Choice("required"), parallel=False)
     m = compile_constraint(tok, Constraint("json_schema", json.dumps(schema))).matcher()
     for b in b'{"name":"f","arguments":{':
         assert m.consume(b)

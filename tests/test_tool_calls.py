@@ -1,6 +1,6 @@
-"""tiny_mindie.api.tool_calls without a model: ``tools`` / ``tool_choice`` validation (every
-malformed value a 400 naming its field), the call parsers, and the streaming parser cut at every
-point giving the whole-text answer."""
+"""tiny_mindie.api.tool_request and tool_calls without a model: ``tools`` / ``tool_choice``
+validation (every malformed value a 400 naming its field), the call parsers, and the streaming
+parser cut at every point giving the whole-text answer."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tiny_mindie.api import tool_calls as tc
+from tiny_mindie.api import tool_request as tr
 from tiny_mindie.api.errors import APIError
 
 WEATHER = {"type": "function", "function": {
@@ -41,17 +42,17 @@ BAD_TOOLS = [
 @pytest.mark.parametrize("tools", BAD_TOOLS, ids=range(len(BAD_TOOLS)))
 def test_malformed_tools_are_400_naming_tools(tools):
     with pytest.raises(APIError) as exc:
-        tc.parse_tools(tools)
+        tr.parse_tools(tools)
     assert (exc.value.status, exc.value.param) == (400, "tools"), exc.value.message
 
 
 def test_good_tools_and_their_template_form():
-    tools = tc.parse_tools([WEATHER, TIME, _fn()[0]])
+    tools = tr.parse_tools([WEATHER, TIME, _fn()[0]])
     assert [t.name for t in tools] == ["get_weather", "get-time_2", "f"]
     assert tools[0].as_openai() == WEATHER
     assert tools[2].as_openai()["function"] == {
         "name": "f", "parameters": {"type": "object", "properties": {}}}
-    assert tc.parse_tools(None) is None and tc.parse_tools([]) is None
+    assert tr.parse_tools(None) is None and tr.parse_tools([]) is None
 
 
 BAD_CHOICES = [("any", [WEATHER]), (3, [WEATHER]), ({"type": "function"}, [WEATHER]),
@@ -66,33 +67,33 @@ BAD_CHOICES = [("any", [WEATHER]), (3, [WEATHER]), ({"type": "function"}, [WEATH
 @pytest.mark.parametrize("choice,tools", BAD_CHOICES, ids=range(len(BAD_CHOICES)))
 def test_malformed_tool_choice_is_400_naming_it(choice, tools):
     with pytest.raises(APIError) as exc:
-        tc.parse_tool_choice(choice, tc.parse_tools(tools))
+        tr.parse_tool_choice(choice, tr.parse_tools(tools))
     assert (exc.value.status, exc.value.param) == (400, "tool_choice"), exc.value.message
 
 
 def test_tool_choice_defaults_and_schemas():
-    tools = tc.parse_tools([WEATHER, TIME])
-    assert tc.parse_tool_choice(None, tools) == tc.Choice("auto")
-    assert tc.parse_tool_choice(None, None) == tc.Choice("none")
-    assert tc.parse_tool_choice("none", None) == tc.Choice("none")
-    named = tc.parse_tool_choice({"type": "function", "function": {"name": "get-time_2"}}, tools)
-    assert named == tc.Choice("function", "get-time_2")
-    one = tc.call_schema(tools, named, parallel=True)
+    tools = tr.parse_tools([WEATHER, TIME])
+    assert tr.parse_tool_choice(None, tools) == tr.Choice("auto")
+    assert tr.parse_tool_choice(None, None) == tr.Choice("none")
+    assert tr.parse_tool_choice("none", None) == tr.Choice("none")
+    named = tr.parse_tool_choice({"type": "function", "function": {"name": "get-time_2"}}, tools)
+    assert named == tr.Choice("function", "get-time_2")
+    one = tr.call_schema(tools, named, parallel=True)
     assert one["properties"] == {"name": {"const": "get-time_2"}, "arguments": {
         **TIME["function"]["parameters"], "additionalProperties": False}}
     assert one["required"] == ["name", "arguments"] and one["additionalProperties"] is False
-    req = tc.parse_tool_choice("required", tools)
-    single = tc.call_schema(tools, req, parallel=False)
+    req = tr.parse_tool_choice("required", tools)
+    single = tr.call_schema(tools, req, parallel=False)
     assert [s["properties"]["name"]["const"] for s in single["anyOf"]] == ["get_weather",
                                                                            "get-time_2"]
-    many = tc.call_schema(tools, req, parallel=True)
+    many = tr.call_schema(tools, req, parallel=True)
     assert many == {"type": "array", "items": single, "minItems": 1}
 
 
 def test_history_call_arguments_any_string():
     """An earlier assistant call's ``arguments``: JSON object text -> the object, "" -> the
     empty object, other text passed on as it is (OpenAI accepts any string), no string: 400."""
-    from tiny_mindie.api.openai import _message_tool_calls
+    from tiny_mindie.api.openai_request import _message_tool_calls
 
     def args(value):
         call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": value}}

@@ -1,5 +1,7 @@
 """The shared request validators (``tiny_mindie.api.validate``) on what no real request sends:
-integers too large for a float, integers of thousands of digits, JSON nested hundreds deep."""
+integers too large for a float, integers of thousands of digits, JSON nested hundreds deep; and
+their errors in each family's style (a bad field named once, OpenAI's 400 where MindIE says
+422), and a prompt too long carrying its numbers into OpenAI's wording."""
 
 from __future__ import annotations
 
@@ -8,16 +10,19 @@ import sys
 
 import pytest
 
-from tiny_mindie.api.errors import APIError
+from tiny_mindie.api.errors import MINDIE, OPENAI, TGI, APIError, Kind, from_generation_error
 from tiny_mindie.api.native import mindie_parameters
 from tiny_mindie.api.validate import (
     MAX_JSON_DEPTH,
     JSONTooDeep,
+    check_token_ids,
+    get_bool,
     get_float,
     get_int,
     json_depth,
     parse_json_object,
 )
+from tiny_mindie.engine.request import GenerationError
 
 INF = float("inf")
 BIG = 10**400                         # what json.loads makes of "1" followed by 400 zeros
@@ -87,3 +92,52 @@ def test_json_as_deep_as_allowed_and_brackets_in_strings_are_fine():
     assert json.dumps(obj) == '{"x": %s}' % nested
     text = "[{" * 10_000 + '\\"'
     assert parse_json_object(json.dumps({"inputs": text}).encode()) == {"inputs": text}
+
+
+def _raised(fn, *args, **kwargs) -> APIError:
+    with pytest.raises(APIError) as exc:
+        fn(*args, **kwargs)
+    return exc.value
+
+
+def test_a_bad_field_names_itself_and_each_style_answers_it_once():
+    errors = [_raised(get_int, {"n": 1.5}, "n", 1, 1, 8),
+              _raised(get_float, {"top_p": 2}, "top_p", 1.0, 0.0, 1.0, lo_open=True,
+                      hi_open=False),
+              _raised(get_bool, {"echo": 1}, "echo", False),
+              _raised(check_token_ids, [5], "prompt", 4)]
+    for err, param in zip(errors, ["n", "top_p", "echo", "prompt"], strict=True):
+        assert (err.kind, err.param) == (Kind.INVALID, param)
+        assert (err.status, err.body()) == (422, {"error": err.message,
+                                                  "error_type": "Input Validation Error"})
+        err.style = TGI
+        assert (err.status, err.body()["error_type"]) == (422, "validation")
+        err.style = OPENAI
+        assert (err.status, err.body()) == (400, {"error": {
+            "message": err.message, "type": "invalid_request_error", "param": param,
+            "code": None}})
+    body = _raised(parse_json_object, b"[1]")     # no field to name: 422 in every style
+    body.style = OPENAI
+    assert (body.param, body.status) == (None, 422)
+    assert MINDIE.status(body) == 422
+
+
+def test_a_prompt_too_long_carries_its_numbers_and_openai_says_them():
+    from tiny_mindie.api.openai import _context_error
+
+    err = GenerationError.too_long(512, 600)
+    assert (err.kind, err.limit, err.length, err.at_least) == ("too_long", 512, 600, False)
+    assert err.message == ("Failed to enqueue inferRequest. This model's maximum input ids "
+                           "length cannot be greater than 512,the input ids length is 600")
+    answer = _context_error(from_generation_error(err), "prompt")
+    answer.style = OPENAI
+    assert (answer.status, answer.body()) == (400, {"error": {
+        "message": "This model's maximum context length is 512 tokens. However, you requested "
+                   "600 tokens in the prompt. Please reduce the length of the prompt.",
+        "type": "invalid_request_error", "param": "prompt", "code": "context_length_exceeded"}})
+    assert from_generation_error(err).status == 424             # MindIE's words and status
+    # a text refused by its size alone: only a lower bound, so MindIE's words stay
+    bound = GenerationError.too_long(512, 900, at_least=True)
+    assert bound.message.endswith("the input ids length is at least 900")
+    answer = _context_error(from_generation_error(bound), "messages")
+    assert (answer.message, answer.param) == (bound.message, "messages")

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from .engine.engine import Engine, EngineLimits
 from .engine.request import (
     Constraint,
-    ErrorKind,
     GenerationError,
     GenerationRequest,
     SamplingParams,
@@ -193,11 +192,7 @@ class LLM:
         """
         at_least = len(text.encode("utf-8", "surrogatepass")) // self._longest_token
         if at_least > self.engine.max_input_len:
-            raise GenerationError(
-                ErrorKind.TOO_LONG,
-                "Failed to enqueue inferRequest. This model's maximum input ids "
-                f"length cannot be greater than {self.engine.max_input_len},the input ids "
-                f"length is at least {at_least}")
+            raise GenerationError.too_long(self.engine.max_input_len, at_least, at_least=True)
 
     def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         """The token ids of a prompt that fits: the one check of a prompt's length every route

@@ -6,9 +6,10 @@
 =============  ======  ==========  ==========================================================
 kind           status  reason      raised for
 =============  ======  ==========  ==========================================================
-BAD_REQUEST    400     validation  OpenAI: a bad field
+BAD_REQUEST    400     validation  OpenAI: a bad field its own checks find
 NOT_FOUND      404     validation  an unknown model, request id or route
-INVALID        422     validation  MindIE, TGI, vLLM, Triton: a bad field; a body not JSON
+INVALID        422     validation  a bad field (the shared validators, naming it: OpenAI 400);
+                                   a body not JSON
 TOO_DEEP       422     validation  a body nested deeper than ``MAX_JSON_DEPTH`` (OpenAI: 400)
 EMPTY          422     validation  an empty prompt (engine)
 TOO_LONG       424     too_long    a prompt longer than ``maxInputTokenLen`` (engine; OpenAI:
@@ -86,6 +87,8 @@ class APIError(RouteError):
         kind, message: what went wrong, in MindIE's wording where MindIE has one.
         param, code: OpenAI's ``param`` and ``code`` (other styles leave them out).
         headers: extra response headers.
+        engine_error: the engine's error this answers (:func:`from_generation_error`), else
+            ``None``.
     """
 
     def __init__(self, kind: Kind, message: str, *, param: str | None = None,
@@ -96,6 +99,7 @@ class APIError(RouteError):
         self.param = param
         self.code = code
         self.headers = list(headers)
+        self.engine_error: GenerationError | None = None
         self.style: Style = MINDIE
 
     @property
@@ -106,9 +110,10 @@ class APIError(RouteError):
         return self.style.body(self)
 
 
-def invalid(message: str) -> APIError:
-    """422 Input Validation Error."""
-    return APIError(Kind.INVALID, message)
+def invalid(message: str, param: str | None = None) -> APIError:
+    """422 Input Validation Error; ``param`` names the bad field (OpenAI's style answers that
+    400, :class:`OpenAIStyle`)."""
+    return APIError(Kind.INVALID, message, param=param)
 
 
 def bad(message: str, param: str | None = None) -> APIError:
@@ -118,7 +123,9 @@ def bad(message: str, param: str | None = None) -> APIError:
 
 def from_generation_error(err: GenerationError) -> APIError:
     """The answer for an engine error (424 too long, 500 timeout, 503 stopped, ...)."""
-    return APIError(Kind(err.kind.value), err.message)
+    answer = APIError(Kind(err.kind.value), err.message)
+    answer.engine_error = err
+    return answer
 
 
 def error_body(status: int, message: str) -> dict:
@@ -152,13 +159,18 @@ class TGIStyle(Style):
 
 class OpenAIStyle(Style):
     """OpenAI's: ``{"error": {"message", "type", "param", "code"}}``, ``type``
-    ``invalid_request_error`` below 500 else ``server_error``; a body nested too deep is a bad
-    field (400: valid JSON, but no field may nest so deep); a prompt too long is 400 with the
-    code ``context_length_exceeded``, as OpenAI and vLLM answer it (the ``openai`` SDK raises
+    ``invalid_request_error`` below 500 else ``server_error``; a bad field is 400, also where
+    the shared validators say 422 (an :data:`~Kind.INVALID` naming its ``param``; a body that is
+    no JSON object names none and stays 422); a body nested too deep is a bad field (400: valid
+    JSON, but no field may nest so deep); a prompt too long is 400 with the code
+    ``context_length_exceeded``, as OpenAI and vLLM answer it (the ``openai`` SDK raises
     ``BadRequestError``, litellm ``ContextWindowExceededError``), where MindIE and TGI say 424."""
 
     def status(self, err: APIError) -> int:
-        return 400 if err.kind in (Kind.TOO_DEEP, Kind.TOO_LONG) else err.kind.status
+        if err.kind in (Kind.TOO_DEEP, Kind.TOO_LONG) or (err.kind is Kind.INVALID
+                                                          and err.param is not None):
+            return 400
+        return err.kind.status
 
     def body(self, err: APIError) -> dict:
         code = err.code or ("context_length_exceeded" if err.kind is Kind.TOO_LONG else None)

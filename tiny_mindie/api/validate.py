@@ -1,7 +1,8 @@
 """Typed, ranged reading of JSON request fields, with MindIE's 422 messages.
 
 Messages name the parameter, the accepted range and the value, e.g.
-``Parameter top_p must be in (0.0,1.0), got 1.0.`` (spec §3). ``null`` means "not set".
+``Parameter top_p must be in (0.0,1.0), got 1.0.`` (spec §3). ``null`` means "not set". Each
+field's error names the field as its ``param`` (OpenAI's style answers it 400).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def get_bool(d: dict, name: str, default: bool | None, what: str = "Parameter") 
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise invalid(f"{what} {name} must be a boolean, got {_fmt(v)}.")
+        raise invalid(f"{what} {name} must be a boolean, got {_fmt(v)}.", name)
     return v
 
 
@@ -123,10 +124,10 @@ def check_token_ids(value: Any, name: str, vocab_size: int, what: str = "Paramet
     """
     if (not isinstance(value, list) or (non_empty and not value)
             or not all(_is_int(i) for i in value)):
-        raise invalid(type_message or f"{what} {name} must be a list of token ids.")
+        raise invalid(type_message or f"{what} {name} must be a list of token ids.", name)
     if not all(0 <= i < vocab_size for i in value):
         raise invalid((range_message or f"{what} {name} must hold token ids in [0,{{max_id}}].")
-                      .format(max_id=vocab_size - 1))
+                      .format(max_id=vocab_size - 1), name)
     return list(value)
 
 
@@ -137,9 +138,9 @@ def get_int(d: dict, name: str, default: int | None, lo: int, hi: int,
     if v is None:
         return default
     if not _is_int(v):
-        raise invalid(f"{what} {name} must be an integer, got {_fmt(v)}.")
+        raise invalid(f"{what} {name} must be an integer, got {_fmt(v)}.", name)
     if not lo <= v <= hi:
-        raise invalid(f"{what} {name} must be in [{lo},{hi}], got {_fmt(v)}.")
+        raise invalid(f"{what} {name} must be in [{lo},{hi}], got {_fmt(v)}.", name)
     return v
 
 
@@ -153,12 +154,12 @@ def get_float(d: dict, name: str, default: float | None, lo: float, hi: float, *
         return default
     x = _as_float(v)
     if x is None:
-        raise invalid(f"{what} {name} must be a number, got {_fmt(v)}.")
+        raise invalid(f"{what} {name} must be a number, got {_fmt(v)}.", name)
     ok = (x > lo if lo_open else x >= lo) and (x < hi if hi_open else x <= hi)
     if not ok or math.isinf(x):
         interval = (f"{'(' if lo_open else '['}{float(lo)},"
                     f"{'inf' if math.isinf(hi) else float(hi)}{')' if hi_open else ']'}")
-        raise invalid(f"{what} {name} must be in {interval}, got {_fmt(v)}.")
+        raise invalid(f"{what} {name} must be in {interval}, got {_fmt(v)}.", name)
     return x
 
 
@@ -170,13 +171,15 @@ def get_stop_list(p: dict, name: str, limit: int) -> list[str]:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.")
+        raise invalid(f"Parameter {name} must be a string or a list of non-empty strings.",
+                      name)
     if len(v) > limit:
-        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}")
+        raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}",
+                      name)
     return list(v)
 
 
 def refuse_set(p: dict, name: str, neutral=(None,)) -> None:
     """422 ``Parameter <name> is not supported.`` unless ``p[name]`` is one of ``neutral``."""
     if p.get(name) not in neutral:
-        raise invalid(f"Parameter {name} is not supported.")
+        raise invalid(f"Parameter {name} is not supported.", name)

@@ -197,9 +197,7 @@ class Engine:
     def check_prompt(self, n_prompt: int) -> None:
         """Raise ``GenerationError(TOO_LONG)`` (MindIE's 424) when a prompt cannot run."""
         if n_prompt > self.max_input_len:
-            raise GenerationError(ErrorKind.TOO_LONG,
-                "Failed to enqueue inferRequest. This model's maximum input ids length cannot be "
-                f"greater than {self.max_input_len},the input ids length is {n_prompt}")
+            raise GenerationError.too_long(self.max_input_len, n_prompt)
         if n_prompt < 1:
             raise GenerationError(ErrorKind.EMPTY, "Inputs must not be empty.")
 

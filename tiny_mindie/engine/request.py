@@ -210,12 +210,30 @@ class GenerationError(Exception):
     Attributes:
         kind: an :class:`ErrorKind` (its value may be given, e.g. ``"timeout"``).
         message: text for the client, in MindIE's wording where MindIE has one.
+        limit, length: for a prompt too long (:meth:`too_long`), the most tokens a prompt may
+            have and the prompt's token count (``None`` for other errors).
+        at_least: ``length`` is a lower bound of the prompt's token count (the text was
+            refused by its size, not tokenized).
 
     Raises:
         ValueError: ``kind`` is no :class:`ErrorKind`.
     """
 
-    def __init__(self, kind: ErrorKind | str, message: str):
+    def __init__(self, kind: ErrorKind | str, message: str, *, limit: int | None = None,
+                 length: int | None = None, at_least: bool = False):
         super().__init__(message)
         self.kind = ErrorKind(kind)
         self.message = message
+        self.limit = limit
+        self.length = length
+        self.at_least = at_least
+
+    @classmethod
+    def too_long(cls, limit: int, length: int, *, at_least: bool = False) -> GenerationError:
+        """A prompt of ``length`` tokens (``at_least``: a lower bound) over ``limit``
+        (``maxInputTokenLen``): :attr:`ErrorKind.TOO_LONG` in MindIE's words."""
+        return cls(ErrorKind.TOO_LONG,
+                   "Failed to enqueue inferRequest. This model's maximum input ids length cannot "
+                   f"be greater than {limit},the input ids length is "
+                   f"{'at least ' if at_least else ''}{length}",
+                   limit=limit, length=length, at_least=at_least)

@@ -1,0 +1,334 @@
+"""The OpenAI family's request bodies validated (spec §4): ``/v1/chat/completions`` and
+``/v1/completions`` JSON -> :class:`Parsed` (the engine's parameters and the answer's options).
+
+A bad field is a 400 naming it (the shared validators' 422 is turned into 400 by OpenAI's error
+style, :class:`~.errors.OpenAIStyle`), an unknown model a 404, a body that is no JSON object a
+422. Ranges: temperature >= 0 (0 = greedy), top_p in (0, 1], presence/frequency_penalty in
+[-2, 2], repetition_penalty in (0, 2], n >= 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from ..llm import LLM, MAX_SEED
+from . import tool_calls as tc
+from . import tool_request as tr
+from .errors import APIError, Kind, bad
+from .structured import logit_bias, response_format
+from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+
+INT32_MAX = 2**31 - 1
+INF = float("inf")
+MAX_CHOICES = 128           # n x prompts per request: each is a sequence in the engine
+MAX_TOP_LOGPROBS = 20       # OpenAI's limit for chat's top_logprobs
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+#: Chat's fields that ``/v1/completions`` refuses (400 naming them) rather than ignores.
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
+             "functions", "function_call")
+
+
+def no_such_model(name: str) -> APIError:
+    """404 ``model_not_found`` for a model that is not the served one."""
+    return APIError(Kind.NOT_FOUND, f"The model `{name}` does not exist.", param="model",
+                    code="model_not_found")
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """How a chat answer's text is split (:class:`~.tool_calls.OutputParser`): the tool-call
+    format parsed (``None``: none), whether the template thinks, whether the prompt ends inside
+    ``<think>``."""
+
+    fmt: str | None
+    reasoning: bool
+    in_reasoning: bool
+    one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
+    markers: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
+    names: frozenset[str] | None = None     # the tools' names: calls to others stay content
+
+    def parser(self) -> tc.OutputParser:
+        return tc.OutputParser(self.fmt, reasoning=self.reasoning,
+                               in_reasoning=self.in_reasoning, names=self.names)
+
+
+@dataclasses.dataclass
+class Parsed:
+    """A validated request: prompts (text or ids), engine parameters, and response options."""
+
+    prompts: list                     # str | list[int] each
+    params: dict                      # keyword arguments of LLM.make_request
+    n: int
+    stream: bool
+    include_usage: bool
+    logprobs: bool                    # report logprobs at all
+    top_logprobs: int                 # alternatives per token
+    presence_penalty: float
+    frequency_penalty: float
+    echo: bool = False
+    answer: Answer | None = None             # chat: how to split the output (None: plain text)
+
+
+@dataclasses.dataclass
+class ChatTools:
+    """A chat request's validated ``tools`` (``None``: none), ``tool_choice`` and
+    ``parallel_tool_calls`` (``None``: not sent). ``True`` lets ``required`` answer an array
+    of calls; ``False`` stops an ``auto`` answer after its first call; unsent, ``auto`` may
+    call several tools and ``required`` calls one (a small model asked for an array tends to
+    repeat calls until ``max_tokens``)."""
+
+    tools: list[tr.Tool] | None
+    choice: tr.Choice
+    parallel: bool | None
+
+
+# ---- fields both routes share ------------------------------------------------------------
+def _check_model(llm: LLM, obj: dict) -> None:
+    name = obj.get("model")
+    if name is None:
+        raise bad("You must provide a model parameter.", "model")
+    if not isinstance(name, str):
+        raise bad(f"Parameter model must be a string, got {json.dumps(name)}.", "model")
+    if name != llm.model_name:
+        raise no_such_model(name)
+
+
+def _stop_strings(obj: dict) -> tuple[str, ...]:
+    stop = obj.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+        raise bad("Parameter stop must be a string or a list of strings.", "stop")
+    if any(not s for s in stop):
+        raise bad("Parameter stop must not contain empty strings.", "stop")
+    return tuple(stop)
+
+
+def _include_usage(obj: dict, stream: bool) -> bool:
+    """``stream_options.include_usage`` (only with ``stream``)."""
+    opts = obj.get("stream_options")
+    if opts is None:
+        return False
+    if not stream:
+        raise bad("Parameter stream_options is only allowed when stream is true.",
+                  "stream_options")
+    if not isinstance(opts, dict):
+        raise bad("Parameter stream_options must be an object.", "stream_options")
+    return get_bool(opts, "include_usage", False)
+
+
+def _common(llm: LLM, obj: dict, default_max_tokens: int) -> dict:
+    """The fields both completion routes share, as :class:`Parsed` keyword arguments."""
+    _check_model(llm, obj)
+    n = get_int(obj, "n", 1, 1, MAX_CHOICES)
+    stream = get_bool(obj, "stream", False)
+    include_usage = _include_usage(obj, stream)
+    max_tokens = get_int(obj, "max_tokens", None, 1, INT32_MAX)
+    if obj.get("max_completion_tokens") is not None:
+        max_tokens = get_int(obj, "max_completion_tokens", None, 1, INT32_MAX)
+    temperature = get_float(obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
+    top_k = get_int(obj, "top_k", 0, -1, INT32_MAX)
+    best_of = get_int(obj, "best_of", None, 1, MAX_CHOICES)
+    if best_of is not None and best_of != n:
+        raise bad("Parameter best_of is not supported (only best_of == n).", "best_of")
+    params = dict(max_new_tokens=max_tokens or default_max_tokens, do_sample=temperature > 0,
+                  temperature=temperature if temperature > 0 else 1.0, top_k=max(top_k, 0),
+                  **_more_params(llm, obj))
+    return dict(params=params, n=n, stream=stream, include_usage=include_usage,
+                presence_penalty=get_float(obj, "presence_penalty", 0.0, -2.0, 2.0,
+                                           lo_open=False, hi_open=False),
+                frequency_penalty=get_float(obj, "frequency_penalty", 0.0, -2.0, 2.0,
+                                            lo_open=False, hi_open=False))
+
+
+def _more_params(llm: LLM, obj: dict) -> dict:
+    """``LLM.make_request``'s keyword arguments past the length, temperature and top_k."""
+    get_bool(obj, "skip_special_tokens", True)   # special tokens never reach the text
+    stop_token_ids = obj.get("stop_token_ids")
+    return dict(
+        top_p=get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False),
+        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
+                                     lo_open=True, hi_open=False),
+        seed=get_int(obj, "seed", None, 0, MAX_SEED),
+        stop=_stop_strings(obj),
+        include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
+        stop_token_ids=(() if stop_token_ids is None else tuple(check_token_ids(
+            stop_token_ids, "stop_token_ids", llm.tokenizer.vocab_size))),
+        ignore_eos=get_bool(obj, "ignore_eos", False),
+        logit_bias=logit_bias(llm.tokenizer, obj.get("logit_bias")),
+        constraint=response_format(llm.tokenizer, obj.get("response_format")),
+    )
+
+
+# ---- chat --------------------------------------------------------------------------------
+def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
+    """Validate a chat body for ``app``'s model; returns the request, the messages for the
+    template (assistant ``tool_calls`` arguments as objects), the template's extra keyword
+    arguments (``chat_template_kwargs``) and the tools.
+
+    Raises:
+        APIError: 400 naming a bad field, 404 for another model, 422 for a body that is no
+            JSON object.
+    """
+    obj = parse_json_object(body)
+    common = _common(app.llm, obj, INT32_MAX)  # the engine caps it by maxIterTimes / maxSeqLen
+    messages = _chat_messages(obj.get("messages"))
+    logprobs = get_bool(obj, "logprobs", False)
+    top = get_int(obj, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if top and not logprobs:
+        raise bad("Parameter top_logprobs requires logprobs to be true.", "top_logprobs")
+    extra = obj.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict):
+        raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
+    tools = _chat_tools(obj, common["params"]["constraint"] is not None)
+    p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, **common)
+    return p, messages, extra, tools
+
+
+def _chat_messages(messages) -> list[dict]:
+    """``messages`` as the template gets them (:func:`parse_chat`)."""
+    if not isinstance(messages, list) or not messages:
+        raise bad("Parameter messages must be a non-empty list of messages.", "messages")
+    rendered = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with a string role.", "messages")
+        if m["role"] not in CHAT_ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, "
+                      f"got {m['role']!r}.", "messages")
+        if m.get("content") is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+            raise bad(f"messages[{i}].content is required.", "messages")
+        out = {**m, "content": _message_content(m.get("content"), i)}
+        out.pop("tool_calls", None)
+        if m["role"] == "assistant" and m.get("tool_calls") is not None:
+            calls = _message_tool_calls(m["tool_calls"], i)
+            if calls:       # templates test "tool_calls" in message: no empty list there
+                out["tool_calls"] = calls
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise bad(f"messages[{i}].tool_call_id (a string) is required for role tool.",
+                      "messages")
+        rendered.append(out)
+    return rendered
+
+
+def _message_content(content, i: int):
+    """A message's content as text: a string, or the text parts of a content-part list."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise bad(f"messages[{i}].content: only text content parts are supported.",
+                          "messages")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"messages[{i}].content must be a string or a list of content parts.", "messages")
+
+
+def _message_tool_calls(calls, i: int) -> list[dict]:
+    """An assistant message's ``tool_calls`` as chat templates read them: each ``{"id",
+    "type": "function", "function": {"name", "arguments"}}`` with ``arguments`` parsed from
+    its JSON text into an object (Hugging Face's convention, which the templates follow); an
+    empty string is the empty object, any other string that is no JSON object is passed on
+    as it is (OpenAI accepts any string; Qwen3's and Hermes' templates print a string as it
+    is, Qwen2.5's quotes it)."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise bad(f"{where} must be a list of tool calls.", "messages")
+    out = []
+    for k, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or c.get("type", "function") != "function" \
+                or not isinstance(fn.get("name"), str) or not isinstance(c.get("id"), str):
+            raise bad(f"{where}[{k}] must be {{'id': str, 'type': 'function', 'function': "
+                      "{'name': str, 'arguments': str}}.", "messages")
+        args = fn.get("arguments", "{}")
+        if not isinstance(args, str):
+            raise bad(f"{where}[{k}].function.arguments must be a string (JSON text).",
+                      "messages")
+        try:
+            parsed = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            parsed = None
+        out.append({"id": c["id"], "type": "function",
+                    "function": {"name": fn["name"],
+                                 "arguments": parsed if isinstance(parsed, dict) else args}})
+    return out
+
+
+def _chat_tools(obj: dict, constrained: bool) -> ChatTools:
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls``, checked against each other and
+    against a ``response_format`` (``constrained``)."""
+    for legacy in ("functions", "function_call"):
+        if obj.get(legacy) is not None:
+            raise bad(f"Parameter {legacy} (deprecated by OpenAI) is not supported: use tools "
+                      "and tool_choice.", legacy)
+    tools = tr.parse_tools(obj.get("tools"))
+    choice = tr.parse_tool_choice(obj.get("tool_choice"), tools)
+    if choice.mode == "auto" and any(t.strict for t in tools or ()):
+        raise bad("Tools with strict true are enforced only with tool_choice 'required' or a "
+                  "named function (decoding is then constrained to their schemas); with "
+                  "'auto' the model's text is free.", "tools")
+    if choice.mode == "auto" and constrained:
+        raise bad("Parameter response_format cannot be combined with tools under tool_choice "
+                  "'auto' (the grammar would keep the model from writing its calls); use "
+                  "tool_choice 'none', or 'required' / a named function without "
+                  "response_format.", "response_format")
+    parallel = obj.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise bad("Parameter parallel_tool_calls must be a boolean.", "parallel_tool_calls")
+    if parallel is not None and not tools:
+        raise bad("Parameter parallel_tool_calls is only allowed when tools are given.",
+                  "parallel_tool_calls")
+    return ChatTools(tools, choice, parallel)
+
+
+# ---- text completions --------------------------------------------------------------------
+def parse_completion(app, body: bytes) -> Parsed:
+    """Validate a ``/v1/completions`` body for ``app``'s model: ``prompt`` is a string, a list
+    of strings, a list of token ids, or a list of such lists.
+
+    Raises:
+        APIError: as :func:`parse_chat`; 400 naming a chat-only field (:data:`CHAT_ONLY`).
+    """
+    obj = parse_json_object(body)
+    for name in CHAT_ONLY:
+        if obj.get(name) is not None:
+            raise bad(f"Parameter {name} is only supported on /v1/chat/completions.", name)
+    common = _common(app.llm, obj, 16)         # OpenAI's default for completions
+    prompts = _prompts(app.llm, obj.get("prompt"))
+    if len(prompts) * common["n"] > MAX_CHOICES:
+        raise bad(f"At most {MAX_CHOICES} choices (prompts x n) per request.", "n")
+    if obj.get("suffix") is not None:
+        raise bad("Parameter suffix is not supported.", "suffix")
+    lp = get_int(obj, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+    echo = get_bool(obj, "echo", False)
+    if echo and lp is not None:
+        raise bad("Parameter echo together with logprobs is not supported.", "echo")
+    return Parsed(prompts=prompts, logprobs=lp is not None, top_logprobs=lp or 0, echo=echo,
+                  **common)
+
+
+def _prompts(llm: LLM, prompt) -> list:
+    """``prompt`` as a list of prompts, each a non-empty string or list of token ids."""
+    vocab = llm.tokenizer.vocab_size
+    if isinstance(prompt, str):
+        prompts: list = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [check_token_ids(prompt, "prompt", vocab)]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        prompts = [check_token_ids(p, "prompt", vocab) for p in prompt]
+    else:
+        raise bad("Parameter prompt must be a string, a list of strings, a list of token ids "
+                  "or a list of lists of token ids.", "prompt")
+    if any(not p for p in prompts):
+        raise bad("Parameter prompt must not be empty.", "prompt")
+    return prompts
