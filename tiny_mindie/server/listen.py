@@ -11,7 +11,7 @@ listener accepts by itself (``loop.sock_accept``) and then does the handshake
 * a new connection is *opening* until its TLS handshake is done (without TLS: until its first
   byte arrives), for at most ``handshake_timeout`` seconds;
 * when every slot is taken, the connection that has been opening longest is closed to make room
-  (a client with a certificate finishes its handshake in milliseconds, a plain HTTP client sends
+  (a client with a certificate finishes its handshake at once, a plain HTTP client sends
   its request at once, so the oldest is a silent socket); when every slot holds a connection
   past that point, the new one is closed at once: with TLS without a word (no HTTP answer is
   possible before the handshake), without TLS after a 503 answer written at once, before its
