@@ -124,12 +124,12 @@ def peer_subject(writer: asyncio.StreamWriter) -> str | None:
         return None
 
 
-def _address(peername) -> str | None:
+def peer_address(peername) -> str | None:
     """``host:port`` (``[v6]:port``) of a socket address; ``None`` when unknown."""
     if not isinstance(peername, tuple) or len(peername) < 2:
         return None
     host, port = peername[0], peername[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 class ResponseStream:
@@ -258,8 +258,8 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
     Args:
         reader, writer: The connection, as given by ``asyncio.start_server``.
         handler: ``async (Request, ResponseStream) -> Response | None`` (see module docstring).
-        max_body_bytes: Request body limit in bytes (MindIE ``maxRequestLength`` MB * 2**20);
-            larger bodies are answered with 413.
+        max_body_bytes: Request body limit in bytes; larger bodies are answered with 413
+            (:attr:`HTTPError.limit <.http_message.HTTPError>` names it).
         idle_timeout: Seconds a request's body may stall between reads (-> 408) and a
             response write may wait for the client.
         keep_alive_timeout: Seconds a kept-alive connection may sit idle between two requests
@@ -407,7 +407,7 @@ class _Connection:
         stream = ResponseStream(self.writer, request,
                                 lambda keep: self._base_headers(request, keep, rid),
                                 self.idle_timeout, self.reader, request_id=rid,
-                                peer=_address(self.peer), client_subject=self.client_subject)
+                                peer=peer_address(self.peer), client_subject=self.client_subject)
         try:
             result = await self.handler(request, stream)
         except asyncio.CancelledError:

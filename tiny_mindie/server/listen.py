@@ -35,7 +35,15 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .conn import PLAIN_ANSWERS, ErrorAnswers, Handler, Response, request_id, serve_connection
+from .conn import (
+    PLAIN_ANSWERS,
+    ErrorAnswers,
+    Handler,
+    Response,
+    peer_address,
+    request_id,
+    serve_connection,
+)
 from .http_response import format_response
 from .refusal_log import RefusalLogs
 from .tls import describe_refusal
@@ -227,7 +235,7 @@ class TCPListener:
                     continue
                 await asyncio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
-            await self._admit(sock, _peer(peer))
+            await self._admit(sock, peer_address(peer) or str(peer))
 
     async def _admit(self, sock: socket.socket, peer: str) -> None:
         slots = self.slots
@@ -345,12 +353,6 @@ async def _open(sock: socket.socket, ssl_ctx: ssl.SSLContext | None,
     tls = {"ssl": ssl_ctx, "ssl_handshake_timeout": handshake_timeout} if ssl_ctx else {}
     transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock, **tls)
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
-
-
-def _peer(addr) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
-    return str(addr)
 
 
 @dataclass
