@@ -287,7 +287,7 @@ def sampler_table(model: str | None, reps: int) -> int:
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.ort_backend import OrtBackend
     from tiny_mindie.model.registry import resolve
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     path = resolve(model or SAMPLER_MODEL)
     f = GGUFFile(path)
@@ -392,7 +392,7 @@ def mask_table(models: list[str], reps: int) -> int:
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.ort_backend import OrtBackend
     from tiny_mindie.model.registry import resolve
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     pool = ThreadPoolExecutor(1)
     rows = []
@@ -554,7 +554,7 @@ def child_llama_bench(binary: str, model: str, prompt: list[int], threads: int) 
 def prompt_ids(model: str, n: int) -> list[int]:
     sys.path.insert(0, ROOT)
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(GGUFFile(model))
     ids: list[int] = []
@@ -786,7 +786,7 @@ def prefix_cache_table(args) -> int:
 
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     model = resolve(args.model or DEFAULT_MODEL)
     tok = load_tokenizer(GGUFFile(model))

@@ -21,7 +21,7 @@ import numpy as np
 
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.registry import ensure_model
-from tiny_mindie.model.tokenizer import load_tokenizer
+from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 SCHEMA = {
     "type": "object",

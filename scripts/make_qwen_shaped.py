@@ -142,7 +142,7 @@ def write(path: str, size: str = "0.5b", kind: str = "mixed", seed: int = 0) -> 
 def _byte_tokens() -> list[str]:
     """GPT-2's byte -> printable character map, in byte order (the tokenizer's own table)."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tiny_mindie.model.tokenizer import _gpt2_byte_decoder
+    from tiny_mindie.model.tokenizer_load import _gpt2_byte_decoder
 
     decoder = _gpt2_byte_decoder()
     return sorted(decoder, key=decoder.__getitem__)

@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.providers import cpu_info
     from tiny_mindie.model.registry import DEFAULT_MODEL, cache_root, resolve, sha256_of
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     for e in engines:

@@ -31,6 +31,7 @@ import pytest
 
 pytest.register_assert_rewrite("helpers")   # its asserts report like the tests' own
 
+from ci_gate import pytest_runtest_makereport  # noqa: E402,F401  (a hook: pytest finds it here)
 from helpers import TEST_CONFIG, Server, serving, start_server  # noqa: E402  (re-exported: fixtures below)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +139,7 @@ def _pulled(name: str) -> str:
 def tokenizer(model_path):
     """The default model's tokenizer, loaded once."""
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     return load_tokenizer(GGUFFile(model_path))
 

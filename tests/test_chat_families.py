@@ -25,7 +25,7 @@ pytest.importorskip("jinja2")
 
 pytestmark = pytest.mark.model
 
-from test_architectures import CASES, write_tiny  # noqa: E402
+from tiny_arch import CASES, write_tiny  # noqa: E402
 from tiny_chat import template_source, vocabulary  # noqa: E402
 
 from tiny_mindie.api.chat_template import chatml_stops, encode_chat, render_chat  # noqa: E402

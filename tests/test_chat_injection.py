@@ -34,7 +34,7 @@ from tiny_mindie.api.chat_template import (
 from tiny_mindie.api.errors import APIError
 from tiny_mindie.engine.request import GenerationError
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.tokenizer import load_tokenizer
+from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 MODEL = "smollm2-135m-instruct"
 MARK = "\U00020000"

@@ -164,7 +164,7 @@ SCRIPTED = {
 def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
     """The model's tokens, control-token markers included (``<|python_tag|>``, Mistral's
     ``[TOOL_CALLS]`` and ``[ARGS]``: no text of their own), through the chat route's parser."""
-    from test_architectures import CASES
+    from tiny_arch import CASES
     from tiny_chat import template_source, vocabulary, write_scripted
 
     from tiny_mindie.api.chat_template import encode_chat
@@ -205,7 +205,7 @@ MODEL = "tiny-qwen3"
 
 @pytest.fixture(scope="module")
 def tiny_server(vocab_dir, tmp_path_factory):
-    from test_architectures import CASES
+    from tiny_arch import CASES
     from tiny_chat import template_source, vocabulary, write_scripted
 
     home = tmp_path_factory.mktemp("tiny-qwen3")
@@ -478,7 +478,7 @@ def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
     ``</think>`` is reasoning (:func:`~tiny_mindie.api.openai.opens_thinking` on the ids)."""
     from tiny_mindie.api.openai import opens_thinking
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(GGUFFile(tiny_server.model_file))
 

@@ -749,3 +749,67 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
     finally:
         for s in socks:
             s.close()
+
+
+# ---- the settings table (tiny_mindie/settings.py) ---------------------------------------------
+
+def test_the_committed_configuration_reference_is_the_generated_one():
+    """docs/configuration.md is made by ``python -m tiny_mindie.settings --markdown``."""
+    from tiny_mindie.cli import serve_parser
+    from tiny_mindie.settings import markdown
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "configuration.md"), encoding="utf-8") as fh:
+        committed = fh.read()
+    assert committed == markdown(serve_parser()), \
+        "run: python -m tiny_mindie.settings --markdown > docs/configuration.md"
+
+
+def test_each_setting_has_one_key_one_field_and_its_own_flags():
+    import dataclasses
+
+    from tiny_mindie import config as C
+    from tiny_mindie.settings import SETTINGS
+    assert len({s.key for s in SETTINGS}) == len({s.attr for s in SETTINGS}) == len(SETTINGS)
+    flags = [f.name for s in SETTINGS for f in s.flags]
+    assert len(flags) == len(set(flags))
+    cfg = load_config(None)
+    for s in SETTINGS:
+        assert cfg.value(s) == s.default, s.attr
+        assert s.name in {f.name for f in dataclasses.fields(
+            {"server": C.ServerConfig, "backend": C.BackendConfig, "model": C.ModelDeployConfig,
+             "schedule": C.ScheduleConfig}[s.group])}
+
+
+def test_the_settings_passed_to_the_llm_are_its_keywords():
+    """Each ``llm`` name of the table is a keyword of LLM; every keyword is fed by the table or
+    derived in lifecycle._load."""
+    import inspect
+
+    from tiny_mindie.llm import LLM
+    from tiny_mindie.settings import SETTINGS
+    params = set(inspect.signature(LLM).parameters)
+    fed = {s.llm for s in SETTINGS if s.llm}
+    derived = {"model", "max_input_len", "device_id", "providers", "schedule", "log", "num_slots"}
+    assert fed <= params and params == fed | derived
+
+
+def test_flags_imply_their_companions_and_a_flag_of_its_own_wins(tmp_path):
+    from tiny_mindie.cli import _config_from_args, build_parser
+
+    def cfg(*argv):
+        return _config_from_args(build_parser().parse_args(["serve", *argv]))
+
+    s = cfg("--host", "0.0.0.0").server
+    assert (s.ip_address, s.management_ip_address) == ("0.0.0.0", "0.0.0.0")
+    m = cfg("--max-seq-len", "100").backend.model
+    assert (m.max_seq_len, m.max_input_token_len) == (100, 99)
+    assert cfg("--model", "/x/my-model.gguf").backend.model.model_name == "my-model"
+    assert cfg("--model", "/x/my-model.gguf", "--model-name", "m").backend.model.model_name == "m"
+    s = cfg("--port", "2000", "--metrics-port", "2001").server
+    assert (s.port, s.management_port, s.metrics_port) == (2000, 2000, 2001)
+    named = write(tmp_path, {"BackendConfig": {"ModelDeployConfig": {
+        "ModelConfig": [{"modelName": "file-name"}]}}})
+    assert cfg("--config", named, "--model", "/x/y.gguf").backend.model.model_name == "file-name"
+    b = cfg("--no-tls", "--no-prefix-cache", "--backend", "numpy", "--threads", "3")
+    assert not b.server.https_enabled and not b.backend.schedule.prefix_caching
+    assert (b.backend.backend, b.backend.intra_op_threads) == ("numpy", 3)

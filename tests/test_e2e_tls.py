@@ -115,14 +115,13 @@ def test_silent_sockets_beyond_max_link_num_do_not_lock_out_a_client(guarded):
     silent = [socket.create_connection(("127.0.0.1", guarded.port)) for _ in range(50)]
     try:
         time.sleep(0.3)
-        t0 = time.monotonic()
+        start = len(guarded.log)
         status, _, body = request(guarded, "GET", "/health")
-        served_in = time.monotonic() - t0
+        served = len(guarded.log)
         assert status == 200, body
-        assert served_in < HANDSHAKE_TIMEOUT * 0.6, served_in     # no waiting for a deadline
-        t0 = time.monotonic()
-        assert all(closed_by_server(s, HANDSHAKE_TIMEOUT + 2) for s in silent)
-        assert time.monotonic() - t0 < HANDSHAKE_TIMEOUT + 1.5
+        assert all(closed_by_server(s, HANDSHAKE_TIMEOUT + 10) for s in silent)
+        # served without waiting for a deadline: no handshake had timed out by then
+        assert not [line for line in guarded.log[start:served] if "no TLS handshake" in line]
     finally:
         for s in silent:
             s.close()
@@ -157,9 +156,10 @@ def test_more_silent_sockets_than_the_server_has_descriptors(tmp_path):
             most = max(most, descriptors(srv.proc.pid))
         time.sleep(0.2)
         most = max(most, descriptors(srv.proc.pid))
-        t0 = time.monotonic()
+        start = len(srv.log)
         assert request(srv, "GET", "/health")[0] == 200
-        assert time.monotonic() - t0 < HANDSHAKE_TIMEOUT * 0.6
+        served = len(srv.log)
+        assert not [line for line in srv.log[start:served] if "no TLS handshake" in line]
         assert most < 160, most
         assert not [line for line in srv.log if "accept() failed" in line]
         # /v1/config shows the limit in force (was: the configured 1000)

@@ -278,19 +278,16 @@ NEVER_READ = {
 def test_a_stream_nobody_reads_is_cut_off_and_frees_its_slot(one_slot_server, path):
     srv = one_slot_server
     before = settled(srv)
-    start = time.monotonic()
     with send_raw(srv, path, NEVER_READ[path], rcvbuf=4096):
         # The one slot is the unread stream's: this request waits until it is cut off.
         status, _, body = request(srv, "POST", "/infer", {"inputs": "Hello", "parameters": {
             "max_new_tokens": 5, "temperature": 10.0, "do_sample": True, "seed": 1}})
-        waited = time.monotonic() - start
     assert status == 200 and json.loads(body)["generated_text"]
     after = settled(srv)
     assert delta(before, after) == {"received": 2, **dict.fromkeys(OUTCOMES, 0),
                                     "success": 1, "cancelled": 1}
     cut_at = after["generation_tokens"] - before["generation_tokens"] - 5
     assert 0 < cut_at < 600, cut_at           # of 1900: cut off, not run to max_tokens
-    assert waited < 60
     assert after["num_requests_running"] == 0 and after["npu_cache_usage_perc"] == 0
     assert any("cut off a client that left" in line for line in srv.log)
 

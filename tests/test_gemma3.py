@@ -19,7 +19,7 @@ from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference import NumpyBackend, causal_mask, prefill
-from tiny_mindie.model.tokenizer import load_tokenizer
+from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 MAX_SEQ_LEN = 1024
 WINDOW = 512

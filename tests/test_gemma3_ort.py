@@ -30,7 +30,7 @@ from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.graph import GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
-from tiny_mindie.model.tokenizer import load_tokenizer
+from tiny_mindie.model.tokenizer_load import load_tokenizer
 from tiny_mindie.model.weights import PACKERS, quantize_8bit, unpack_nbits
 
 MAX_SEQ_LEN = 768

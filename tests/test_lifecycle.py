@@ -367,6 +367,9 @@ def test_sigterm_drains_finishes_the_short_stream_cancels_the_long_one_at_the_de
         assert exited < DRAIN_S + 12
         out.wait_for("SIGTERM: stopping", 5)
         out.wait_for("drain deadline", 5)
+        # the access log: the 503 at the stop and the stream cut at the deadline were stopped
+        out.wait_for(r'"POST /infer" 503 stopped ', 5)
+        out.wait_for(r'"POST /infer" 200 stopped ', 5)
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -393,6 +396,7 @@ def test_a_second_signal_cancels_at_once_and_exits_0(tmp_path):
         assert long.events[-1] == {"error": STOPPED, "error_type": "Service Unavailable"}
         assert len(long.events) < 900
         out.wait_for("SIGINT again: cancelling", 5)
+        out.wait_for(r'"POST /infer" 200 stopped ', 5)      # the access log: cut by the stop
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -494,8 +498,9 @@ def test_a_loading_app_answers_health_routes_and_gates_the_others():
     from tiny_mindie.app import App
     from tiny_mindie.config import load_config
     from tiny_mindie.server.routing import HEALTH
+    from tiny_mindie.shutdown import ShutdownControl
 
-    app = App(load_config(None))
+    app = App(load_config(None), shutdown=ShutdownControl())
     assert app.loading.message == f"{LOADING}."
     app.loading.log("pulling smollm2-135m-instruct (98 MB)")
     app.loading.log("        25%")
@@ -523,8 +528,9 @@ def test_while_loading_each_family_answers_503_in_its_own_shape_in_process():
     from tiny_mindie.app import App
     from tiny_mindie.config import load_config
     from tiny_mindie.server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS
+    from tiny_mindie.shutdown import ShutdownControl
 
-    app = App(load_config(None))
+    app = App(load_config(None), shutdown=ShutdownControl())
     app.loading.log("pulling smollm2-135m-instruct (98 MB)")
     everything = app.handler_for(frozenset({BUSINESS, MANAGEMENT, METRICS}))
     health_only = app.handler_for(frozenset({HEALTH}))
@@ -572,3 +578,24 @@ def test_a_busy_health_port_ends_the_start_with_one_line_before_the_load(tmp_pat
     assert r.stderr == (f"tiny_mindie: error: cannot listen on 127.0.0.1:{port}: Address "
                         "already in use\n"), r.stderr
     assert time.monotonic() - t0 < 10
+
+
+def test_a_stop_asked_while_loading_stops_the_engine_admitting_once_it_is_there():
+    """The serve loop's stop control: a stop asked for before the engine exists is passed on
+    to the engine as soon as the loop hands it over; a forced stop may follow a graceful one,
+    not the reverse; the second signal forces."""
+    from tiny_mindie.shutdown import ShutdownControl
+
+    class Engine:
+        drains = 0
+
+        def drain(self):
+            self.drains += 1
+
+    ctl, engine = ShutdownControl(), Engine()
+    assert ctl.signal() is False and ctl.stopping
+    assert ctl.request() is False                   # a graceful stop is under way already
+    ctl.serving(engine)
+    assert engine.drains == 1
+    assert ctl.signal() is True and engine.drains == 2
+    assert ctl.request(force=True) is False

@@ -3,12 +3,8 @@ nothing until written, and moving freshly written memory to huge pages (Linux >=
 
 from __future__ import annotations
 
-import ctypes
-import mmap
-import sys
-
 import numpy as np
-import pytest
+from huge_pages import needs_collapse, private_anonymous
 
 from tiny_mindie.model import memory
 
@@ -42,46 +38,21 @@ def _anon_huge_kib(lo: int, hi: int) -> int:
     return total
 
 
-def _private_anonymous(size: int) -> tuple[mmap.mmap, np.ndarray, int]:
-    """A private anonymous mapping (as malloc makes them) of ``size`` bytes between two
-    inaccessible guard pages, so the kernel cannot merge it with a neighbour and smaps reports
-    it alone; returns the mapping, its ``size`` bytes and their address."""
-    page = mmap.PAGESIZE
-    buf = mmap.mmap(-1, size + 2 * page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    base = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    libc = ctypes.CDLL(None)
-    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    assert libc.mprotect(base, page, 0) == 0 and libc.mprotect(base + page + size, page, 0) == 0
-    return buf, np.frombuffer(buf, np.uint8, size, page), base + page
-
-
-def _collapse_works() -> bool:
-    buf, data, a = _private_anonymous(8 << 20)
-    data[:] = 1
-    madvise = memory._madvise()
-    lo = -(-a // (2 << 20)) * (2 << 20)
-    return madvise is not None and madvise(lo, 2 << 20, memory._MADV_COLLAPSE) == 0
-
-
-needs_collapse = pytest.mark.skipif(not sys.platform.startswith("linux") or not _collapse_works(),
-                                    reason="MADV_COLLAPSE needs Linux >= 6.1")
-
-
 @needs_collapse
 def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
     """Memory fully written after the snapshot ends up on 2 MiB pages with its bytes unchanged;
     memory with one page written per 2 MiB stays as it is (collapsing it would fill the holes:
     +2 MiB each), so does memory only read (the kernel's zero page: collapsing it would allocate
     it) and memory that was populated before (the embedding program's)."""
-    _, older, olo = _private_anonymous(16 << 20)
+    _, older, olo = private_anonymous(16 << 20)
     older[:] = 3
     before = memory.populated_pieces()
-    _, dense, lo = _private_anonymous(16 << 20)
+    _, dense, lo = private_anonymous(16 << 20)
     pattern = np.resize(np.arange(251, dtype=np.uint8), dense.size)
     dense[:] = pattern
-    _, sparse, slo = _private_anonymous(16 << 20)
+    _, sparse, slo = private_anonymous(16 << 20)
     sparse[::2 << 20] = 7
-    _, read, rlo = _private_anonymous(16 << 20)
+    _, read, rlo = private_anonymous(16 << 20)
     assert read.sum() == 0                                       # read only: the zero page
     pieces = memory.own_huge_pieces(lo, lo + dense.size)
     assert len(pieces) * (2 << 20) >= 14 << 20                  # the aligned 2 MiB pieces inside

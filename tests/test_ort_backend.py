@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from batching import assert_rows_batch_invariant
 from hf_math import MIN_MARGIN, greedy_margins
-from test_memory import needs_collapse
+from huge_pages import needs_collapse
 
 from tiny_mindie.model import graph as graph_mod
 from tiny_mindie.model import providers

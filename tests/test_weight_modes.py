@@ -220,7 +220,7 @@ def test_the_compact_graph_stays_close_to_the_reference_and_is_batch_invariant(g
     from tiny_mindie.model.backend import SeqChunk
     from tiny_mindie.model.config import ModelConfig
     from tiny_mindie.model.reference import NumpyBackend
-    from tiny_mindie.model.tokenizer import load_tokenizer
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(smollm2)
     ids = tok.encode("The history of computing is a story of people who wanted to calculate "

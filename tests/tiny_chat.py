@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import os
 
-from test_architectures import copy_tokenizer, tokenizer_meta, write_tiny
+from tiny_arch import copy_tokenizer, tokenizer_meta, write_tiny
 
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED, load_tokenizer
+from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED
+from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 QWEN_ADDED = {151657: "<tool_call>", 151658: "</tool_call>", 151667: "<think>",
               151668: "</think>"}

@@ -1,6 +1,6 @@
 """tiny_mindie: a small LLM inference server speaking Huawei MindIE Service's HTTP API."""
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["LLM", "__version__"]
 

@@ -9,8 +9,10 @@ listener (``ServerConfig.healthPort``) serves the health routes only, over plain
 
 The listeners start before the model is loaded (or pulled): until :meth:`App.loaded`, the app
 is *loading* (:class:`Loading`) and every route but the health ones answers 503 with what the
-load is doing, in its family's error style -- one gate, :meth:`App._gated`, in front of the
-handlers, which so never see an app without a model.
+load is doing, in its family's error style -- one gate, :meth:`App._served`, in front of the
+handlers, which so never see an app without a model. The same wrapper reports the outcome of an
+:class:`~.api.errors.APIError` answer (its kind's reason) to the request's record, which the
+access log and ``/metrics`` read (:mod:`tiny_mindie.server.routing`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from .llm import LLM
 from .server import listen
 from .server.conn import Handler, json_response
 from .server.listen import Listener, bind, connection_limit
-from .server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router
+from .server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router, report_outcome
+from .shutdown import ShutdownControl
 
 #: What the plain-HTTP health listener serves (GET only), and its connections at once.
 HEALTH_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
@@ -70,11 +73,16 @@ class App:
         cfg: the server's configuration.
         llm: the loaded model and engine every API family drives; ``None`` while it loads
             (then :attr:`loading` holds its progress until :meth:`loaded` is called).
+        shutdown: the server's stop control (the serve loop's), which ``/stopService`` asks
+            and the readiness routes read.
+        echo: where the load's progress lines go besides :attr:`loading`.
     """
 
-    def __init__(self, cfg: Config, llm: LLM | None = None, *, echo=None):
+    def __init__(self, cfg: Config, llm: LLM | None = None, *, shutdown: ShutdownControl,
+                 echo=None):
         self._llm = llm
         self.cfg = cfg
+        self.shutdown = shutdown
         #: The load in progress, or ``None`` once the model is in.
         self.loading: Loading | None = Loading(echo) if llm is None else None
         #: Connections open at once: maxLinkNum, or less when the open files limit is lower
@@ -85,7 +93,7 @@ class App:
         counted = metrics.count_requests(
             [r for family in (native, manage, metrics, tgi, triton, openai)
              for r in family.routes(self)], lambda: self.llm.engine.metrics)
-        self.routes: list[Route] = [self._gated(r) if r.needs_model else r for r in counted]
+        self.routes: list[Route] = [self._served(r) for r in counted]
         self.routes += [dataclasses.replace(r, plane=HEALTH) for r in self.routes
                         if r.plane == MANAGEMENT and r.method == "GET" and r.path in HEALTH_PATHS]
         self.router = Router(self.routes, error_body)
@@ -95,7 +103,7 @@ class App:
         """The loaded model.
 
         Raises:
-            RuntimeError: still loading (no route handler asks then: see :meth:`_gated`)."""
+            RuntimeError: still loading (no route handler asks then: see :meth:`_served`)."""
         if self._llm is None:
             raise RuntimeError("the model is not loaded yet")
         return self._llm
@@ -105,19 +113,24 @@ class App:
         self._llm = llm
         self.loading = None
 
-    def _gated(self, route: Route) -> Route:
+    def _served(self, route: Route) -> Route:
         """``route`` answering 503 ``The model is loading: ...`` in its family's error style
-        while the model loads."""
+        while the model loads (unless it has ``needs_model`` false), and reporting the
+        reason of each :class:`APIError` it answers as the request's outcome."""
         inner = route.handler
 
-        async def gated(req, stream, params):
-            loading = self.loading
-            if loading is not None:
-                err = APIError(Kind.LOADING, loading.message, headers=(("Retry-After", "1"),))
-                err.style = route.style or MINDIE
-                raise err
-            return await inner(req, stream, params)
-        return dataclasses.replace(route, handler=gated)
+        async def served(req, stream, params):
+            try:
+                loading = self.loading
+                if loading is not None and route.needs_model:
+                    err = APIError(Kind.LOADING, loading.message, headers=(("Retry-After", "1"),))
+                    err.style = route.style or MINDIE
+                    raise err
+                return await inner(req, stream, params)
+            except APIError as err:
+                report_outcome(err.kind.reason)
+                raise
+        return dataclasses.replace(route, handler=served)
 
     def handler_for(self, planes: frozenset[str]) -> Handler:
         """The connection handler of a listener that serves ``planes``."""

@@ -2,6 +2,8 @@
 
 The keys and rules are MindIE Service's (spec §6); keys this project does not use are ignored, so
 an existing MindIE config file works as it is. A few keys are tiny_mindie's own and say so.
+Every key -- its type, default and range -- is defined once in :data:`.settings.SETTINGS`; the
+dataclasses here, the reader and :func:`validate` are made from that table.
 Relative paths in the file are resolved against the file's folder ("config home"); without a file
 the config home is ``$TINY_MINDIE_HOME``, else ``$XDG_CONFIG_HOME/tiny_mindie``
 (default ``~/.config/tiny_mindie``).
@@ -15,92 +17,39 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
-from .model import BACKENDS, DEFAULT_BACKEND, WEIGHT_MODES
+from .settings import ANNOTATIONS, SETTINGS, Setting, ranges
 
 
 class ConfigError(Exception):
     """The configuration is invalid; the message is one line for the user."""
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    """``ServerConfig``: listeners, TLS and request limits. Times in seconds, sizes in MB."""
-
-    ip_address: str = "127.0.0.1"
-    management_ip_address: str = "127.0.0.1"
-    port: int = 1025
-    management_port: int = 1025
-    metrics_port: int = 1025
-    max_link_num: int = 1000
-    https_enabled: bool = True
-    tls_ca_path: str = "security/ca/"
-    tls_ca_files: tuple[str, ...] = ("ca.pem",)
-    tls_cert: str = "security/certs/server.pem"
-    tls_pk: str = "security/keys/server.key.pem"
-    tls_crl_path: str = "security/certs/"
-    tls_crl_files: tuple[str, ...] = ("server_crl.pem",)
-    token_timeout: float = 600.0
-    e2e_timeout: float = 600.0
-    max_request_length: int = 40     # MB
-    # tiny_mindie: seconds a new connection has for its TLS handshake
-    tls_handshake_timeout: float = 10.0
-    # tiny_mindie: KB a stream's client may leave unread; 0 = no limit
-    max_stream_backlog_kb: int = 64
-    # tiny_mindie: seconds a stop (SIGTERM, SIGINT) lets the requests in flight finish
-    drain_timeout: float = 30.0
-    # tiny_mindie: seconds a kept-alive connection may sit idle between two requests
-    keep_alive_timeout: float = 65.0
-    # tiny_mindie: seconds a request's header section may take, counted from its first byte
-    header_timeout: float = 60.0
-    # tiny_mindie: plain-HTTP listener for the health routes only; 0 = none
-    health_port: int = 0
-    health_ip_address: str = "127.0.0.1"
+def _section_class(name: str, group: str, doc: str, *extra) -> type:
+    """The frozen dataclass of one group of :data:`~.settings.SETTINGS`, fields in the table's
+    order with its defaults; ``extra``: more ``(name, type, field)`` fields."""
+    fields = [(s.name, ANNOTATIONS[s.kind], field(default=s.default))
+              for s in SETTINGS if s.group == group]
+    cls = make_dataclass(name, [*fields, *extra], frozen=True)
+    cls.__module__, cls.__doc__ = __name__, doc
+    return cls
 
 
-@dataclass(frozen=True)
-class ModelDeployConfig:
-    """``BackendConfig.ModelDeployConfig``: sequence limits (tokens) and the model."""
-
-    max_seq_len: int = 2560
-    max_input_token_len: int = 2048
-    truncation: bool = False
-    parse_special_tokens: bool = True   # tiny_mindie: raw prompts' <|im_start|> etc. as tokens
-    model_name: str = "smollm2-135m-instruct"
-    model_weight_path: str = "smollm2-135m-instruct"   # a .gguf path or a registry name
-
-
-@dataclass(frozen=True)
-class ScheduleConfig:
-    """``BackendConfig.ScheduleConfig``: continuous-batching limits (sequences, tokens)."""
-
-    cache_block_size: int = 128
-    max_prefill_batch_size: int = 50
-    max_prefill_tokens: int = 8192
-    max_batch_size: int = 200
-    max_iter_times: int = 512
-    max_queue_delay_microseconds: int = 5000
-    prefill_chunk_size: int = 512  # tiny_mindie: prompt tokens per step, so decode keeps flowing
-    prefix_caching: bool = True    # tiny_mindie: reuse the KV of a prompt prefix seen before
-    speculative_decoding: bool = True   # tiny_mindie: prompt lookup, verified losslessly
-
-
-@dataclass(frozen=True)
-class BackendConfig:
-    """``BackendConfig``: where and how the model runs."""
-
-    npu_device_ids: tuple[int, ...] = (0,)
-    backend: str = DEFAULT_BACKEND      # tiny_mindie: "onnxruntime" or "numpy"
-    intra_op_threads: int = 0           # tiny_mindie: 0 = the backend's default
-    parallel_runs: int = 0              # tiny_mindie: onnxruntime runs at once; 0 = CPUs // threads
-    kv_cache_mb: int = 1024             # tiny_mindie: KV-cache budget, bounds the running batch
-    batch_invariant: bool = True        # tiny_mindie: a row's logits the same alone and in a batch
-    weights: str = "exact"              # tiny_mindie: "exact" or "compact" (4-bit blocks of 64)
-    execution_providers: tuple = ()     # tiny_mindie: onnxruntime EPs, names or [name, {options}]
-    model: ModelDeployConfig = field(default_factory=ModelDeployConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+ServerConfig = _section_class(
+    "ServerConfig", "server",
+    "``ServerConfig``: listeners, TLS and request limits. Times in seconds, sizes in MB.")
+ModelDeployConfig = _section_class(
+    "ModelDeployConfig", "model",
+    "``BackendConfig.ModelDeployConfig``: sequence limits (tokens) and the model.")
+ScheduleConfig = _section_class(
+    "ScheduleConfig", "schedule",
+    "``BackendConfig.ScheduleConfig``: continuous-batching limits (sequences, tokens).")
+BackendConfig = _section_class(
+    "BackendConfig", "backend", "``BackendConfig``: where and how the model runs.",
+    ("model", "ModelDeployConfig", field(default_factory=ModelDeployConfig)),
+    ("schedule", "ScheduleConfig", field(default_factory=ScheduleConfig)))
 
 
 @dataclass(frozen=True)
@@ -115,6 +64,13 @@ class Config:
     def path(self, p: str) -> str:
         """``p`` resolved against the config home."""
         return p if os.path.isabs(p) else os.path.normpath(os.path.join(self.home, p))
+
+    def value(self, s: Setting) -> Any:
+        """The value of setting ``s`` (:data:`~.settings.SETTINGS`) in this configuration."""
+        v: Any = self
+        for part in s.path.split("."):
+            v = getattr(v, part)
+        return v
 
     @property
     def max_input_len(self) -> int:
@@ -219,16 +175,12 @@ def _section(d: dict, key: str, where: str) -> dict:
     return v
 
 
-def load_config(path: str | None = None) -> Config:
-    """Read and validate ``path`` (MindIE ``config.json`` layout), or the defaults when ``None``.
+def _read_file(path: str) -> dict:
+    """The JSON object in ``path``, every number in it finite.
 
     Raises:
-        ConfigError: unreadable file, bad JSON, wrong types or values.
+        ConfigError: unreadable file, bad JSON, not an object, a non-finite number.
     """
-    if path is None:
-        cfg = Config(home=config_home())
-        validate(cfg)
-        return cfg
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -242,90 +194,68 @@ def load_config(path: str | None = None) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
     _reject_non_finite(raw, "")
-    s = _section(raw, "ServerConfig", "")
+    return raw
+
+
+def _sections(raw: dict) -> dict[str, dict]:
+    """The file's sections by their dotted name (``BackendConfig.ScheduleConfig``, ...)."""
     b = _section(raw, "BackendConfig", "")
     md = _section(b, "ModelDeployConfig", "BackendConfig")
-    sc = _section(b, "ScheduleConfig", "BackendConfig")
     models = md.get("ModelConfig", [{}])
     if not isinstance(models, list) or not models or not isinstance(models[0], dict):
         raise ConfigError("BackendConfig.ModelDeployConfig.ModelConfig must be a list of objects")
-    mc = models[0]
-    S, B, M, SC = ServerConfig(), BackendConfig(), ModelDeployConfig(), ScheduleConfig()
-    W = "ServerConfig"
-    port = _get(s, "port", int, S.port, W)
-    server = ServerConfig(
-        ip_address=_get(s, "ipAddress", str, S.ip_address, W),
-        management_ip_address=_get(s, "managementIpAddress", str, S.management_ip_address, W),
-        port=port,
-        management_port=_get(s, "managementPort", int, port, W),
-        metrics_port=_get(s, "metricsPort", int, port, W),
-        max_link_num=_get(s, "maxLinkNum", int, S.max_link_num, W),
-        https_enabled=_get(s, "httpsEnabled", bool, S.https_enabled, W),
-        tls_ca_path=_get(s, "tlsCaPath", str, S.tls_ca_path, W),
-        tls_ca_files=_get(s, "tlsCaFile", tuple, S.tls_ca_files, W),
-        tls_cert=_get(s, "tlsCert", str, S.tls_cert, W),
-        tls_pk=_get(s, "tlsPk", str, S.tls_pk, W),
-        tls_crl_path=_get(s, "tlsCrlPath", str, S.tls_crl_path, W),
-        tls_crl_files=_get(s, "tlsCrlFiles", tuple, S.tls_crl_files, W),
-        token_timeout=_get(s, "tokenTimeout", float, S.token_timeout, W),
-        e2e_timeout=_get(s, "e2eTimeout", float, S.e2e_timeout, W),
-        max_request_length=_get(s, "maxRequestLength", int, S.max_request_length, W),
-        tls_handshake_timeout=_get(s, "tlsHandshakeTimeout", float, S.tls_handshake_timeout, W),
-        max_stream_backlog_kb=_get(s, "maxStreamBacklogKB", int, S.max_stream_backlog_kb, W),
-        drain_timeout=_get(s, "drainTimeout", float, S.drain_timeout, W),
-        keep_alive_timeout=_get(s, "keepAliveTimeout", float, S.keep_alive_timeout, W),
-        header_timeout=_get(s, "headerTimeout", float, S.header_timeout, W),
-        health_port=_get(s, "healthPort", int, S.health_port, W),
-        health_ip_address=_get(s, "healthIpAddress", str, S.health_ip_address, W),
-    )
-    W = "BackendConfig.ModelDeployConfig"
-    name = _get(mc, "modelName", str, M.model_name, W + ".ModelConfig[0]")
-    model = ModelDeployConfig(
-        max_seq_len=_get(md, "maxSeqLen", int, M.max_seq_len, W),
-        max_input_token_len=_get(md, "maxInputTokenLen", int, M.max_input_token_len, W),
-        truncation=_get(md, "truncation", bool, M.truncation, W),
-        parse_special_tokens=_get(md, "parseSpecialTokens", bool, M.parse_special_tokens, W),
-        model_name=name,
-        model_weight_path=_get(mc, "modelWeightPath", str, M.model_weight_path,
-                               W + ".ModelConfig[0]"),
-    )
-    W = "BackendConfig.ScheduleConfig"
-    sched = ScheduleConfig(
-        cache_block_size=_get(sc, "cacheBlockSize", int, SC.cache_block_size, W),
-        max_prefill_batch_size=_get(sc, "maxPrefillBatchSize", int, SC.max_prefill_batch_size, W),
-        max_prefill_tokens=_get(sc, "maxPrefillTokens", int, SC.max_prefill_tokens, W),
-        max_batch_size=_get(sc, "maxBatchSize", int, SC.max_batch_size, W),
-        max_iter_times=_get(sc, "maxIterTimes", int, SC.max_iter_times, W),
-        max_queue_delay_microseconds=_get(sc, "maxQueueDelayMicroseconds", int,
-                                          SC.max_queue_delay_microseconds, W),
-        prefill_chunk_size=_get(sc, "prefillChunkSize", int, SC.prefill_chunk_size, W),
-        prefix_caching=_get(sc, "prefixCaching", bool, SC.prefix_caching, W),
-        speculative_decoding=_get(sc, "speculativeDecoding", bool, SC.speculative_decoding, W),
-    )
-    W = "BackendConfig"
-    ids = b.get("npuDeviceIds", [[0]])
+    return {"ServerConfig": _section(raw, "ServerConfig", ""), "BackendConfig": b,
+            "BackendConfig.ModelDeployConfig": md,
+            "BackendConfig.ModelDeployConfig.ModelConfig[0]": models[0],
+            "BackendConfig.ScheduleConfig": _section(b, "ScheduleConfig", "BackendConfig")}
+
+
+def _device_ids(section: dict, key: str, where: str) -> tuple[int, ...]:
+    """``npuDeviceIds``, MindIE's list of lists of device ids, flattened."""
+    ids = section.get(key, [[0]])
     flat = [i for group in ids for i in (group if isinstance(group, list) else [group])] \
         if isinstance(ids, list) else None
     if not flat or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in flat):
-        raise ConfigError("BackendConfig.npuDeviceIds must be a list of lists of device ids, "
-                          f"got {ids!r}")
-    backend = BackendConfig(
-        npu_device_ids=tuple(flat),
-        backend=_get(b, "backend", str, B.backend, W),
-        intra_op_threads=_get(b, "intraOpThreads", int, B.intra_op_threads, W),
-        parallel_runs=_get(b, "parallelRuns", int, B.parallel_runs, W),
-        kv_cache_mb=_get(b, "kvCacheMB", int, B.kv_cache_mb, W),
-        batch_invariant=_get(b, "batchInvariant", bool, B.batch_invariant, W),
-        weights=_get(b, "weights", str, B.weights, W),
-        execution_providers=_providers(b.get("executionProviders")),
-        model=model, schedule=sched,
-    )
-    cfg = Config(server=server, backend=backend,
+        raise ConfigError(f"{where}.{key} must be a list of lists of device ids, got {ids!r}")
+    return tuple(flat)
+
+
+_KINDS = {"int": int, "port": int, "float": float, "str": str, "host": str, "bool": bool,
+          "strings": tuple}
+
+
+def load_config(path: str | None = None) -> Config:
+    """Read and validate ``path`` (MindIE ``config.json`` layout), or the defaults when ``None``.
+
+    Raises:
+        ConfigError: unreadable file, bad JSON, wrong types or values.
+    """
+    if path is None:
+        cfg = Config(home=config_home())
+        validate(cfg)
+        return cfg
+    sections = _sections(_read_file(path))
+    values: dict[str, dict[str, Any]] = {group: {} for group in ("server", "model", "schedule",
+                                                                 "backend")}
+    for s in SETTINGS:
+        section, key, where = sections[s.section], s.leaf, s.section
+        if s.kind == "device ids":
+            v = _device_ids(section, key, where)
+        elif s.kind == "providers":
+            v = _providers(section.get(key))
+        else:
+            default = s.default
+            if s.default_from is not None:
+                group, _, name = s.default_from.partition(".")
+                default = values[group][name]
+            v = _get(section, key, _KINDS[s.kind], default, where)
+        values[s.group][s.name] = v
+    backend = BackendConfig(**values["backend"], model=ModelDeployConfig(**values["model"]),
+                            schedule=ScheduleConfig(**values["schedule"]))
+    cfg = Config(server=ServerConfig(**values["server"]), backend=backend,
                  home=os.path.dirname(os.path.abspath(path)), source=os.path.abspath(path))
     validate(cfg, combinations=False)     # flags and variables may still change the pairs
     return cfg
-
-
 
 
 def _providers(v) -> tuple:
@@ -342,42 +272,13 @@ def _providers(v) -> tuple:
     return tuple(p if isinstance(p, str) else (p[0], p[1]) for p in v)
 
 
-#: Allowed ranges of the numeric keys, inclusive: (name, attribute path, low, high, unit).
-#: Floats must also be finite. Ports (1024..65535, or 0 for any free port), device ids and the
-#: cross-key rules (maxPrefillTokens >= maxInputTokenLen, ...) are in :func:`validate`.
-RANGES: tuple[tuple[str, str, float, float, str], ...] = (
-    ("ServerConfig.maxLinkNum", "server.max_link_num", 1, 4096, ""),
-    ("ServerConfig.tokenTimeout", "server.token_timeout", 0.001, 86400, " seconds"),
-    ("ServerConfig.e2eTimeout", "server.e2e_timeout", 0.001, 86400, " seconds"),
-    ("ServerConfig.maxRequestLength", "server.max_request_length", 1, 100, " MB"),
-    ("ServerConfig.tlsHandshakeTimeout", "server.tls_handshake_timeout", 0.1, 600, " seconds"),
-    ("ServerConfig.maxStreamBacklogKB", "server.max_stream_backlog_kb", 0, 1 << 20, " KB"),
-    ("ServerConfig.drainTimeout", "server.drain_timeout", 0.0, 86400, " seconds"),
-    ("ServerConfig.keepAliveTimeout", "server.keep_alive_timeout", 0.1, 86400, " seconds"),
-    ("ServerConfig.headerTimeout", "server.header_timeout", 0.1, 600, " seconds"),
-    ("BackendConfig.ModelDeployConfig.maxSeqLen", "backend.model.max_seq_len",
-     2, 1 << 20, " tokens"),
-    ("BackendConfig.ModelDeployConfig.maxInputTokenLen", "backend.model.max_input_token_len",
-     1, 1 << 20, " tokens"),
-    ("BackendConfig.ScheduleConfig.cacheBlockSize", "backend.schedule.cache_block_size",
-     1, 4096, " tokens"),
-    ("BackendConfig.ScheduleConfig.maxPrefillBatchSize", "backend.schedule.max_prefill_batch_size",
-     1, 5000, " sequences"),
-    ("BackendConfig.ScheduleConfig.maxPrefillTokens", "backend.schedule.max_prefill_tokens",
-     1, 1 << 24, " tokens"),
-    ("BackendConfig.ScheduleConfig.maxBatchSize", "backend.schedule.max_batch_size", 1, 5000,
-     " sequences"),
-    ("BackendConfig.ScheduleConfig.maxIterTimes", "backend.schedule.max_iter_times", 1, 1 << 20,
-     " tokens"),
-    ("BackendConfig.ScheduleConfig.maxQueueDelayMicroseconds",
-     "backend.schedule.max_queue_delay_microseconds", 0, 1_000_000, " microseconds"),
-    ("BackendConfig.ScheduleConfig.prefillChunkSize", "backend.schedule.prefill_chunk_size",
-     1, 1 << 20, " tokens"),
-    ("BackendConfig.intraOpThreads", "backend.intra_op_threads", 0, 1024, ""),
-    ("BackendConfig.parallelRuns", "backend.parallel_runs", 0, 1024, ""),
-    ("BackendConfig.kvCacheMB", "backend.kv_cache_mb", 1, 1 << 20, " MB"),
-)
-MAX_DEVICE_ID = 1023
+#: Allowed ranges of the numeric keys, inclusive: (name, attribute path, low, high, unit), from
+#: :data:`~.settings.SETTINGS`. Floats must also be finite. Ports (1024..65535, or 0 for any free
+#: port), device ids and the cross-key rules (maxPrefillTokens >= maxInputTokenLen, ...) are in
+#: :func:`validate`.
+RANGES = ranges()
+_DEVICE_IDS = next(s for s in SETTINGS if s.kind == "device ids")
+MAX_DEVICE_ID = int(_DEVICE_IDS.high)
 
 #: What ipAddress / managementIpAddress may hold besides an IP literal: a host name.
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
@@ -408,14 +309,13 @@ def check_listen_address(key: str, host: str) -> None:
 
 
 def validate(cfg: Config, *, combinations: bool = True) -> None:
-    """Check MindIE's rules (spec §6) and tiny_mindie's own (:data:`RANGES`, listen addresses);
-    raises :class:`ConfigError` naming the key and what it may hold. ``combinations``: also
-    the settings that must agree with another (``weights`` with ``backend``); a file read
+    """Check MindIE's rules (spec §6) and tiny_mindie's own (:data:`RANGES`, listen addresses,
+    choices); raises :class:`ConfigError` naming the key and what it may hold. ``combinations``:
+    also the settings that must agree with another (``weights`` with ``backend``); a file read
     before the command line's overrides leaves them for :meth:`Config.with_overrides`."""
-    s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
-    for key, host in (("ipAddress", s.ip_address), ("managementIpAddress", s.management_ip_address),
-                      ("healthIpAddress", s.health_ip_address)):
-        check_listen_address(key, host)
+    for s in SETTINGS:
+        if s.kind == "host":
+            check_listen_address(s.leaf, cfg.value(s))
     for name, attr, lo, hi, unit in RANGES:
         v: Any = cfg
         for part in attr.split("."):
@@ -423,10 +323,24 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
         finite = not isinstance(v, float) or math.isfinite(v)   # NaN fails every comparison
         if not (finite and lo <= v <= hi):
             raise ConfigError(f"{name} must be in {show(lo)}..{show(hi)}{unit}, got {show(v)}")
-    for key, port in (("port", s.port), ("managementPort", s.management_port),
-                      ("metricsPort", s.metrics_port), ("healthPort", s.health_port)):
-        if not (1024 <= port <= 65535 or port == 0):   # 0: any free port (tiny_mindie)
-            raise ConfigError(f"ServerConfig.{key} must be in 1024..65535, got {show(port)}")
+    for s in SETTINGS:
+        port = cfg.value(s)
+        if s.kind == "port" and not (1024 <= port <= 65535 or port == 0):   # 0: any free port
+            raise ConfigError(f"{s.key} must be in 1024..65535, got {show(port)}")
+    _check_pairs(cfg)
+    for s in SETTINGS:
+        if s.choices and cfg.value(s) not in s.choices:
+            raise ConfigError(f"{s.key} must be one of {', '.join(s.choices)}, "
+                              f"got {show(cfg.value(s))}")
+    b = cfg.backend
+    if combinations and b.weights != "exact" and b.backend != "onnxruntime":
+        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
+                          f"onnxruntime backend; the {b.backend} backend runs the exact weights")
+
+
+def _check_pairs(cfg: Config) -> None:
+    """The rules between keys, and the device ids."""
+    s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
     if s.health_port and s.health_port in (s.port, s.management_port, s.metrics_port):
         raise ConfigError(f"ServerConfig.healthPort ({s.health_port}) must differ from port, "
                           "managementPort and metricsPort: it serves plain HTTP (0 = no health "
@@ -442,11 +356,3 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
     if not all(0 <= i <= MAX_DEVICE_ID for i in b.npu_device_ids):
         raise ConfigError(f"BackendConfig.npuDeviceIds must hold device ids in 0..{MAX_DEVICE_ID}, "
                           f"got {', '.join(show(i) for i in b.npu_device_ids)}")
-    if b.backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {b.backend!r}")
-    if b.weights not in WEIGHT_MODES:
-        raise ConfigError(f"BackendConfig.weights must be one of {', '.join(WEIGHT_MODES)}, "
-                          f"got {show(b.weights)}")
-    if combinations and b.weights != "exact" and b.backend != "onnxruntime":
-        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
-                          f"onnxruntime backend; the {b.backend} backend runs the exact weights")

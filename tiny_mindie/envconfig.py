@@ -27,9 +27,15 @@ PREFIX = "TINY_MINDIE_"
 #: More variable names for an option (by ``dest``), read when ``TINY_MINDIE_*`` is not set.
 ALIASES: dict[str, tuple[str, ...]] = {"config": ("MIES_CONFIG_JSON_PATH",)}
 
-#: ``TINY_MINDIE_*`` variables that are not options (read elsewhere), and the prefix of the test
-#: suite's own: not reported as unknown.
-OTHER_VARIABLES = frozenset({"TINY_MINDIE_CACHE", "TINY_MINDIE_HOME"})
+#: ``TINY_MINDIE_*`` variables that are not options (read elsewhere), with what they mean, and
+#: the prefix of the test suite's own: not reported as unknown.
+OTHER_VARIABLES = {
+    "TINY_MINDIE_HOME": "the config home without a config file: its security/ folder holds the "
+                        "TLS files (default $XDG_CONFIG_HOME/tiny_mindie, else "
+                        "~/.config/tiny_mindie)",
+    "TINY_MINDIE_CACHE": "where pulled models and built graphs are kept (default "
+                         "$XDG_CACHE_HOME/tiny_mindie, else ~/.cache/tiny_mindie)",
+}
 TEST_PREFIX = "TINY_MINDIE_TEST_"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -47,6 +53,11 @@ class EnvError(ValueError):
     """A variable's value is not valid for its option; the message names the variable."""
 
 
+def flag_variable(flag: str) -> str:
+    """``--no-tls`` -> ``TINY_MINDIE_NO_TLS``."""
+    return PREFIX + flag[2:].replace("-", "_").upper()
+
+
 def env_name(action: argparse.Action) -> str | None:
     """``TINY_MINDIE_<UPPER_SNAKE>`` of an option's first long flag; ``None`` for positionals,
     ``--help`` and ``--version``."""
@@ -55,10 +66,11 @@ def env_name(action: argparse.Action) -> str | None:
     longs = [s for s in action.option_strings if s.startswith("--")]
     if not longs:
         return None
-    return PREFIX + longs[0][2:].replace("-", "_").upper()
+    return flag_variable(longs[0])
 
 
-def _names(action: argparse.Action) -> tuple[str, ...]:
+def variables(action: argparse.Action) -> tuple[str, ...]:
+    """The variables that set ``action``'s option, first the one that wins; ``()``: none."""
     name = env_name(action)
     return () if name is None else (name, *ALIASES.get(action.dest, ()))
 
@@ -81,7 +93,7 @@ def env_options(parser: argparse.ArgumentParser, *, warn_unknown: bool = False) 
     if EPILOG not in (parser.epilog or ""):
         parser.epilog = f"{parser.epilog}\n\n{EPILOG}" if parser.epilog else EPILOG
     for action in parser._actions:
-        names = _names(action)
+        names = variables(action)
         if not names or getattr(action, _DONE, False):
             continue
         if not _is_switch(action) and (type(action) is not argparse._StoreAction
@@ -110,7 +122,7 @@ def env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) ->
     """
     out, turned_on = {}, {}
     for action in parser._actions:
-        name = next((n for n in _names(action) if environ.get(n)), None)
+        name = next((n for n in variables(action) if environ.get(n)), None)
         if name is None:
             continue
         raw = environ[name]
@@ -143,7 +155,7 @@ def env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) ->
 def unknown_variables(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:
     """``TINY_MINDIE_*`` names in ``environ`` that are no option of ``parser`` and none of
     :data:`OTHER_VARIABLES` (typos such as ``TINY_MINDIE_PROT``)."""
-    known = {n for a in parser._actions for n in _names(a)} | OTHER_VARIABLES
+    known = {n for a in parser._actions for n in variables(a)} | set(OTHER_VARIABLES)
     return sorted(n for n in environ if n.startswith(PREFIX) and n not in known
                   and not n.startswith(TEST_PREFIX))
 

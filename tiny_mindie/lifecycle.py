@@ -53,27 +53,28 @@ def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
     """
     from .app import App
     from .model.registry import lookup, resolve
+    from .shutdown import ShutdownControl
 
     model = cfg.backend.model.model_weight_path
     if not os.path.isfile(model) and lookup(model) is None:
         resolve(model)      # neither a file nor a registry name: its one-line error, at once
-    app = App(cfg, echo=say)
+    ctl = ShutdownControl()
+    app = App(cfg, shutdown=ctl, echo=say)
     app.router.log_bodies = log_bodies
     try:
         import uvloop  # optional: a faster event loop when installed
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    run(_main(app, cfg, ssl_ctx, files, t0, say))
+    run(_main(app, ctl, cfg, ssl_ctx, files, t0, say))
     return 0
 
 
-async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
+async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
     from .app import start_listeners
 
     listeners = await start_listeners(app, cfg, ssl_ctx)
     say(listening(cfg, listeners, files))
-    ctl = app.shutdown
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:
@@ -89,17 +90,7 @@ async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
 
-    load: asyncio.Future = loop.create_future()
-
-    def load_model() -> None:
-        try:
-            llm = _load(cfg, app.loading.log)
-        except BaseException as exc:       # noqa: BLE001  handed to the event loop
-            loop.call_soon_threadsafe(_settle, load, None, exc)
-        else:
-            loop.call_soon_threadsafe(_settle, load, llm, None)
-
-    threading.Thread(target=load_model, daemon=True, name="tiny_mindie-load").start()
+    load = _start_load(loop, cfg, app.loading.log)
     stop = asyncio.ensure_future(ctl.requested.wait())
     await asyncio.wait({load, stop}, return_when=asyncio.FIRST_COMPLETED)
     if not load.done():
@@ -118,6 +109,7 @@ async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
         raise load.exception()
     llm = load.result()
     app.loaded(llm)
+    ctl.serving(llm.engine)
     say(banner(cfg, llm, listeners, files, time.monotonic() - t0))
     threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
                      name="tiny_mindie-grammar-vocabulary").start()
@@ -134,6 +126,24 @@ async def _main(app, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
     llm.close()
 
 
+def _start_load(loop: asyncio.AbstractEventLoop, cfg: Config,
+                log_line: Callable[[str], None]) -> asyncio.Future:
+    """Load the model of ``cfg`` on a thread of its own; the future (of ``loop``) gets the
+    ``LLM`` or the load's exception."""
+    load: asyncio.Future = loop.create_future()
+
+    def load_model() -> None:
+        try:
+            llm = _load(cfg, log_line)
+        except BaseException as exc:       # noqa: BLE001  handed to the event loop
+            loop.call_soon_threadsafe(_settle, load, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, load, llm, None)
+
+    threading.Thread(target=load_model, daemon=True, name="tiny_mindie-load").start()
+    return load
+
+
 def _settle(fut: asyncio.Future, result, exc: BaseException | None) -> None:
     """The load's outcome, on the event loop."""
     if fut.done():
@@ -145,26 +155,22 @@ def _settle(fut: asyncio.Future, result, exc: BaseException | None) -> None:
 
 
 def _load(cfg: Config, log_line: Callable[[str], None]):
-    """The model of ``cfg``, pulled if needed, loaded, its engine started."""
+    """The model of ``cfg``, pulled if needed, loaded, its engine started. The settings that
+    go to the ``LLM`` as they are name their keyword in :data:`~.settings.SETTINGS` (``llm``);
+    the rest are derived here."""
     from .engine.scheduler import SchedulerLimits
     from .llm import LLM
+    from .settings import SETTINGS
 
-    s, b, sc = cfg.server, cfg.backend, cfg.backend.schedule
-    return LLM(b.model.model_weight_path, backend=b.backend, max_seq_len=b.model.max_seq_len,
-               max_input_len=cfg.max_input_len, kv_cache_mb=b.kv_cache_mb,
-               threads=b.intra_op_threads, parallel_runs=b.parallel_runs,
-               batch_invariant=b.batch_invariant, weights=b.weights,
-               device_id=b.npu_device_ids[0],
-               providers=list(b.execution_providers) or None,
-               parse_special_tokens=b.model.parse_special_tokens,
+    b, sc = cfg.backend, cfg.backend.schedule
+    given = {s.llm: cfg.value(s) for s in SETTINGS if s.llm}
+    return LLM(b.model.model_weight_path, max_input_len=cfg.max_input_len,
+               device_id=b.npu_device_ids[0], providers=list(b.execution_providers) or None,
                schedule=SchedulerLimits(
                    max_batch_size=sc.max_batch_size,
                    max_prefill_batch_size=sc.max_prefill_batch_size,
                    max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size)),
-               max_iter_times=sc.max_iter_times, token_timeout_s=s.token_timeout,
-               e2e_timeout_s=s.e2e_timeout, model_name=b.model.model_name,
-               prefix_cache=sc.prefix_caching, speculation=sc.speculative_decoding,
-               log=log_line)
+               log=log_line, **given)
 
 
 def _prepare_constraints(llm) -> None:

@@ -1,4 +1,4 @@
-"""The server's log: ``--log-format text`` (one human line per record, as before) or ``json``
+"""The server's log: ``--log-format text`` (one human line per record) or ``json``
 (one JSON object per line), and ``--log-requests`` (request bodies and generated text in the
 access records; off by default: prompts and outputs may hold personal data).
 

@@ -5,8 +5,8 @@ its answers; what they share is here, once:
 * :func:`route`: a family's route, its errors answered in the family's style;
 * :func:`build` and :func:`fan_out`: the engine request (tokenized off the event loop, its
   length checked) and its ``n`` samples, seeded ``seed + j``;
-* :func:`events`: one engine stream, whose outcome it reports to the request counter
-  (:func:`tiny_mindie.api.metrics.report`); every generation of a route goes through it;
+* :func:`events`: one engine stream, whose outcome it reports to the request's record
+  (:func:`tiny_mindie.server.routing.report_outcome`); every generation of a route goes through it;
 * :func:`merged` and :func:`collect`: several engine streams at once through one bounded queue
   (a slow client holds the engine back, and the engine cuts it off as it would a single
   stream), every stream closed on every way out;
@@ -26,14 +26,16 @@ from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_text
 from ..server.http import Request
 from ..server.routing import (
+    CANCELLED,
+    SUCCESS,
     Route,
     RouteHandler,
     count_in_access_log,
     first_token_in_access_log,
     output_in_access_log,
+    report_outcome,
 )
 from ..server.sse import utf8
-from . import metrics
 from .errors import MINDIE, APIError, Style, from_generation_error
 
 SSE = "text/event-stream"
@@ -101,16 +103,16 @@ async def events(llm: LLM, request: GenerationRequest) -> AsyncIterator[TokenEve
             count_in_access_log("generated_tokens", 1)
             if ev.is_last:
                 ended = True
-                metrics.report("success")
+                report_outcome(SUCCESS)
                 output_in_access_log(ev.generated_text or "")
             yield ev
     except GenerationError as err:
         ended = True
-        metrics.report(from_generation_error(err).kind.reason)
+        report_outcome(from_generation_error(err).kind.reason)
         raise
     finally:
         if not ended:
-            metrics.report("cancelled")
+            report_outcome(CANCELLED)
         await source.aclose()
 
 

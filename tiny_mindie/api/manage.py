@@ -23,16 +23,17 @@ route                                  answer
                                        then answer 200 and exit with status 0
 =====================================  ========================================================
 
-``routes(app)`` also gives the app its :class:`ShutdownControl` as ``app.shutdown``: the one
-hook between these routes (and SIGINT/SIGTERM) and the serve loop (:mod:`tiny_mindie.lifecycle`).
-The four health routes answer while the model loads (``app.loading``); every other route of the
-app is answered 503 then, before its handler runs (:class:`tiny_mindie.app.App`).
+``/stopService`` and the readiness answers use the app's stop control, ``app.shutdown``
+(:class:`tiny_mindie.shutdown.ShutdownControl`, made by the serve loop, which also stops on
+SIGINT/SIGTERM). The four health routes answer while the model loads (``app.loading``); every
+other route of the app is answered 503 then, before its handler runs
+(:class:`tiny_mindie.app.App`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import functools
 import math
 import re
 
@@ -44,84 +45,12 @@ from .errors import APIError, Kind
 
 STOPPED = "The service has been stopped."
 MAX_TIMED_S = 600
-log = logging.getLogger("tiny_mindie")
 
 
 def check_model(app, name: str) -> None:
     """404 ``Model <name> not found`` unless ``name`` is the served model's name."""
     if name != app.llm.model_name:
         raise APIError(Kind.NOT_FOUND, f"Model {name} not found")
-
-
-class ShutdownControl:
-    """A stop asked for by ``/stopService`` or a signal, and its drain.
-
-    The serve loop awaits :attr:`requested`, then runs :meth:`drain` and exits. :meth:`request`
-    makes the engine stop admitting at once, so no request slips in meanwhile.
-
-    Attributes:
-        requested: set once a stop is asked for.
-        drained: set when no generation is left (finished, or cancelled by a forced stop).
-        force: the stop cancels what is running instead of letting it finish.
-    """
-
-    def __init__(self, app):
-        self.app = app
-        self.requested = asyncio.Event()
-        self.drained = asyncio.Event()
-        self.force = False
-        self.signals = 0
-
-    @property
-    def stopping(self) -> bool:
-        return self.requested.is_set()
-
-    def request(self, force: bool = False) -> bool:
-        """Ask for a stop. A forced stop may follow a graceful one (it cancels the rest);
-        returns ``False`` when a stop at least as strong is already under way."""
-        if self.requested.is_set() and (self.force or not force):
-            return False
-        self.force = self.force or force
-        if self.app.loading is None:       # while loading there is nothing to drain
-            self.app.llm.engine.drain()
-        self.requested.set()
-        return True
-
-    def signal(self) -> bool:
-        """SIGTERM or SIGINT: the first asks for a graceful stop, the next ones force it.
-        Returns whether the stop is forced now."""
-        self.signals += 1
-        self.request(force=self.signals > 1)
-        return self.force
-
-    async def drain(self, poll_s: float = 0.05, force_wait_s: float = 10.0,
-                    graceful_s: float | None = None) -> None:
-        """Return when no request is left: graceful -- the engine is idle and every counted
-        HTTP request has been answered; forced -- the engine is stopped (its requests end with
-        ``The service has been stopped.``) and their handlers have returned, or after
-        ``force_wait_s``. A forced stop asked for meanwhile cuts a graceful drain short, and so
-        does ``graceful_s`` seconds passing (``None``: no limit): what is left is cancelled as
-        by a forced stop."""
-        engine = self.app.llm.engine
-        loop = asyncio.get_running_loop()
-        deadline = None
-        give_up = None if graceful_s is None else loop.time() + graceful_s
-        while True:
-            if not self.force and give_up is not None and loop.time() >= give_up:
-                self.force = True
-                log.warning("drain deadline (%g s) passed: cancelling the requests left",
-                            graceful_s)
-            if self.force and deadline is None:
-                deadline = loop.time() + force_wait_s
-                await asyncio.to_thread(engine.stop)
-            st = engine.stats()
-            if engine.metrics.in_flight == 0 and (
-                    deadline is not None or (st["running"] == 0 and st["waiting"] == 0)):
-                break
-            if deadline is not None and loop.time() > deadline:
-                break
-            await asyncio.sleep(poll_s)
-        self.drained.set()
 
 
 def _blocks_per_slot(app) -> int:
@@ -183,124 +112,151 @@ def effective_config(app) -> dict:
     }
 
 
-def routes(app) -> list[Route]:
-    ctl = app.shutdown = ShutdownControl(app)
-    probe_ids: list[int] = []
+# ---- the handlers: (app, request, stream, path parameters) -> answer -----------------------
+def unavailable(app) -> str | None:
+    """Why the service cannot take requests now, or ``None``."""
+    if app.loading is not None:
+        return app.loading.message
+    engine = app.llm.engine
+    if app.shutdown.stopping or not engine.accepting:
+        return STOPPED
+    if not engine.alive:
+        return "The inference engine is not running."
+    return None
 
-    def unavailable() -> str | None:
-        """Why the service cannot take requests now, or ``None``."""
-        if app.loading is not None:
-            return app.loading.message
-        engine = app.llm.engine
-        if ctl.stopping or not engine.accepting:
-            return STOPPED
-        if not engine.alive:
-            return "The inference engine is not running."
-        return None
 
-    def message_503(message: str) -> Response:
-        return json_response(503, {"message": message})
+def _empty(status: int = 200) -> Response:
+    return Response(status, b"", "")
 
-    async def health(req: Request, stream: ResponseStream, params: dict) -> Response:
-        if app.loading is not None:
-            return message_503(app.loading.message)
-        return Response(503 if unavailable() else 200, b"", "")
 
-    async def live(req: Request, stream: ResponseStream, params: dict) -> Response:
-        alive = app.loading is not None or app.llm.engine.alive
-        return Response(200 if alive else 503, b"", "")
+def _message_503(message: str) -> Response:
+    return json_response(503, {"message": message})
 
-    async def ready(req: Request, stream: ResponseStream, params: dict) -> Response:
-        why = unavailable()
-        if why:
-            return message_503(why)
-        st = app.llm.engine.stats()
-        if st["free_slots"] == 0 and st["waiting"] > 0:
-            return message_503(f"The service is busy: no free KV slot, {st['waiting']} "
-                               "requests waiting.")
-        return Response(200, b"", "")
 
-    async def model_ready(req: Request, stream: ResponseStream, params: dict) -> Response:
-        if app.loading is None:
-            check_model(app, params["model"])
-        why = unavailable()
-        return message_503(why) if why else Response(200, b"", "")
+async def health(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    if app.loading is not None:
+        return _message_503(app.loading.message)
+    return _empty(503 if unavailable(app) else 200)
 
-    async def timed(req: Request, stream: ResponseStream, params: dict) -> Response:
-        """``/health/timed-N``: a real one-token generation must finish within N seconds."""
-        m = re.fullmatch(r"timed-([0-9]+)", params["probe"])       # ASCII digits only
-        if m is None:
-            raise APIError(Kind.NOT_FOUND, f"Route {req.path} not found")
-        digits = m.group(1).lstrip("0") or "0"
-        n = int(digits) if len(digits) <= 9 else None      # int() refuses > 4300 digits
-        if n is None or not 1 <= n <= MAX_TIMED_S:
-            shown = digits if len(digits) <= 20 else digits[:20] + "..."
-            raise APIError(Kind.INVALID, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], "
-                                         f"got {shown}.")
-        llm = app.llm
-        try:
-            if not probe_ids:
-                probe_ids.extend(llm.encode("Hello"))
-            request = llm.make_request(probe_ids, max_new_tokens=1, do_sample=False, priority=1,
-                                       timeout_s=n)
-            await asyncio.wait_for(llm.generate_async(request), n)
-        except TimeoutError:
-            return json_response(503, {"status": "unhealthy",
-                                       "message": f"No token generated within {n} s."})
-        except GenerationError as err:
-            return json_response(503, {"status": "unhealthy", "message": err.message})
-        return json_response(200, {"status": "healthy"})
 
-    async def slot_count(req: Request, stream: ResponseStream, params: dict) -> Response:
-        """MindIE's ``getSlotCount``: KV-cache slots in all and free; tokens they can hold."""
+async def live(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    return _empty(200 if app.loading is not None or app.llm.engine.alive else 503)
+
+
+async def ready(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    why = unavailable(app)
+    if why:
+        return _message_503(why)
+    st = app.llm.engine.stats()
+    if st["free_slots"] == 0 and st["waiting"] > 0:
+        return _message_503(f"The service is busy: no free KV slot, {st['waiting']} "
+                            "requests waiting.")
+    return _empty()
+
+
+async def model_ready(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    if app.loading is None:
         check_model(app, params["model"])
-        engine = app.llm.engine
-        st = engine.stats()
-        return json_response(200, {
-            "total_slots": st["total_slots"], "free_slots": st["free_slots"],
-            "available_tokens_length": st["free_slots"] * engine.max_seq_len})
+    why = unavailable(app)
+    return _message_503(why) if why else _empty()
 
-    async def status(req: Request, stream: ResponseStream, params: dict) -> Response:
-        """MindIE's ``/v1/status``. A KV slot holds ``ceil(maxSeqLen / cacheBlockSize)`` blocks
-        of ``cacheBlockSize`` tokens; nothing is ever swapped to the CPU."""
-        why = unavailable()
-        if why:
-            raise APIError(Kind.STOPPED, why)
-        st = app.llm.engine.stats()
-        per_slot = _blocks_per_slot(app)
-        return json_response(200, {
-            "service": {"roleStatus": "RoleReady", "currentRole": "none"},
-            "resource": {"availSlotsNum": st["free_slots"],
-                         "availBlockNum": st["free_slots"] * per_slot,
-                         "waitingRequestNum": st["waiting"], "runningRequestNum": st["running"],
-                         "swappedRequestNum": 0,
-                         "freeNpuBlockNums": st["free_slots"] * per_slot, "freeCpuBlockNums": 0,
-                         "totalNpuBlockNums": st["total_slots"] * per_slot, "totalCpuBlockNums": 0},
-            "linkStatus": {"peers": []}})
 
-    async def config(req: Request, stream: ResponseStream, params: dict) -> Response:
-        return json_response(200, effective_config(app))
+def timed_seconds(req: Request, probe: str) -> int:
+    """N of ``/health/timed-N`` (ASCII digits only).
 
-    async def stop_service(req: Request, stream: ResponseStream, params: dict) -> Response:
-        """Graceful by default; ``?mode=Force`` cancels the running requests. Answers 200 once
-        nothing is left running; the process exits right after."""
-        mode = req.query.get("mode")
-        if mode is not None and mode.lower() != "force":
-            raise APIError(Kind.INVALID, "mode must be Force (or absent for a graceful stop), "
-                                         f"got {mode}.")
-        if not ctl.request(force=mode is not None):
-            raise APIError(Kind.STOPPED, STOPPED)
-        await ctl.drained.wait()
-        return Response(200, b"", "", [("Connection", "close")])
+    Raises:
+        APIError: 404 for another ``/health/...`` path; 422 when N is not in 1..600.
+    """
+    m = re.fullmatch(r"timed-([0-9]+)", probe)
+    if m is None:
+        raise APIError(Kind.NOT_FOUND, f"Route {req.path} not found")
+    digits = m.group(1).lstrip("0") or "0"
+    n = int(digits) if len(digits) <= 9 else None      # int() refuses > 4300 digits
+    if n is None or not 1 <= n <= MAX_TIMED_S:
+        shown = digits if len(digits) <= 20 else digits[:20] + "..."
+        raise APIError(Kind.INVALID, f"N of /health/timed-N must be in [1, {MAX_TIMED_S}], "
+                                     f"got {shown}.")
+    return n
+
+
+async def timed(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    """``/health/timed-N``: a real one-token greedy generation at priority 1 must finish
+    within N seconds."""
+    n = timed_seconds(req, params["probe"])
+    llm = app.llm
+    try:
+        request = llm.make_request(llm.encode("Hello"), max_new_tokens=1, do_sample=False,
+                                   priority=1, timeout_s=n)
+        await asyncio.wait_for(llm.generate_async(request), n)
+    except TimeoutError:
+        return json_response(503, {"status": "unhealthy",
+                                   "message": f"No token generated within {n} s."})
+    except GenerationError as err:
+        return json_response(503, {"status": "unhealthy", "message": err.message})
+    return json_response(200, {"status": "healthy"})
+
+
+async def slot_count(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    """MindIE's ``getSlotCount``: KV-cache slots in all and free; tokens they can hold."""
+    check_model(app, params["model"])
+    engine = app.llm.engine
+    st = engine.stats()
+    return json_response(200, {
+        "total_slots": st["total_slots"], "free_slots": st["free_slots"],
+        "available_tokens_length": st["free_slots"] * engine.max_seq_len})
+
+
+async def status(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    """MindIE's ``/v1/status``. A KV slot holds ``ceil(maxSeqLen / cacheBlockSize)`` blocks
+    of ``cacheBlockSize`` tokens; nothing is ever swapped to the CPU."""
+    why = unavailable(app)
+    if why:
+        raise APIError(Kind.STOPPED, why)
+    st = app.llm.engine.stats()
+    per_slot = _blocks_per_slot(app)
+    return json_response(200, {
+        "service": {"roleStatus": "RoleReady", "currentRole": "none"},
+        "resource": {"availSlotsNum": st["free_slots"],
+                     "availBlockNum": st["free_slots"] * per_slot,
+                     "waitingRequestNum": st["waiting"], "runningRequestNum": st["running"],
+                     "swappedRequestNum": 0,
+                     "freeNpuBlockNums": st["free_slots"] * per_slot, "freeCpuBlockNums": 0,
+                     "totalNpuBlockNums": st["total_slots"] * per_slot, "totalCpuBlockNums": 0},
+        "linkStatus": {"peers": []}})
+
+
+async def config(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    return json_response(200, effective_config(app))
+
+
+async def stop_service(app, req: Request, stream: ResponseStream, params: dict) -> Response:
+    """Graceful by default; ``?mode=Force`` cancels the running requests. Answers 200 once
+    nothing is left running; the process exits right after."""
+    mode = req.query.get("mode")
+    if mode is not None and mode.lower() != "force":
+        raise APIError(Kind.INVALID, "mode must be Force (or absent for a graceful stop), "
+                                     f"got {mode}.")
+    ctl = app.shutdown
+    if not ctl.request(force=mode is not None):
+        raise APIError(Kind.STOPPED, STOPPED)
+    await ctl.drained.wait()
+    return Response(200, b"", "", [("Connection", "close")])
+
+
+def routes(app) -> list[Route]:
+    """The management routes of ``app`` (every handler is given the app first)."""
+    def get(path: str, handler, *, needs_model: bool = True) -> Route:
+        return Route("GET", path, MANAGEMENT, functools.partial(handler, app),
+                     needs_model=needs_model)
 
     return [
-        Route("GET", "/health", MANAGEMENT, health, needs_model=False),
-        Route("GET", "/v2/health/live", MANAGEMENT, live, needs_model=False),
-        Route("GET", "/v2/health/ready", MANAGEMENT, ready, needs_model=False),
-        Route("GET", "/v2/models/{model}/ready", MANAGEMENT, model_ready, needs_model=False),
-        Route("GET", "/health/{probe}", MANAGEMENT, timed),
-        Route("GET", "/v2/models/{model}/getSlotCount", MANAGEMENT, slot_count),
-        Route("GET", "/v1/status", MANAGEMENT, status),
-        Route("GET", "/v1/config", MANAGEMENT, config),
-        Route("GET", "/stopService", MANAGEMENT, stop_service),
+        get("/health", health, needs_model=False),
+        get("/v2/health/live", live, needs_model=False),
+        get("/v2/health/ready", ready, needs_model=False),
+        get("/v2/models/{model}/ready", model_ready, needs_model=False),
+        get("/health/{probe}", timed),
+        get("/v2/models/{model}/getSlotCount", slot_count),
+        get("/v1/status", status),
+        get("/v1/config", config),
+        get("/stopService", stop_service),
     ]

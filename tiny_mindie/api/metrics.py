@@ -1,5 +1,6 @@
 """``GET /metrics``: Prometheus text exposition (format 0.0.4), written by hand; and the one place
-where HTTP requests to generation routes are counted.
+where HTTP requests to generation routes are counted, by the outcome their request record holds
+(:mod:`tiny_mindie.server.routing`).
 
 Series are MindIE's (spec §4, ``prometheus_metrics.cpp``) under the prefix ``tiny_mindie_``
 (vLLM's ``vllm:`` style, with ``_`` instead of the ``:`` that Prometheus reserves for
@@ -47,8 +48,6 @@ none.
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
 import dataclasses
 from collections.abc import Callable
 
@@ -57,8 +56,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from ..engine.metrics import Metrics
 from ..server.conn import Response, ResponseStream
 from ..server.http import Request
-from ..server.routing import METRICS, Route
-from .errors import APIError
+from ..server.routing import METRICS, Route, RouteHandler, current_record
 
 PREFIX = "tiny_mindie_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -69,75 +67,22 @@ _PROCESS = CollectorRegistry(auto_describe=False)
 ProcessCollector(registry=_PROCESS)
 
 
-class Tally:
-    """How the engine generations of one HTTP request ended, as the driver saw them
-    (:func:`tiny_mindie.api.drive.events` calls :func:`report`). A request may run several
-    generations (OpenAI ``n``): the first failure wins over success."""
-
-    __slots__ = ("outcome",)
-
-    def __init__(self) -> None:
-        self.outcome: str | None = None
-
-    def report(self, outcome: str) -> None:
-        if self.outcome is None or (self.outcome == "success" and outcome != "success"):
-            self.outcome = outcome
-
-
-# The Tally of the HTTP request being handled in this context (None outside a counted route:
-# health probes); asyncio copies it into the tasks a handler starts. A context variable rather
-# than an argument, so that it need not pass through every handler and helper of every family.
-_current: contextvars.ContextVar[Tally | None] = contextvars.ContextVar(
-    "tiny_mindie_tally", default=None)
-
-
-def report(outcome: str) -> None:
-    """Record how one generation of the current HTTP request ended: ``"success"`` or a failure
-    reason (:data:`~tiny_mindie.engine.metrics.FAIL_REASONS`); nothing outside a counted route."""
-    tally = _current.get()
-    if tally is not None:
-        tally.report(outcome)
-
-
 def count_requests(routes: list[Route], metrics: Callable[[], Metrics]) -> list[Route]:
     """``routes`` with the handlers of generation routes (``Route.generation``) wrapped to count
     each request once in ``metrics()`` (the loaded engine's): received on arrival, then its
-    outcome when the handler returns."""
+    outcome (:data:`~tiny_mindie.server.routing.OUTCOMES`, the same word as in its access
+    record) when it ends. The routes must be served by a
+    :class:`~tiny_mindie.server.routing.Router`, which keeps that record."""
     return [dataclasses.replace(r, handler=_counted(r.handler, metrics))
             if r.generation else r for r in routes]
 
 
-def _counted(handler, get_metrics: Callable[[], Metrics]):
+def _counted(handler: RouteHandler, get_metrics: Callable[[], Metrics]) -> RouteHandler:
     async def counted(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         metrics = get_metrics()
         metrics.request_received()
-        tally = Tally()
-        token = _current.set(tally)
-        outcome = None
-        try:
-            resp = await handler(req, stream, params)
-            # None: streamed (the generations reported how it ended) or the client went away
-            outcome = "cancelled" if resp is None else "success"
-            return resp
-        except APIError as err:
-            outcome = err.kind.reason
-            raise
-        except (asyncio.CancelledError, ConnectionError):
-            # ConnectionError: the client left (reset, closed, or cut off for not reading)
-            # before or while its answer was written -- the client's doing, not ours.
-            outcome = "cancelled"
-            raise
-        except Exception:
-            outcome = "internal"
-            raise
-        finally:
-            _current.reset(token)
-            # The generations' word wins: they know a timeout from a cancellation; but an
-            # answer the client left before its head was sent was not delivered.
-            final = tally.outcome or outcome or "internal"
-            if final == "success" and not stream.started and stream.peer_gone():
-                final = "cancelled"
-            metrics.request_done(final)
+        current_record().ended.append(metrics.request_done)
+        return await handler(req, stream, params)
 
     return counted
 
@@ -153,68 +98,91 @@ def _num(v: float) -> str:
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
+class _Exposition:
+    """The lines of the exposition, each sample labelled with the model's name."""
+
+    def __init__(self, model_name: str):
+        self.label = f'model_name="{_label_value(model_name)}"'
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_: str) -> str:
+        full = PREFIX + name
+        self.lines.append(f"# HELP {full} {help_}")
+        self.lines.append(f"# TYPE {full} {kind}")
+        return full
+
+    def simple(self, name: str, kind: str, help_: str, value) -> None:
+        self.lines.append(f"{self.family(name, kind, help_)}{{{self.label}}} {_num(value)}")
+
+    def histogram(self, name: str, help_: str, data) -> None:
+        full = self.family(name, "histogram", help_)
+        buckets, total, count = data
+        for bound, n in buckets:
+            self.lines.append(f'{full}_bucket{{{self.label},le="{_num(float(bound))}"}} {n}')
+        self.lines.append(f"{full}_sum{{{self.label}}} {_num(float(total))}")
+        self.lines.append(f"{full}_count{{{self.label}}} {count}")
+
+
 def render(metrics: Metrics, stats: dict, model_name: str) -> str:
     """The exposition text of ``metrics`` and the engine's ``stats()``, then the ``process_*``
     series of this process."""
     snap = metrics.snapshot()
-    label = f'model_name="{_label_value(model_name)}"'
-    out: list[str] = []
+    out = _Exposition(model_name)
+    _requests(out, snap, stats)
+    _tokens(out, snap)
+    _caches(out, snap, stats)
+    return "\n".join(out.lines) + "\n" + generate_latest(_PROCESS).decode("utf-8")
 
-    def family(name: str, kind: str, help_: str) -> str:
-        full = PREFIX + name
-        out.append(f"# HELP {full} {help_}")
-        out.append(f"# TYPE {full} {kind}")
-        return full
 
-    def simple(name: str, kind: str, help_: str, value) -> None:
-        out.append(f"{family(name, kind, help_)}{{{label}}} {_num(value)}")
-
-    def histogram(name: str, help_: str, data) -> None:
-        full = family(name, "histogram", help_)
-        buckets, total, count = data
-        for bound, n in buckets:
-            out.append(f'{full}_bucket{{{label},le="{_num(float(bound))}"}} {n}')
-        out.append(f"{full}_sum{{{label}}} {_num(float(total))}")
-        out.append(f"{full}_count{{{label}}} {count}")
-
-    simple("request_received_total", "counter", "Count of received requests.", snap["received"])
-    simple("request_success_total", "counter", "Count of successfully processed requests.",
-           snap["success"])
-    full = family("request_failed_total", "counter", "Count of failed requests, by reason.")
+def _requests(out: _Exposition, snap: dict, stats: dict) -> None:
+    """The request counters and the engine's running and waiting gauges."""
+    out.simple("request_received_total", "counter", "Count of received requests.",
+               snap["received"])
+    out.simple("request_success_total", "counter", "Count of successfully processed requests.",
+               snap["success"])
+    full = out.family("request_failed_total", "counter", "Count of failed requests, by reason.")
     for reason, n in snap["failed"].items():
-        out.append(f'{full}{{{label},reason="{reason}"}} {n}')
-    simple("num_requests_running", "gauge", "Number of requests in the running batch.",
-           stats["running"])
-    simple("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-           stats["waiting"])
-    simple("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-           snap["prompt_tokens"])
-    simple("generation_tokens_total", "counter", "Number of generation tokens processed.",
-           snap["generation_tokens"])
-    histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-              snap["ttft"])
-    histogram("time_per_output_token_seconds", "Histogram of time per output token in seconds.",
-              snap["tpot"])
-    histogram("e2e_request_latency_seconds",
-              "Histogram of end to end latency of completed requests in seconds.", snap["e2e"])
+        out.lines.append(f'{full}{{{out.label},reason="{reason}"}} {n}')
+    out.simple("num_requests_running", "gauge", "Number of requests in the running batch.",
+               stats["running"])
+    out.simple("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
+               stats["waiting"])
+
+
+def _tokens(out: _Exposition, snap: dict) -> None:
+    """The token counters and the latency histograms."""
+    out.simple("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+               snap["prompt_tokens"])
+    out.simple("generation_tokens_total", "counter", "Number of generation tokens processed.",
+               snap["generation_tokens"])
+    out.histogram("time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                  snap["ttft"])
+    out.histogram("time_per_output_token_seconds",
+                  "Histogram of time per output token in seconds.", snap["tpot"])
+    out.histogram("e2e_request_latency_seconds",
+                  "Histogram of end to end latency of completed requests in seconds.",
+                  snap["e2e"])
+
+
+def _caches(out: _Exposition, snap: dict, stats: dict) -> None:
+    """KV-cache use, the prefix cache and speculative decoding."""
     total = stats["total_slots"]
-    simple("npu_cache_usage_perc", "gauge",
-           "KV-cache usage: fraction of KV slots in use. 1 means 100 percent usage.",
-           (total - stats["free_slots"]) / total if total else 0.0)
+    out.simple("npu_cache_usage_perc", "gauge",
+               "KV-cache usage: fraction of KV slots in use. 1 means 100 percent usage.",
+               (total - stats["free_slots"]) / total if total else 0.0)
     hits, misses = snap["prefix_hit_tokens"], snap["prefix_miss_tokens"]
-    simple("npu_prefix_cache_hit_rate", "gauge",
-           "Prefix cache hit rate: fraction of prompt tokens whose KV was reused.",
-           hits / (hits + misses) if hits + misses else 0.0)
-    simple("prefix_cache_hit_tokens_total", "counter",
-           "Number of prompt tokens whose KV came from the prefix cache.", hits)
-    simple("prefix_cache_miss_tokens_total", "counter",
-           "Number of prompt tokens prefilled (not in the prefix cache).", misses)
-    simple("spec_decode_num_draft_tokens_total", "counter",
-           "Number of tokens proposed by speculative decoding (prompt lookup) and verified.",
-           snap["spec_proposed_tokens"])
-    simple("spec_decode_num_accepted_tokens_total", "counter",
-           "Number of proposed tokens that verification kept.", snap["spec_accepted_tokens"])
-    return "\n".join(out) + "\n" + generate_latest(_PROCESS).decode("utf-8")
+    out.simple("npu_prefix_cache_hit_rate", "gauge",
+               "Prefix cache hit rate: fraction of prompt tokens whose KV was reused.",
+               hits / (hits + misses) if hits + misses else 0.0)
+    out.simple("prefix_cache_hit_tokens_total", "counter",
+               "Number of prompt tokens whose KV came from the prefix cache.", hits)
+    out.simple("prefix_cache_miss_tokens_total", "counter",
+               "Number of prompt tokens prefilled (not in the prefix cache).", misses)
+    out.simple("spec_decode_num_draft_tokens_total", "counter",
+               "Number of tokens proposed by speculative decoding (prompt lookup) and verified.",
+               snap["spec_proposed_tokens"])
+    out.simple("spec_decode_num_accepted_tokens_total", "counter",
+               "Number of proposed tokens that verification kept.", snap["spec_accepted_tokens"])
 
 
 def routes(app) -> list[Route]:

