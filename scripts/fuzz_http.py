@@ -50,6 +50,7 @@ if os.path.isdir(os.path.join(_REPO, "tiny_mindie")):   # run from a checkout: f
     sys.path.insert(0, _REPO)
 
 from tiny_mindie.server import http as _http  # noqa: E402
+from tiny_mindie.server import http_head as _http_head  # noqa: E402
 from tiny_mindie.server.http import NEED_DATA, HTTPError, Request, RequestHead, RequestParser  # noqa: E402
 
 CORPUS_DIR = os.path.join(_REPO, "tests", "fuzz_corpus")
@@ -239,18 +240,18 @@ def signature(events: list) -> frozenset:
     return frozenset(sig)
 
 
-# --- coverage (line-to-line edges inside http.py) -------------------------------------------
+# --- coverage (line-to-line edges inside http.py and http_head.py) ----------------------------
 
 class EdgeTracer:
-    """Collects (previous line, line) pairs executed in the parser's module while active."""
+    """Collects (previous line, line) pairs executed in the parser's modules while active."""
 
     def __init__(self) -> None:
-        self.filename = _http.__file__
+        self.filenames = {_http.__file__, _http_head.__file__}
         self.edges: set[tuple[int, int]] = set()
         self._prev: dict[int, int] = {}
 
     def _global(self, frame, event, arg):
-        if frame.f_code.co_filename != self.filename:
+        if frame.f_code.co_filename not in self.filenames:
             return None
         self._prev[id(frame)] = -frame.f_code.co_firstlineno
         return self._local

@@ -16,8 +16,9 @@ import time
 import pytest
 from helpers import ThreadedServer
 
-from tiny_mindie.server.conn import Response, json_response
-from tiny_mindie.server.http import CONTINUE_100
+from tiny_mindie.api.server_errors import ANSWERS
+from tiny_mindie.server.conn import PLAIN_ANSWERS, Response, json_response
+from tiny_mindie.server.http_response import CONTINUE_100
 from tiny_mindie.server.sse import sse_event
 
 MAX_BODY = 1024 * 1024
@@ -72,9 +73,11 @@ async def handler(request, stream, rec: Recorder):
 
 
 class ServerThread(ThreadedServer):
-    """serve_connection with this module's ``handler`` on a real socket, in a background thread."""
+    """serve_connection with this module's ``handler`` on a real socket, in a background thread;
+    its own error answers are the app's (MindIE's bodies) unless ``answers`` says otherwise."""
 
     def __init__(self, loop: str = "asyncio", **kw) -> None:
+        kw.setdefault("answers", ANSWERS)
         super().__init__(loop, **kw)
         self.rec = Recorder()
         self.clients: list[http.client.HTTPConnection] = []
@@ -285,7 +288,7 @@ def test_body_at_limit_accepted(server):
     (b"GET / HTTP/2.0\r\n\r\n", 505),
     (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
     (b"GET http://[/ HTTP/1.1\r\nHost: x\r\n\r\n", 400),     # urlsplit's ValueError escaped
-    (b"GET http://[:::]/health HTTP/1.1\r\nHost: x\r\n\r\n", 400),   # was answered 200
+    (b"GET http://[:::]/health HTTP/1.1\r\nHost: x\r\n\r\n", 400),   # not an IPv6 address
     (b"GET /echo HTTP/1.1\r\n\r\n", 400),                     # no Host
     (b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 3\r\n\r\nabc", 417),
 ])
@@ -324,6 +327,25 @@ def test_handler_returning_nothing_is_500(server):
     conn.request("GET", "/none")
     resp = conn.getresponse()
     assert resp.status == 500 and resp.read() == INTERNAL_ERROR_BODY
+
+
+def test_without_the_apps_answers_its_own_errors_are_plain_text():
+    """serve_connection writes no API family's bodies of its own: by default the parser's
+    message and ``Internal server error``, as text."""
+    with ServerThread("asyncio", max_body_bytes=MAX_BODY, idle_timeout=5.0,
+                      answers=PLAIN_ANSWERS) as srv:
+        with srv.socket() as sock:
+            sock.sendall(b"GET /echo HTTP/1.1\r\n\r\n")
+            line, headers, body = split_response(recv_all(sock))
+        assert line == "HTTP/1.1 400 Bad Request"
+        assert headers["content-type"] == "text/plain; charset=utf-8"
+        assert body == b"Missing Host header (required in HTTP/1.1)"
+        conn = srv.client()
+        conn.request("GET", "/boom")
+        resp = conn.getresponse()
+        assert resp.status == 500 and resp.read() == b"Internal server error"
+        assert resp.getheader("Content-Type") == "text/plain; charset=utf-8"
+        srv.close_clients()
 
 
 def test_exception_mid_stream_truncates_body(server):

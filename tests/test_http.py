@@ -6,14 +6,10 @@ import time
 
 import pytest
 
-from tiny_mindie.server.http import (
+from tiny_mindie.server.http import NEED_DATA, HTTPError, Request, RequestHead, RequestParser
+from tiny_mindie.server.http_response import (
     CONTINUE_100,
     LAST_CHUNK,
-    NEED_DATA,
-    HTTPError,
-    Request,
-    RequestHead,
-    RequestParser,
     format_chunk,
     format_response,
     format_response_head,
@@ -323,8 +319,8 @@ def test_chunked_over_limit_rejected_before_data_arrives():
     parser.feed(b"40\r\n")      # would make 128 > 100: refused on the size line alone
     with pytest.raises(HTTPError) as info:
         parser.next_event()
-    assert info.value.status == 413
-    assert "Maximum allowed size" in info.value.message
+    assert info.value.status == 413 and info.value.limit == 100
+    assert info.value.message == "Request body over the limit of 100 bytes"
 
 
 def test_chunked_at_limit_accepted():

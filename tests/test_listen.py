@@ -22,13 +22,8 @@ import pytest
 from helpers import closed_by_server
 
 from tiny_mindie.server.conn import json_response, serve_connection
-from tiny_mindie.server.listen import (
-    ConnectionSlots,
-    RateLimitedLog,
-    RefusalLogs,
-    TCPListener,
-    bind,
-)
+from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind
+from tiny_mindie.server.refusal_log import RateLimitedLog, RefusalLogs
 from tiny_mindie.server.tls import (
     TLSFiles,
     client_context,
@@ -273,8 +268,8 @@ def spawn_listener(nofile: int, main: str) -> subprocess.Popen:
     script = textwrap.dedent(f"""
         import asyncio, logging, resource
         from tiny_mindie.server.conn import json_response, serve_connection
-        from tiny_mindie.server.listen import (ConnectionSlots, RefusalLogs, TCPListener, bind,
-                                               connection_limit)
+        from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind, connection_limit
+        from tiny_mindie.server.refusal_log import RefusalLogs
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
         resource.setrlimit(resource.RLIMIT_NOFILE, ({nofile}, {nofile}))
 

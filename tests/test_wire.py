@@ -13,9 +13,19 @@ import time
 import pytest
 from helpers import ThreadedServer
 
+from tiny_mindie.api.server_errors import ANSWERS
 from tiny_mindie.config import ConfigError, load_config
-from tiny_mindie.server.conn import _error_body, json_response
+from tiny_mindie.server.conn import json_response
+from tiny_mindie.server.http import HTTPError
 from tiny_mindie.server.sse import sse_event, unsent_bytes, utf8
+
+
+def _error_body(status: int, message: str, limit: int | None = None) -> bytes:
+    """The app's answer body to a request the parser refused (``ANSWERS.rejected``)."""
+    answer = ANSWERS.rejected(HTTPError(status, message, limit))
+    assert answer.status == status and answer.content_type == "application/json"
+    return answer.body
+
 
 # Strings json.loads gives for JSON a client may send: lone high / low surrogates, a pair
 # split over two strings and joined, a backslash right before one, one in a key.
@@ -46,7 +56,7 @@ def test_sse_event_and_error_body_escape_lone_surrogates():
     raw = sse_event(data)
     assert raw == b'data: {"text":"\\ud800\\n\\ud800"}\n\n'
     assert json.loads(raw.decode("utf-8")[len("data: "):]) == {"text": text + "\n" + text}
-    assert (json.loads(_error_body(400, "bad " + text, 2**20).decode("utf-8"))["error"]
+    assert (json.loads(_error_body(400, "bad " + text).decode("utf-8"))["error"]
             == "bad " + text)
     assert utf8("\ud800") == b"\\ud800" and utf8("\u00e9") == "\u00e9".encode()
 
@@ -56,10 +66,11 @@ def test_sse_event_and_error_body_escape_lone_surrogates():
     (417, "Expectation Failed"), (431, "Request Header Fields Too Large"),
     (501, "Not Implemented"), (505, "HTTP Version Not Supported")])
 def test_parser_error_bodies_name_their_status(status, error_type):
-    assert json.loads(_error_body(status, "why", 2**20)) == {"error": "why",
-                                                             "error_type": error_type}
-    assert json.loads(_error_body(413, "why", 2**20)) == {
+    assert json.loads(_error_body(status, "why")) == {"error": "why", "error_type": error_type}
+    assert json.loads(_error_body(413, "why", limit=2**20)) == {
         "message": "Request body too large. Maximum allowed size is 1MB."}
+    assert json.loads(_error_body(413, "why", limit=2**19)) == {
+        "message": "Request body too large. Maximum allowed size is 0.5MB."}
 
 
 def test_config_reads_max_stream_backlog(tmp_path):

@@ -36,7 +36,7 @@ from .model.registry import DEFAULT_MODEL, resolve
 
 MAX_SEED = 2**63 - 1
 #: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole (exactly): at most 1 MB of
-#: UTF-8, ~0.5 s and ~200 MB while it is tokenized (1M characters of emoji took 2.3 s, 700 MB).
+#: UTF-8, so that the time and memory its tokenization takes stay bounded.
 TAIL_LIMIT = 250_000
 _WORD_START = re.compile(r"(?<=\S) (?=\S)")
 
@@ -153,9 +153,9 @@ class LLM:
         """The last ``n`` ids of :meth:`encode` (TGI's ``truncate``).
 
         A text of up to :data:`TAIL_LIMIT` characters (or ``5 L``, below) is tokenized whole:
-        exact. Only the end of a longer one is (tokenizing 40 MB whole took a minute and
-        gigabytes): it is cut just
-        before a word (a single space between two non-space characters) at least
+        exact. Only the end of a longer one is (tokenizing a text of many megabytes whole
+        takes long and much memory): it is cut just before a word (a single space between two
+        non-space characters) at least
         ``L = (n + 64) * longest_token`` characters from its end (so at least ``n + 64`` tokens
         follow), and again about ``3 L`` further back; when both tails end in the same ``n``
         ids those are the answer (ordinary text: the whole text's ids, tested), else the longer

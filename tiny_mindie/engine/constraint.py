@@ -42,7 +42,7 @@ class ConstraintError(ValueError):
 
 
 class _LLTokenizers:
-    """One :class:`llguidance.LLTokenizer` (about 0.3 s to build for 262,144 tokens) and one
+    """One :class:`llguidance.LLTokenizer` (slow to build for a large vocabulary) and one
     compiled-grammar cache per :class:`Tokenizer`, dropped with it."""
 
     def __init__(self) -> None:
@@ -128,7 +128,7 @@ class CompiledConstraint:
         self.vocab_size = vocab_size
 
     def matcher(self) -> Matcher:
-        """A fresh :class:`Matcher` at the start of the grammar (a copy; microseconds)."""
+        """A fresh :class:`Matcher` at the start of the grammar (a cheap copy)."""
         return Matcher(self._template.deep_copy(), self.vocab_size)
 
 
@@ -136,8 +136,8 @@ def prepare(tokenizer: Tokenizer) -> float:
     """Build llguidance's view of ``tokenizer``'s vocabulary now, if not yet built; returns the
     seconds it took (0 when it was there). Thread-safe.
 
-    Why: the build holds the GIL (about 2 s for Gemma 3's 262,144 tokens, 0.2 s for 49,152),
-    so every thread of the process stalls meanwhile; the server runs it once in the background
+    Why: the build holds the GIL for a time that grows with the vocabulary, so every thread
+    of the process stalls meanwhile; the server runs it once in the background
     right after it starts listening, rather than in the middle of serving the first
     constrained request.
     """
@@ -240,9 +240,8 @@ class Matcher:
 
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         """Write the allowed next tokens into ``bitmask[row]`` (int32 ``[B, ceil(V / 32)]``,
-        C-contiguous). llguidance releases the GIL while it computes (medians 40-50 us per
-        row, up to a few ms for Gemma 3's vocabulary), taking it back only to tokenize a string
-        the grammar forces (``Tokenizer.encode``)."""
+        C-contiguous). llguidance releases the GIL while it computes, taking it back only to
+        tokenize a string the grammar forces (``Tokenizer.encode``)."""
         llguidance.numpy.fill_next_token_bitmask(self._m, bitmask, row)
 
     def consume(self, token_id: int) -> bool:
@@ -294,8 +293,8 @@ def apply_bitmask(logits: np.ndarray, bitmask: np.ndarray) -> None:
 
     Per row, only the words that are not all-allowed (or, when most are all-disallowed, only
     the allowed ids) are unpacked: a row allowing a few tokens is filled with ``-inf`` and the
-    few put back; a row allowing most has just its disallowed ids set (measured: about half
-    the time of unpacking the whole ``[B, V]`` mask).
+    few put back; a row allowing most has just its disallowed ids set (less work than
+    unpacking the whole ``[B, V]`` mask).
     """
     v = logits.shape[1]
     for row, words in zip(logits, bitmask, strict=True):

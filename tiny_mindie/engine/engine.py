@@ -9,9 +9,9 @@ ONNX Runtime release the GIL, so the loop stays responsive.
 Before sampling, each row's ``logit_bias`` is added to its logits, and a constrained row's
 (``GenerationRequest.constraint``) disallowed tokens are set to ``-inf`` from its grammar's
 token mask (:mod:`.constraint`), computed for the batch's constrained rows after the forward
-pass (about 0.1 ms per row; see scripts/bench.py --mask). The sampled token advances the row's
-matcher; once the grammar is complete only the end-of-generation tokens are allowed, so the
-request ends on the next one (``finish_reason`` ``"eos_token"``, even with ``ignore_eos``).
+pass. The sampled token advances the row's matcher; once the grammar is complete only the
+end-of-generation tokens are allowed, so the request ends on the next one (``finish_reason``
+``"eos_token"``, even with ``ignore_eos``). A request's own state is :mod:`.sequence`'s.
 """
 
 from __future__ import annotations
@@ -28,21 +28,19 @@ import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
-from .constraint import Matcher, apply_bitmask, compile_constraint, fill_masks, forget
-from .detok import IncrementalDetokenizer
+from .constraint import compile_constraint, fill_masks, forget
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
-from .sampling import SampleRow, make_rng, sample_batch
+from .sampling import SampleRow, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusable_prefix
-from .speculation import CostModel, SpeculationPolicy
+from .sequence import Sequence, bias_and_mask
+from .speculation import CostModel
 
 log = logging.getLogger("tiny_mindie.engine")
 
 #: A prefix is copied from another slot (``Backend.copy_kv``) when that spares at least this many
-#: tokens of prefill. Copying is a memory copy (SmolLM2-135M keeps 46 KB of KV per token).
-#: Measured on onnxruntime, 2-core AVX2 EPYC, busy host: copying 500 positions 5-6 ms (29 ms the
-#: first time, faulting in the destination's pages), 2 positions 0.3 ms; prefilling 500 tokens
-#: 2.5-2.8 s, 16 tokens 85-98 ms. So the line is at one token: any prefix is worth copying.
+#: tokens of prefill. Copying a position's KV is a memory copy, far cheaper than computing it in
+#: a prefill, so the line is at one token: any prefix is worth copying.
 MIN_COPY_TOKENS = 1
 
 
@@ -78,63 +76,6 @@ class EngineLimits:
     speculation: bool = True
 
 
-class _Sequence:
-    """Engine-thread state of one request."""
-
-    def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
-                 queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int, matcher: Matcher | None = None, max_proposals: int = 0):
-        self.req = req
-        self.matcher = matcher      # the request's place in its grammar (constraint), or None
-        self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
-                     np.array([b for _, b in req.sampling.logit_bias], np.float32))
-        self.loop = loop
-        self.queue = queue
-        self.tokens: list[int] = list(req.prompt_ids)
-        self.n_prompt = len(req.prompt_ids)
-        self.n_cached = 0         # positions [0, n_cached) of the slot hold this sequence's KV
-        self.n_reused = 0         # ... of which these came from the prefix cache
-        self.n_exact = 0          # ... of which these a fresh prefill computes bit for bit alike
-        self.max_new_tokens = max_new_tokens
-        self.slot: int | None = None
-        self.rng = make_rng(req.sampling.seed)
-        self.detok = IncrementalDetokenizer(tokenizer.token_bytes, req.stop.stop_strings,
-                                            req.stop.include_stop_string)
-        self.submitted = now
-        self.deadline = now + req.timeout_s if req.timeout_s else float("inf")
-        self.started: float | None = None   # prefill began
-        self.last_token: float | None = None
-        self.cancelled = False
-        self.max_buffered = max_buffered
-        self.speculation = SpeculationPolicy(max_proposals)
-
-    @property
-    def n_generated(self) -> int:
-        return len(self.tokens) - self.n_prompt
-
-    def sample_row(self) -> SampleRow:
-        """What the sampler needs of this sequence for its next token."""
-        return SampleRow(self.req.sampling, np.asarray(self.tokens), self.rng,
-                         self.req.top_logprobs, self.n_prompt)
-
-    def emit(self, item) -> None:
-        """Hand ``item`` to the request's event loop; a closed loop means the caller is gone."""
-        try:
-            self.loop.call_soon_threadsafe(self._deliver, item)
-        except RuntimeError:   # the loop was closed without cancelling: nobody is listening
-            self.cancelled = True
-
-    def _deliver(self, item) -> None:
-        """On the event loop: queue ``item`` unless the client has fallen too far behind."""
-        if self.cancelled and not isinstance(item, GenerationError):
-            return
-        if self.queue.qsize() >= self.max_buffered:
-            self.cancelled = True      # the engine drops the request at its next step
-            item = GenerationError(ErrorKind.CANCELLED, "Client too slow: "
-                                   f"more than {self.max_buffered} events unread.")
-        self.queue.put_nowait(item)
-
-
 class Engine:
     """Continuous-batching generation over one backend and tokenizer.
 
@@ -155,9 +96,9 @@ class Engine:
         self._can_copy = type(backend).copy_kv is not Backend.copy_kv
         self.speculation = limits.speculation and backend.fast_verify
         self._verify_cost = CostModel()     # a verification's time in lone decode steps
-        self._waiting: WaitQueue[_Sequence] = WaitQueue()
-        self._running: list[_Sequence] = []
-        self._by_id: dict[str, _Sequence] = {}
+        self._waiting: WaitQueue[Sequence] = WaitQueue()
+        self._running: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
         self._cond = threading.Condition()
         self._stopping = False
         self._draining = False    # drain(): no new requests; the admitted ones finish
@@ -226,7 +167,7 @@ class Engine:
         queue: asyncio.Queue = asyncio.Queue()
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
-        seq = _Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
+        seq = Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
                         self.limits.max_buffered_events, matcher,
                         max(0, self.backend.max_verify_rows - 1))
         with self._cond:
@@ -309,26 +250,14 @@ class Engine:
 
     def _expire(self, now: float) -> None:
         """Drop cancelled and timed-out requests (waiting or running)."""
+        e2e, token = self.limits.e2e_timeout_s, self.limits.token_timeout_s
         for seq in self._waiting.remove_if(
-                lambda s: s.cancelled or self._timeout_error(s, now) is not None):
-            self._finish(seq, self._timeout_error(seq, now))
+                lambda s: s.cancelled or s.timeout_error(now, e2e, token) is not None):
+            self._finish(seq, seq.timeout_error(now, e2e, token))
         for seq in list(self._running):
-            err = self._timeout_error(seq, now)
+            err = seq.timeout_error(now, e2e, token)
             if seq.cancelled or err is not None:
                 self._finish(seq, err)
-
-    def _timeout_error(self, seq: _Sequence, now: float) -> GenerationError | None:
-        if seq.cancelled:
-            return None
-        if now > seq.deadline:
-            return GenerationError(ErrorKind.TIMEOUT, "Engine callback timeout: client timeout")
-        if now - seq.submitted > self.limits.e2e_timeout_s:
-            return GenerationError(ErrorKind.TIMEOUT, "Engine callback timeout: server e2eTimeout")
-        last = seq.last_token or seq.started
-        if last is not None and now - last > self.limits.token_timeout_s:
-            return GenerationError(ErrorKind.TIMEOUT,
-                                   "Engine callback timeout: server tokenTimeout")
-        return None
 
     def _admit(self) -> None:
         while (len(self._waiting) and len(self._running) < self.limits.schedule.max_batch_size
@@ -356,7 +285,7 @@ class Engine:
         return reusable_prefix(common, n_prompt, self.limits.schedule.max_prefill_tokens,
                                self.backend.prefix_split_invariant)
 
-    def _plan(self) -> list[tuple[_Sequence, int]]:
+    def _plan(self) -> list[tuple[Sequence, int]]:
         """This step's rows: ``(sequence, tokens to feed)``; decode rows feed 1 token."""
         decode = [(s, 1) for s in self._running
                   if s.n_cached == len(s.tokens) - 1 and s.n_generated]
@@ -364,7 +293,7 @@ class Engine:
                                 if s.n_cached < s.n_prompt), self.limits.schedule)
         return decode + prefill
 
-    def _proposal(self, batch: list[tuple[_Sequence, int]]) -> list[int]:
+    def _proposal(self, batch: list[tuple[Sequence, int]]) -> list[int]:
         """Tokens to verify instead of this step's decode row (:mod:`.speculation`): only
         for an unconstrained sequence decoding alone; else empty."""
         if not self.speculation or len(batch) != 1 or len(self._running) != 1:
@@ -376,7 +305,7 @@ class Engine:
                    self.max_seq_len - len(seq.tokens)) - 1
         return seq.speculation.proposals(seq.tokens, room, self._verify_cost)
 
-    def _verify_step(self, seq: _Sequence, proposal: list[int]) -> None:
+    def _verify_step(self, seq: Sequence, proposal: list[int]) -> None:
         """Run ``seq``'s last token and the ``proposal`` as one chunk
         (:meth:`~tiny_mindie.model.backend.Backend.verify`), then sample its positions in
         order, as decode steps would, while the samples equal the proposal."""
@@ -392,7 +321,7 @@ class Engine:
                     return
                 seq.n_cached += 1                 # ids[i] is a token of the sequence
             row = logits[i:i + 1]
-            self._bias_and_mask(row, [seq], [], None)
+            bias_and_mask(row, [seq], [], None)
             result = self._sample(row, [seq.sample_row()])[0]
             with self._cond:
                 if seq.cancelled or seq.slot is None:
@@ -408,7 +337,7 @@ class Engine:
         self.metrics.speculation(proposed=len(proposal), accepted=accepted)
         seq.speculation.update(len(proposal), accepted, self._verify_cost(len(ids)))
 
-    def _step(self, batch: list[tuple[_Sequence, int]]) -> None:
+    def _step(self, batch: list[tuple[Sequence, int]]) -> None:
         chunks = [SeqChunk(s.slot, s.n_cached,
                            np.asarray(s.tokens[s.n_cached:s.n_cached + n], dtype=np.int64))
                   for s, n in batch]
@@ -434,12 +363,12 @@ class Engine:
         if len(ready) < logits.shape[0]:
             logits = logits[[row for row, _ in ready]]
         # the grammar masks of the constrained rows: after the forward pass, not beside it (a
-        # helper thread computing them meanwhile slows the forward pass by more than they cost
-        # on a small CPU: scripts/bench.py --mask, docs/structured-outputs.md)
+        # helper thread computing them meanwhile takes CPU from the forward pass, which then
+        # loses more time than the masks cost; docs/structured-outputs.md)
         constrained = [seq for _, seq in ready if seq.matcher is not None]
         bitmask = (fill_masks([seq.matcher for seq in constrained], self.tokenizer.vocab_size)
                    if constrained else None)
-        self._bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
+        bias_and_mask(logits, [seq for _, seq in ready], constrained, bitmask)
         sampled = self._sample(logits, [seq.sample_row() for _, seq in ready])
         with self._cond:
             for (_, seq), result in zip(ready, sampled, strict=True):
@@ -462,26 +391,6 @@ class Engine:
         return start % chunk == 0 and n == chunk
 
     @staticmethod
-    def _bias_and_mask(logits: np.ndarray, seqs: list[_Sequence],
-                       constrained: list[_Sequence], bitmask: np.ndarray | None) -> None:
-        """Before sampling, in place on float32 ``[len(seqs), V]`` ``logits``: add each row's
-        ``logit_bias``, then set the tokens its grammar does not allow to ``-inf``
-        (``bitmask``: :func:`.fill_masks` of ``constrained``)."""
-        for row, seq in enumerate(seqs):
-            ids, bias = seq.bias
-            if ids.size:
-                logits[row, ids] += bias
-        if bitmask is None:
-            return
-        at = {id(seq): i for i, seq in enumerate(constrained)}
-        rows = [(row, at[id(seq)]) for row, seq in enumerate(seqs) if id(seq) in at]
-        if len(rows) == logits.shape[0] == bitmask.shape[0]:
-            apply_bitmask(logits, bitmask)            # the usual case: every row constrained
-            return
-        for row, i in rows:
-            apply_bitmask(logits[row:row + 1], bitmask[i:i + 1])
-
-    @staticmethod
     def _sample(logits: np.ndarray, rows: list[SampleRow]) -> list[tuple | None]:
         """:func:`sample_batch`; should it raise (a bug one request's parameters reach), each
         row is sampled again alone from its generator's state before the batch, and only the
@@ -501,7 +410,7 @@ class Engine:
                 out.append(None)
         return out
 
-    def _next_token(self, seq: _Sequence, sampled: tuple, now: float) -> None:
+    def _next_token(self, seq: Sequence, sampled: tuple, now: float) -> None:
         """Append the sampled ``(token, logprob, top)`` to ``seq`` and tell its client."""
         tok, logprob, top = sampled
         seq.tokens.append(tok)
@@ -556,7 +465,7 @@ class Engine:
             self.metrics.completed(now - seq.submitted)
             self._finish(seq, None)
 
-    def _finish(self, seq: _Sequence, error: GenerationError | None,
+    def _finish(self, seq: Sequence, error: GenerationError | None,
                 keep_kv: bool = True) -> None:
         """Remove ``seq`` from the engine and free its slot; tell the client about ``error``.
 

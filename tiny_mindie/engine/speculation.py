@@ -119,10 +119,10 @@ class SpeculationPolicy:
 
 
 class CostModel:
-    """What a verification costs in decode steps, measured: exponential averages of the
-    seconds of a lone decode step and of a verification of ``n`` rows. Before both are
-    measured, ``n`` rows are assumed to cost ``1 + 0.3 (n - 1)`` steps (2-core AVX2, SmolLM2:
-    a 5-row verification took 1.6-2.3 decode steps on a busy host)."""
+    """What a verification costs in decode steps, timed as the engine runs: exponential
+    averages of the seconds of a lone decode step and of a verification of ``n`` rows. Until
+    both are timed, ``n`` rows are assumed to cost ``1 + 0.3 (n - 1)`` steps (each row beyond
+    the first adds a fraction of a step: the rows share one pass over the weights)."""
 
     def __init__(self) -> None:
         self.decode_s: float | None = None

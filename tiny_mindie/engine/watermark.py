@@ -23,7 +23,7 @@ both the high half of splitmix64's finaliser), and
 Why: ``h`` is computed once per vocabulary size (a uint32 table, 1 MB for 262,144 ids), so
 marking a row costs one uint32 add, one compare and a multiply-add of the mask over the
 vocabulary -- no permutation, no per-step hashing of every id, nothing cached per previous
-token (its cost: ``scripts/bench.py --sampler``).
+token.
 
 What it gives: for a fixed previous token, ``h(t) + s(prev)`` is ``h(t)`` shifted by a
 constant on the 32-bit circle, so each token is green with probability ``GAMMA`` (over the
@@ -113,8 +113,8 @@ def apply_watermark(logits: np.ndarray, prev_token: int, key: int = KEY, *, delt
         prev_token: the token before the one being chosen.
         delta: the bias; ``DELTA / T`` on logits already divided by a temperature ``T``.
         mask, work: optional scratch arrays for :func:`green_mask`; bias: optional float32
-            ``[vocab]`` scratch, left holding ``delta`` or 0 per token (a masked
-            ``np.add(where=)`` is many times slower than this multiply and add).
+            ``[vocab]`` scratch, left holding ``delta`` or 0 per token (a multiply and add
+            over the vocabulary is cheaper than a masked ``np.add(where=)``).
         out: float32 ``[vocab]`` for the result (the add then doubles as a copy).
 
     Returns:

@@ -13,11 +13,9 @@ Behaviour on the wire:
 
 * keep-alive and pipelining (requests answered one at a time, in order);
 * ``100 Continue`` sent when the client expects it and the declared body fits the limit;
-* parse errors answered with their status and a MindIE error body, then the connection closes
-  (413 uses MindIE's ``{"message": "Request body too large. ..."}`` body);
-* a handler exception becomes a 500 ``Incomplete Generation`` body (traceback only in the log);
-  if the stream had already started, the connection is aborted instead (the client sees a
-  truncated chunked body);
+* parse errors answered with their status, then the connection closes;
+* a handler exception becomes a 500 (traceback only in the log); if the stream had already
+  started, the connection is aborted instead (the client sees a truncated chunked body);
 * ``Date``, ``Server`` and ``X-Request-Id`` on every response (the client's own ``X-Request-Id``
   when it is 1-128 visible ASCII characters, else a new uuid4 in hex); a kept-alive connection
   is closed after ``keep_alive_timeout`` idle seconds between two requests (a new connection
@@ -29,6 +27,8 @@ Behaviour on the wire:
   unread;
 * text is encoded with :func:`~.sse.utf8`: a lone surrogate from the client's JSON goes back
   as the JSON escape ``\\ud800`` rather than failing the response.
+
+The bodies of the error answers it writes by itself are the application's (:class:`ErrorAnswers`).
 """
 
 from __future__ import annotations
@@ -45,20 +45,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .http import (
-    CONTINUE_100,
-    NEED_DATA,
-    HTTPError,
-    Request,
-    RequestHead,
-    RequestParser,
-    body_too_large_message,
-    format_response,
-    reason_phrase,
-)
+from .http import NEED_DATA, HTTPError, Request, RequestHead, RequestParser
+from .http_response import CONTINUE_100, format_response
 from .sse import ChunkedStream, utf8
 
-__all__ = ["Handler", "Response", "ResponseStream", "json_response", "serve_connection"]
+__all__ = ["ErrorAnswers", "Handler", "Response", "ResponseStream", "json_response",
+           "serve_connection"]
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +124,12 @@ def peer_subject(writer: asyncio.StreamWriter) -> str | None:
         return None
 
 
-def _address(peername) -> str | None:
+def peer_address(peername) -> str | None:
     """``host:port`` (``[v6]:port``) of a socket address; ``None`` when unknown."""
     if not isinstance(peername, tuple) or len(peername) < 2:
         return None
     host, port = peername[0], peername[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 class ResponseStream:
@@ -234,34 +226,40 @@ def _http_date() -> str:
     return _date_cache[1]
 
 
-def _error_body(status: int, message: str, max_body_bytes: int) -> bytes:
-    """The body of the parser's error answer: MindIE's 413 body, else ``{"error", "error_type"}``
-    with the status's reason phrase as the type (``Bad Request``, ``Request Timeout``,
-    ``Expectation Failed``, ...), as MindIE's own errors name theirs."""
-    if status == 413:
-        obj: dict[str, str] = {"message": body_too_large_message(max_body_bytes)}
-    else:
-        obj = {"error": message, "error_type": reason_phrase(status) or "Bad Request"}
-    return json_response(status, obj).body
+@dataclass(frozen=True)
+class ErrorAnswers:
+    """The answers :func:`serve_connection` writes by itself, in the application's words.
+
+    Attributes:
+        rejected: ``(HTTPError) -> Response``: the answer to a request the parser refused
+            (its status is the error's; the connection closes after it).
+        failed: the 500 answer when a handler raises or returns no :class:`Response`.
+    """
+
+    rejected: Callable[[HTTPError], Response]
+    failed: Response
 
 
-_INTERNAL_ERROR_BODY = utf8(json_text(
-    {"error": "Internal server error", "error_type": "Incomplete Generation"}))
+# The default: the parser's message, or "Internal server error", as plain text.
+PLAIN_ANSWERS = ErrorAnswers(
+    rejected=lambda exc: Response(exc.status, utf8(exc.message), "text/plain; charset=utf-8"),
+    failed=Response(500, b"Internal server error", "text/plain; charset=utf-8"))
 
 
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                            handler: Handler, *, max_body_bytes: int, idle_timeout: float = 60.0,
                            keep_alive_timeout: float | None = None,
                            header_timeout: float | None = None,
-                           server_header: str = "tiny_mindie") -> None:
+                           server_header: str = "tiny_mindie",
+                           answers: ErrorAnswers = PLAIN_ANSWERS) -> None:
     """Serve HTTP/1.1 requests on one connection until it closes; never raises (except
     ``CancelledError``, after closing the connection).
 
     Args:
         reader, writer: The connection, as given by ``asyncio.start_server``.
         handler: ``async (Request, ResponseStream) -> Response | None`` (see module docstring).
-        max_body_bytes: Request body limit in bytes (MindIE ``maxRequestLength`` MB * 2**20);
-            larger bodies are answered with 413.
+        max_body_bytes: Request body limit in bytes; larger bodies are answered with 413
+            (:attr:`HTTPError.limit <.http_message.HTTPError>` names it).
         idle_timeout: Seconds a request's body may stall between reads (-> 408) and a
             response write may wait for the client.
         keep_alive_timeout: Seconds a kept-alive connection may sit idle between two requests
@@ -270,10 +268,11 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
             first byte (-> 408); also how long a new connection may wait before its first
             request (default: ``idle_timeout``).
         server_header: Value of the ``Server`` header.
+        answers: The bodies of the answers it writes by itself (see :class:`ErrorAnswers`).
     """
     conn = _Connection(reader, writer, handler, max_body_bytes, idle_timeout, server_header,
                        idle_timeout if keep_alive_timeout is None else keep_alive_timeout,
-                       idle_timeout if header_timeout is None else header_timeout)
+                       idle_timeout if header_timeout is None else header_timeout, answers)
     await conn.run()
 
 
@@ -282,7 +281,8 @@ class _Connection:
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  handler: Handler, max_body_bytes: int, idle_timeout: float,
-                 server_header: str, keep_alive_timeout: float, header_timeout: float) -> None:
+                 server_header: str, keep_alive_timeout: float, header_timeout: float,
+                 answers: ErrorAnswers) -> None:
         self.reader = reader
         self.writer = writer
         self.handler = handler
@@ -292,6 +292,7 @@ class _Connection:
         self.header_timeout = header_timeout
         self.served = 0                 # requests answered on this connection
         self.server_header = server_header
+        self.answers = answers
         self.parser = RequestParser(max_body_bytes=max_body_bytes)
         self.peer = writer.get_extra_info("peername")
         self.client_subject = peer_subject(writer)
@@ -406,7 +407,7 @@ class _Connection:
         stream = ResponseStream(self.writer, request,
                                 lambda keep: self._base_headers(request, keep, rid),
                                 self.idle_timeout, self.reader, request_id=rid,
-                                peer=_address(self.peer), client_subject=self.client_subject)
+                                peer=peer_address(self.peer), client_subject=self.client_subject)
         try:
             result = await self.handler(request, stream)
         except asyncio.CancelledError:
@@ -419,7 +420,7 @@ class _Connection:
             log.exception("handler failed on %s %s", request.method, request.path)
             if stream.started:
                 return False, True
-            result = Response(500, _INTERNAL_ERROR_BODY)
+            result = self.answers.failed
         else:
             if stream.started:
                 chunked = stream.chunked_stream
@@ -438,7 +439,7 @@ class _Connection:
             if not isinstance(result, Response):
                 log.error("handler for %s %s returned %r instead of a Response",
                           request.method, request.path, type(result).__name__)
-                result = Response(500, _INTERNAL_ERROR_BODY)
+                result = self.answers.failed
 
         keep_alive = request.keep_alive and not any(
             n.lower() == "connection" and "close" in v.lower() for n, v in result.headers)
@@ -452,16 +453,17 @@ class _Connection:
         except ValueError:
             log.exception("handler for %s %s produced an invalid response",
                           request.method, request.path)
-            data = format_response(500, self._base_headers(request, keep_alive, rid)
-                                   + [("Content-Type", "application/json")], _INTERNAL_ERROR_BODY)
+            failed = self.answers.failed
+            data = format_response(failed.status, self._base_headers(request, keep_alive, rid)
+                                   + [("Content-Type", failed.content_type)], failed.body)
         await self._write(data)
         return keep_alive, False
 
     async def _send_error(self, exc: HTTPError) -> None:
+        answer = self.answers.rejected(exc)
         headers = (self._base_headers(None, keep_alive=False)
-                   + [("Content-Type", "application/json")])
-        body = _error_body(exc.status, exc.message, self.max_body_bytes)
-        await self._write(format_response(exc.status, headers, body))
+                   + [("Content-Type", answer.content_type)])
+        await self._write(format_response(exc.status, headers, answer.body))
 
     # -- closing ---------------------------------------------------------------------------
 

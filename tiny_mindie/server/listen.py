@@ -11,7 +11,7 @@ listener accepts by itself (``loop.sock_accept``) and then does the handshake
 * a new connection is *opening* until its TLS handshake is done (without TLS: until its first
   byte arrives), for at most ``handshake_timeout`` seconds;
 * when every slot is taken, the connection that has been opening longest is closed to make room
-  (a client with a certificate finishes its handshake in milliseconds, a plain HTTP client sends
+  (a client with a certificate finishes its handshake at once, a plain HTTP client sends
   its request at once, so the oldest is a silent socket); when every slot holds a connection
   past that point, the new one is closed at once: with TLS without a word (no HTTP answer is
   possible before the handshake), without TLS after a 503 answer written at once, before its
@@ -35,8 +35,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .conn import Handler, Response, request_id, serve_connection
-from .http import format_response
+from .conn import (
+    PLAIN_ANSWERS,
+    ErrorAnswers,
+    Handler,
+    Response,
+    peer_address,
+    request_id,
+    serve_connection,
+)
+from .http_response import format_response
+from .refusal_log import RefusalLogs
 from .tls import describe_refusal
 
 log = logging.getLogger("tiny_mindie.server")
@@ -47,69 +56,12 @@ READ_LIMIT = 2 ** 20            # StreamReader buffer limit (bytes)
 LISTEN_BACKLOG = 4096           # connections the kernel queues before accept() (it caps this at
                                 # net.core.somaxconn); they hold no descriptor of ours
 ACCEPT_RETRY_SECONDS = 0.1      # wait before accepting again after EMFILE / ENFILE
-LOG_EVERY_SECONDS = 10.0        # at most one line per kind of refusal this often
 FD_SPARE = 32                   # descriptors kept free for the process beside its connections
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 class AddressError(Exception):
     """A listen address cannot be resolved; the message is one line naming it."""
-
-
-class RateLimitedLog:
-    """Log one kind of event at most once per ``every`` seconds: the first at once, the others of
-    the window as one line when the window ends, summed up by reason with a count and the last
-    message of each (called on an event loop).
-
-    Calling it: ``log(message, reason="")``; ``reason`` groups the held events, e.g.
-    ``certificate revoked ... 'CN=alice'``, so a flood of one reason never hides another; events
-    of one reason are summed up as the last message with the count. At most
-    :attr:`MAX_REASONS` reasons are kept per window; later ones are counted as others.
-    """
-
-    MAX_REASONS = 8
-
-    def __init__(self, level: int, every: float = LOG_EVERY_SECONDS, logger: logging.Logger = log):
-        self.level, self.every, self.logger = level, every, logger
-        self.window_end = 0.0
-        self.held: dict[str, list] = {}    # reason -> [count, last message], first seen first
-        self.others = 0                    # held events beyond MAX_REASONS reasons
-        self.flush_handle: asyncio.TimerHandle | None = None
-
-    def __call__(self, message: str, reason: str = "") -> None:
-        now = time.monotonic()
-        if now >= self.window_end and not self.held and not self.others:
-            self.window_end = now + self.every
-            self.logger.log(self.level, "%s", message)
-            return
-        key = reason
-        if key in self.held:
-            self.held[key][0] += 1
-            self.held[key][1] = message
-        elif len(self.held) < self.MAX_REASONS:
-            self.held[key] = [1, message]
-        else:
-            self.others += 1
-        if self.flush_handle is None:
-            loop = asyncio.get_running_loop()
-            self.flush_handle = loop.call_later(max(0.0, self.window_end - now), self._flush)
-
-    def _flush(self) -> None:
-        self.flush_handle = None
-        if not self.held and not self.others:
-            return
-        total = sum(n for n, _ in self.held.values()) + self.others
-        if len(self.held) == 1 and not self.others:
-            (n, last), = self.held.values()
-            self.logger.log(self.level, "%s (%d like this in the last %g s)", last, n, self.every)
-        else:
-            parts = [f"{n}x {last}" for n, last in self.held.values()]
-            if self.others:
-                parts.append(f"{self.others}x for other reasons")
-            self.logger.log(self.level, "%d more in the last %g s: %s", total, self.every,
-                            "; ".join(parts))
-        self.held, self.others = {}, 0
-        self.window_end = time.monotonic() + self.every
 
 
 class ConnectionSlots:
@@ -283,7 +235,7 @@ class TCPListener:
                     continue
                 await asyncio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
-            await self._admit(sock, _peer(peer))
+            await self._admit(sock, peer_address(peer) or str(peer))
 
     async def _admit(self, sock: socket.socket, peer: str) -> None:
         slots = self.slots
@@ -360,16 +312,6 @@ class TCPListener:
             slots.established -= 1
 
 
-class RefusalLogs:
-    """The rate-limited log lines of a server's listeners, one per kind."""
-
-    def __init__(self, every: float = LOG_EVERY_SECONDS):
-        self.refused = RateLimitedLog(logging.WARNING, every)
-        self.timed_out = RateLimitedLog(logging.WARNING, every)
-        self.evicted = RateLimitedLog(logging.WARNING, every)
-        self.full = RateLimitedLog(logging.WARNING, every)
-        self.exhausted = RateLimitedLog(logging.ERROR, every)
-
 
 async def _first_byte(sock: socket.socket, timeout: float) -> None:
     """Wait until ``sock`` is readable (its first bytes or its end arrived).
@@ -411,12 +353,6 @@ async def _open(sock: socket.socket, ssl_ctx: ssl.SSLContext | None,
     tls = {"ssl": ssl_ctx, "ssl_handshake_timeout": handshake_timeout} if ssl_ctx else {}
     transport, _ = await loop.connect_accepted_socket(lambda: protocol, sock, **tls)
     return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
-
-
-def _peer(addr) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"[{addr[0]}]:{addr[1]}" if ":" in str(addr[0]) else f"{addr[0]}:{addr[1]}"
-    return str(addr)
 
 
 @dataclass
@@ -463,13 +399,14 @@ class Limits:
 async def start_listeners(listeners: list[Listener],
                           handler_for: Callable[[frozenset[str]], Handler],
                           limits: Limits, ssl_ctx: ssl.SSLContext | None,
-                          busy: Response) -> list[Listener]:
+                          busy: Response, answers: ErrorAnswers = PLAIN_ANSWERS) -> list[Listener]:
     """Bind every listener and start accepting; returns them, their ``server`` set.
 
     Each listener serves its connections with ``handler_for(listener.planes)``. The listeners
     share ``limits.max_connections`` slots (see the module doc for who is closed when they are
     full); without TLS, a connection beyond the limit gets ``busy`` at once, before its request
-    is read, and is closed.
+    is read, and is closed. ``answers``: the bodies of the error answers each connection writes
+    by itself (:class:`~.conn.ErrorAnswers`).
 
     Raises:
         AddressError: an address cannot be resolved.
@@ -492,7 +429,7 @@ async def start_listeners(listeners: list[Listener],
             async def serve(reader, writer, handle=handle) -> None:
                 await serve_connection(reader, writer, handle, max_body_bytes=limits.max_body_bytes,
                                        keep_alive_timeout=limits.keep_alive_timeout,
-                                       header_timeout=limits.header_timeout)
+                                       header_timeout=limits.header_timeout, answers=answers)
 
             lst.server = TCPListener(bind(lst.host, lst.port, backlog=LISTEN_BACKLOG),
                                      serve, busy_answer, slots=slots, ssl_ctx=ssl_ctx,
@@ -503,3 +440,4 @@ async def start_listeners(listeners: list[Listener],
                 lst.server.close()
         raise
     return listeners
+

@@ -22,7 +22,7 @@ import struct
 import sys
 from collections.abc import Iterable, Sequence
 
-from .http import LAST_CHUNK, format_chunk, format_response_head
+from .http_response import LAST_CHUNK, format_chunk, format_response_head
 
 __all__ = ["ChunkedStream", "sse_event", "unsent_bytes", "utf8"]
 

@@ -9,7 +9,7 @@ bit-identical results alone or beside others.
 Cost -- the vocabulary is never sorted, and ``logits / T`` is never written out: ranking,
 thresholds and the typical-p centre work on the logits as they are (dividing by ``T > 0``
 keeps their order), the temperature enters once, in the unnormalised probabilities
-``exp2(x * k - s)`` with ``k = log2(e) / T`` (numpy's ``exp2`` takes half the time of ``exp``)
+``exp2(x * k - s)`` with ``k = log2(e) / T`` (numpy's ``exp2`` is cheaper than ``exp``)
 and a shift ``s``: ``max * k``, as usual, or 0 when ``max * k`` is in [0, 64] already (then
 nothing can overflow, and the pass that subtracts it is saved; only ratios of these weights
 are ever used), and only small candidate pools are divided by ``T`` where their log-softmax
@@ -17,8 +17,7 @@ is needed. Over the whole ``[B, V]`` float32 array: the argmax and, for the rows
 whole distribution (all but top-k), that exponential and its per-block sums. Penalties change
 the seen ids only, and the watermark's add the row (in place when the caller allows, else on a
 copy). Large scratch arrays are reused (:mod:`.scratch`), and with two CPUs the rows that need
-the whole distribution are shared with a helper thread. ``scripts/bench.py --sampler``
-measures the share of a decode step.
+the whole distribution are shared with a helper thread.
 """
 
 from __future__ import annotations
@@ -69,8 +68,8 @@ def sample_batch(logits: np.ndarray, rows: Sequence[SampleRow], *, overwrite: bo
     distribution (all but the top-k sampled ones), the rows from about half of the work on
     (:func:`_split`) are sampled on a helper thread meanwhile: numpy releases the GIL in its
     long loops, and rows never share work, so the results are the same. (Top-k rows are mostly
-    short Python steps: split between threads they only take turns for the GIL, measured
-    1.8 -> 2.7 ms for eight.)
+    short Python steps: split between threads they only take turns for the GIL, which makes
+    them slower, not faster.)
 
     Raises:
         ValueError: ``len(rows)`` is not ``B``.
@@ -100,8 +99,8 @@ def sample_batch(logits: np.ndarray, rows: Sequence[SampleRow], *, overwrite: bo
 
 
 def _row_cost(row: SampleRow) -> int:
-    """Rough CPU time of one row of :func:`sample_batch` in microseconds (Gemma 3's 262,144
-    logits, measured per kind of row): what :func:`_split` balances."""
+    """Relative CPU cost of one row of :func:`sample_batch`, by kind of row: what
+    :func:`_split` balances (only the ratios matter)."""
     p = row.params
     cost = 100 if top_k_sampled(p) else 130 if not samples(p) else (
         250 if p.top_p < 1.0 else 350 if p.typical_p < 1.0 else 150)

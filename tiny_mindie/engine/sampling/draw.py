@@ -30,7 +30,7 @@ def _blocks(a: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     ``[rows, V % width]``."""
     rows, v = a.shape
     n = v // width
-    if n * width == v:              # a plain view (as_strided alone costs ~20 us of Python)
+    if n * width == v:              # a plain view (as_strided costs more Python overhead)
         return a.reshape(rows, n, width), a[:, v:]
     full = np.lib.stride_tricks.as_strided(a, (rows, n, width),
                                            (a.strides[0], width * a.strides[1], a.strides[1]),
@@ -41,7 +41,7 @@ def _blocks(a: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
 def block_sums(w: np.ndarray) -> np.ndarray:
     """float64 ``[rows, ceil(V / BLOCK)]``: sums of consecutive ``BLOCK``-wide pieces of each
     row of float32 ``w`` ``[rows, V]``: ``einsum``'s vectorised float32 sums (relative error
-    a few 1e-7 on real rows; numpy's pairwise ``sum`` along the last axis takes 3-4x longer)."""
+    a few 1e-7 on real rows; numpy's pairwise ``sum`` along the last axis is slower)."""
     full, rest = _blocks(w, BLOCK)
     sums = np.einsum("rbi->rb", full)
     if rest.shape[1]:

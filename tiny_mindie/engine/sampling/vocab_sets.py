@@ -176,7 +176,7 @@ def vocab_sets(x: np.ndarray, w: np.ndarray, sel: np.ndarray, target: np.ndarray
             np.greater_equal(x[sel[j]], t[j], out=masks[j])
         else:
             masks[j].fill(False)
-    rows, cand = np.divmod(np.flatnonzero(masks), v)     # (2-D nonzero is 10x slower)
+    rows, cand = np.divmod(np.flatnonzero(masks), v)     # (cheaper than a 2-D nonzero)
     flat = sel[rows] * v + cand
     wc = w.ravel()[flat]
     xc = x.ravel()[flat].astype(np.float64)
