@@ -146,7 +146,7 @@ class LLM:
     def encode(self, text: str) -> list[int]:
         """Prompt ids for ``text``, BOS added when the model wants it: control tokens written in
         it are parsed when :attr:`parse_special_tokens` (the default), else plain text. (Chat
-        prompts are encoded otherwise: :func:`tiny_mindie.api.openai.encode_chat`.)"""
+        prompts are encoded otherwise: :func:`tiny_mindie.api.chat_template.encode_chat`.)"""
         return self.tokenizer.encode(text, parse_special=self.parse_special_tokens)
 
     def encode_tail(self, text: str, n: int) -> list[int]:
@@ -184,8 +184,8 @@ class LLM:
     def check_text_length(self, text: str) -> None:
         """Refuse a text that holds more tokens than any prompt may, without tokenizing it:
         every token covers at most ``longest_token`` bytes, so ``bytes // longest_token`` is a
-        lower bound of its token count (a huge text then costs nothing; tokenizing 40 MB took
-        a minute and gigabytes).
+        lower bound of its token count (a huge text is refused before tokenizing it would cost
+        time and memory in proportion to its size).
 
         Raises:
             GenerationError: ``"too_long"`` (HTTP 424) with MindIE's message.
