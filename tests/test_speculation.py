@@ -80,9 +80,22 @@ def test_cost_model_is_measured_verification_time_over_decode_time():
     c.decode(0.020)
     c.verify(5, 0.050)
     assert c(5) == pytest.approx(2.5)
-    c.decode(0.030)                              # exponential averages
-    assert c.decode_s == pytest.approx(0.022)
+    c.decode(0.030)                              # the shortest recent step
+    assert c.decode_s == pytest.approx(0.020)
     assert c(3) == pytest.approx(1.6)            # no measurement for 3 rows yet
+
+
+def test_cost_model_ignores_steps_slowed_by_another_process():
+    """Steps timed while another process held a core (10x here, some of them) leave the cost
+    alone; a lasting change is followed once the window holds only the new steps."""
+    c = CostModel()
+    for i in range(40):
+        c.decode(0.200 if i % 3 == 0 else 0.020)
+        c.verify(5, 0.500 if i % 4 == 0 else 0.050)
+    assert c(5) == pytest.approx(2.5)
+    for _ in range(CostModel.WINDOW):
+        c.verify(5, 0.150)                       # verification became dearer for good
+    assert c(5) == pytest.approx(7.5)
 
 
 # ---- model: the backend --------------------------------------------------------------------

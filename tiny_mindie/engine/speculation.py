@@ -20,6 +20,7 @@ and one sequence's chunk would hold the others back).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -119,27 +120,38 @@ class SpeculationPolicy:
 
 
 class CostModel:
-    """What a verification costs in decode steps, timed as the engine runs: exponential
-    averages of the seconds of a lone decode step and of a verification of ``n`` rows. Until
-    both are timed, ``n`` rows are assumed to cost ``1 + 0.3 (n - 1)`` steps (each row beyond
-    the first adds a fraction of a step: the rows share one pass over the weights)."""
+    """What a verification costs in decode steps, timed as the engine runs: the shortest of the
+    last :attr:`WINDOW` lone decode steps, and of the last :attr:`WINDOW` verifications of ``n``
+    rows. Until both are timed, ``n`` rows are assumed to cost ``1 + 0.3 (n - 1)`` steps (each
+    row beyond the first adds a fraction of a step: the rows share one pass over the weights).
+
+    The shortest, not an average: a step timed while another process held a core is longer,
+    never shorter, so the minimum of recent samples is the step's own cost, and a few such
+    samples cannot turn speculation off; a lasting change is followed within :attr:`WINDOW`
+    samples."""
+
+    WINDOW = 16
 
     def __init__(self) -> None:
-        self.decode_s: float | None = None
-        self.verify_s: dict[int, float] = {}
+        self._decode: deque[float] = deque(maxlen=self.WINDOW)
+        self._verify: dict[int, deque[float]] = {}
+
+    @property
+    def decode_s(self) -> float | None:
+        """Seconds of a lone decode step; ``None`` before one was timed."""
+        return min(self._decode) if self._decode else None
 
     def decode(self, seconds: float) -> None:
         """A lone decode step took ``seconds``."""
-        self.decode_s = seconds if self.decode_s is None else 0.8 * self.decode_s + 0.2 * seconds
+        self._decode.append(seconds)
 
     def verify(self, rows: int, seconds: float) -> None:
         """A verification of ``rows`` rows took ``seconds``."""
-        old = self.verify_s.get(rows)
-        self.verify_s[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self._verify.setdefault(rows, deque(maxlen=self.WINDOW)).append(seconds)
 
     def __call__(self, rows: int) -> float:
         """A verification of ``rows`` rows, in decode steps."""
-        v = self.verify_s.get(rows)
-        if v is None or not self.decode_s:
+        times = self._verify.get(rows)
+        if not times or not self.decode_s:
             return 1.0 + 0.3 * (rows - 1)
-        return v / self.decode_s
+        return min(times) / self.decode_s
