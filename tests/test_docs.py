@@ -3,7 +3,8 @@
 The README stays short (at most 400 lines) and says how to get the source before installing;
 its test command is the one ``.ci/run`` runs; every relative link in the README and in docs/
 points to a file that exists, and every ``#anchor`` to a heading of that file; no commit
-hashes or review notes in user documentation.
+hashes or review notes in user documentation; docs/architecture.md's module table names every
+module of ``tiny_mindie/`` and no other.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
+ARCHITECTURE = os.path.join(REPO, "docs", "architecture.md")
+PACKAGE = os.path.join(REPO, "tiny_mindie")
 PAGES = [README] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`[^`]*`")
 HEX40 = re.compile(r"\b[0-9a-f]{40}\b")
 SHORT_HASH = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+MODULE_PATH = re.compile(r"`((?:\w+/)*\w+\.py)`")
 
 
 def _read(path: str) -> str:
@@ -131,3 +135,39 @@ def test_the_checks_can_fail(tmp_path):
     ]
     assert slug("MindIE /infer") == "mindie-infer"
     assert slug("TGI and vLLM 0.2") == "tgi-and-vllm-02"
+
+
+def package_modules(package: str) -> set[str]:
+    """Every ``.py`` file under ``package``, as a path relative to it (``server/http.py``)."""
+    return {os.path.relpath(path, package).replace(os.sep, "/")
+            for path in glob.glob(os.path.join(package, "**", "*.py"), recursive=True)}
+
+
+def module_table_drift(page: str, package: str) -> list[str]:
+    """What the tables of the ``## Modules`` section of ``page`` get wrong against the files of
+    ``package``: a module no row names in its first cell, or a row naming a ``.py`` path that is
+    no module."""
+    section = re.search(r"^## Modules\n(.*?)(?=^## |\Z)", _read(page), re.M | re.S)
+    rows = [line.split("|")[1] for line in section.group(1).splitlines()
+            if line.startswith("|")] if section else []
+    named = {name for cell in rows for name in MODULE_PATH.findall(cell)}
+    modules = package_modules(package)
+    return [f"not in the table: {m}" for m in sorted(modules - named)] + \
+           [f"no such module: {m}" for m in sorted(named - modules)]
+
+
+def test_the_architecture_names_every_module_of_the_package():
+    assert module_table_drift(ARCHITECTURE, PACKAGE) == []
+
+
+def test_the_module_table_check_can_fail(tmp_path):
+    """A module left out and a row for one that is gone are both caught."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    for name in ("pkg/__init__.py", "pkg/kept.py", "pkg/sub/new.py"):
+        (tmp_path / name).write_text("")
+    page = tmp_path / "architecture.md"
+    page.write_text("# A\n\n## Modules\n\nSee `sub/new.py`.\n\n| module | job |\n|---|---|\n"
+                    "| `__init__.py`, `kept.py` | x |\n| `sub/gone.py` | `sub/new.py` |\n\n"
+                    "## Later\n\n| `sub/new.py` | outside the section |\n")
+    assert module_table_drift(str(page), str(tmp_path / "pkg")) == [
+        "not in the table: sub/new.py", "no such module: sub/gone.py"]
