@@ -34,7 +34,7 @@ import math
 import os
 import re
 
-from .. import __version__
+from .._version import __version__
 from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response

@@ -19,7 +19,7 @@ import math
 import re
 import secrets
 
-from .. import __version__
+from .._version import __version__
 from ..engine.request import TokenEvent
 from ..llm import LLM
 from ..server.conn import Response, ResponseStream, json_response
