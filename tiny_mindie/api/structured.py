@@ -14,7 +14,7 @@ import re
 from ..engine.constraint import ConstraintError, compile_constraint
 from ..engine.request import Constraint
 from ..model.tokenizer import Tokenizer
-from .errors import APIError, bad, invalid
+from .errors import APIError, Kind, bad, invalid
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BIAS = 100.0                 # OpenAI's range for logit_bias values: [-100, 100]
@@ -130,17 +130,40 @@ def _json_number(v) -> float | None:
         return math.inf
 
 
+#: The keys each ``response_format`` type reads (OpenAI's, and llama.cpp's ``schema`` on
+#: ``json_object``); any other is a 400 naming it, never silently ignored.
+FORMAT_KEYS = {"text": ("type",), "json_object": ("type", "schema"),
+               "json_schema": ("type", "json_schema")}
+JSON_SCHEMA_KEYS = ("name", "schema", "strict", "description")
+
+
+def unknown_parameter(name: str) -> APIError:
+    """400 for a field nobody reads, in OpenAI's words (``param`` the field's path, ``code``
+    ``unknown_parameter``)."""
+    return APIError(Kind.BAD_REQUEST, f"Unknown parameter: '{name}'.", param=name,
+                    code="unknown_parameter")
+
+
+def _no_other_keys(obj: dict, known, where: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise unknown_parameter(f"{where}.{key}")
+
+
 def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     """OpenAI's ``response_format``: ``{"type": "text"}`` (or null) -> None;
-    ``{"type": "json_object"}`` -> any JSON object; ``{"type": "json_schema", "json_schema":
-    {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool, "description": str}}`` ->
-    output valid against ``schema`` (enforced whether ``strict`` or not; ``strict`` also
-    closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
+    ``{"type": "json_object"}`` -> any JSON object, ``{"type": "json_object", "schema":
+    object}`` (llama.cpp's form) -> output valid against ``schema``; ``{"type": "json_schema",
+    "json_schema": {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool,
+    "description": str}}`` -> output valid against ``schema`` (enforced whether ``strict`` or
+    not; ``strict`` also closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
 
     Raises:
         APIError: 400 with ``param: "response_format"``: not an object, unknown ``type``,
             ``json_schema`` missing or malformed, bad ``name``, missing ``schema``, or a schema
-            the grammar library cannot enforce (the message names the feature).
+            the grammar library cannot enforce (the message names the feature); 400
+            ``unknown_parameter`` with ``param: "response_format.<key>"`` for a key the type
+            does not read (:data:`FORMAT_KEYS`, :data:`JSON_SCHEMA_KEYS`).
     """
     if value is None:
         return None
@@ -151,16 +174,20 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     if not isinstance(value, dict):
         raise fail("Parameter response_format must be an object.")
     kind = value.get("type")
+    if kind not in FORMAT_KEYS:
+        raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
+                   f"got {json.dumps(kind)}.")
+    _no_other_keys(value, FORMAT_KEYS[kind], "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
-        return compiled(tokenizer, Constraint("json_object"), fail)
-    if kind != "json_schema":
-        raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
-                   f"got {json.dumps(kind)}.")
+        if "schema" not in value:
+            return compiled(tokenizer, Constraint("json_object"), fail)
+        return _schema_constraint(tokenizer, value["schema"], False, "response_format.schema")
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
         raise fail("response_format.json_schema must be an object with a name and a schema.")
+    _no_other_keys(spec, JSON_SCHEMA_KEYS, "response_format.json_schema")
     name = spec.get("name")
     if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
         raise fail("response_format.json_schema.name must be 1-64 characters of a-z, A-Z, "
@@ -169,13 +196,23 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
         if spec.get(key) is not None and not isinstance(spec[key], kinds):
             raise fail(f"response_format.json_schema.{key} must be a "
                        f"{'boolean' if kinds is bool else 'string'}.")
-    schema = spec.get("schema")
+    return _schema_constraint(tokenizer, spec.get("schema"), spec.get("strict") is True,
+                              "response_format.json_schema.schema")
+
+
+def _schema_constraint(tokenizer: Tokenizer, schema, strict: bool, where: str) -> Constraint:
+    """The compiled constraint of ``response_format``'s JSON ``schema`` (at ``where``).
+
+    Raises:
+        APIError: 400 (``param: "response_format"``) when ``schema`` is no object or cannot
+            be enforced.
+    """
     if not isinstance(schema, dict):
-        raise fail("response_format.json_schema.schema is required and must be an object "
-                   "(a JSON schema).")
-    spec = json.dumps(grammar_schema(schema, strict=spec.get("strict") is True))
+        raise bad(f"{where} is required and must be an object (a JSON schema).",
+                  "response_format")
+    spec = json.dumps(grammar_schema(schema, strict=strict))
     return compiled(tokenizer, Constraint("json_schema", spec),
-                     lambda m: fail(f"response_format.json_schema.schema: {m}"))
+                    lambda m: bad(f"{where}: {m}", "response_format"))
 
 
 def logit_bias(tokenizer: Tokenizer, value) -> dict[int, float]:
