@@ -39,11 +39,12 @@ _MEMBER_KEYWORDS = ("properties", "additionalProperties", "patternProperties",
                     "allOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "enum", "const")
 
 
-def _each_schema(schema, change):
-    """A copy of ``schema`` with ``change(copy)`` applied to it and to each of its subschemas
-    (innermost first); ``change`` edits the dict it is given (a fresh copy)."""
+def _each_schema(schema, change, *, branch: bool = False):
+    """A copy of ``schema`` with ``change(copy, branch)`` applied to it and to each of its
+    subschemas (innermost first); ``change`` edits the dict it is given (a fresh copy);
+    ``branch`` is true for an ``allOf`` branch (a part of the object its parent describes)."""
     if isinstance(schema, list):
-        return [_each_schema(s, change) for s in schema]
+        return [_each_schema(s, change, branch=branch) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -52,8 +53,8 @@ def _each_schema(schema, change):
             out[key] = {k: _each_schema(v, change) for k, v in out[key].items()}
     for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
         if isinstance(out.get(key), dict | list):
-            out[key] = _each_schema(out[key], change)
-    change(out)
+            out[key] = _each_schema(out[key], change, branch=key == "allOf")
+    change(out, branch)
     return out
 
 
@@ -62,10 +63,34 @@ def _types(schema: dict) -> tuple:
     return tuple(t) if isinstance(t, list) else (t,)
 
 
-def _close(s: dict) -> None:
-    if "properties" in s and not any(k in s for k in ("additionalProperties",
-                                                      "patternProperties",
-                                                      "unevaluatedProperties")):
+_OTHERS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_ELSEWHERE = ("$ref", "$dynamicRef", "anyOf", "oneOf", "if", "dependentSchemas")
+
+
+def _all_of_names(s: dict) -> list | None:
+    """The property names ``s`` and its ``allOf`` branches (nested ones too) list, in order;
+    None when one of them says something of other members (:data:`_OTHERS`), or names
+    members elsewhere (a ``$ref``, an ``anyOf``, ...): such an object is left open."""
+    if any(k in s for k in (*_OTHERS, *_ELSEWHERE)):
+        return None
+    names = list(s.get("properties") or {})
+    for part in s.get("allOf") or ():
+        more = _all_of_names(part) if isinstance(part, dict) else None
+        if more is None:
+            return None
+        names += [n for n in more if n not in names]
+    return names
+
+
+def _close(s: dict, branch: bool) -> None:
+    if branch:      # closed with its parent: closing each branch would exclude the others'
+        return
+    if isinstance(s.get("allOf"), list) and s["allOf"]:
+        names = _all_of_names(s)
+        if names:   # the parent names every branch's members, so that it may be closed
+            s["properties"] = {**{n: {} for n in names}, **(s.get("properties") or {})}
+            s["additionalProperties"] = False
+    elif "properties" in s and not any(k in s for k in _OTHERS):
         s["additionalProperties"] = False
     elif "object" in _types(s) and not any(k in s for k in _MEMBER_KEYWORDS):
         s["additionalProperties"] = False
@@ -77,12 +102,14 @@ def closed(schema):
     ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
     written; and each ``"type": "object"`` that says nothing of its members at all (no
     ``properties``, ``required``, ``anyOf``, ``$ref``, ...) is the empty object, as
-    ``{"type": "object", "properties": {}}`` then is. Every document the copy accepts the
-    original accepts too, and a small model cannot spend its tokens inventing members."""
+    ``{"type": "object", "properties": {}}`` then is. An ``allOf``'s branches describe one
+    object together: the object is closed to the members any of them lists (they stay open
+    themselves). Every document the copy accepts the original accepts too, and a small model
+    cannot spend its tokens inventing members."""
     return _each_schema(schema, _close)
 
 
-def _bound_integers(s: dict) -> None:
+def _bound_integers(s: dict, branch: bool) -> None:
     if "integer" not in _types(s):
         return
     lows = [s[k] for k in ("minimum", "exclusiveMinimum") if k in s]
