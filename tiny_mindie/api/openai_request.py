@@ -212,7 +212,24 @@ def _chat_messages(messages) -> list[dict]:
             raise bad(f"messages[{i}].tool_call_id (a string) is required for role tool.",
                       "messages")
         rendered.append(out)
+    _check_tool_answers(rendered)
     return rendered
+
+
+def _check_tool_answers(messages: list[dict]) -> None:
+    """Each ``tool`` message answers a call of an earlier assistant message (its
+    ``tool_call_id`` one of their ids), as OpenAI requires.
+
+    Raises:
+        APIError: 400 (``messages``) naming the first that does not.
+    """
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        called.update(c["id"] for c in m.get("tool_calls") or ())
+        if m["role"] == "tool" and m["tool_call_id"] not in called:
+            raise bad(f"messages[{i}].tool_call_id {json.dumps(m['tool_call_id'])} answers no "
+                      "tool call of an earlier assistant message (its tool_calls[].id).",
+                      "messages")
 
 
 def _message_content(content, i: int):
