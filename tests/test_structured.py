@@ -60,6 +60,7 @@ BAD_RESPONSE_FORMATS = [
     ("json_schema", "must be an object"),
     ({}, "type must be one of"),
     ({"type": "bogus"}, "type must be one of"),
+    ({"type": ["text"]}, "type must be one of"),
     ({"type": "json_schema"}, "json_schema must be an object"),
     ({"type": "json_schema", "json_schema": "x"}, "json_schema must be an object"),
     ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "name must be 1-64"),

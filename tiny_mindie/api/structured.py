@@ -201,7 +201,7 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     if not isinstance(value, dict):
         raise fail("Parameter response_format must be an object.")
     kind = value.get("type")
-    if kind not in FORMAT_KEYS:
+    if not isinstance(kind, str) or kind not in FORMAT_KEYS:
         raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
                    f"got {json.dumps(kind)}.")
     _no_other_keys(value, FORMAT_KEYS[kind], "response_format")
