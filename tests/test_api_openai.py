@@ -250,3 +250,24 @@ def test_chat_messages_need_a_known_role_and_content(server):
                                   "max_tokens": 2})
         err = json.loads(raw)["error"]
         assert status == 400 and err["param"] == "messages", raw
+
+
+def test_thinking_fields_and_unanswered_tool_results_are_400(server):
+    """SmolLM2 does not think: a field asking it to is 400 naming it (OpenAI's answer to
+    ``reasoning_effort`` for a model that does not reason); ``enable_thinking: false`` asks
+    for what it does. A tool result answering no earlier call is 400, as OpenAI."""
+    user = {"role": "user", "content": "hi"}
+    for extra, param in (({"reasoning_effort": "low"}, "reasoning_effort"),
+                         ({"reasoning": {"effort": "low"}}, "reasoning"),
+                         ({"chat_template_kwargs": {"enable_thinking": True}},
+                          "chat_template_kwargs.enable_thinking"),
+                         ({"messages": [user, {"role": "tool", "tool_call_id": "call_9",
+                                               "content": "x"}]}, "messages")):
+        status, _, raw = request(server, "POST", "/v1/chat/completions", {
+            "model": MODEL, "messages": [user], "max_tokens": 2, **extra})
+        err = json.loads(raw)["error"]
+        assert status == 400 and err["param"] == param, raw
+    status, _, raw = request(server, "POST", "/v1/chat/completions", {
+        "model": MODEL, "messages": [user], "max_tokens": 2,
+        "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200, raw

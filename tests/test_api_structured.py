@@ -133,3 +133,34 @@ def test_malformed_fields_are_400_naming_them(client, server):
     with pytest.raises(openai.BadRequestError, match="Unimplemented keys"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        response_format=BAD[4][0]["response_format"])
+
+
+def test_json_object_schema_all_of_strict_and_unknown_keys(client, server):
+    """llama.cpp's ``{"type": "json_object", "schema": ...}`` (what instructor's JSON_SCHEMA
+    mode sends) holds the answer to the schema; ``allOf`` under ``strict`` is satisfiable;
+    a key nobody reads is 400 naming it."""
+    item = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                             "price": {"type": "number"}},
+            "required": ["name", "price"], "additionalProperties": False}
+    ask = [{"role": "user", "content": "Name a fruit and its price."}]
+    r = client.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=60, temperature=0,
+        response_format={"type": "json_object", "schema": item})
+    jsonschema.validate(json.loads(r.choices[0].message.content), item)
+    parts = {"type": "object", "allOf": [
+        {"properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"]},
+        {"properties": {"price": {"type": "number"}}, "required": ["price"]}]}
+    r = client.chat.completions.create(
+        model=MODEL, messages=ask, max_tokens=60, temperature=0, response_format={
+            "type": "json_schema", "json_schema": {"name": "item", "schema": parts,
+                                                   "strict": True}})
+    assert set(json.loads(r.choices[0].message.content)) == {"name", "price"}
+    for fmt, key in (({"type": "json_object", "bogus": 1}, "bogus"),
+                     ({"type": "text", "schema": item}, "schema"),
+                     ({"type": "json_schema", "schema": item,
+                       "json_schema": {"name": "item", "schema": item}}, "schema")):
+        status, _, raw = request(server, "POST", "/v1/chat/completions", {
+            "model": MODEL, "messages": ask, "max_tokens": 2, "response_format": fmt})
+        err = json.loads(raw)["error"]
+        assert status == 400 and err["param"] == f"response_format.{key}", raw
+        assert err["code"] == "unknown_parameter"

@@ -287,6 +287,12 @@ def test_grammar_json_and_regex_over_the_real_server(tgi_client, server):
         "max_new_tokens": 40, "grammar": {"type": "json", "value": json.dumps(schema)}}})
     assert status == 200
     jsonschema.validate(json.loads(json.loads(raw)[0]["generated_text"]), schema)
+    # \d is [0-9], as in a schema pattern: after fullwidth digits, not those
+    digits = {"inputs": "１２３－４５６７ １２３－４５６７ １２３－４５６７ ", "parameters": {
+        "max_new_tokens": 12, "grammar": {"type": "regex", "value": r"\d{3}-\d{4}"}}}
+    status, _, raw = request(server, "POST", "/generate", digits)
+    assert status == 200 and re.fullmatch("[0-9]{3}-[0-9]{4}", json.loads(raw)[
+        "generated_text"]), raw
     for bad in ({"type": "yaml", "value": "x"}, {"type": "regex", "value": "(a"},
                 {"type": "json", "value": {"type": "object", "not": {}}}, "json"):
         for path in ("/generate", "/generate_stream", "/"):

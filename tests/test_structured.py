@@ -60,6 +60,7 @@ BAD_RESPONSE_FORMATS = [
     ("json_schema", "must be an object"),
     ({}, "type must be one of"),
     ({"type": "bogus"}, "type must be one of"),
+    ({"type": ["text"]}, "type must be one of"),
     ({"type": "json_schema"}, "json_schema must be an object"),
     ({"type": "json_schema", "json_schema": "x"}, "json_schema must be an object"),
     ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "name must be 1-64"),
@@ -350,3 +351,132 @@ def test_grammars_that_fail_in_their_first_tokens_are_refused_at_compile(tok, co
     assert (constraint.kind, constraint.spec) not in cache
     many = {"type": "object", "properties": {f"f{i}": {"type": "string"} for i in range(400)}}
     compile_constraint(tok, Constraint("json_schema", json.dumps(many)))   # below the limits
+
+
+# ---- issue 29: response_format's keys, allOf under strict, ASCII \d, thinking fields -----
+ITEM = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+        "additionalProperties": False}
+
+
+def _walks(tok, c: Constraint, text: bytes) -> bool:
+    """Whether ``c``'s grammar takes ``text`` and may end there."""
+    m = compile_constraint(tok, c).matcher()
+    return all(m.consume(b) for b in text) and m.accepting
+
+
+def test_json_object_with_schema_enforces_it_as_llama_cpp(tok):
+    """llama.cpp's ``{"type": "json_object", "schema": ...}`` (instructor's JSON_SCHEMA
+    mode): the schema holds, not merely "an object"."""
+    c = response_format(tok, {"type": "json_object", "schema": ITEM})
+    assert c == Constraint("json_schema", json.dumps(grammar_schema(ITEM)))
+    assert _walks(tok, c, b'{"name":"x"}') and not _walks(tok, c, b'{"Tom":1}')
+    with pytest.raises(APIError) as e:
+        response_format(tok, {"type": "json_object", "schema": "{}"})
+    assert e.value.param == "response_format" and "must be an object" in e.value.message
+
+
+@pytest.mark.parametrize("value,key", [
+    ({"type": "json_object", "bogus": 1}, "bogus"),
+    ({"type": "text", "schema": ITEM}, "schema"),
+    ({"type": "text", "json_schema": {"name": "a", "schema": ITEM}}, "json_schema"),
+    ({**_rf(), "schema": ITEM}, "schema"),
+    ({**_rf(), "strict": True}, "strict"),
+    ({"type": "json_schema", "json_schema": {"name": "a", "schema": ITEM, "x": 1}},
+     "json_schema.x"),
+])
+def test_unknown_response_format_keys_are_400_naming_them(tok, value, key):
+    with pytest.raises(APIError) as e:
+        response_format(tok, value)
+    assert (e.value.status, e.value.param) == (400, f"response_format.{key}")
+    assert e.value.code == "unknown_parameter"
+    assert f"'response_format.{key}'" in e.value.message
+
+
+def test_strict_all_of_closes_the_combined_object_not_each_branch(tok):
+    import jsonschema
+
+    schema = {"type": "object", "allOf": [
+        {"properties": {"name": {"type": "string"}}, "required": ["name"]},
+        {"properties": {"price": {"type": "number"}}, "required": ["price"]}]}
+    out = closed(schema)
+    jsonschema.validate({"name": "a", "price": 1}, out)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"name": "a", "price": 1, "extra": 2}, out)
+    nested = {"type": "object", "properties": {"x": {"type": "integer"}}, "allOf": [
+        {"allOf": [{"properties": {"y": {"type": "object", "properties": {"z": {}}}}}]}]}
+    out = closed(nested)
+    jsonschema.validate({"x": 1, "y": {"z": 1}}, out)
+    for doc in ({"x": 1, "w": 1}, {"y": {"z": 1, "v": 2}}):      # closed at both levels
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(doc, out)
+    c = response_format(tok, _rf(schema, strict=True))
+    assert _walks(tok, c, b'{"name":"a","price":1}')
+    assert not _walks(tok, c, b'{"name":"a","price":1,"x":1}')
+
+
+def test_tgi_regex_digits_are_ascii_as_in_json_schema_patterns(tok):
+    r"""``\d`` is [0-9] in a TGI regex, as in a JSON schema ``pattern`` (not any Unicode
+    digit, e.g. U+1FBF8); ``\D`` its complement."""
+    for c in (tgi_grammar(tok, {"type": "regex", "value": r"\d{2}-\D"}),
+              tgi_grammar(tok, {"type": "json", "value": {"type": "string",
+                                                          "pattern": r"^\d{2}-\D$"}})):
+        quote = b'"' if c.kind == "json_schema" else b""
+        assert _walks(tok, c, quote + b"12-x" + quote)
+        assert not _walks(tok, c, quote + "🯸1-x".encode() + quote)
+        assert _walks(tok, c, quote + "12-🯸".encode() + quote)
+    assert _walks(tok, tgi_grammar(tok, {"type": "regex", "value": "a/b"}), b"a/b")
+
+
+def test_overlapping_one_of_says_what_to_change_in_the_schema(tok):
+    with pytest.raises(APIError) as e:
+        response_format(tok, _rf({"oneOf": [{"type": "string"},
+                                            {"type": "string", "maxLength": 3}]}))
+    assert "coerce_one_of" not in e.value.message and "Enable" not in e.value.message
+    assert "oneOf" in e.value.message and "anyOf" in e.value.message
+
+
+CALLED = [{"role": "user", "content": "hi"},
+          {"role": "assistant", "content": None, "tool_calls": [
+              {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+
+
+def test_tool_message_must_answer_an_earlier_call(tok):
+    ok = [*CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "x"}]
+    parse_chat(_app(tok), json.dumps({"model": "m", "messages": ok}).encode())
+    for messages in ([*CALLED, {"role": "tool", "tool_call_id": "call_2", "content": "x"}],
+                     [CALLED[0], {"role": "tool", "tool_call_id": "call_1", "content": "x"},
+                      CALLED[1]]):
+        with pytest.raises(APIError) as e:
+            parse_chat(_app(tok), json.dumps({"model": "m", "messages": messages}).encode())
+        assert (e.value.status, e.value.param) == (400, "messages")
+        assert "tool_call_id" in e.value.message
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs.enable_thinking"),
+])
+def test_thinking_asked_of_a_model_that_cannot_think_is_400(tok, extra, param):
+    import asyncio
+    from types import SimpleNamespace
+
+    from tiny_mindie.api.openai_chat import prepare_chat
+
+    def prepare(template: str, body: dict):
+        p, messages, kwargs, tools = parse_chat(_app(tok), json.dumps(body).encode())
+        llm = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=template))
+        asyncio.run(prepare_chat(llm, p, messages, kwargs, tools))
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    with pytest.raises(APIError) as e:
+        prepare("{{ messages }}", body)
+    assert (e.value.status, e.value.param) == (400, param)
+    assert e.value.code == "unsupported_parameter" and "think" in e.value.message
+    with pytest.raises(AttributeError):    # a template that thinks: on to encoding
+        prepare("{{ messages }}</think>", body)
+    prepare_off = {**body, "chat_template_kwargs": {"enable_thinking": False}}
+    prepare_off.pop("reasoning_effort", None)
+    prepare_off.pop("reasoning", None)
+    with pytest.raises(AttributeError):    # asking for no thinking: fine
+        prepare("{{ messages }}", prepare_off)

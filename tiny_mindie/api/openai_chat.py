@@ -18,7 +18,7 @@ from ..llm import LLM
 from . import tool_calls as tc
 from . import tool_request as tr
 from .chat_template import CHATML, chatml_stops, encode_chat, template_uses_tools
-from .errors import bad, from_generation_error
+from .errors import APIError, Kind, bad, from_generation_error
 from .openai_request import Answer, ChatTools, Parsed
 from .structured import compiled
 
@@ -29,12 +29,19 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
     :attr:`~.openai_request.Parsed.answer`; compiling and encoding run off the event loop.
 
     Raises:
-        APIError: 400 as :func:`_with_tools`; 400 (``tool_choice``) for ``required`` or a
+        APIError: 400 ``unsupported_parameter`` naming a field that asks for reasoning
+            (:attr:`~.openai_request.Parsed.thinking`) when the template does not think;
+            400 as :func:`_with_tools`; 400 (``tool_choice``) for ``required`` or a
             named function with a ``response_format``; 400 (``tools``) when the tools'
             schemas cannot be enforced; 400 as :func:`~.chat_template.encode_chat`; 424
             (``TOO_LONG``) when the rendered chat cannot fit.
     """
     template = llm.tokenizer.chat_template or CHATML
+    reasoning = tc.thinks(template)
+    if p.thinking and not reasoning:
+        raise APIError(Kind.BAD_REQUEST, f"Unsupported parameter: '{p.thinking[0]}' is not "
+                       "supported with this model: it does not think (its chat template has "
+                       "no reasoning).", param=p.thinking[0], code="unsupported_parameter")
     messages, extra, fmt = _with_tools(template, messages, extra, tools)
     if fmt == tc.JSON:
         if p.params.get("constraint") is not None:
@@ -50,7 +57,6 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
         p.params["stop"] += chatml_stops(llm.tokenizer)
     if fmt == tc.HERMES and tools.parallel is False:
         p.params["stop"] += (tc.TOOL_CALL_CLOSE,)    # one call: stop at its end
-    reasoning = tc.thinks(template)
     in_reasoning = reasoning and opens_thinking(llm.tokenizer, ids)
     if fmt is not None or reasoning:
         p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,

@@ -69,6 +69,7 @@ class Parsed:
     frequency_penalty: float
     echo: bool = False
     answer: Answer | None = None             # chat: how to split the output (None: plain text)
+    thinking: tuple[str, ...] = ()           # chat: the fields sent that ask the model to think
 
 
 @dataclasses.dataclass
@@ -185,8 +186,21 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
     if not isinstance(extra, dict):
         raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
     tools = _chat_tools(obj, common["params"]["constraint"] is not None)
-    p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, **common)
+    p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, thinking=_thinking(obj, extra),
+               **common)
     return p, messages, extra, tools
+
+
+def _thinking(obj: dict, extra: dict) -> tuple[str, ...]:
+    """The fields of a chat body that ask for reasoning (a model that cannot think answers
+    them 400, :func:`~.openai_chat.prepare_chat`): ``reasoning_effort`` and ``reasoning``
+    whatever their value (as OpenAI answers ``reasoning_effort`` for a model that does not
+    reason), ``chat_template_kwargs.enable_thinking`` unless false (asking for no thinking
+    is what such a model does)."""
+    asked = tuple(k for k in ("reasoning_effort", "reasoning") if obj.get(k) is not None)
+    if extra.get("enable_thinking") not in (None, False):
+        asked += ("chat_template_kwargs.enable_thinking",)
+    return asked
 
 
 def _chat_messages(messages) -> list[dict]:
@@ -212,7 +226,24 @@ def _chat_messages(messages) -> list[dict]:
             raise bad(f"messages[{i}].tool_call_id (a string) is required for role tool.",
                       "messages")
         rendered.append(out)
+    _check_tool_answers(rendered)
     return rendered
+
+
+def _check_tool_answers(messages: list[dict]) -> None:
+    """Each ``tool`` message answers a call of an earlier assistant message (its
+    ``tool_call_id`` one of their ids), as OpenAI requires.
+
+    Raises:
+        APIError: 400 (``messages``) naming the first that does not.
+    """
+    called: set[str] = set()
+    for i, m in enumerate(messages):
+        called.update(c["id"] for c in m.get("tool_calls") or ())
+        if m["role"] == "tool" and m["tool_call_id"] not in called:
+            raise bad(f"messages[{i}].tool_call_id {json.dumps(m['tool_call_id'])} answers no "
+                      "tool call of an earlier assistant message (its tool_calls[].id).",
+                      "messages")
 
 
 def _message_content(content, i: int):

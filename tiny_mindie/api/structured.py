@@ -14,7 +14,7 @@ import re
 from ..engine.constraint import ConstraintError, compile_constraint
 from ..engine.request import Constraint
 from ..model.tokenizer import Tokenizer
-from .errors import APIError, bad, invalid
+from .errors import APIError, Kind, bad, invalid
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BIAS = 100.0                 # OpenAI's range for logit_bias values: [-100, 100]
@@ -39,11 +39,12 @@ _MEMBER_KEYWORDS = ("properties", "additionalProperties", "patternProperties",
                     "allOf", "not", "if", "then", "else", "$ref", "$dynamicRef", "enum", "const")
 
 
-def _each_schema(schema, change):
-    """A copy of ``schema`` with ``change(copy)`` applied to it and to each of its subschemas
-    (innermost first); ``change`` edits the dict it is given (a fresh copy)."""
+def _each_schema(schema, change, *, branch: bool = False):
+    """A copy of ``schema`` with ``change(copy, branch)`` applied to it and to each of its
+    subschemas (innermost first); ``change`` edits the dict it is given (a fresh copy);
+    ``branch`` is true for an ``allOf`` branch (a part of the object its parent describes)."""
     if isinstance(schema, list):
-        return [_each_schema(s, change) for s in schema]
+        return [_each_schema(s, change, branch=branch) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = dict(schema)
@@ -52,8 +53,8 @@ def _each_schema(schema, change):
             out[key] = {k: _each_schema(v, change) for k, v in out[key].items()}
     for key in (*_SUBSCHEMA_LISTS, *_SUBSCHEMAS):
         if isinstance(out.get(key), dict | list):
-            out[key] = _each_schema(out[key], change)
-    change(out)
+            out[key] = _each_schema(out[key], change, branch=key == "allOf")
+    change(out, branch)
     return out
 
 
@@ -62,10 +63,34 @@ def _types(schema: dict) -> tuple:
     return tuple(t) if isinstance(t, list) else (t,)
 
 
-def _close(s: dict) -> None:
-    if "properties" in s and not any(k in s for k in ("additionalProperties",
-                                                      "patternProperties",
-                                                      "unevaluatedProperties")):
+_OTHERS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_ELSEWHERE = ("$ref", "$dynamicRef", "anyOf", "oneOf", "if", "dependentSchemas")
+
+
+def _all_of_names(s: dict) -> list | None:
+    """The property names ``s`` and its ``allOf`` branches (nested ones too) list, in order;
+    None when one of them says something of other members (:data:`_OTHERS`), or names
+    members elsewhere (a ``$ref``, an ``anyOf``, ...): such an object is left open."""
+    if any(k in s for k in (*_OTHERS, *_ELSEWHERE)):
+        return None
+    names = list(s.get("properties") or {})
+    for part in s.get("allOf") or ():
+        more = _all_of_names(part) if isinstance(part, dict) else None
+        if more is None:
+            return None
+        names += [n for n in more if n not in names]
+    return names
+
+
+def _close(s: dict, branch: bool) -> None:
+    if branch:      # closed with its parent: closing each branch would exclude the others'
+        return
+    if isinstance(s.get("allOf"), list) and s["allOf"]:
+        names = _all_of_names(s)
+        if names:   # the parent names every branch's members, so that it may be closed
+            s["properties"] = {**{n: {} for n in names}, **(s.get("properties") or {})}
+            s["additionalProperties"] = False
+    elif "properties" in s and not any(k in s for k in _OTHERS):
         s["additionalProperties"] = False
     elif "object" in _types(s) and not any(k in s for k in _MEMBER_KEYWORDS):
         s["additionalProperties"] = False
@@ -77,12 +102,14 @@ def closed(schema):
     ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
     written; and each ``"type": "object"`` that says nothing of its members at all (no
     ``properties``, ``required``, ``anyOf``, ``$ref``, ...) is the empty object, as
-    ``{"type": "object", "properties": {}}`` then is. Every document the copy accepts the
-    original accepts too, and a small model cannot spend its tokens inventing members."""
+    ``{"type": "object", "properties": {}}`` then is. An ``allOf``'s branches describe one
+    object together: the object is closed to the members any of them lists (they stay open
+    themselves). Every document the copy accepts the original accepts too, and a small model
+    cannot spend its tokens inventing members."""
     return _each_schema(schema, _close)
 
 
-def _bound_integers(s: dict) -> None:
+def _bound_integers(s: dict, branch: bool) -> None:
     if "integer" not in _types(s):
         return
     lows = [s[k] for k in ("minimum", "exclusiveMinimum") if k in s]
@@ -130,17 +157,40 @@ def _json_number(v) -> float | None:
         return math.inf
 
 
+#: The keys each ``response_format`` type reads (OpenAI's, and llama.cpp's ``schema`` on
+#: ``json_object``); any other is a 400 naming it, never silently ignored.
+FORMAT_KEYS = {"text": ("type",), "json_object": ("type", "schema"),
+               "json_schema": ("type", "json_schema")}
+JSON_SCHEMA_KEYS = ("name", "schema", "strict", "description")
+
+
+def unknown_parameter(name: str) -> APIError:
+    """400 for a field nobody reads, in OpenAI's words (``param`` the field's path, ``code``
+    ``unknown_parameter``)."""
+    return APIError(Kind.BAD_REQUEST, f"Unknown parameter: '{name}'.", param=name,
+                    code="unknown_parameter")
+
+
+def _no_other_keys(obj: dict, known, where: str) -> None:
+    for key in obj:
+        if key not in known:
+            raise unknown_parameter(f"{where}.{key}")
+
+
 def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     """OpenAI's ``response_format``: ``{"type": "text"}`` (or null) -> None;
-    ``{"type": "json_object"}`` -> any JSON object; ``{"type": "json_schema", "json_schema":
-    {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool, "description": str}}`` ->
-    output valid against ``schema`` (enforced whether ``strict`` or not; ``strict`` also
-    closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
+    ``{"type": "json_object"}`` -> any JSON object, ``{"type": "json_object", "schema":
+    object}`` (llama.cpp's form) -> output valid against ``schema``; ``{"type": "json_schema",
+    "json_schema": {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool,
+    "description": str}}`` -> output valid against ``schema`` (enforced whether ``strict`` or
+    not; ``strict`` also closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
 
     Raises:
         APIError: 400 with ``param: "response_format"``: not an object, unknown ``type``,
             ``json_schema`` missing or malformed, bad ``name``, missing ``schema``, or a schema
-            the grammar library cannot enforce (the message names the feature).
+            the grammar library cannot enforce (the message names the feature); 400
+            ``unknown_parameter`` with ``param: "response_format.<key>"`` for a key the type
+            does not read (:data:`FORMAT_KEYS`, :data:`JSON_SCHEMA_KEYS`).
     """
     if value is None:
         return None
@@ -151,16 +201,20 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     if not isinstance(value, dict):
         raise fail("Parameter response_format must be an object.")
     kind = value.get("type")
+    if not isinstance(kind, str) or kind not in FORMAT_KEYS:
+        raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
+                   f"got {json.dumps(kind)}.")
+    _no_other_keys(value, FORMAT_KEYS[kind], "response_format")
     if kind == "text":
         return None
     if kind == "json_object":
-        return compiled(tokenizer, Constraint("json_object"), fail)
-    if kind != "json_schema":
-        raise fail("response_format.type must be one of 'text', 'json_object', 'json_schema', "
-                   f"got {json.dumps(kind)}.")
+        if "schema" not in value:
+            return compiled(tokenizer, Constraint("json_object"), fail)
+        return _schema_constraint(tokenizer, value["schema"], False, "response_format.schema")
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
         raise fail("response_format.json_schema must be an object with a name and a schema.")
+    _no_other_keys(spec, JSON_SCHEMA_KEYS, "response_format.json_schema")
     name = spec.get("name")
     if not isinstance(name, str) or not SCHEMA_NAME.fullmatch(name):
         raise fail("response_format.json_schema.name must be 1-64 characters of a-z, A-Z, "
@@ -169,13 +223,23 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
         if spec.get(key) is not None and not isinstance(spec[key], kinds):
             raise fail(f"response_format.json_schema.{key} must be a "
                        f"{'boolean' if kinds is bool else 'string'}.")
-    schema = spec.get("schema")
+    return _schema_constraint(tokenizer, spec.get("schema"), spec.get("strict") is True,
+                              "response_format.json_schema.schema")
+
+
+def _schema_constraint(tokenizer: Tokenizer, schema, strict: bool, where: str) -> Constraint:
+    """The compiled constraint of ``response_format``'s JSON ``schema`` (at ``where``).
+
+    Raises:
+        APIError: 400 (``param: "response_format"``) when ``schema`` is no object or cannot
+            be enforced.
+    """
     if not isinstance(schema, dict):
-        raise fail("response_format.json_schema.schema is required and must be an object "
-                   "(a JSON schema).")
-    spec = json.dumps(grammar_schema(schema, strict=spec.get("strict") is True))
+        raise bad(f"{where} is required and must be an object (a JSON schema).",
+                  "response_format")
+    spec = json.dumps(grammar_schema(schema, strict=strict))
     return compiled(tokenizer, Constraint("json_schema", spec),
-                     lambda m: fail(f"response_format.json_schema.schema: {m}"))
+                    lambda m: bad(f"{where}: {m}", "response_format"))
 
 
 def logit_bias(tokenizer: Tokenizer, value) -> dict[int, float]:

@@ -33,6 +33,9 @@ CACHE_SIZE = 64            # compiled grammars kept per tokenizer (least recentl
 #: strict outputs, which are compact too.
 JSON_OPTIONS = {"whitespace_flexible": False}
 _EXECUTOR_THREADS = 1
+#: The classes llguidance keeps ASCII in a JSON schema ``pattern`` (``regex_to_lark``'s flags:
+#: ``\d``, ``\w``), used for plain regex grammars too: one meaning of ``\d`` everywhere.
+JSON_ASCII_CLASSES = "dw"
 
 
 class ConstraintError(ValueError):
@@ -93,6 +96,13 @@ class _Vocab:
 _tokenizers = _LLTokenizers()
 
 
+def regex_lexeme(regex: str) -> str:
+    r"""``regex`` as a Lark ``/.../`` lexeme with the meaning a JSON schema ``pattern`` has in
+    llguidance (ECMAScript's): ``\d`` is ``[0-9]`` and ``\w`` ``[0-9a-zA-Z_]`` (ASCII, as
+    TGI's outlines reads them too), not any Unicode digit or letter."""
+    return llguidance.regex_to_lark(regex, JSON_ASCII_CLASSES)
+
+
 def _grammar(c: Constraint) -> str:
     """llguidance's grammar text for ``c``; raises :class:`ConstraintError` for a spec that is
     not even well-formed (a schema that is no JSON object)."""
@@ -111,7 +121,7 @@ def _grammar(c: Constraint) -> str:
         except ValueError as exc:
             raise ConstraintError(f"invalid JSON schema: {exc}") from None
     if c.kind == "regex":
-        return llguidance.LLMatcher.grammar_from_regex(c.spec)
+        return llguidance.LLMatcher.grammar_from_lark(f"start: /{regex_lexeme(c.spec)}/")
     if c.kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(c.spec)
     raise ConstraintError(f"unknown constraint kind {c.kind!r}")
@@ -168,7 +178,7 @@ def compile_constraint(tokenizer: Tokenizer, constraint: Constraint) -> Compiled
     grammar = _grammar(constraint)
     matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
     if matcher.is_error():
-        raise ConstraintError(_clean(matcher.get_error()))
+        raise ConstraintError(_clean(_in_schema_terms(matcher.get_error())))
     error = _probe(matcher.deep_copy(), tokenizer.vocab_size)
     if error is not None:
         raise ConstraintError("the grammar is too complex to enforce: " + _clean(error))
@@ -212,6 +222,25 @@ def forget(tokenizer: Tokenizer, constraint: Constraint) -> None:
         got = _tokenizers._by_tok.get(tokenizer)
         if got is not None:
             got[1].pop((constraint.kind, constraint.spec), None)
+
+
+#: llguidance's advice to set one of its options, which a client cannot set: what to change in
+#: the schema instead.
+_OPTION_ADVICE = {
+    "oneOf constraints are not supported. Enable 'coerce_one_of' option to approximate oneOf "
+    "with anyOf":
+        "oneOf alternatives that may match the same value are not supported: make them "
+        "exclusive (e.g. a property with a different \"const\" in each, or types that "
+        "differ) or use anyOf",
+}
+
+
+def _in_schema_terms(error: str) -> str:
+    """llguidance's ``error`` with its advice to set an option of its own replaced by what the
+    client can change in the schema (:data:`_OPTION_ADVICE`)."""
+    for advice, instead in _OPTION_ADVICE.items():
+        error = error.replace(advice, instead)
+    return error
 
 
 def _clean(error: str, limit: int = 300) -> str:
