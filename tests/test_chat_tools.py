@@ -200,6 +200,64 @@ def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
         llm.close()
 
 
+# (a blank line after ```json: the script's tokens must all differ, and "\n" ends the prompt)
+FENCED = ('Let me check.\n```json\n\n{"name":"get_weather","arguments":{"city": "Paris"}}'
+          '\n```\n')
+
+
+def test_a_fenced_json_call_is_a_call_plain_and_streamed(vocab_dir, tmp_path):
+    """Qwen2.5-Coder's answer with tools offered: a fenced JSON block after a preamble (issue 29
+    item 14), from a tiny Qwen2.5 scripted to write it, through the chat route's parse, prepare
+    and answer steps: the plain message has the call, the streamed deltas are tool-call deltas
+    (the closing fence split over two tokens, ``\u0060\u0060`` and ``\u0060\\n``)."""
+    import asyncio
+
+    from tiny_arch import CASES
+    from tiny_chat import template_source, vocabulary, write_scripted
+
+    from tiny_mindie.api.openai_answer import Formatter, Split, _chat_choice
+    from tiny_mindie.api.openai_chat import prepare_chat
+    from tiny_mindie.api.openai_request import parse_chat
+    from tiny_mindie.llm import LLM
+
+    path = str(tmp_path / "qwen2.5.gguf")
+    write_scripted(path, dataclasses.replace(CASES["qwen3"], ctx=1024),
+                   vocabulary("qwen2.5", "ggml-vocab-qwen2.gguf", vocab_dir, tool_tokens=True),
+                   template_source(vocab_dir, "Qwen-Qwen2.5-7B-Instruct"), FENCED, "<|im_end|>")
+    llm = LLM(path, backend="numpy", max_seq_len=1024, max_input_len=900, num_slots=1,
+              log=None)
+    try:
+        def answer(tools: list[dict]) -> tuple[dict, list[dict]]:
+            body = {"model": llm.model_name, "messages": [USER], "tools": tools,
+                    "max_tokens": 40}
+            p, messages, extra, chat_tools = parse_chat(SimpleNamespace(llm=llm),
+                                                        json.dumps(body).encode())
+            asyncio.run(prepare_chat(llm, p, messages, extra, chat_tools))
+            events = list(llm.stream(p.prompts[0], max_new_tokens=40))
+            split = Split(p.answer)
+            deltas = [d for ev in events for d in split.feed(ev)]
+            return _chat_choice(p, Formatter(llm), 0, events)[0], deltas
+
+        choice, deltas = answer([WEATHER])
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["content"] == "Let me check."
+        assert [c["function"] for c in choice["message"]["tool_calls"]] == [
+            {"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+        assert [list(d) for d in deltas[-2:]] == [["tool_calls"], ["tool_calls"]]
+        assert "".join(d["content"] for d in deltas[:-2]) == "Let me check."
+        assert deltas[-2]["tool_calls"][0]["function"] == {"name": "get_weather",
+                                                           "arguments": ""}
+        assert deltas[-1]["tool_calls"][0]["function"] == {"arguments": '{"city": "Paris"}'}
+        # a block naming no offered function stays content, streamed as it came
+        other = {**WEATHER, "function": {**WEATHER["function"], "name": "get_time"}}
+        choice, deltas = answer([other])
+        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+        assert choice["message"]["content"] == FENCED.strip()
+        assert "".join(d["content"] for d in deltas) == FENCED.strip()
+    finally:
+        llm.close()
+
+
 # ---- end to end on a scripted tiny Qwen3 ----------------------------------------------------
 SCRIPT = ('<think>Checking the weather</think>Sure.<tool_call>{"name":"get_weather",'
           '"arguments":{"city": "Paris"}}</tool_call>')

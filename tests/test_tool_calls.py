@@ -189,6 +189,54 @@ def test_parse_output_and_every_stream_cut(case):
     assert tc.collect(deltas) == out
 
 
+# issue 29 item 14: a fenced JSON call (Qwen2.5-Coder's way with tools offered), as the real
+# models write it: the whole answer, or after a short preamble
+SCHEMAS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}
+QWEN_CODER = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+PREAMBLE = "To get the current weather in Paris, I'll call the get_weather function.\n\n"
+FENCED = [
+    (QWEN_CODER, tc.HERMES, None, [CALL]),
+    (PREAMBLE + QWEN_CODER + "\n", tc.HERMES, PREAMBLE.strip(), [CALL]),
+    ('```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}```', tc.HERMES, None,
+     [CALL]),
+    (QWEN_CODER, tc.LLAMA3, None, [CALL]),
+    ("Sure. " + QWEN_CODER, tc.MISTRAL, "Sure.", [CALL]),
+    # text after the block: it was shown, not called
+    (QWEN_CODER + "\nThis returns the weather.", tc.HERMES,
+     QWEN_CODER + "\nThis returns the weather.", []),
+    # no offered function, arguments against its schema, no call at all, cut off: content
+    (QWEN_CODER.replace("get_weather", "get_time"), tc.HERMES,
+     QWEN_CODER.replace("get_weather", "get_time"), []),
+    (QWEN_CODER.replace('"Paris"', "75"), tc.HERMES, QWEN_CODER.replace('"Paris"', "75"), []),
+    (QWEN_CODER.replace('"city"', '"town"'), tc.HERMES, QWEN_CODER.replace('"city"', '"town"'),
+     []),
+    ('Config:\n```json\n{"debug": true}\n```', tc.HERMES,
+     'Config:\n```json\n{"debug": true}\n```', []),
+    (QWEN_CODER[:-3], tc.HERMES, QWEN_CODER[:-4], []),
+    # a call in the template's own format after a block that is none
+    ('```json\n{"a": 1}\n```\n<tool_call>{"name": "get_weather", "arguments": {"city": '
+     '"Paris"}}</tool_call>', tc.HERMES, '```json\n{"a": 1}\n```', [CALL]),
+    # tool_choice "required" (constrained JSON) and no tools read no fences
+    (QWEN_CODER, tc.JSON, QWEN_CODER, []),
+    (QWEN_CODER, None, QWEN_CODER, []),
+]
+
+
+@pytest.mark.parametrize("case", FENCED, ids=range(len(FENCED)))
+def test_a_fenced_json_call_of_an_offered_function_is_a_call(case):
+    text, fmt, content, calls = case
+    out = tc.parse_output(text, fmt, names=frozenset(SCHEMAS), schemas=SCHEMAS)
+    assert (out.content, out.calls) == (content, calls)
+    for cut in range(len(text) + 1):
+        p = tc.OutputParser(fmt, names=frozenset(SCHEMAS), schemas=SCHEMAS)
+        assert tc.collect(p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish()) == out, cut
+    p = tc.OutputParser(fmt, names=frozenset(SCHEMAS), schemas=SCHEMAS)
+    assert tc.collect([d for ch in text for d in p.feed(ch)] + p.finish()) == out
+    # without the tools' schemas (no tools offered) a fenced block is text
+    assert tc.parse_output(QWEN_CODER, fmt) == tc.Output(None, QWEN_CODER, [])
+
+
 def test_stream_holds_back_only_possible_markers():
     p = tc.OutputParser(tc.HERMES)
     assert p.feed("Hello <tool") == [("content", "Hello")]      # the space waits, so may "<tool"

@@ -55,7 +55,8 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
     if fmt is not None or reasoning:
         p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,
                           markers=tc.marker_tokens(llm.tokenizer),
-                          names=frozenset(t.name for t in tools.tools or ()))
+                          names=frozenset(t.name for t in tools.tools or ()),
+                          schemas={t.name: t.parameters for t in tools.tools or ()} or None)
 
 
 def _with_tools(template: str, messages: list[dict], extra: dict,

@@ -48,10 +48,13 @@ class Answer:
     one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
     markers: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
     names: frozenset[str] | None = None     # the tools' names: calls to others stay content
+    # the tools' parameters by name: fenced JSON calls checked against them (tool_calls.py)
+    schemas: dict | None = dataclasses.field(default=None, compare=False, hash=False)
 
     def parser(self) -> tc.OutputParser:
         return tc.OutputParser(self.fmt, reasoning=self.reasoning,
-                               in_reasoning=self.in_reasoning, names=self.names)
+                               in_reasoning=self.in_reasoning, names=self.names,
+                               schemas=self.schemas)
 
 
 @dataclasses.dataclass
