@@ -90,6 +90,34 @@ def test_tool_choice_defaults_and_schemas():
     assert many == {"type": "array", "items": single, "minItems": 1}
 
 
+def test_strict_tools_under_auto_get_a_lazy_grammar():
+    """Strict tools with ``tool_choice`` auto or unset are accepted (issue 29 item 1); their
+    calls get a lazy grammar: free text, a call held to the strict tools' schemas (the others'
+    arguments any object) once its marker is written; Mistral's format has none."""
+    from tiny_mindie.api.openai_request import _chat_tools
+
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    for body in ({"tools": [strict, TIME]}, {"tools": [strict], "tool_choice": "auto"}):
+        assert _chat_tools(body, False).choice == tr.Choice("auto")
+    tools = tr.parse_tools([strict, TIME])
+    opts = {"whitespace_flexible": False}
+    hermes = tr.lazy_call_grammar(tools, tc.HERMES, frozenset(), opts)
+    lines = hermes.splitlines()
+    assert lines[1:2] == ["start: call* TEXT"] and "call_open[lazy]: TEXT \"<tool_call>\"" in lines
+    schema = json.loads(lines[2].split("%json ", 1)[1].rsplit(' "\\n"?', 1)[0])
+    assert schema["x-guidance"] == opts
+    weather, time = schema["anyOf"]
+    assert weather["properties"]["arguments"] == {**WEATHER["function"]["parameters"],
+                                                  "additionalProperties": False}
+    assert time["properties"] == {"name": {"const": "get-time_2"},
+                                  "arguments": {"type": "object"}}
+    llama = tr.lazy_call_grammar(tools, tc.LLAMA3, frozenset({tc.PYTHON_TAG}), opts)
+    assert "start: TEXT | WS? <|python_tag|>? call (\";\" WS? call)*" in llama
+    one = tr.lazy_call_grammar(tools, tc.LLAMA3, frozenset(), opts, several=False)
+    assert 'start: TEXT | WS? "<|python_tag|>"? call\n' in one
+    assert tr.lazy_call_grammar(tools, tc.MISTRAL, frozenset(), opts) is None
+
+
 def test_history_call_arguments_any_string():
     """An earlier assistant call's ``arguments``: JSON object text -> the object, "" -> the
     empty object, other text passed on as it is (OpenAI accepts any string), no string: 400."""

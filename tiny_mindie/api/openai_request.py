@@ -274,10 +274,6 @@ def _chat_tools(obj: dict, constrained: bool) -> ChatTools:
                       "and tool_choice.", legacy)
     tools = tr.parse_tools(obj.get("tools"))
     choice = tr.parse_tool_choice(obj.get("tool_choice"), tools)
-    if choice.mode == "auto" and any(t.strict for t in tools or ()):
-        raise bad("Tools with strict true are enforced only with tool_choice 'required' or a "
-                  "named function (decoding is then constrained to their schemas); with "
-                  "'auto' the model's text is free.", "tools")
     if choice.mode == "auto" and constrained:
         raise bad("Parameter response_format cannot be combined with tools under tool_choice "
                   "'auto' (the grammar would keep the model from writing its calls); use "
