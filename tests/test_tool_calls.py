@@ -223,7 +223,11 @@ SCHEMAS = {"get_weather": {"type": "object", "properties": {"city": {"type": "st
                            "required": ["city"]}}
 QWEN_CODER = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
 PREAMBLE = "To get the current weather in Paris, I'll call the get_weather function.\n\n"
+# Qwen2.5-Coder-0.5B-Instruct's greedy answer to "What's the weather in Paris?" with get_weather
+REAL = ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}'
+        '\n```')
 FENCED = [
+    (REAL, tc.HERMES, None, [CALL]),
     (QWEN_CODER, tc.HERMES, None, [CALL]),
     (PREAMBLE + QWEN_CODER + "\n", tc.HERMES, PREAMBLE.strip(), [CALL]),
     ('```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}```', tc.HERMES, None,
