@@ -200,6 +200,121 @@ def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
         llm.close()
 
 
+# (a blank line after ```json: the script's tokens must all differ, and "\n" ends the prompt)
+FENCED = ('Let me check.\n```json\n\n{"name":"get_weather","arguments":{"city": "Paris"}}'
+          '\n```\n')
+
+
+def _scripted_llm(vocab_dir: str, path: str, family: str, script: str):
+    """A tiny model of SCRIPTED[family]'s case, vocabulary and template answering ``script``."""
+    from tiny_arch import CASES
+    from tiny_chat import template_source, vocabulary, write_scripted
+
+    from tiny_mindie.llm import LLM
+
+    case, vocab, template, _, end = SCRIPTED[family]
+    write_scripted(path, dataclasses.replace(CASES[case], ctx=1024),
+                   vocabulary(family, vocab, vocab_dir, tool_tokens=True),
+                   template_source(vocab_dir, template), script, end)
+    return LLM(path, backend="numpy", max_seq_len=1024, max_input_len=900, num_slots=1,
+               log=None)
+
+
+def _chat_in_process(llm, body: dict) -> tuple[dict, list[dict]]:
+    """``body`` through the chat route's steps in-process (parse, prepare with its constraint
+    and stops, generate, split): the plain choice and the streamed deltas."""
+    import asyncio
+
+    from tiny_mindie.api.openai_answer import Formatter, Split, _chat_choice
+    from tiny_mindie.api.openai_chat import prepare_chat
+    from tiny_mindie.api.openai_request import parse_chat
+
+    p, messages, extra, chat_tools = parse_chat(
+        SimpleNamespace(llm=llm), json.dumps({"model": llm.model_name, **body}).encode())
+    asyncio.run(prepare_chat(llm, p, messages, extra, chat_tools))
+    events = list(llm.stream(p.prompts[0], **p.params))
+    split = Split(p.answer)
+    deltas = [d for ev in events for d in split.feed(ev)]
+    return _chat_choice(p, Formatter(llm), 0, events)[0], deltas
+
+
+def test_a_fenced_json_call_is_a_call_plain_and_streamed(vocab_dir, tmp_path):
+    """Qwen2.5-Coder's answer with tools offered: a fenced JSON block after a preamble (issue 29
+    item 14), from a tiny Qwen2.5 scripted to write it, through the chat route's steps: the
+    plain message has the call, the streamed deltas are tool-call deltas (the closing fence
+    split over two tokens)."""
+    llm = _scripted_llm(vocab_dir, str(tmp_path / "m.gguf"), "qwen2.5", FENCED)
+    try:
+        choice, deltas = _chat_in_process(llm, {"messages": [USER], "tools": [WEATHER],
+                                                "max_tokens": 40, "temperature": 0})
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["content"] == "Let me check."
+        assert [c["function"] for c in choice["message"]["tool_calls"]] == [
+            {"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+        assert [list(d) for d in deltas[-2:]] == [["tool_calls"], ["tool_calls"]]
+        assert "".join(d["content"] for d in deltas[:-2]) == "Let me check."
+        assert deltas[-2]["tool_calls"][0]["function"] == {"name": "get_weather",
+                                                           "arguments": ""}
+        assert deltas[-1]["tool_calls"][0]["function"] == {"arguments": '{"city": "Paris"}'}
+        # a block naming no offered function stays content, streamed as it came
+        other = {**WEATHER, "function": {**WEATHER["function"], "name": "get_time"}}
+        choice, deltas = _chat_in_process(llm, {"messages": [USER], "tools": [other],
+                                                "max_tokens": 40, "temperature": 0})
+        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+        assert choice["message"]["content"] == FENCED.strip()
+        assert "".join(d["content"] for d in deltas) == FENCED.strip()
+    finally:
+        llm.close()
+
+
+CITY = {"type": "function", "function": {
+    "name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+        "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "llama3.1"])
+def test_strict_tools_under_auto_hold_the_call_the_model_starts(family, vocab_dir, tmp_path):
+    """``strict`` tools with ``tool_choice`` auto (pydantic-ai's and openai-agents' default;
+    issue 29 item 1): a tiny model scripted to call with a wrong argument (``town``) is held to
+    the schema once its call begins, its text before the call stays free; without strict the
+    wrong call goes through as written."""
+    script = {"qwen2.5": 'Sure.<tool_call>{"name":"get_weather","arguments":{"town": "Paris"}}'
+                         "</tool_call>",
+              "llama3.1": '<|python_tag|>{"name":"get_weather","parameters":{"town": "Paris"}}'}
+    llm = _scripted_llm(vocab_dir, str(tmp_path / "m.gguf"), family, script[family])
+    try:
+        body = {"messages": [USER], "tools": [CITY], "max_tokens": 40, "temperature": 0,
+                "parallel_tool_calls": False}
+        choice, deltas = _chat_in_process(llm, body)
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["content"] == ("Sure." if family == "qwen2.5" else None)
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_weather"
+        assert json.loads(call["function"]["arguments"]) in ({"city": "Paris"},
+                                                             {"city": "Rome"})
+        assert [list(d) for d in deltas[-2:]] == [["tool_calls"], ["tool_calls"]]
+        loose = {**CITY, "function": {**CITY["function"], "strict": False}}
+        choice, _ = _chat_in_process(llm, {**body, "tools": [loose]})
+        (call,) = choice["message"]["tool_calls"]
+        assert json.loads(call["function"]["arguments"]) == {"town": "Paris"}
+    finally:
+        llm.close()
+
+
+def test_strict_tools_under_auto_on_mistral_are_400_naming_tools(vocab_dir, tmp_path):
+    """Mistral's call format has no lazy grammar: strict under auto is refused, naming why."""
+    llm = _scripted_llm(vocab_dir, str(tmp_path / "m.gguf"), "mistral", SCRIPTED["mistral"][3])
+    try:
+        with pytest.raises(APIError) as exc:
+            _chat_in_process(llm, {"messages": [USER], "tools": [CITY], "max_tokens": 8,
+                                   "temperature": 0})
+        assert (exc.value.status, exc.value.param) == (400, "tools")
+        assert "Mistral" in exc.value.message and "'required'" in exc.value.message
+    finally:
+        llm.close()
+
+
 # ---- end to end on a scripted tiny Qwen3 ----------------------------------------------------
 SCRIPT = ('<think>Checking the weather</think>Sure.<tool_call>{"name":"get_weather",'
           '"arguments":{"city": "Paris"}}</tool_call>')
@@ -408,6 +523,22 @@ def test_required_and_named_calls_validate_50_of_50(default_client):
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
+def test_strict_tools_under_auto_default_model(default_client):
+    """What pydantic-ai's and openai-agents' tool agents send first (strict tools, no
+    tool_choice) is answered; any call the model makes validates against its schema."""
+    import jsonschema
+
+    strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for question in QUESTIONS[:4]:
+        r = default_client.chat.completions.create(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": question}],
+            tools=strict, max_tokens=96, temperature=0)
+        for call in r.choices[0].message.tool_calls or ():
+            jsonschema.validate(json.loads(call.function.arguments),
+                                schemas[call.function.name])
+
+
 def test_required_streamed_reassembles(server, default_client):
     body = {"model": "smollm2-135m-instruct", "tools": TOOLS, "tool_choice": "required",
             "messages": [{"role": "user", "content": QUESTIONS[0]}], "max_tokens": 160,
@@ -442,8 +573,6 @@ BAD_BODIES = [({"tools": "x"}, "tools"), ({"tools": [{"type": "function"}]}, "to
               ({"tools": TOOLS, "response_format": {"type": "json_object"}},
                "response_format"),
               ({"messages": [USER, {"role": "tool", "content": "x"}]}, "messages"),
-              ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]},
-               "tools"),
               ({"functions": [{"name": "f"}]}, "functions"),
               ({"tools": TOOLS, "tool_choice": "required",
                 "response_format": {"type": "json_object"}}, "tool_choice"),

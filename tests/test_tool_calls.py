@@ -90,6 +90,34 @@ def test_tool_choice_defaults_and_schemas():
     assert many == {"type": "array", "items": single, "minItems": 1}
 
 
+def test_strict_tools_under_auto_get_a_lazy_grammar():
+    """Strict tools with ``tool_choice`` auto or unset are accepted (issue 29 item 1); their
+    calls get a lazy grammar: free text, a call held to the strict tools' schemas (the others'
+    arguments any object) once its marker is written; Mistral's format has none."""
+    from tiny_mindie.api.openai_request import _chat_tools
+
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    for body in ({"tools": [strict, TIME]}, {"tools": [strict], "tool_choice": "auto"}):
+        assert _chat_tools(body, False).choice == tr.Choice("auto")
+    tools = tr.parse_tools([strict, TIME])
+    opts = {"whitespace_flexible": False}
+    hermes = tr.lazy_call_grammar(tools, tc.HERMES, frozenset(), opts)
+    lines = hermes.splitlines()
+    assert lines[1:2] == ["start: call* TEXT"] and "call_open[lazy]: TEXT \"<tool_call>\"" in lines
+    schema = json.loads(lines[2].split("%json ", 1)[1].rsplit(' "\\n"?', 1)[0])
+    assert schema["x-guidance"] == opts
+    weather, time = schema["anyOf"]
+    assert weather["properties"]["arguments"] == {**WEATHER["function"]["parameters"],
+                                                  "additionalProperties": False}
+    assert time["properties"] == {"name": {"const": "get-time_2"},
+                                  "arguments": {"type": "object"}}
+    llama = tr.lazy_call_grammar(tools, tc.LLAMA3, frozenset({tc.PYTHON_TAG}), opts)
+    assert "start: TEXT | WS? <|python_tag|>? call (\";\" WS? call)*" in llama
+    one = tr.lazy_call_grammar(tools, tc.LLAMA3, frozenset(), opts, several=False)
+    assert 'start: TEXT | WS? "<|python_tag|>"? call\n' in one
+    assert tr.lazy_call_grammar(tools, tc.MISTRAL, frozenset(), opts) is None
+
+
 def test_history_call_arguments_any_string():
     """An earlier assistant call's ``arguments``: JSON object text -> the object, "" -> the
     empty object, other text passed on as it is (OpenAI accepts any string), no string: 400."""
@@ -187,6 +215,58 @@ def test_parse_output_and_every_stream_cut(case):
     p = tc.OutputParser(fmt, reasoning=reasoning, in_reasoning=inside, names=names)
     deltas = [d for ch in text for d in p.feed(ch)] + p.finish()
     assert tc.collect(deltas) == out
+
+
+# issue 29 item 14: a fenced JSON call (Qwen2.5-Coder's way with tools offered), as the real
+# models write it: the whole answer, or after a short preamble
+SCHEMAS = {"get_weather": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}
+QWEN_CODER = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+PREAMBLE = "To get the current weather in Paris, I'll call the get_weather function.\n\n"
+# Qwen2.5-Coder-0.5B-Instruct's greedy answer to "What's the weather in Paris?" with get_weather
+REAL = ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}'
+        '\n```')
+FENCED = [
+    (REAL, tc.HERMES, None, [CALL]),
+    (QWEN_CODER, tc.HERMES, None, [CALL]),
+    (PREAMBLE + QWEN_CODER + "\n", tc.HERMES, PREAMBLE.strip(), [CALL]),
+    ('```json\n{"name": "get_weather", "parameters": {"city": "Paris"}}```', tc.HERMES, None,
+     [CALL]),
+    (QWEN_CODER, tc.LLAMA3, None, [CALL]),
+    ("Sure. " + QWEN_CODER, tc.MISTRAL, "Sure.", [CALL]),
+    # text after the block: it was shown, not called
+    (QWEN_CODER + "\nThis returns the weather.", tc.HERMES,
+     QWEN_CODER + "\nThis returns the weather.", []),
+    # no offered function, arguments against its schema, no call at all, cut off: content
+    (QWEN_CODER.replace("get_weather", "get_time"), tc.HERMES,
+     QWEN_CODER.replace("get_weather", "get_time"), []),
+    (QWEN_CODER.replace('"Paris"', "75"), tc.HERMES, QWEN_CODER.replace('"Paris"', "75"), []),
+    (QWEN_CODER.replace('"city"', '"town"'), tc.HERMES, QWEN_CODER.replace('"city"', '"town"'),
+     []),
+    ('Config:\n```json\n{"debug": true}\n```', tc.HERMES,
+     'Config:\n```json\n{"debug": true}\n```', []),
+    (QWEN_CODER[:-3], tc.HERMES, QWEN_CODER[:-4], []),
+    # a call in the template's own format after a block that is none
+    ('```json\n{"a": 1}\n```\n<tool_call>{"name": "get_weather", "arguments": {"city": '
+     '"Paris"}}</tool_call>', tc.HERMES, '```json\n{"a": 1}\n```', [CALL]),
+    # tool_choice "required" (constrained JSON) and no tools read no fences
+    (QWEN_CODER, tc.JSON, QWEN_CODER, []),
+    (QWEN_CODER, None, QWEN_CODER, []),
+]
+
+
+@pytest.mark.parametrize("case", FENCED, ids=range(len(FENCED)))
+def test_a_fenced_json_call_of_an_offered_function_is_a_call(case):
+    text, fmt, content, calls = case
+    out = tc.parse_output(text, fmt, names=frozenset(SCHEMAS), schemas=SCHEMAS)
+    assert (out.content, out.calls) == (content, calls)
+    for cut in range(len(text) + 1):
+        p = tc.OutputParser(fmt, names=frozenset(SCHEMAS), schemas=SCHEMAS)
+        assert tc.collect(p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish()) == out, cut
+    p = tc.OutputParser(fmt, names=frozenset(SCHEMAS), schemas=SCHEMAS)
+    assert tc.collect([d for ch in text for d in p.feed(ch)] + p.finish()) == out
+    # without the tools' schemas (no tools offered) a fenced block is text
+    assert tc.parse_output(QWEN_CODER, fmt) == tc.Output(None, QWEN_CODER, [])
 
 
 def test_stream_holds_back_only_possible_markers():

@@ -3,7 +3,8 @@
 
 The tools go into the model's chat template, or into a system prompt when the template renders
 none (:func:`_with_tools`); ``tool_choice`` ``required`` and a named function hold decoding to
-a JSON schema of the calls; the messages are rendered and encoded (:mod:`.chat_template`); the
+a JSON schema of the calls, ``auto`` with ``strict`` tools holds each call the model starts to
+it (a lazy grammar); the messages are rendered and encoded (:mod:`.chat_template`); the
 ChatML fallback and a single Hermes call add their stops; a template that thinks, or a tool-call
 format to parse, sets :attr:`~.openai_request.Parsed.answer`.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from ..engine.constraint import JSON_OPTIONS
 from ..engine.request import Constraint, GenerationError
 from ..llm import LLM
 from . import tool_calls as tc
@@ -48,6 +50,8 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
             raise bad(f"tool_choice {tools.choice.mode!r} constrains the answer to tool "
                       "calls: it cannot be combined with response_format.", "tool_choice")
         p.params["constraint"] = await asyncio.to_thread(_call_constraint, llm, tools)
+    elif fmt is not None and any(t.strict for t in tools.tools):
+        p.params["constraint"] = await asyncio.to_thread(_lazy_constraint, llm, tools, fmt)
     try:
         ids = await asyncio.to_thread(encode_chat, llm, messages, extra)
     except GenerationError as err:
@@ -61,7 +65,8 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
     if fmt is not None or reasoning:
         p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,
                           markers=tc.marker_tokens(llm.tokenizer),
-                          names=frozenset(t.name for t in tools.tools or ()))
+                          names=frozenset(t.name for t in tools.tools or ()),
+                          schemas={t.name: t.parameters for t in tools.tools or ()} or None)
 
 
 def _with_tools(template: str, messages: list[dict], extra: dict,
@@ -130,6 +135,25 @@ def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
     schema = tr.call_schema(tools.tools, tools.choice, tools.parallel is True)
     spec = json.dumps(schema, ensure_ascii=False)
     return compiled(llm.tokenizer, Constraint("json_schema", spec),
+                    lambda m: bad(f"The tools' parameters cannot be enforced: {m}", "tools"))
+
+
+def _lazy_constraint(llm: LLM, tools: ChatTools, fmt: str) -> Constraint:
+    """The grammar of ``auto`` with ``strict`` tools (:func:`~.tool_request.lazy_call_grammar`:
+    free text, a call held to its schema once its marker is written), compiled once here.
+
+    Raises:
+        APIError: 400 (``tools``) when the template's call format has no such grammar
+            (Mistral's) or the schemas cannot be compiled.
+    """
+    control = frozenset(tc.marker_tokens(llm.tokenizer).values())
+    spec = tr.lazy_call_grammar(tools.tools, fmt, control, JSON_OPTIONS,
+                                several=tools.parallel is not False)
+    if spec is None:
+        raise bad("Tools with strict true under tool_choice 'auto' are not enforced with this "
+                  "model's tool-call format (Mistral [TOOL_CALLS]): use tool_choice "
+                  "'required' or a named function, or strict false.", "tools")
+    return compiled(llm.tokenizer, Constraint("lark", spec),
                     lambda m: bad(f"The tools' parameters cannot be enforced: {m}", "tools"))
 
 

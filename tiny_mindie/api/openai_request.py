@@ -48,10 +48,13 @@ class Answer:
     one_call: bool = False          # parallel_tool_calls false: calls after the first dropped
     markers: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
     names: frozenset[str] | None = None     # the tools' names: calls to others stay content
+    # the tools' parameters by name: fenced JSON calls checked against them (tool_calls.py)
+    schemas: dict | None = dataclasses.field(default=None, compare=False, hash=False)
 
     def parser(self) -> tc.OutputParser:
         return tc.OutputParser(self.fmt, reasoning=self.reasoning,
-                               in_reasoning=self.in_reasoning, names=self.names)
+                               in_reasoning=self.in_reasoning, names=self.names,
+                               schemas=self.schemas)
 
 
 @dataclasses.dataclass
@@ -302,10 +305,6 @@ def _chat_tools(obj: dict, constrained: bool) -> ChatTools:
                       "and tool_choice.", legacy)
     tools = tr.parse_tools(obj.get("tools"))
     choice = tr.parse_tool_choice(obj.get("tool_choice"), tools)
-    if choice.mode == "auto" and any(t.strict for t in tools or ()):
-        raise bad("Tools with strict true are enforced only with tool_choice 'required' or a "
-                  "named function (decoding is then constrained to their schemas); with "
-                  "'auto' the model's text is free.", "tools")
     if choice.mode == "auto" and constrained:
         raise bad("Parameter response_format cannot be combined with tools under tool_choice "
                   "'auto' (the grammar would keep the model from writing its calls); use "

@@ -19,13 +19,18 @@ Tool-call formats (:func:`detect_format` picks one from the chat template's text
     ``tool_choice`` ``required`` or a named function, which decoding is constrained to
     (:func:`~.tool_request.call_schema`).
 
+With tools offered (``schemas``), a fenced JSON block (`````json`` ... `````) that ends the
+answer and is a valid call of an offered function is a call too, in any of the first three
+formats (:func:`fenced_call`).
+
 Reasoning: for a template that thinks (``</think>`` in its text: Qwen3, DeepSeek-R1 distills,
 SmolLM3), ``<think>...</think>`` at the start of the answer -- or everything up to ``</think>``
 when the prompt itself ends inside ``<think>`` -- is the reasoning, the rest the answer.
 
 :class:`OutputParser` does the split as text comes (streaming), holding back only text that may
-still turn out to be a marker (``<tool_call``, ``</thi``) or a call; :func:`parse_output` is the
-same parser fed the whole text at once, so a streamed answer reassembles to the plain one.
+still turn out to be a marker (``<tool_call``, ``</thi``, a backtick) or a call;
+:func:`parse_output` is the same parser fed the whole text at once, so a streamed answer
+reassembles to the plain one.
 Reasoning, content and the text around calls are stripped of surrounding whitespace.
 """
 
@@ -40,6 +45,8 @@ HERMES, LLAMA3, MISTRAL, JSON = "hermes", "llama3_json", "mistral", "json"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG, MISTRAL_CALLS = "<|python_tag|>", "[TOOL_CALLS]"
+#: A call written as a fenced JSON block (:func:`fenced_call`).
+FENCE_OPEN, FENCE_CLOSE = "```json", "```"
 #: The markers the parsers read. Where the vocabulary has one as a control token (Mistral's
 #: ``[TOOL_CALLS]`` and ``[ARGS]``, Llama's ``<|python_tag|>``), the token adds no text to the
 #: answer, and its stored text is fed to the parser instead (:func:`marker_tokens`).
@@ -186,6 +193,26 @@ def parse_json_calls(text: str) -> list[ToolCall] | None:
     return None if not calls or None in calls else calls
 
 
+def fenced_call(block: str, schemas: dict) -> ToolCall | None:
+    """A fenced block, `````json`` + ``{"name": ..., "arguments": {...}}`` + `````, as a call
+    (``parameters`` for ``arguments`` too): the way Qwen2.5-Coder answers with tools offered
+    instead of its template's ``<tool_call>``. A call only when the name is one of
+    ``schemas`` (name -> the function's JSON schema) and the arguments are valid against that
+    schema; else ``None`` (the block stays content: an example, or a call the client could
+    not run)."""
+    import jsonschema
+
+    call = _call(_loads(block[len(FENCE_OPEN):-len(FENCE_CLOSE)].strip()))
+    if call is None or call.name not in schemas:
+        return None
+    try:
+        valid = jsonschema.Draft202012Validator(schemas[call.name]).is_valid(
+            json.loads(call.arguments))
+    except Exception:       # a schema the validator cannot follow (a $ref to nowhere)
+        valid = False
+    return call if valid else None
+
+
 class _Segment:
     """Pieces of one text (the reasoning, or the content) as they come, stripped of leading and
     trailing whitespace: trailing whitespace is held until more text follows."""
@@ -236,6 +263,9 @@ class OutputParser:
         in_reasoning: the prompt ends inside ``<think>``: the answer starts in the reasoning.
         names: the functions that may be called (the request's ``tools``), or ``None`` for
             any: a call to another one is no call, its text stays content.
+        schemas: the offered functions' parameters by name, or ``None``: with one of
+            :data:`HERMES`, :data:`LLAMA3`, :data:`MISTRAL`, a fenced JSON block ending the
+            answer is also read as a call (:func:`fenced_call`).
 
     :meth:`feed` and :meth:`finish` return deltas: ``("reasoning", text)``, ``("content",
     text)``, ``("call", ToolCall)``. :attr:`thinking` says whether the text fed so far ends
@@ -243,12 +273,14 @@ class OutputParser:
     """
 
     def __init__(self, fmt: str | None, *, reasoning: bool = False, in_reasoning: bool = False,
-                 names: frozenset[str] | None = None):
+                 names: frozenset[str] | None = None, schemas: dict | None = None):
         self.fmt = fmt
         self.names = names
+        self.schemas = schemas if fmt in (HERMES, LLAMA3, MISTRAL) else None
+        self.fenced: tuple[str, ToolCall] | None = None     # a fenced call, if the answer ends
         self.state = "think" if in_reasoning else "start" if reasoning else "answer"
         self.pending = ""           # text not yet given out
-        self.in_call = False        # pending starts with a call (marker seen)
+        self.in_call: str | bool = ""   # pending starts with a call (its marker, or True)
         self.plain = fmt is None    # the answer is plain content from here on
         self.reasoning = _Segment()
         self.content = _Segment()
@@ -289,51 +321,73 @@ class OutputParser:
     def _answer(self, out: list) -> None:
         """Give out what of ``pending`` (answer text) cannot be part of a call."""
         while self.pending:
-            if self.plain:
-                self._add(out, "content", self.pending)
-                self.pending = ""
-                return
-            if self.fmt == HERMES:
-                if not self.in_call:
-                    if not self._up_to(out, TOOL_CALL_OPEN):
-                        return
-                    self.in_call = True
-                j = self.pending.find(TOOL_CALL_CLOSE)
-                if j < 0:
-                    return
-                block = self.pending[:j + len(TOOL_CALL_CLOSE)]
-                self.pending, self.in_call = self.pending[len(block):], False
-                self._block(out, block)
-            elif self.fmt == MISTRAL:
-                if not self.in_call:
-                    if not self._up_to(out, MISTRAL_CALLS):
-                        return
-                    self.in_call = True
-                return                  # the calls run to the end
-            elif self.fmt == LLAMA3:
+            if self.fenced is not None:
+                if not self.pending.strip():
+                    return              # only whitespace after a fenced call so far
+                self._add(out, "content", self.fenced[0])   # text follows: no call
+                self.fenced = None
+            if self.fmt == LLAMA3 and not self.plain and not self.in_call:
                 s = self.pending.lstrip()
-                if not s or (PYTHON_TAG.startswith(s) and not self.in_call):
+                if not s or PYTHON_TAG.startswith(s):
                     return              # maybe a call still
                 self.in_call = s.startswith("{") or s.startswith(PYTHON_TAG)
-                if self.in_call:
-                    return              # a call runs to the end
-                self.plain = True       # Llama calls start the answer: none here
-            else:                       # JSON: the constrained answer is all one call
-                self.in_call = True
+                self.plain = not self.in_call   # Llama calls start the answer: none here
+            if self.fmt == JSON or (self.in_call and self.in_call != FENCE_OPEN
+                                    and self.fmt != HERMES):
+                self.in_call = True     # the calls run to the end
+                return
+            if not self.in_call:
+                openers = self._openers()
+                if not openers:
+                    self._add(out, "content", self.pending)
+                    self.pending = ""
+                    return
+                self.in_call = self._up_to(out, openers)
+                if not self.in_call:
+                    return
+            if not self._close(out):
                 return
 
-    def _up_to(self, out: list, marker: str) -> bool:
-        """Give out as content the text of :attr:`pending` before ``marker``, holding back an
-        end that may still become it; True when ``pending`` now starts with ``marker``."""
-        i = self.pending.find(marker)
-        if i < 0:
-            keep = len(self.pending) - _partial_suffix(self.pending, marker)
+    def _openers(self) -> tuple[str, ...]:
+        """The markers that may open a call in the answer text from here on."""
+        own = {HERMES: (TOOL_CALL_OPEN,), MISTRAL: (MISTRAL_CALLS,)}.get(self.fmt, ())
+        return (() if self.plain else own) + ((FENCE_OPEN,) if self.schemas else ())
+
+    def _close(self, out: list) -> bool:
+        """With :attr:`pending` starting with a Hermes block or a fenced block: give it out
+        once its closing marker came (True), else hold it (False)."""
+        fence = self.in_call == FENCE_OPEN
+        close = FENCE_CLOSE if fence else TOOL_CALL_CLOSE
+        j = self.pending.find(close, len(self.in_call))
+        if j < 0:
+            return False
+        block = self.pending[:j + len(close)]
+        self.pending, self.in_call = self.pending[len(block):], ""
+        if not fence:
+            self._block(out, block)
+            return True
+        call = fenced_call(block, self.schemas)
+        if call is None:
+            self._add(out, "content", block)
+        else:
+            self.fenced = (block, call)
+        return True
+
+    def _up_to(self, out: list, markers: tuple[str, ...]) -> str:
+        """Give out as content the text of :attr:`pending` before the first of ``markers``,
+        holding back an end that may still become one; the marker ``pending`` now starts with,
+        or ``""``."""
+        found = [(i, m) for m in markers if (i := self.pending.find(m)) >= 0]
+        if not found:
+            hold = max(_partial_suffix(self.pending, m) for m in markers)
+            keep = len(self.pending) - hold
             self._add(out, "content", self.pending[:keep])
             self.pending = self.pending[keep:]
-            return False
+            return ""
+        i, marker = min(found)
         self._add(out, "content", self.pending[:i])
         self.pending = self.pending[i:]
-        return True
+        return marker
 
     def _known(self, calls: list[ToolCall] | None) -> list[ToolCall] | None:
         """``calls`` when each is to a function of :attr:`names`, else ``None``."""
@@ -355,9 +409,12 @@ class OutputParser:
         if self.state in ("start", "think"):
             self._add(out, "reasoning" if self.state == "think" else "content", rest)
             return out
+        if self.fenced is not None:     # nothing but whitespace came after the block
+            out.append(("call", self.fenced[1]))
+            self.fenced = None
         if not rest:
             return out
-        if self.plain or not self.in_call:
+        if self.plain or not self.in_call or self.in_call == FENCE_OPEN:
             self._add(out, "content", rest)
         elif self.fmt == HERMES:
             self._block(out, rest)
@@ -391,7 +448,9 @@ def collect(deltas: list[tuple]) -> Output:
 
 
 def parse_output(text: str, fmt: str | None, *, reasoning: bool = False,
-                 in_reasoning: bool = False, names: frozenset[str] | None = None) -> Output:
+                 in_reasoning: bool = False, names: frozenset[str] | None = None,
+                 schemas: dict | None = None) -> Output:
     """A whole answer split (:class:`OutputParser` fed ``text`` at once)."""
-    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning, names=names)
+    p = OutputParser(fmt, reasoning=reasoning, in_reasoning=in_reasoning, names=names,
+                     schemas=schemas)
     return collect(p.feed(text) + p.finish())

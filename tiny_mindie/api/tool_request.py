@@ -148,17 +148,73 @@ def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
     otherwise. The parameters are as under OpenAI's strict mode
     (:func:`~.structured.grammar_schema`: objects closed, integers bounded): what is generated
     still validates against the client's schema."""
-    def one(t: Tool) -> dict:
-        return {"type": "object", "properties": {"name": {"const": t.name},
-                                                 "arguments": grammar_schema(t.parameters,
-                                                                             strict=True)},
-                "required": ["name", "arguments"], "additionalProperties": False}
-
     if choice.mode == "function":
-        return one(next(t for t in tools if t.name == choice.name))
-    calls = [one(t) for t in tools]
-    item = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return _one_call(next(t for t in tools if t.name == choice.name), "arguments", True)
+    item = _any_call(tools, "arguments", True)
     return {"type": "array", "items": item, "minItems": 1} if parallel else item
+
+
+def _one_call(t: Tool, key: str, held: bool) -> dict:
+    """The schema of a call of ``t``: ``{"name": <const>, key: <arguments>}``; the arguments
+    held to ``t``'s parameters (as under strict mode) when ``held``, else any object."""
+    args = grammar_schema(t.parameters, strict=True) if held else {"type": "object"}
+    return {"type": "object", "properties": {"name": {"const": t.name}, key: args},
+            "required": ["name", key], "additionalProperties": False}
+
+
+def _any_call(tools: list[Tool], key: str, held: bool | None) -> dict:
+    """A call of any of ``tools`` (:func:`_one_call`; ``held`` ``None``: each tool's own
+    ``strict``)."""
+    calls = [_one_call(t, key, t.strict if held is None else held) for t in tools]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+#: What a lazy grammar's free text may be: anything (Hermes: a call opens at its marker), or
+#: for Llama 3 anything that does not start as a call does (a ``{``, or ``<|`` of the tag).
+_ANY_TEXT = r"(.|\n)*"
+_NOT_A_CALL = r"\s*([^\s{<](.|\n)*|<([^|](.|\n)*)?)?"
+
+
+def lazy_call_grammar(tools: list[Tool], fmt: str, control: frozenset[str],
+                      json_options: dict, several: bool = True) -> str | None:
+    """The Lark grammar (llguidance's) of ``tool_choice`` ``auto`` with tools that are
+    ``strict``: the model writes free text, and once it starts a call -- its format's opening
+    marker written -- the call is held to a call schema (:func:`_any_call`: the strict tools'
+    arguments to their parameters, the others' to any object). llama.cpp calls this a lazy
+    grammar. ``None`` for a format it is not built for (:data:`~.tool_calls.MISTRAL`).
+
+    Args:
+        fmt: :data:`~.tool_calls.HERMES` (``<tool_call>`` blocks anywhere in the text) or
+            :data:`~.tool_calls.LLAMA3` (the answer is calls, or text that does not start
+            like one).
+        control: the markers that are control tokens of the vocabulary
+            (:func:`~.tool_calls.marker_tokens`): named as tokens, not text.
+        json_options: llguidance's JSON options for the call (``x-guidance``).
+        several: more than one call may be made (``parallel_tool_calls`` not false; a single
+            Hermes call is ended by its stop string instead).
+    """
+    from . import tool_calls as tc
+
+    def marker(m: str) -> str:
+        return m if m in control else json.dumps(m)
+
+    def call(key: str) -> str:
+        return "%json " + json.dumps({**_any_call(tools, key, None),
+                                      "x-guidance": json_options}, ensure_ascii=False)
+
+    if fmt == tc.HERMES:
+        return (f"%llguidance {{}}\nstart: call* TEXT\n"
+                f'call: call_open "\\n"? {call("arguments")} "\\n"? '
+                f"{marker(tc.TOOL_CALL_CLOSE)}\n"
+                f"call_open[lazy]: TEXT {marker(tc.TOOL_CALL_OPEN)}\n"
+                f"TEXT: /{_ANY_TEXT}/\n")
+    if fmt == tc.LLAMA3:
+        more = ' (";" WS? call)*' if several else ""
+        return (f"%llguidance {{}}\n"
+                f'start: TEXT | WS? {marker(tc.PYTHON_TAG)}? call{more}\n'
+                f'call: {call("parameters")}\n'
+                f"TEXT: /{_NOT_A_CALL}/\nWS: /\\s+/\n")
+    return None
 
 
 def tools_system_prompt(tools: list[Tool]) -> str:
