@@ -187,6 +187,15 @@ def closed_by_server(sock: socket.socket, within: float) -> bool:
         return False
 
 
+def wait_until(condition, within: float = 30, what: str = "the condition") -> None:
+    """Poll ``condition()`` until it is true; fail after ``within`` seconds, a bound for a hang
+    only (how soon it turns true is the test's business, never a speed to assert)."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {within} s"
+        time.sleep(0.02)
+
+
 # ---- serve_connection in-process, on a real socket ---------------------------------------------
 
 
@@ -238,12 +247,12 @@ class ThreadedServer:
 
     def __enter__(self):
         self._thread.start()
-        assert self._ready.wait(5)
+        assert self._ready.wait(30)
         return self
 
     def __exit__(self, *exc) -> None:
         self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(5)
+        self._thread.join(30)
 
 
 @contextlib.contextmanager

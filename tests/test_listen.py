@@ -19,7 +19,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import closed_by_server
+from helpers import closed_by_server, wait_until
 
 from tiny_mindie.server.conn import json_response, serve_connection
 from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind
@@ -125,6 +125,13 @@ def server_side_established(port: int) -> int:
     return n
 
 
+def timeouts(records) -> list[str]:
+    """The log lines among ``records`` that say a handshake (or first byte) deadline fired."""
+    return [r.getMessage() for r in records
+            if "no TLS handshake within" in r.getMessage()
+            or "no request within" in r.getMessage()]
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certificate(
         pki, loop, caplog):
@@ -136,19 +143,17 @@ def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certifi
             t_connect = time.monotonic()
             for _ in range(40):      # 5x the limit, no certificate, not a byte sent
                 silent.append(socket.create_connection(("127.0.0.1", srv.port)))
-            time.sleep(0.3)
+            # the others are closed to make room: before any handshake deadline fired
+            wait_until(lambda: server_side_established(srv.port) <= 8, what="room made")
+            assert not timeouts(list(caplog.records))
             assert srv.slots.open <= 8
-            assert server_side_established(srv.port) <= 8      # the others were closed at once
             assert srv.get(client_context(files)) == (200, {"ok": True})
-            served_at = time.monotonic() - t_connect
-            assert served_at < 1.8, served_at                  # before any handshake timed out
+            assert not timeouts(list(caplog.records))           # served before any deadline
             # Every silent socket is closed: most to make room, the last ones at the deadline.
-            assert all(closed_by_server(s, 4.0) for s in silent)
-            assert time.monotonic() - t_connect < 3.5
-            deadline = time.monotonic() + 2
-            while srv.slots.open and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert srv.slots.open == 0 and not srv.slots.handshaking
+            assert all(closed_by_server(s, 30) for s in silent)
+            assert time.monotonic() - t_connect >= 2.0 - 0.1
+            wait_until(lambda: not srv.slots.open, what="every slot free")
+            assert not srv.slots.handshaking
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "connection limit (8) reached: closed the connection from 127.0.0.1:" in logged
         assert "no TLS handshake within 2 s" in logged
@@ -162,7 +167,8 @@ def test_silent_sockets_beyond_the_limit_do_not_lock_out_a_client_with_a_certifi
 
 def test_authenticated_connections_fill_the_slots_then_new_ones_are_closed_at_once(pki, caplog):
     files, _ = pki
-    srv = Listening(server_context(files), limit=2, handshake_timeout=5.0)
+    # a handshake deadline far past the waits below: a close within them is the refusal's
+    srv = Listening(server_context(files), limit=2, handshake_timeout=60.0)
     ctx = client_context(files)
     held = []
     try:
@@ -173,15 +179,12 @@ def test_authenticated_connections_fill_the_slots_then_new_ones_are_closed_at_on
             held.append(c)
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
             s = socket.create_connection(("127.0.0.1", srv.port))
-            t0 = time.monotonic()
-            assert closed_by_server(s, 2.0) and time.monotonic() - t0 < 1.0
+            assert closed_by_server(s, 30)
             s.close()
         assert "every connection past its handshake: closed the new connection" in caplog.text
         assert srv.slots.established == 2
         held.pop().close()
-        deadline = time.monotonic() + 5
-        while srv.slots.established > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: srv.slots.established <= 1, what="a slot freed")
         assert srv.get(ctx) == (200, {"ok": True})       # a freed slot serves again
     finally:
         for c in held:
@@ -198,7 +201,7 @@ def test_revoked_certificate_is_refused_and_logged_with_its_subject(pki, loop, c
             assert srv.get(client_context(files)) == (200, {"ok": True})
             with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
                 srv.get(client_context(revoked))
-            time.sleep(0.2)
+            wait_until(lambda: "refused TLS client" in caplog.text, what="the refusal logged")
         line = next(r.getMessage() for r in caplog.records
                     if "refused TLS client" in r.getMessage())
         assert "certificate revoked (verify code 23)" in line
@@ -215,7 +218,7 @@ def test_client_without_certificate_is_refused_and_logged(pki, caplog):
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
             with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
                 srv.get(ssl.create_default_context(cafile=files.ca[0]))
-            time.sleep(0.2)
+            wait_until(lambda: "refused TLS client" in caplog.text, what="the refusal logged")
         assert "refused TLS client 127.0.0.1:" in caplog.text
         assert "peer did not return a certificate" in caplog.text
     finally:
@@ -238,7 +241,7 @@ def test_expired_crl_warns_at_start_and_every_client_is_refused(pki, tmp_path, c
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
             with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
                 srv.get(client_context(files))       # the good client: refused, as warned
-            time.sleep(0.2)
+            wait_until(lambda: "refused TLS client" in caplog.text, what="the refusal logged")
         assert "CRL has expired (verify code 12)" in caplog.text
     finally:
         srv.stop()
@@ -298,17 +301,22 @@ def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(t
                           ssl_ctx=None, handshake_timeout=1, logs=RefusalLogs(every=0.5))
         print(lst.sockets[0].getsockname()[1], flush=True)
     """)
-    socks = []
+    socks, err_lines = [], []
+    reader = threading.Thread(target=lambda: err_lines.extend(iter(proc.stderr.readline, "")),
+                              daemon=True)
+    reader.start()
+    start = time.monotonic()
     try:
         port = int(proc.stdout.readline())
         for _ in range(60):           # more than the process has descriptors
             socks.append(socket.create_connection(("127.0.0.1", port)))
-        time.sleep(1.0)               # EMFILE, again and again, in the accept loop
+        # EMFILE, again and again, in the accept loop, until a window's summary line is out
+        wait_until(lambda: any("like this in the last" in ln for ln in list(err_lines)),
+                   what="the summed-up accept() failures")
         for s in socks:
             s.close()
         socks = []
-        time.sleep(0.3)
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s = socket.create_connection(("127.0.0.1", port), timeout=30)
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
         assert s.recv(100).startswith(b"HTTP/1.1 200")    # recovered
         s.close()
@@ -316,13 +324,17 @@ def test_out_of_descriptors_in_accept_is_logged_once_and_the_listener_recovers(t
         for s in socks:
             s.close()
         proc.terminate()
-        err = proc.communicate(timeout=10)[1]
+        proc.wait(timeout=30)
+        windows = (time.monotonic() - start) / 0.5 + 1     # rate-limit windows it lived through
+        reader.join(30)
+    err = "".join(err_lines)
     lines = [ln for ln in err.splitlines() if "accept() failed" in ln]
     assert lines and lines[0].startswith("ERROR accept() failed: Too many open files (EMFILE)"), err
     # was "0 descriptors in use": counting them needs a descriptor, and none was left
     assert "every one of the 40 descriptors the open files limit allows in use" in lines[0], err
     assert "new connections wait in the listen backlog" in lines[0]
-    assert len(lines) <= 4, err          # ~1.3 s at one line per 0.5 s, not one per failure
+    # one line and one summary at most per window, not one per failure (one per retry)
+    assert len(lines) <= windows + 1, err
     assert any("like this in the last" in ln for ln in lines), err
 
 
@@ -348,17 +360,16 @@ def test_plain_tcp_silent_sockets_beyond_the_limit_do_not_lock_out_a_client(loop
             t_connect = time.monotonic()
             for _ in range(40):      # 5x the limit, not a byte sent
                 silent.append(socket.create_connection(("127.0.0.1", srv.port)))
-            time.sleep(0.3)
+            # the others are closed to make room: before any first-byte deadline fired
+            wait_until(lambda: server_side_established(srv.port) <= 8, what="room made")
+            assert not timeouts(list(caplog.records))
             assert srv.slots.open <= 8
-            assert server_side_established(srv.port) <= 8      # the others were closed at once
             assert plain_get(srv.port) == (200, {"ok": True})
-            assert time.monotonic() - t_connect < 1.8          # before any deadline
-            assert all(closed_by_server(s, 4.0) for s in silent)
-            assert time.monotonic() - t_connect < 3.5
-            deadline = time.monotonic() + 2
-            while srv.slots.open and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert srv.slots.open == 0 and not srv.slots.handshaking
+            assert not timeouts(list(caplog.records))           # served before any deadline
+            assert all(closed_by_server(s, 30) for s in silent)
+            assert time.monotonic() - t_connect >= 2.0 - 0.1      # the last ones at the deadline
+            wait_until(lambda: not srv.slots.open, what="every slot free")
+            assert not srv.slots.handshaking
         logged = "\n".join(r.getMessage() for r in caplog.records)
         assert "without sending a byte to admit 127.0.0.1:" in logged
         assert "no request within 2 s" in logged
@@ -372,7 +383,8 @@ def test_plain_tcp_silent_sockets_beyond_the_limit_do_not_lock_out_a_client(loop
 def test_plain_tcp_beyond_busy_slots_gets_a_503_at_once(loop, caplog):
     """Every slot past its first byte: a new connection is answered 503 before it sends anything,
     and closed; one that sends its request at once gets the 503 too (not a reset)."""
-    srv = Listening(None, limit=2, handshake_timeout=5.0, loop=loop)
+    # a first-byte deadline far past the waits below: an answer within them is the refusal's
+    srv = Listening(None, limit=2, handshake_timeout=60.0, loop=loop)
     held = []
     try:
         for _ in range(2):       # two keep-alive connections that sent a request
@@ -381,12 +393,10 @@ def test_plain_tcp_beyond_busy_slots_gets_a_503_at_once(loop, caplog):
             assert c.getresponse().read() == b'{"ok":true}'
             held.append(c)
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
-            s = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
-            t0 = time.monotonic()
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
             answer = b""
             while chunk := s.recv(4096):
                 answer += chunk
-            assert time.monotonic() - t0 < 1.0
             assert answer == BUSY
             s.close()
             for _ in range(20):
@@ -395,9 +405,7 @@ def test_plain_tcp_beyond_busy_slots_gets_a_503_at_once(loop, caplog):
             in caplog.text
         assert srv.slots.established == 2 and not srv.slots.handshaking
         held.pop().close()
-        deadline = time.monotonic() + 5
-        while srv.slots.established > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: srv.slots.established <= 1, what="a slot freed")
         assert plain_get(srv.port) == (200, {"ok": True})       # a freed slot serves again
     finally:
         for c in held:
@@ -411,7 +419,7 @@ def test_no_tls_under_a_low_open_files_limit_silent_sockets_leave_room_for_a_cli
     proc = spawn_listener(200, """
         slots = ConnectionSlots(connection_limit(1000))
         lst = TCPListener(bind("127.0.0.1", 0, 4096), serve, lambda: b"HTTP/1.1 503 x\\r\\n\\r\\n",
-                          slots=slots, ssl_ctx=None, handshake_timeout=10,
+                          slots=slots, ssl_ctx=None, handshake_timeout=600,
                           logs=RefusalLogs(every=1))
         print(lst.sockets[0].getsockname()[1], slots.limit, flush=True)
     """)
@@ -426,9 +434,8 @@ def test_no_tls_under_a_low_open_files_limit_silent_sockets_leave_room_for_a_cli
                 most = max(most, len(os.listdir(f"/proc/{proc.pid}/fd")))
         time.sleep(0.3)
         most = max(most, len(os.listdir(f"/proc/{proc.pid}/fd")))
-        t0 = time.monotonic()
-        assert plain_get(port, timeout=5) == (200, {"ok": True})
-        assert time.monotonic() - t0 < 2.0
+        # no first-byte deadline fires in the process's life: served by making room
+        assert plain_get(port, timeout=30) == (200, {"ok": True})
         assert most < 200, most
     finally:
         for s in socks:
@@ -474,7 +481,7 @@ def test_a_flood_of_revoked_clients_does_not_hide_another_refusal(pki, caplog):
                         + [ssl.create_default_context(cafile=files.ca[0])]):
                 with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
                     srv.get(ctx)
-            time.sleep(1.0)
+            wait_until(lambda: "more in the last" in caplog.text, what="the summary line")
         summary = [r.getMessage() for r in caplog.records if "more in the last" in r.getMessage()]
         assert len(summary) == 1, caplog.text
         assert "2x refused TLS client 127.0.0.1:" in summary[0]
