@@ -98,3 +98,20 @@ def test_graph_refuses_a_rotary_width_groupqueryattention_cannot_rotate(tmp_path
     c = dataclasses.replace(ModelConfig.from_gguf(f), rope_dim=8)
     with pytest.raises(ModelFileError, match=r"phi3.rope.dimension_count = 8: .*--backend numpy"):
         build_model(f, c, str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("kv, local", [({}, 10000.0), ({"rope.freq_base_swa": 10000.0}, 10000.0),
+                                       ({"rope.freq_base_swa": 50000.0}, 50000.0)])
+def test_gemma3_reads_the_local_layers_rotary_base(tmp_path, kv, local):
+    """``gemma3.rope.freq_base_swa`` (llama.cpp's key, default 10000) is the local layers' base."""
+    c = ModelConfig.from_gguf(_write(tmp_path / "m.gguf", "gemma3",
+                                     {"rope.freq_base": 1e6, **kv}))
+    assert (c.rope_theta, c.rope_theta_local) == (1e6, local)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
+def test_gemma3_refuses_a_local_rotary_base_it_cannot_compute(tmp_path, value):
+    f = _write(tmp_path / "m.gguf", "gemma3", {"rope.freq_base_swa": value})
+    with pytest.raises(ModelFileError, match=r"gemma3\.rope\.freq_base_swa = .* must be a "
+                                             r"positive finite number"):
+        ModelConfig.from_gguf(f)

@@ -16,9 +16,9 @@ SMOLLM3_NO_ROPE_STEP = 4
 YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
 
 # Gemma 3: every ``GEMMA3_SWA_PATTERN``-th layer is global, the others use sliding-window
-# attention (llama.cpp ``hparams.set_swa_pattern(6)``; HF ``sliding_window_pattern = 6``); the
-# local layers' rotary base is fixed at 10000 (llama.cpp ``rope_freq_base_train_swa``; HF
-# ``rope_local_base_freq``). The GGUF stores neither.
+# attention (llama.cpp ``hparams.set_swa_pattern(6)``; HF ``sliding_window_pattern = 6``; the
+# GGUF stores no key). The local layers' rotary base is ``gemma3.rope.freq_base_swa`` when the
+# file has it, else 10000 (llama.cpp ``rope_freq_base_train_swa``; HF ``rope_local_base_freq``).
 GEMMA3_SWA_PATTERN = 6
 GEMMA3_ROPE_THETA_LOCAL = 10000.0
 
@@ -145,7 +145,7 @@ def _architecture_fields(f: GGUFFile, arch: str, hidden: int, heads: int, head_d
             rope_neox=True, embedding_scale=math.sqrt(hidden), attention_scale=scalar ** -0.5,
             mlp_act="gelu_tanh", qk_norm=True, post_norms=True,
             sliding_window=int(f.get(p + "attention.sliding_window", 0)),
-            swa_pattern=GEMMA3_SWA_PATTERN, rope_theta_local=GEMMA3_ROPE_THETA_LOCAL)
+            swa_pattern=GEMMA3_SWA_PATTERN, rope_theta_local=_local_rope_base(f, p))
     elif arch == "qwen2":
         # LLaMA's block plus q/k/v biases; llama.cpp's converter leaves Q/K rows in HF order
         # and llama.cpp rotates qwen2 in NEOX mode (LLAMA_ROPE_TYPE_NEOX).
@@ -170,6 +170,24 @@ def _architecture_fields(f: GGUFFile, arch: str, hidden: int, heads: int, head_d
     if arch in ("llama", "qwen2", "smollm3") and f.has_tensor("blk.0.attn_q.bias"):
         extra["qkv_bias"] = True
     return extra
+
+
+def _local_rope_base(f: GGUFFile, p: str) -> float:
+    """Gemma 3's local layers' rotary base: ``rope.freq_base_swa``, default 10000.
+
+    Raises:
+        ModelFileError: the value is not a positive finite number (no rotary table exists for
+            it; 0 would also read as "no local base" in :class:`ModelConfig`).
+    """
+    value = f.get(p + "rope.freq_base_swa", GEMMA3_ROPE_THETA_LOCAL)
+    try:
+        base = float(value)
+    except (TypeError, ValueError):
+        base = math.nan
+    if not (math.isfinite(base) and base > 0):
+        raise ModelFileError(f"{f.path}: metadata {p}rope.freq_base_swa = {_short(value)} is "
+                             "not supported: it must be a positive finite number")
+    return base
 
 
 def _vector(f: GGUFFile, name: str) -> tuple[float, ...]:
@@ -230,6 +248,13 @@ UNSUPPORTED_TENSORS = (
 )
 
 
+# Keys of UNSUPPORTED_KEYS an architecture handles itself: Gemma 3 files may carry the
+# soft-capping keys, which llama.cpp's gemma3 graph ignores too; its local layers' rotary base
+# is read (:func:`_local_rope_base`).
+HANDLED_KEYS = {"gemma3": ("final_logit_softcapping", "attn_logit_softcapping",
+                           "rope.freq_base_swa")}
+
+
 def refuse_unsupported(f: GGUFFile) -> None:
     """Raise :class:`ModelFileError` naming the first metadata key or tensor of ``f`` that
     would change the mathematics in a way this server does not implement (soft-capping,
@@ -237,8 +262,8 @@ def refuse_unsupported(f: GGUFFile) -> None:
     wrongly. Keys holding their neutral value (e.g. ``expert_count = 0``) pass."""
     arch = f.architecture
     for key, neutral in UNSUPPORTED_KEYS.items():
-        if arch == "gemma3" and key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            continue  # Gemma 3 files may carry them; llama.cpp's gemma3 graph ignores both
+        if key in HANDLED_KEYS.get(arch, ()):
+            continue
         value = f.get(f"{arch}.{key}")
         if value is None or (neutral is not None and _same(value, neutral)):
             continue
