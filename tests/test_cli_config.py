@@ -813,3 +813,12 @@ def test_flags_imply_their_companions_and_a_flag_of_its_own_wins(tmp_path):
     b = cfg("--no-tls", "--no-prefix-cache", "--backend", "numpy", "--threads", "3")
     assert not b.server.https_enabled and not b.backend.schedule.prefix_caching
     assert (b.backend.backend, b.backend.intra_op_threads) == ("numpy", 3)
+
+
+@pytest.mark.parametrize("depth", [990, 100_000])
+def test_a_deeply_nested_config_file_is_one_line(tmp_path, depth):
+    """Python's json (and a recursive walk of what it read) stop at the recursion limit."""
+    path = write(tmp_path, '{"x": %s%s}' % ("[" * depth, "]" * depth))
+    r = run_cli("--config", path)
+    assert_one_line_error(r, f"config file {path} is not valid: arrays or objects nested "
+                             "too deep")

@@ -179,12 +179,18 @@ def _read_file(path: str) -> dict:
     """The JSON object in ``path``, every number in it finite.
 
     Raises:
-        ConfigError: unreadable file, bad JSON, not an object, a non-finite number.
+        ConfigError: unreadable file, bad JSON, not an object, a non-finite number, arrays or
+            objects nested deeper than Python's recursion limit lets ``json`` read.
     """
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
         raw = json.loads(text)
+        if isinstance(raw, dict):
+            _reject_non_finite(raw, "")
+    except RecursionError:
+        raise ConfigError(f"config file {path} is not valid: arrays or objects nested too "
+                          "deep") from None
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -193,7 +199,6 @@ def _read_file(path: str) -> dict:
         raise ConfigError(f"config file {path} is not valid: {_long_number(text)}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a JSON object")
-    _reject_non_finite(raw, "")
     return raw
 
 
