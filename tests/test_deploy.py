@@ -179,6 +179,45 @@ def test_grace_period_covers_prestop_and_drain(tmp_path):
                                                        mode]
 
 
+def test_every_file_names_the_readiness_probe_the_deployment_uses():
+    """The Service's comment and the docs say which probe readiness is: the Deployment's."""
+    _, container = _deployment()
+    mode = container["readinessProbe"]["exec"]["command"][-1]
+    texts = [*MANIFESTS, os.path.join(REPO, "docs", "deploying.md"),
+             os.path.join(REPO, "docs", "operations.md")]
+    said = []
+    for path in texts:
+        with open(path) as fh:
+            said += [(path, m) for m in re.findall(r"readiness(?: probe)? is `health (\w+)`|"
+                                                   r"\| readiness \| `health (\w+)`", fh.read())]
+    assert said
+    assert all(mode in m for _, m in said), said
+
+
+def test_every_probe_synopsis_lists_all_checks():
+    from tiny_mindie.health_probe import PATHS
+
+    checks = "|".join(PATHS)
+    for path in (os.path.join(REPO, "README.md"), *glob.glob(os.path.join(REPO, "docs", "*.md"))):
+        with open(path) as fh:
+            text = " ".join(fh.read().split())       # a synopsis may wrap
+        for m in re.finditer(r"health \[?(live\|[\w|]+)", text):
+            assert m.group(1) == checks, (path, m.group())
+
+
+def test_a_probe_usage_error_is_exit_2_as_documented():
+    """0 healthy, 1 not, 2 the probe's own arguments are wrong (argparse's convention)."""
+    for argv in (["foo"], ["live", "--timeout", "x"], ["--nope"]):
+        r = subprocess.run([sys.executable, "-m", "tiny_mindie", "health", *argv],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r
+    with open(os.path.join(REPO, "docs", "operations.md")) as fh:
+        text = " ".join(fh.read().split())
+    assert "2 for a usage error (an unknown check such as `health foo`" in text
+    with open(os.path.join(REPO, "docs", "deploying.md")) as fh:
+        assert "exit 0 healthy, 1 not, 2 a usage error" in " ".join(fh.read().split())
+
+
 # ---- nginx -------------------------------------------------------------------------------------
 
 

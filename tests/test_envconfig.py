@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import sys
 import pytest
 
 from tiny_mindie.cli import ENV_COMMANDS, _config_from_args, build_parser
+from tiny_mindie.config import ConfigError, load_config
 from tiny_mindie.envconfig import EnvError, apply_env, env_name, env_options
 from tiny_mindie.logs import JSONFormatter
 from tiny_mindie.server.conn import request_id
@@ -106,7 +108,60 @@ def test_in_json_mode_a_fatal_configuration_error_is_a_json_record_too():
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
     record = json.loads(r.stderr)
     assert record["level"] == "ERROR" and record["logger"] == "tiny_mindie"
-    assert record["message"] == "ServerConfig.port must be in 1024..65535, got 70000"
+    assert record["message"] == "--port: ServerConfig.port must be in 1024..65535, got 70000"
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    ([], {"TINY_MINDIE_PORT": "80"},
+     "TINY_MINDIE_PORT: ServerConfig.port must be in 1024..65535, got 80"),
+    (["--port", "80"], {"TINY_MINDIE_PORT": "2000"},
+     "--port: ServerConfig.port must be in 1024..65535, got 80"),
+    ([], {"TINY_MINDIE_HOST": "a..b"}, 'TINY_MINDIE_HOST: ServerConfig.ipAddress must be an IP '
+                                       'address or a host name (letters, digits, hyphens and '
+                                       'dots), got "a..b"'),
+    ([], {"TINY_MINDIE_DRAIN_TIMEOUT": "nan"},
+     "TINY_MINDIE_DRAIN_TIMEOUT: ServerConfig.drainTimeout must be a finite number, got nan"),
+    (["--drain-timeout", "inf"], {},
+     "--drain-timeout: ServerConfig.drainTimeout must be a finite number, got inf"),
+    ([], {"TINY_MINDIE_MAX_SEQ_LEN": "1"}, "TINY_MINDIE_MAX_SEQ_LEN: BackendConfig."
+                                           "ModelDeployConfig.maxSeqLen must be in 2..1048576 "
+                                           "tokens, got 1"),
+])
+def test_a_bad_value_names_the_flag_or_variable_it_came_from(argv, env, message):
+    with pytest.raises(ConfigError) as err:
+        _config_from_args(parse(["serve", *argv], env))
+    assert str(err.value) == message
+
+
+def test_nan_has_the_same_words_from_the_file_the_variable_and_the_flag(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text('{"ServerConfig": {"drainTimeout": NaN}}')
+    words = "ServerConfig.drainTimeout must be a finite number, got nan"
+    with pytest.raises(ConfigError, match=f"^{words}$"):
+        _config_from_args(parse(["serve", "--config", str(cfg)], {}))
+    with pytest.raises(ConfigError, match=f"^TINY_MINDIE_DRAIN_TIMEOUT: {words}$"):
+        _config_from_args(parse(["serve"], {"TINY_MINDIE_DRAIN_TIMEOUT": "NaN"}))
+    with pytest.raises(ConfigError, match=f"^--drain-timeout: {words}$"):
+        _config_from_args(parse(["serve", "--drain-timeout", "nan"], {}))
+    with pytest.raises(ConfigError, match=f"^{words}$"):     # the dataclasses' own check
+        load_config(None).with_overrides(**{"server.drain_timeout": math.nan})
+
+
+def test_a_bad_variable_is_named_in_one_line_and_exit_2():
+    r = subprocess.run([sys.executable, "-m", "tiny_mindie", "serve"], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "TINY_MINDIE_PORT": "80"})
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == ("tiny_mindie: error: TINY_MINDIE_PORT: ServerConfig.port must be in "
+                        "1024..65535, got 80\n")
+
+
+def test_the_probe_names_a_bad_variable_too(monkeypatch, capsys):
+    from tiny_mindie import health_probe
+
+    monkeypatch.setenv("TINY_MINDIE_PORT", "80")
+    assert health_probe.main(["ready", "--no-tls"]) == 1
+    assert capsys.readouterr().err == ("tiny_mindie health: ready: TINY_MINDIE_PORT: "
+                                       "ServerConfig.port must be in 1024..65535, got 80\n")
 
 
 def test_other_commands_ignore_the_variables_and_unknown_ones_are_reported():

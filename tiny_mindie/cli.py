@@ -20,7 +20,7 @@ from .model.gguf import ModelFileError
 from .model.registry import ModelDownloadError
 from .server.listen import AddressError
 from .server.tls import TLSConfigError
-from .settings import add_flags, flag_overrides
+from .settings import add_flags, with_flags
 
 # Bad configuration, found by the config loader, the TLS set-up or the listen addresses: one line
 # on stderr and exit status 2.
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_certs(sub)
     health_probe.add_arguments(sub.add_parser(
         "health", help="exec probe: exit 0 when the server here answers its health route "
-                       "with 200, else 1"))
+                       "with 200, else 1 (2: a usage error)"))
     for name, warn in ENV_COMMANDS.items():     # last: every option of theirs gets a variable
         if name in sub.choices:
             env_options(sub.choices[name], warn_unknown=warn)
@@ -90,9 +90,9 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace) -> Config:
-    """The config file of ``args`` (or the defaults) with the flags given over it, validated."""
-    cfg = load_config(args.config)
-    return cfg.with_overrides(**flag_overrides(args, cfg))
+    """The config file of ``args`` (or the defaults) with the flags given over it, validated
+    (:func:`.settings.with_flags`: a bad value names its flag or variable)."""
+    return with_flags(load_config(args.config), args)
 
 
 def _say(msg: str) -> None:

@@ -24,7 +24,13 @@ from .settings import ANNOTATIONS, SETTINGS, Setting, ranges
 
 
 class ConfigError(Exception):
-    """The configuration is invalid; the message is one line for the user."""
+    """The configuration is invalid; the message is one line for the user. ``key``: the
+    setting's full ``config.json`` key when the message is about one setting's value (what
+    :func:`.settings.with_flags` names the flag or variable of), else ``None``."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 def _section_class(name: str, group: str, doc: str, *extra) -> type:
@@ -300,7 +306,7 @@ def check_listen_address(key: str, host: str) -> None:
     """
     if host == "":
         raise ConfigError(f"ServerConfig.{key} must not be empty (MindIE requires an address; "
-                          f"use 0.0.0.0 to listen on every address)")
+                          f"use 0.0.0.0 to listen on every address)", key=f"ServerConfig.{key}")
     if _IP_LITERAL.fullmatch(host):
         try:
             ipaddress.ip_address(host)
@@ -310,7 +316,7 @@ def check_listen_address(key: str, host: str) -> None:
     if len(host) <= 253 and _HOSTNAME.fullmatch(host) and not host.replace(".", "").isdigit():
         return
     raise ConfigError(f"ServerConfig.{key} must be an IP address or a host name (letters, digits, "
-                      f"hyphens and dots), got {show(host)[:80]}")
+                      f"hyphens and dots), got {show(host)[:80]}", key=f"ServerConfig.{key}")
 
 
 def validate(cfg: Config, *, combinations: bool = True) -> None:
@@ -325,18 +331,20 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
         v: Any = cfg
         for part in attr.split("."):
             v = getattr(v, part)
-        finite = not isinstance(v, float) or math.isfinite(v)   # NaN fails every comparison
-        if not (finite and lo <= v <= hi):
-            raise ConfigError(f"{name} must be in {show(lo)}..{show(hi)}{unit}, got {show(v)}")
+        if isinstance(v, float) and not math.isfinite(v):     # the words of _reject_non_finite
+            raise ConfigError(f"{name} must be a finite number, got {show(v)}", key=name)
+        if not lo <= v <= hi:
+            raise ConfigError(f"{name} must be in {show(lo)}..{show(hi)}{unit}, got {show(v)}",
+                              key=name)
     for s in SETTINGS:
         port = cfg.value(s)
         if s.kind == "port" and not (1024 <= port <= 65535 or port == 0):   # 0: any free port
-            raise ConfigError(f"{s.key} must be in 1024..65535, got {show(port)}")
+            raise ConfigError(f"{s.key} must be in 1024..65535, got {show(port)}", key=s.key)
     _check_pairs(cfg)
     for s in SETTINGS:
         if s.choices and cfg.value(s) not in s.choices:
             raise ConfigError(f"{s.key} must be one of {', '.join(s.choices)}, "
-                              f"got {show(cfg.value(s))}")
+                              f"got {show(cfg.value(s))}", key=s.key)
     b = cfg.backend
     if combinations and b.weights != "exact" and b.backend != "onnxruntime":
         raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "

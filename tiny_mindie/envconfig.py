@@ -40,6 +40,9 @@ TEST_PREFIX = "TINY_MINDIE_TEST_"
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+#: Attribute of the parsed arguments: ``{dest: variable name}`` of the options whose value came
+#: from the environment (:func:`env_defaults`), so an error about the value can name the variable.
+FROM_ENV = "from_env"
 _MARK = "tiny_mindie_env"          # attribute set on an opted-in parser: warn about unknown names
 _DONE = "tiny_mindie_env_help"     # attribute set on an action whose help is annotated
 
@@ -96,7 +99,7 @@ def env_options(parser: argparse.ArgumentParser, *, warn_unknown: bool = False) 
         names = variables(action)
         if not names or getattr(action, _DONE, False):
             continue
-        if not _is_switch(action) and (type(action) is not argparse._StoreAction
+        if not _is_switch(action) and (not isinstance(action, argparse._StoreAction)
                                        or action.nargs is not None):
             raise TypeError(f"{action.option_strings[0]}: only single-value options and "
                             "switches can come from the environment")
@@ -113,18 +116,20 @@ def env_options(parser: argparse.ArgumentParser, *, warn_unknown: bool = False) 
 
 def env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict:
     """``{dest: value}`` of the options of ``parser`` whose variable is set (non-empty) in
-    ``environ``, converted and checked like the flag would be.
+    ``environ``, converted and checked like the flag would be, and under :data:`FROM_ENV`
+    ``{dest: variable name}`` of the same options: the parser's defaults (``set_defaults``).
 
     Raises:
         EnvError: a value the option does not take, e.g. ``TINY_MINDIE_PORT: invalid int
             value 'x'``; or two switches of one setting both turned on, e.g.
             ``TINY_MINDIE_SPECULATION`` and ``TINY_MINDIE_NO_SPECULATION``.
     """
-    out, turned_on = {}, {}
+    out, turned_on, names = {}, {}, {}
     for action in parser._actions:
         name = next((n for n in variables(action) if environ.get(n)), None)
         if name is None:
             continue
+        names[action.dest] = name
         raw = environ[name]
         if _is_switch(action):
             word = raw.strip().lower()
@@ -149,7 +154,7 @@ def env_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, str]) ->
             raise EnvError(f"{name}: invalid choice {raw!r} (choose from "
                            f"{', '.join(map(str, action.choices))})")
         out[action.dest] = value
-    return out
+    return {**out, FROM_ENV: names} if names else out
 
 
 def unknown_variables(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> list[str]:

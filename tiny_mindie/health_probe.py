@@ -13,8 +13,10 @@ which a certificate made for a service name need not carry) -- and GETs ``/v2/he
 
 Exit status 0 when the answer is 200 (one line on stdout); 1 otherwise -- another status, no
 connection, a TLS failure, no answer within ``--timeout`` seconds, a configuration it cannot
-read -- with one line on stderr saying why. It imports neither numpy nor onnxruntime nor
-asyncio, so that a probe run often costs little more than Python's start.
+read -- with one line on stderr saying why; 2 for a usage error (an unknown check, a bad
+option), argparse's convention as in the other commands: the probe itself is misconfigured.
+It imports neither numpy nor onnxruntime nor asyncio, so that a probe run often costs little
+more than Python's start.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import sys
 import time
 
 from .envconfig import EnvError, env_defaults, env_options
-from .settings import add_flags, flag_overrides
+from .settings import add_flags, with_flags
 
 PATHS = {"live": "/v2/health/live", "ready": "/v2/health/ready", "serving": "/health"}
 DEFAULT_TIMEOUT_S = 2.0
@@ -82,8 +84,8 @@ def target(args: argparse.Namespace) -> tuple[str, int, ssl.SSLContext | None]:
     from .security import tls_files
 
     try:
-        cfg = load_config(args.config)
-        s = cfg.with_overrides(**flag_overrides(args, cfg)).server    # as serve's flags do
+        cfg = with_flags(load_config(args.config), args)    # as serve's flags do
+        s = cfg.server
         files = tls_files(cfg) if s.https_enabled else None
     except ConfigError as exc:
         raise ProbeError(str(exc)) from None
@@ -173,7 +175,8 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="python -m tiny_mindie health",
                                 description="Exit 0 when the server on this machine answers "
-                                            "200 to its health route, else 1 with the reason.")
+                                            "200 to its health route, else 1 with the reason "
+                                            "(2: a usage error).")
     add_arguments(p)
     env_options(p)          # TINY_MINDIE_* as serve's (envconfig: argparse only, light)
     try:

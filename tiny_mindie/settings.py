@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .envconfig import FROM_ENV
 from .model import BACKENDS, DEFAULT_BACKEND, WEIGHT_MODES
 
 #: Attribute path in :class:`~.config.Config` of each group of settings.
@@ -280,6 +281,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_ATTR = {s.attr: s for s in SETTINGS}
+BY_KEY = {s.key: s for s in SETTINGS}
 
 
 def ranges() -> tuple[tuple[str, str, float, float, str], ...]:
@@ -289,6 +291,33 @@ def ranges() -> tuple[tuple[str, str, float, float, str], ...]:
 
 
 # ---- flags ----------------------------------------------------------------------------------
+#: Attribute of the parsed arguments: ``{dest: flag}`` of the settings' flags given on the
+#: command line, so an error about the value can name the flag.
+FROM_FLAG = "from_flag"
+
+
+class _Recorded:
+    """An argparse action that also notes its flag in ``args.from_flag`` (:data:`FROM_FLAG`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        given = dict(getattr(namespace, FROM_FLAG, None) or {})
+        given[self.dest] = self.option_strings[0]
+        setattr(namespace, FROM_FLAG, given)
+
+
+class _Store(_Recorded, argparse._StoreAction):
+    pass
+
+
+class _StoreTrue(_Recorded, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalse(_Recorded, argparse._StoreFalseAction):
+    pass
+
+
 def _dest(s: Setting) -> str:
     """The argparse ``dest`` a setting's flags share: its first flag's."""
     return s.flags[0].name[2:].replace("-", "_")
@@ -306,11 +335,11 @@ def add_flags(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = No
         for f in flags:
             text = (helps or {}).get(f.name, f.help)
             if f.sets is not None:
-                target.add_argument(f.name, action="store_true" if f.sets else "store_false",
+                target.add_argument(f.name, action=_StoreTrue if f.sets else _StoreFalse,
                                     dest=_dest(s), default=None, help=text)
             else:
-                target.add_argument(f.name, dest=_dest(s), type=types.get(s.kind),
-                                    choices=s.choices or None, help=text)
+                target.add_argument(f.name, action=_Store, dest=_dest(s),
+                                    type=types.get(s.kind), choices=s.choices or None, help=text)
 
 
 def flag_overrides(args: argparse.Namespace, cfg) -> dict:
@@ -328,6 +357,29 @@ def flag_overrides(args: argparse.Namespace, cfg) -> dict:
             if f.also is not None:
                 implied.update(f.also(cfg, value))
     return {**implied, **given}
+
+
+def with_flags(cfg, args: argparse.Namespace):
+    """``cfg`` (a :class:`~.config.Config`, the file's) with the flags of ``args`` over it
+    (:func:`flag_overrides`), validated.
+
+    Raises:
+        ConfigError: as :meth:`~.config.Config.with_overrides`; a bad value that came from a
+            flag or its variable is led by that name, e.g. ``TINY_MINDIE_PORT: ServerConfig.port
+            must be in 1024..65535, got 80``.
+    """
+    from .config import ConfigError
+
+    try:
+        return cfg.with_overrides(**flag_overrides(args, cfg))
+    except ConfigError as exc:
+        s = BY_KEY.get(exc.key)
+        dest = _dest(s) if s is not None and s.flags else None
+        origin = ((getattr(args, FROM_FLAG, None) or {}).get(dest)
+                  or (getattr(args, FROM_ENV, None) or {}).get(dest))
+        if origin is None:
+            raise
+        raise ConfigError(f"{origin}: {exc}", key=exc.key) from None
 
 
 # ---- the reference ----------------------------------------------------------------------------
