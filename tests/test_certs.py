@@ -145,3 +145,85 @@ def test_default_folder_is_the_config_home(tmp_path):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "security" / "certs" / "server.pem").is_file()
     assert "the server uses them: python -m tiny_mindie\n" in r.stdout
+
+
+# ---- start-up checks of the files a server names ------------------------------------------------
+
+
+def serve(home, server_config: dict) -> subprocess.CompletedProcess:
+    """``serve`` with a config.json in ``home``; no model, so a start the TLS files pass ends
+    at the model's one-line error."""
+    import json
+    path = os.path.join(home, "config.json")
+    with open(path, "w") as fh:
+        json.dump({"ServerConfig": {"port": 0, **server_config}}, fh)
+    return subprocess.run([sys.executable, "-m", "tiny_mindie", "--config", path, "--model",
+                           os.path.join(home, "no-model.gguf")],
+                          capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("tiny_mindie: error: "), r.stderr
+    return r.stderr[len("tiny_mindie: error: "):].strip()
+
+
+def test_a_missing_crl_fails_before_a_first_run_creates_anything(tmp_path):
+    r = serve(tmp_path, {"tlsCrlPath": "security/crl/", "tlsCrlFiles": ["mine.pem"]})
+    message = one_line_error(r)
+    assert message.startswith(f"TLS CRL file not found: {tmp_path}/security/crl/mine.pem"), message
+    assert "nothing was created" in message
+    assert os.listdir(tmp_path) == ["config.json"]
+
+
+def test_an_expired_server_certificate_is_named_at_start(tmp_path):
+    import datetime
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    sec = tmp_path / "security"
+    server, ca = load(sec / "certs/server.pem"), load(sec / "ca/ca.pem")
+    ca_key = serialization.load_pem_private_key((sec / "ca/ca.key.pem").read_bytes(), None)
+    key = serialization.load_pem_private_key((sec / "keys/server.key.pem").read_bytes(), None)
+    now = datetime.datetime.now(datetime.UTC)
+    b = (x509.CertificateBuilder().subject_name(server.subject).issuer_name(ca.subject)
+         .public_key(key.public_key()).serial_number(x509.random_serial_number())
+         .not_valid_before(now - datetime.timedelta(days=30))
+         .not_valid_after(now - datetime.timedelta(days=1)))
+    for ext in server.extensions:
+        b = b.add_extension(ext.value, ext.critical)
+    (sec / "certs/server.pem").write_bytes(
+        b.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM))
+    message = one_line_error(serve(tmp_path, {}))
+    assert message.startswith(f"TLS certificate {sec}/certs/server.pem expired on "), message
+
+
+@pytest.mark.parametrize("leaf", ["client.pem", "server.pem"])
+def test_a_leaf_given_as_the_ca_file_is_named_not_the_crl(tmp_path, leaf):
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    message = one_line_error(serve(tmp_path, {"tlsCaPath": "security/certs/",
+                                              "tlsCaFile": [leaf]}))
+    assert message.startswith(f"TLS CA file {tmp_path}/security/certs/{leaf} holds "), message
+    assert "which is not a CA" in message and "CRL" not in message
+
+
+def test_a_listen_address_the_certificate_does_not_name_is_a_warning(tmp_path):
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    r = serve(tmp_path, {"ipAddress": "127.0.0.3", "managementIpAddress": "127.0.0.1"})
+    warning = [line for line in r.stderr.splitlines() if "does not name" in line]
+    assert len(warning) == 1 and "WARNING" in warning[0], r.stderr
+    assert "the listen address 127.0.0.3 (it names localhost, 127.0.0.1" in warning[0]
+    assert "model" in r.stderr.splitlines()[-1]          # the start went on to the model
+    r = serve(tmp_path, {"ipAddress": "127.0.0.2"})
+    assert "does not name" not in r.stderr
+
+
+def test_host_names_are_matched_as_a_client_matches_them():
+    import ipaddress as ip
+
+    from tiny_mindie.security import _covers
+    names = ["svc.example", "*.pods.example", ip.ip_address("10.0.0.5")]
+    assert _covers(names, "SVC.example.") and _covers(names, "a.pods.example")
+    assert _covers(names, "10.0.0.5")
+    assert not _covers(names, "a.b.pods.example") and not _covers(names, "pods.example")
+    assert not _covers(names, "10.0.0.6") and not _covers(["10.0.0.5"], "10.0.0.5")

@@ -7,6 +7,7 @@ non-zero exit status; never a traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -104,7 +105,14 @@ def serve(args: argparse.Namespace) -> int:
     ``/stopService`` (:mod:`.lifecycle`)."""
     from .app import check_ports_free
     from .lifecycle import serve as serve_until_stopped
-    from .security import tls_files, uses_default_crl, uses_default_paths
+    from .security import (
+        check_before_creating,
+        check_certificates,
+        listen_hosts,
+        tls_files,
+        uses_default_crl,
+        uses_default_paths,
+    )
     from .server.tls import ensure_certificates, server_context
 
     setup_logging(args.log_level, args.log_format)
@@ -115,12 +123,15 @@ def serve(args: argparse.Namespace) -> int:
     ssl_ctx, files = None, None
     if s.https_enabled:
         files = tls_files(cfg)
-        hosts = tuple({s.ip_address, s.management_ip_address} - {"0.0.0.0", "::"})
+        hosts = listen_hosts(cfg)
+        check_before_creating(cfg, files)
         if ensure_certificates(files, hosts, may_create=uses_default_paths(cfg),
                                with_crls=uses_default_crl(cfg)):
             _say(f"created a CA and its key, a server and a client certificate"
                  f"{' and an empty CRL' if uses_default_crl(cfg) and files.crls else ''} in "
                  f"{os.path.dirname(os.path.dirname(files.ca[0]))} (first run)")
+        for warning in check_certificates(files, hosts):
+            logging.getLogger("tiny_mindie.tls").warning("%s", warning)
         ssl_ctx = server_context(files)
     return serve_until_stopped(cfg, ssl_ctx, files, t0, _say, log_bodies=args.log_requests)
 
