@@ -107,6 +107,13 @@ def test_gemma3_reads_the_local_layers_rotary_base(tmp_path, kv, local):
     c = ModelConfig.from_gguf(_write(tmp_path / "m.gguf", "gemma3",
                                      {"rope.freq_base": 1e6, **kv}))
     assert (c.rope_theta, c.rope_theta_local) == (1e6, local)
+    # the local layers' rotary table (the reference's; the graph builds its own from the same
+    # function) is at that base, the global layers' at rope.freq_base
+    from tiny_mindie.model.reference_layers import rope_frequencies
+    i = np.arange(c.rope_dim // 2)
+    inv_local, _ = rope_frequencies(c, 128, local=True)
+    np.testing.assert_allclose(inv_local, local ** (-2.0 * i / c.rope_dim))
+    np.testing.assert_allclose(rope_frequencies(c, 128)[0], 1e6 ** (-2.0 * i / c.rope_dim))
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf")])
