@@ -104,6 +104,12 @@ class RequestParser:
                 or self._skipped_empty_lines)
 
     @property
+    def head(self) -> RequestHead | None:
+        """The head of the request being read, once its header section is complete (kept after
+        an :class:`HTTPError` about its body); ``None`` before it and between requests."""
+        return self._head
+
+    @property
     def buffered(self) -> int:
         """Bytes received but not consumed yet (the start of the next request when pipelining)."""
         return len(self._buf)
