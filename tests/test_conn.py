@@ -309,6 +309,48 @@ def test_malformed_request_answered_then_server_still_serves(server, garbage, st
     assert conn.getresponse().status == 200
 
 
+def _access_records(caplog, n: int) -> list:
+    """The first ``n`` access records, once they are written (the server runs in a thread)."""
+    deadline = time.monotonic() + 5
+    while len(got := [r for r in caplog.records if r.name == "tiny_mindie.access"]) < n:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.01)
+    return got[:n]
+
+
+def test_refused_requests_get_an_access_record(server, caplog):
+    """The parser's refusals are logged like routed requests: the answer's id, the status,
+    outcome validation, the peer; method and path once the head was read."""
+    with caplog.at_level(logging.INFO, logger="tiny_mindie.access"):
+        answers = []
+        for data in (b"GARBAGE\r\n\r\n", b"POST /echo HTTP/1.1\r\nHost: x\r\n"
+                     b"X-Request-Id: big-7\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1)):
+            with server.socket() as sock:
+                sock.sendall(data)
+                answers.append(split_response(recv_all(sock)))
+        records = _access_records(caplog, 2)
+    for (line, headers, _), record, status in zip(answers, records, (400, 413), strict=True):
+        fields = record.fields
+        assert line.startswith(f"HTTP/1.1 {status} ")
+        assert (fields["request_id"], fields["status"], fields["outcome"]) == \
+            (headers["x-request-id"], status, "validation")
+        assert fields["peer"].startswith("127.0.0.1:") and fields["total_ms"] is None
+    assert (records[0].fields["method"], records[0].fields["path"]) == (None, None)
+    assert records[0].getMessage() == f'"- -" 400 validation - id={records[0].fields["request_id"]}'
+    assert (records[1].fields["request_id"], records[1].fields["method"],
+            records[1].fields["path"]) == ("big-7", "POST", "/echo")
+
+
+def test_a_request_timed_out_by_the_parser_is_logged_as_timeout(impatient_server, caplog):
+    with caplog.at_level(logging.INFO, logger="tiny_mindie.access"):
+        with impatient_server.socket() as sock:
+            sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nab")
+            line, _, _ = split_response(recv_all(sock))
+        record, = _access_records(caplog, 1)
+    assert line.startswith("HTTP/1.1 408 ")
+    assert (record.fields["status"], record.fields["outcome"]) == (408, "timeout")
+
+
 def test_handler_exception_is_500_without_traceback(server, caplog):
     conn = server.client()
     with caplog.at_level(logging.ERROR, logger="tiny_mindie.server.conn"):

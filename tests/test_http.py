@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -563,9 +564,44 @@ def test_transfer_encoding_in_http10_is_400():
     b"5\r\nhello\r\n0\r\nBad Trailer\r\n\r\n",
     b"5\r\nhello\r\n0\r\n\n",
     b"1" * 5000,                            # endless size line
+    b"0\r\nX-T: 1\n\r\n",                     # a trailer line ended by a bare LF ...
+    b"0\r\nX-T: 1\r\nY: 2\n",                  # ... refused before the section ends
 ])
 def test_bad_chunked_body_is_400(body):
     assert error_of(CHUNKED_HEAD + body).status == 400
+
+
+@pytest.mark.parametrize("trailers", [b"X-T: 1\n\r\n", b"X-T: 1\r\nY: 2\nZ: 3\r\n\r\n"])
+def test_bare_lf_in_trailers_is_400_at_once_for_every_split(trailers):
+    """A bare LF in the trailer section is answered when it arrives, not at the body timeout."""
+    data = CHUNKED_HEAD + b"0\r\n" + trailers
+    assert _status(assert_split_invariant(data)) == 400
+    upto_bare_lf = data[:re.search(rb"[^\r]\n", data).end()]
+    assert _status(outcome([upto_bare_lf])) == 400
+
+
+@pytest.mark.parametrize("value", [b"\xa0chunked", b"chunked\xa0", b"chunked\x85", b"\x85chunked",
+                                   b"chunked\x0b", b"gzip\xa0, chunked"])
+def test_transfer_encoding_trims_sp_and_htab_only(value):
+    """0x85 and 0xA0 are not whitespace in HTTP (RFC 9110 OWS is SP and HTAB): such a coding is
+    malformed, never chunked."""
+    assert error_of(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding:" + value
+                    + b"\r\n\r\n0\r\n\r\n").status == 400
+
+
+@pytest.mark.parametrize("value", [b"\xa065", b"65\x85", b"65\xa0", b"\x8565", b"65,\xa065"])
+def test_content_length_trims_sp_and_htab_only(value):
+    assert error_of(b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length:" + value + b"\r\n\r\n"
+                    + b"x" * 65).status == 400
+
+
+def test_connection_and_expect_members_trim_sp_and_htab_only():
+    req = one_request(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: \t close\xa0\r\n\r\n")
+    assert req.keep_alive                     # "close\xa0" is not "close"
+    assert not one_request(b"GET / HTTP/1.1\r\nHost: h\r\nConnection: x,\t close \r\n\r\n"
+                           ).keep_alive
+    assert error_of(b"POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\xa0\r\n"
+                    b"Content-Length: 1\r\n\r\nx").status == 417
 
 
 def test_error_is_sticky_and_feed_ignored():

@@ -280,3 +280,45 @@ def test_fuzzer_run_is_determined_by_its_seed():
     runs.append(fuzz_http.fuzz(seed=5, iterations=100, coverage=False))
     assert runs[0].digest == runs[1].digest
     assert fuzz_http.fuzz(seed=6, iterations=100, coverage=False).digest != runs[0].digest
+
+
+# --- differential: framing headers against h11 ------------------------------------------------
+
+_PADS = [b"", b" ", b"\t", b"\x85", b"\xa0", b"\x0b", b"\x0c", b"\x1c", b"\xa0 ", b" \x85"]
+
+
+def _h11_framing(head: bytes):
+    """h11's verdict on a request head: ``"refused"``, or the body framing it reads."""
+    import h11
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(head)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return "refused"
+    headers = dict(event.headers)
+    if b"transfer-encoding" in headers:
+        return "chunked"
+    return int(headers.get(b"content-length", b"0"))
+
+
+def _our_framing(head: bytes):
+    parser = RequestParser()
+    parser.feed(head)
+    try:
+        event = parser.next_event()
+    except HTTPError:
+        return "refused"
+    return "chunked" if event.chunked else event.content_length or 0
+
+
+@pytest.mark.parametrize("name, value", [(b"Transfer-Encoding", b"chunked"),
+                                         (b"Content-Length", b"65")])
+def test_framing_header_padding_agrees_with_h11(name, value):
+    """Every padding of a framing header's value, before and after: refused by both parsers or
+    read as the same framing (0x85 and 0xA0 are no whitespace; only SP and HTAB are OWS)."""
+    for before in _PADS:
+        for after in _PADS:
+            head = b"POST / HTTP/1.1\r\nHost: h\r\n" + name + b":" + before + value + after \
+                + b"\r\n\r\n"
+            assert _our_framing(head) == _h11_framing(head), head

@@ -468,8 +468,33 @@ def test_rate_limited_log_sums_up_held_events_by_reason(caplog):
         "3 more in the last 0.3 s: 2x refused TLS client 127.0.0.1:3: certificate revoked; "
         "CN=alice; 1x refused TLS client 127.0.0.1:4: self signed certificate; CN=evil"]
     kept = "; ".join(f"1x event {i}" for i in range(RateLimitedLog.MAX_REASONS))
+    named = "; ".join(f"1x reason {i}" for i in range(RateLimitedLog.MAX_REASONS,
+                                                       RateLimitedLog.MAX_REASONS + 3))
     assert lines[2:] == [f"{RateLimitedLog.MAX_REASONS + 3} more in the last 0.3 s: {kept}; "
-                         f"3x for other reasons"]
+                         f"{named}"]
+
+
+def test_rate_limited_log_names_the_kind_of_every_event_past_the_kept_reasons(caplog):
+    """Past MAX_REASONS reasons, events are counted by kind and each kind is named; only past
+    MAX_KINDS kinds (a bound a fixed set of kinds never reaches) are they "other reasons"."""
+    async def main():
+        say = RateLimitedLog(logging.WARNING, every=0.3)
+        say("first")
+        for i in range(RateLimitedLog.MAX_REASONS + 12):
+            kind = "certificate revoked" if i % 2 else "unknown ca"
+            say(f"refused CN=client{i}: {kind}", f"{kind} CN=client{i}", kind)
+        await asyncio.sleep(0.5)
+        for i in range(RateLimitedLog.MAX_REASONS + RateLimitedLog.MAX_KINDS + 2):
+            say(f"event {i}", f"reason {i}", f"kind {i}")
+        await asyncio.sleep(0.5)
+
+    with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+        asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[1].endswith("; 6x unknown ca; 6x certificate revoked"), lines[1]
+    assert lines[1].count("CN=client") == RateLimitedLog.MAX_REASONS
+    last_kind = RateLimitedLog.MAX_REASONS + RateLimitedLog.MAX_KINDS - 1
+    assert lines[2].endswith(f"; 1x kind {last_kind}; 2x for other reasons"), lines[2]
 
 
 def test_a_flood_of_revoked_clients_does_not_hide_another_refusal(pki, caplog):
@@ -488,5 +513,133 @@ def test_a_flood_of_revoked_clients_does_not_hide_another_refusal(pki, caplog):
         assert "CN=revoked client,O=tiny_mindie" in summary[0]
         assert "1x refused TLS client 127.0.0.1:" in summary[0]
         assert "peer did not return a certificate" in summary[0]
+    finally:
+        srv.stop()
+
+
+def _ca(path: str, key_path: str, cn: str, issuer: tuple | None = None) -> tuple:
+    """A CA certificate and key written as PEM: a root (no limit on the CAs under it) when
+    ``issuer`` is None, else an intermediate signed by ``issuer`` = (certificate, key)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    now = datetime.datetime.now(datetime.UTC)
+    signer_cert, signer_key = issuer or (None, key)
+    cert = (x509.CertificateBuilder().subject_name(name)
+            .issuer_name(signer_cert.subject if signer_cert else name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None if issuer is None
+                                                 else 0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                         crl_sign=True, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .sign(signer_key, hashes.SHA256()))
+    with open(path, "wb") as fh:
+        fh.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def chain_pki(tmp_path_factory):
+    """A root CA, an intermediate CA under it, a client certificate of the intermediate (its
+    file holds the chain: the client's certificate, then the intermediate's), a server
+    certificate of the root; the CRLs of both CAs, and one of the root revoking the intermediate."""
+    d = str(tmp_path_factory.mktemp("chain"))
+    root = _ca(f"{d}/root.pem", f"{d}/root.key", "root CA")
+    _ca(f"{d}/inter.pem", f"{d}/inter.key", "intermediate CA", root)
+    issue_certificate(f"{d}/root.pem", f"{d}/root.key", f"{d}/server.pem", f"{d}/server.key",
+                      "localhost", hosts=("127.0.0.1",))
+    issue_certificate(f"{d}/inter.pem", f"{d}/inter.key", f"{d}/leaf.pem", f"{d}/leaf.key",
+                      "chained client")
+    with open(f"{d}/chain.pem", "wb") as fh:
+        for part in ("leaf", "inter"):
+            with open(f"{d}/{part}.pem", "rb") as src:
+                fh.write(src.read())
+    issue_crl(f"{d}/root.crl", f"{d}/root.pem", f"{d}/root.key")
+    issue_crl(f"{d}/inter.crl", f"{d}/inter.pem", f"{d}/inter.key")
+    issue_crl(f"{d}/revoked-inter.crl", f"{d}/root.pem", f"{d}/root.key", (f"{d}/inter.pem",))
+    files = TLSFiles(ca=(f"{d}/root.pem",), cert=f"{d}/server.pem", key=f"{d}/server.key",
+                     crls=(), client_cert=f"{d}/chain.pem", client_key=f"{d}/leaf.key")
+    return d, files
+
+
+def _chained_client(d: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=f"{d}/root.pem")
+    ctx.load_cert_chain(f"{d}/chain.pem", f"{d}/leaf.key")
+    return ctx
+
+
+@pytest.mark.parametrize("cas, crls", [(("root",), ()), (("root", "inter"), ("root", "inter"))])
+def test_a_client_chain_through_an_intermediate_ca_is_accepted(chain_pki, cas, crls):
+    """The client sends its certificate and the intermediate's; the server trusts the root. With
+    CRLs, each CA of the chain has its CRL (and its certificate, which checks the CRL at start)."""
+    d, files = chain_pki
+    files = replace(files, ca=tuple(f"{d}/{c}.pem" for c in cas),
+                    crls=tuple(f"{d}/{c}.crl" for c in crls))
+    srv = Listening(server_context(files), limit=4, handshake_timeout=5.0)
+    try:
+        assert srv.get(_chained_client(d)) == (200, {"ok": True})
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("cas, crls, why", [
+    (("root", "inter"), ("revoked-inter", "inter"), "certificate revoked (verify code 23)"),
+    (("root",), ("root",), "unable to get certificate CRL (verify code 3): every CA of the "
+                           "client's chain, an intermediate too, needs its CRL in tlsCrlFiles"),
+])
+def test_a_chain_is_checked_against_the_crl_of_each_of_its_cas(chain_pki, caplog, cas, crls, why):
+    """A root's CRL revoking the intermediate CA refuses the intermediate's clients; a chain
+    whose intermediate has no CRL is refused with what to add."""
+    d, files = chain_pki
+    files = replace(files, ca=tuple(f"{d}/{c}.pem" for c in cas),
+                    crls=tuple(f"{d}/{c}.crl" for c in crls))
+    srv = Listening(server_context(files), limit=4, handshake_timeout=5.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                srv.get(_chained_client(d))
+            time.sleep(0.2)
+        assert why in caplog.text and "'CN=chained client,O=tiny_mindie'" in caplog.text
+    finally:
+        srv.stop()
+
+
+def test_a_mixed_matrix_of_refusals_names_every_reason(pki, tmp_path, caplog):
+    """More refused clients than the summary keeps by name: the rest are counted by reason,
+    never as "other reasons"."""
+    files, revoked = pki
+    t = str(tmp_path)
+    foreign = TLSFiles(ca=(f"{t}/ca.pem",), cert=f"{t}/s.pem", key=f"{t}/s.key", crls=(),
+                       client_cert=f"{t}/fc.pem", client_key=f"{t}/fc.key")
+    make_certificates(foreign)
+    clients = []
+    for i in range(RateLimitedLog.MAX_REASONS + 2):     # each of another CA, each its own name
+        cert, key = f"{tmp_path}/c{i}.pem", f"{tmp_path}/c{i}.key"
+        issue_certificate(foreign.ca[0], foreign.ca_key, cert, key, f"client {i}")
+        clients.append(replace(files, client_cert=cert, client_key=key))
+    srv = Listening(server_context(files), limit=16, handshake_timeout=5.0, log_every=1.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            for ctx in ([client_context(revoked)] + [client_context(c) for c in clients]
+                        + [ssl.create_default_context(cafile=files.ca[0])]):
+                with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                    srv.get(ctx)
+            time.sleep(1.5)
+        summary, = [r.getMessage() for r in caplog.records if "more in the last" in r.getMessage()]
+        assert "other reasons" not in summary, summary
+        assert "; 2x unable to get local issuer certificate (verify code 20)" in summary
+        assert "1x peer did not return a certificate" in summary
     finally:
         srv.stop()

@@ -143,3 +143,36 @@ def test_text_access_line_has_the_request_id(server):
     line = next(line for line in server.log if " id=txt-9" in line)
     assert re.search(r'INFO tiny_mindie\.access: "GET /v1/models" 200 [0-9.]+ ms id=txt-9$',
                      line.strip()), line
+
+
+def _raw_answer(srv, data: bytes) -> str:
+    """The head of the server's answer to the raw request bytes ``data`` (over mutual TLS)."""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=30) as raw_sock:
+        with srv.ssl_context().wrap_socket(raw_sock, server_hostname="127.0.0.1") as tls:
+            tls.sendall(data)
+            return tls.recv(65536).decode("latin-1")
+
+
+@pytest.mark.parametrize("data, status", [
+    (b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n", 400),
+    (b"POST /infer HTTP/1.1\r\nHost: x\r\nX-Request-Id: big-1\r\nContent-Length: 99999999999\r\n"
+     b"\r\n", 413),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"POST /infer HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 1\r\n\r\nx", 417),
+    (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", 431),
+    (b"POST /infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+    (b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+])
+def test_requests_the_parser_refuses_have_an_access_record(jsrv, data, status):
+    """Outcome ``validation``, the status, the answer's request id (the client's once the head
+    was read), the peer and the client's certificate subject."""
+    head = _raw_answer(jsrv, data)
+    assert head.startswith(f"HTTP/1.1 {status} "), head
+    rid = re.search(r"(?i)x-request-id: (\S+)", head).group(1)
+    rec = access_record(jsrv, rid)
+    assert (rec["status"], rec["outcome"], rec["route"], rec["total_ms"]) == \
+        (status, "validation", None, None)
+    assert rec["peer"].startswith("127.0.0.1:") and "CN=" in rec["client"]
+    if status == 413:
+        assert (rid, rec["method"], rec["path"]) == ("big-1", "POST", "/infer")
+        assert '"POST /infer" 413 validation - id=big-1' in rec["message"]

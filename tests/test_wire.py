@@ -194,3 +194,60 @@ def test_unsent_bytes_counts_the_kernel_send_queue():
         return left
     left = asyncio.run(main())
     assert 200_000 - 64 * 1024 < left <= 200_000
+
+
+# --- JSON bodies: bounded, and parsed off the event loop ----------------------------------------
+
+def test_a_body_of_too_many_json_values_is_refused_before_parsing(monkeypatch):
+    """A legal body of millions of ``{}`` costs tens of bytes a value once parsed, and
+    json.loads holds the GIL: refused (422; 400 on OpenAI routes) on its bytes alone."""
+    from tiny_mindie.api import validate
+    from tiny_mindie.api.errors import Kind
+
+    body = b"[" + b"{}," * validate.MAX_JSON_VALUES + b"{}]"
+    monkeypatch.setattr(validate.json, "loads", lambda *a, **k: pytest.fail("parsed"))
+    with pytest.raises(validate.APIError) as info:
+        validate.parse_json_object(body)
+    assert info.value.kind is Kind.INVALID and info.value.status == 422
+    assert info.value.message == ("Failed to parse request context to json: more than "
+                                  f"{validate.MAX_JSON_VALUES} values")
+
+
+def test_commas_and_brackets_inside_strings_are_not_json_values():
+    from tiny_mindie.api import validate
+
+    text = "a,[{" * (validate.MAX_JSON_VALUES // 2)
+    assert validate.json_values(json.dumps({"inputs": text}).encode()) == 1     # its "{"
+    assert validate.parse_json_object(json.dumps({"inputs": text}).encode()) == {"inputs": text}
+    ids = list(range(1 << 20))              # a token-id prompt of maxInputTokenLen's top
+    assert validate.parse_json_object(json.dumps({"input_id": ids}).encode())["input_id"] == ids
+
+
+def test_read_json_object_parses_in_a_worker_thread(monkeypatch):
+    from tiny_mindie.api import validate
+
+    threads = []
+    real = validate.parse_json_object
+    monkeypatch.setattr(validate, "parse_json_object",
+                        lambda body: threads.append(threading.current_thread()) or real(body))
+    assert asyncio.run(validate.read_json_object(b'{"a": 1}')) == {"a": 1}
+    assert threads and threads[0] is not threading.main_thread()
+
+
+def test_no_route_handler_parses_a_json_body_on_the_event_loop():
+    """Every coroutine of the API families reads a body with read_json_object (a worker thread)
+    or hands a synchronous parser to a thread, never parse_json_object itself."""
+    import ast
+    import pathlib
+
+    import tiny_mindie.api as api
+
+    found = []
+    for path in sorted(pathlib.Path(api.__file__).parent.glob("*.py")):
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.AsyncFunctionDef):
+                found += [f"{path.name}:{node.lineno}" for node in ast.walk(fn)
+                          if isinstance(node, ast.Call)
+                          and getattr(node.func, "id", None) in ("parse_json_object",
+                                                                 "parse_infer")]
+    assert not found, found

@@ -14,7 +14,14 @@ from ..server.http import Request
 from ..server.routing import BUSINESS
 from .drive import build, collect, merged, route, send_stream
 from .errors import MINDIE, from_generation_error, invalid
-from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+from .validate import (
+    check_token_ids,
+    get_bool,
+    get_float,
+    get_int,
+    parse_json_object,
+    read_json_object,
+)
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -111,7 +118,7 @@ def stream_event(ev: TokenEvent, request: GenerationRequest, details: bool) -> d
 
 async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
     """``POST /infer``: MindIE's text inference, plain JSON or an SSE stream."""
-    prompt, params, streaming, details = parse_infer(req.body, llm)
+    prompt, params, streaming, details = await asyncio.to_thread(parse_infer, req.body, llm)
     request = await build(llm, prompt, params)
     if streaming:
         await send_stream(stream, merged(llm, [request]), MINDIE,
@@ -129,7 +136,7 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
 
 async def infer_token(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
     """``POST /infer_token``: ``/infer`` with token ids in (``input_id``), same answers."""
-    obj = parse_json_object(req.body)
+    obj = await read_json_object(req.body)
     if obj.get("input_id") is None:
         if obj.get("inputs") is not None:
             raise invalid("Not found input_id. /infer_token takes token ids; use /infer for text.")
@@ -144,7 +151,7 @@ async def tokenizer(req: Request, stream: ResponseStream, llm: LLM) -> Response:
     It answers exactly for the texts ``/infer`` accepts as prompts: one with more tokens than
     ``maxInputTokenLen`` gets ``/infer``'s 424 (without being tokenized when its length alone
     proves it)."""
-    obj = parse_json_object(req.body)
+    obj = await read_json_object(req.body)
     text = read_inputs(obj)
     decode = get_bool(obj, "do_decode", False, "Field")
 

@@ -6,7 +6,8 @@ A refused request gets ``{"error": message, "error_type": reason}``, the status'
 as the type (``Bad Request``, ``Request Timeout``, ``Expectation Failed``, ...), as MindIE's own
 errors name theirs; a body over the limit gets MindIE's 413 body
 ``{"message": "Request body too large. Maximum allowed size is 40MB."}``. A failed handler gets
-500 ``{"error": "Internal server error", "error_type": "Incomplete Generation"}``.
+500 ``{"error": "Internal server error", "error_type": "Incomplete Generation"}``. Each refused
+request gets its access record (:func:`~tiny_mindie.server.routing.log_refused`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from ..server.conn import ErrorAnswers, Response, json_response
 from ..server.http import HTTPError
 from ..server.http_response import reason_phrase
+from ..server.routing import log_refused
 from .errors import error_body
 
 __all__ = ["ANSWERS", "body_too_large_message", "rejected"]
@@ -35,4 +37,5 @@ def rejected(exc: HTTPError) -> Response:
 
 #: What the app hands :func:`~tiny_mindie.server.listen.start_listeners`.
 ANSWERS = ErrorAnswers(rejected=rejected,
-                       failed=json_response(500, error_body(500, "Internal server error")))
+                       failed=json_response(500, error_body(500, "Internal server error")),
+                       refused=log_refused)

@@ -49,7 +49,7 @@ from .validate import (
     get_float,
     get_int,
     get_stop_list,
-    parse_json_object,
+    read_json_object,
     refuse_set,
 )
 from .vllm import vllm_generate
@@ -237,7 +237,7 @@ def info(app) -> dict:
 def routes(app) -> list:
     """The TGI family's routes, ``/generate`` shared with vLLM 0.2 (spec §4)."""
     async def generate(req, stream, params):
-        obj = parse_json_object(req.body)
+        obj = await read_json_object(req.body)
         if "prompt" in obj and "inputs" in obj:
             raise invalid("Input conflict: /generate takes TGI's inputs or vLLM's prompt, "
                           "not both.")
@@ -246,10 +246,10 @@ def routes(app) -> list:
         return await tgi_plain(req, stream, app.llm, obj, as_list=False)
 
     async def generate_stream(req, stream, params):
-        return await tgi_stream(req, stream, app.llm, parse_json_object(req.body))
+        return await tgi_stream(req, stream, app.llm, await read_json_object(req.body))
 
     async def root(req, stream, params):
-        obj = parse_json_object(req.body)
+        obj = await read_json_object(req.body)
         if get_bool(obj, "stream", False, "Field"):
             return await tgi_stream(req, stream, app.llm, obj)
         return await tgi_plain(req, stream, app.llm, obj, as_list=True)

@@ -29,7 +29,7 @@ from .drive import build, collect, merged, route, send_stream
 from .errors import MINDIE, APIError, Kind, invalid
 from .manage import check_model
 from .native import mindie_parameters, read_inputs, read_parameters
-from .validate import check_token_ids, get_bool, get_int, parse_json_object
+from .validate import check_token_ids, get_bool, get_int, read_json_object
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -113,7 +113,7 @@ class Triton:
 
     async def stop_infer(self, req: Request, stream: ResponseStream, params: dict) -> Response:
         check_model(self.app, params["model"])
-        obj = parse_json_object(req.body)
+        obj = await read_json_object(req.body)
         if obj.get("id") is None:
             raise invalid("Not found id.")
         client_id = _client_id(obj)
@@ -156,7 +156,7 @@ class Triton:
         """The common front of generate and generate_stream: model check, body, parameters,
         tokenized request. Returns ``(client id or None, request, details, perf_stat)``."""
         check_model(self.app, params["model"])
-        obj = parse_json_object(req.body)
+        obj = await read_json_object(req.body)
         client_id = _client_id(obj)
         text = self._text_request(obj)
         make, details, perf = parse_parameters(obj)
@@ -240,7 +240,7 @@ class Triton:
 
     async def infer(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
         check_model(self.app, params["model"])
-        obj = parse_json_object(req.body)
+        obj = await read_json_object(req.body)
         client_id = _client_id(obj)
         ids = self._token_inputs(obj)
         outputs = obj.get("outputs") or [{}]

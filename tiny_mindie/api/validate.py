@@ -7,6 +7,7 @@ field's error names the field as its ``param`` (OpenAI's style answers it 400).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -20,6 +21,12 @@ from .errors import APIError, Kind, invalid
 #: chat with tool calls nests about 6 deep); code that walks a parsed body recursively -- the
 #: chat template, the chat shielding, json.dumps -- then cannot run out of stack.
 MAX_JSON_DEPTH = 64
+
+#: How many JSON values a request body may hold, counted as its commas, brackets and braces
+#: outside strings (one to two per value: ``[{},{}]`` counts 4). A value costs tens of bytes once
+#: parsed, and ``json.loads`` holds the GIL, so a worker thread does not let the event loop run
+#: while it parses; this bounds both. A token-id prompt of ``maxInputTokenLen``'s top fits.
+MAX_JSON_VALUES = 1 << 21
 
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
@@ -49,17 +56,37 @@ def json_depth(text: bytes) -> int:
     return deepest
 
 
+def json_values(text: bytes) -> int:
+    """How many values the JSON ``text`` holds, as :data:`MAX_JSON_VALUES` counts them: its
+    commas, ``[`` and ``{`` outside strings (``[1,2,3]`` -> 3); linear time, no parsing."""
+    rough = text.count(b",") + text.count(b"[") + text.count(b"{")
+    if rough <= MAX_JSON_VALUES:      # strings can only add to the rough count
+        return rough
+    bare = _JSON_STRING.sub(b"", text)
+    return bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+
+
+async def read_json_object(body: bytes) -> dict:
+    """:func:`parse_json_object` of a request body, in a worker thread: what a route handler
+    calls. Raises as :func:`parse_json_object` does."""
+    return await asyncio.to_thread(parse_json_object, body)
+
+
 def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
     """The request body as a JSON object.
 
     Raises:
         APIError: 422 ``Failed to parse request context to json`` for invalid UTF-8, invalid
-            JSON, NaN/Infinity, an integer of over 4300 digits, or a non-object;
+            JSON, NaN/Infinity, an integer of over 4300 digits, a non-object, or more than
+            :data:`MAX_JSON_VALUES` values (checked on the bytes, before parsing);
             :class:`JSONTooDeep` (422) when arrays and objects nest deeper than ``max_depth``
             (checked on the bytes, before anything parses or walks them).
     """
     def no_constants(name: str):
         raise ValueError(name)
+    if json_values(body) > MAX_JSON_VALUES:        # first: the cheapest check
+        raise invalid("Failed to parse request context to json: more than "
+                      f"{MAX_JSON_VALUES} values")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

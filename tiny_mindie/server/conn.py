@@ -37,16 +37,15 @@ import asyncio
 import email.utils
 import json
 import logging
-import re
 import ssl
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .http import NEED_DATA, HTTPError, Request, RequestHead, RequestParser
 from .http_response import CONTINUE_100, format_response
+from .peer import peer_address, peer_subject, request_id
 from .sse import ChunkedStream, utf8
 
 __all__ = ["ErrorAnswers", "Handler", "Response", "ResponseStream", "json_response",
@@ -55,7 +54,6 @@ __all__ = ["ErrorAnswers", "Handler", "Response", "ResponseStream", "json_respon
 log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024          # bytes per socket read
-_SANE_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 LINGER_SECONDS = 2.0           # max time spent draining input before closing after an error
 CLOSE_SECONDS = 5.0            # max time waiting for the transport to close
 
@@ -99,37 +97,6 @@ def json_response(status: int, obj: Any, headers: list[tuple[str, str]] | None =
 
 
 Handler = Callable[[Request, "ResponseStream"], Awaitable[Response | None]]
-
-
-def request_id(request: Request | None) -> str:
-    """The id of ``request``: its ``X-Request-Id`` header when that is 1-128 visible ASCII
-    characters (so a proxy's id carries through), else a new random one (32 hex digits)."""
-    given = request.header("x-request-id") if request is not None else None
-    if given is not None and _SANE_REQUEST_ID.fullmatch(given):
-        return given
-    return uuid.uuid4().hex
-
-
-def peer_subject(writer: asyncio.StreamWriter) -> str | None:
-    """The subject of the client's TLS certificate as an RFC 4514 string (``CN=client,O=...``),
-    or ``None`` without TLS or without a client certificate."""
-    tls = writer.get_extra_info("ssl_object")
-    der = tls.getpeercert(binary_form=True) if tls is not None else None
-    if not der:
-        return None
-    from cryptography import x509
-    try:
-        return x509.load_der_x509_certificate(der).subject.rfc4514_string()
-    except ValueError:          # a certificate the TLS layer accepted but cryptography cannot read
-        return None
-
-
-def peer_address(peername) -> str | None:
-    """``host:port`` (``[v6]:port``) of a socket address; ``None`` when unknown."""
-    if not isinstance(peername, tuple) or len(peername) < 2:
-        return None
-    host, port = peername[0], peername[1]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 class ResponseStream:
@@ -234,10 +201,15 @@ class ErrorAnswers:
         rejected: ``(HTTPError) -> Response``: the answer to a request the parser refused
             (its status is the error's; the connection closes after it).
         failed: the 500 answer when a handler raises or returns no :class:`Response`.
+        refused: told of each answer ``rejected`` gave, after it is written (the access
+            record): ``refused(exc, head, request_id=, peer=, client=)`` with the head the parser
+            read (``None`` when the error came first), the answer's ``X-Request-Id``, the
+            client's ``host:port`` and certificate subject.
     """
 
     rejected: Callable[[HTTPError], Response]
     failed: Response
+    refused: Callable[..., None] = lambda exc, head, **who: None
 
 
 # The default: the parser's message, or "Internal server error", as plain text.
@@ -461,9 +433,14 @@ class _Connection:
 
     async def _send_error(self, exc: HTTPError) -> None:
         answer = self.answers.rejected(exc)
-        headers = (self._base_headers(None, keep_alive=False)
-                   + [("Content-Type", answer.content_type)])
-        await self._write(format_response(exc.status, headers, answer.body))
+        head = self.parser.head
+        rid = request_id(head)
+        headers = (self._base_headers(None, False, rid) + [("Content-Type", answer.content_type)])
+        try:
+            await self._write(format_response(exc.status, headers, answer.body))
+        finally:
+            self.answers.refused(exc, head, request_id=rid, peer=peer_address(self.peer),
+                                 client=self.client_subject)
 
     # -- closing ---------------------------------------------------------------------------
 

@@ -18,9 +18,11 @@ importable from here); responses are built by :mod:`.http_response`.
 
 Strictness (what is rejected, and why) follows RFC 9112 with request smuggling in mind:
 one space between request-line parts, token method and header names, no whitespace before
-the colon, no obs-fold, no bare CR, no control characters in values, Content-Length digits
-only (identical repeats allowed), Content-Length together with Transfer-Encoding rejected,
-CRLF required inside chunked framing, exactly one valid ``Host`` in an HTTP/1.1 request (at most
+the colon, no obs-fold, no bare CR, no control characters in values, only SP and HTAB trimmed
+around a value or list member (RFC 9110's OWS: 0x85 and 0xA0 are no whitespace), Content-Length
+digits only (identical repeats allowed), transfer codings tokens only, Content-Length together
+with Transfer-Encoding rejected, CRLF required inside chunked framing (a bare LF in the trailer
+section refused as soon as it arrives), exactly one valid ``Host`` in an HTTP/1.1 request (at most
 one in HTTP/1.0), an absolute-form target only as ``http(s)://host[:port]...`` without userinfo,
 a bracketed host (target or ``Host``) only as an IPv6 address ``ipaddress`` takes or an IPvFuture,
 no expectation but ``100-continue`` (417).  Lenient where the RFC allows it: empty lines before
@@ -43,6 +45,7 @@ __all__ = ["NEED_DATA", "Event", "HTTPError", "Request", "RequestHead", "Request
 
 _END_OF_HEAD = re.compile(rb"\n\r?\n")
 _CHUNK_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]+)[ \t]*(;[\t\x20-\x7e\x80-\xff]*)?")
+_BARE_LF = re.compile(rb"(?<!\r)\n")   # an LF without its CR (the trailer section wants CRLF)
 _MAX_CHUNK_LINE = 4096        # bytes, chunk-size line including extensions
 
 # parser states
@@ -99,6 +102,12 @@ class RequestParser:
         only empty lines is timed like any other slow request).  Constant time."""
         return (self._state not in (_HEAD, _ERROR) or bool(self._buf)
                 or self._skipped_empty_lines)
+
+    @property
+    def head(self) -> RequestHead | None:
+        """The head of the request being read, once its header section is complete (kept after
+        an :class:`HTTPError` about its body); ``None`` before it and between requests."""
+        return self._head
 
     @property
     def buffered(self) -> int:
@@ -321,7 +330,11 @@ class RequestParser:
         if len(buf) < 2:
             return None
         limit = self.max_header_bytes
-        end = buf.find(b"\r\n\r\n", max(0, self._scan_from - 3), limit + 4)
+        start = max(0, self._scan_from - 3)
+        end = buf.find(b"\r\n\r\n", start, limit + 4)
+        bare_lf = _BARE_LF.search(buf, max(1, self._scan_from), limit + 4 if end < 0 else end)
+        if bare_lf is not None:        # refused at once: no CRLF CRLF can make it right
+            raise HTTPError(400, "Trailer field not terminated by CRLF")
         if end < 0:
             if len(buf) > limit + 3:     # the section would end past the limit
                 raise HTTPError(431, "Trailer section too large")
@@ -330,7 +343,4 @@ class RequestParser:
         raw = bytes(buf[:end])
         del buf[:end + 4]
         self._scan_from = 0
-        lines = raw.split(b"\r\n")
-        if any(b"\n" in line for line in lines):
-            raise HTTPError(400, "Trailer field not terminated by CRLF")
-        return parse_fields(lines, "trailer")
+        return parse_fields(raw.split(b"\r\n"), "trailer")

@@ -25,6 +25,8 @@ _VERSION = re.compile(r"HTTP/([0-9])\.([0-9])")
 _FIELD_NAME = re.compile(TOKEN)
 _BAD_VALUE_CHAR = re.compile(rb"[^\t\x20-\x7e\x80-\xff]")
 _DIGITS = re.compile(r"[0-9]+")
+_TOKEN_TEXT = re.compile(TOKEN.decode("ascii"))
+_OWS = " \t"      # OWS (RFC 9110 §5.6.3): SP and HTAB only, not str.strip()'s 0x85 or 0xA0
 
 # uri-host [":" port] (RFC 3986 §3.2.2-3.2.3): IP-literal (IPv6 or IPvFuture) or reg-name /
 # IPv4address; never userinfo.  The host must not be empty (RFC 9110 §4.2.1).
@@ -118,9 +120,9 @@ def parse_fields(lines: Iterable[bytes], what: str) -> list[tuple[str, str]]:
 
 
 def _comma_list(headers: list[tuple[str, str]], name: str) -> list[str]:
-    """All comma-separated, lower-cased, non-empty members of header ``name``."""
-    return [item.strip().lower() for n, v in headers if n == name
-            for item in v.split(",") if item.strip()]
+    """All comma-separated, lower-cased, non-empty members of header ``name``, OWS trimmed."""
+    return [item.strip(_OWS).lower() for n, v in headers if n == name
+            for item in v.split(",") if item.strip(_OWS)]
 
 
 
@@ -167,7 +169,7 @@ def _body_framing(headers: list[tuple[str, str]], version: str) -> tuple[int | N
     """Body framing (RFC 9112 §6): ``(Content-Length or None, chunked)``."""
     te_codings = _comma_list(headers, "transfer-encoding")
     has_te = any(n == "transfer-encoding" for n, _ in headers)
-    cl_values = [v.strip() for n, v in headers if n == "content-length" for v in v.split(",")]
+    cl_values = [v.strip(_OWS) for n, v in headers if n == "content-length" for v in v.split(",")]
     if has_te and cl_values:
         raise HTTPError(400, "Both Content-Length and Transfer-Encoding present")
     if has_te:
@@ -177,6 +179,8 @@ def _body_framing(headers: list[tuple[str, str]], version: str) -> tuple[int | N
             return None, True
         if not te_codings:
             raise HTTPError(400, "Empty Transfer-Encoding")
+        if not all(_TOKEN_TEXT.fullmatch(c.partition(";")[0].rstrip(_OWS)) for c in te_codings):
+            raise HTTPError(400, "Invalid Transfer-Encoding")
         if "chunked" in te_codings and (te_codings[-1] != "chunked"
                                         or te_codings.count("chunked") > 1):
             raise HTTPError(400, "Transfer-Encoding must apply chunked once, last")

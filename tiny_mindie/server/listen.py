@@ -35,16 +35,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .conn import (
-    PLAIN_ANSWERS,
-    ErrorAnswers,
-    Handler,
-    Response,
-    peer_address,
-    request_id,
-    serve_connection,
-)
+from .conn import PLAIN_ANSWERS, ErrorAnswers, Handler, Response, serve_connection
 from .http_response import format_response
+from .peer import peer_address, request_id
 from .refusal_log import RefusalLogs
 from .tls import describe_refusal
 
@@ -288,8 +281,8 @@ class TCPListener:
                 return
             raise
         except ssl.SSLError as exc:
-            why = describe_refusal(exc)
-            self.logs.refused(f"refused TLS client {peer}: {why}", why)
+            why, client = describe_refusal(exc)
+            self.logs.refused(f"refused TLS client {peer}: {why}{client}", why + client, why)
             return
         except ConnectionAbortedError as exc:     # the loop's handshake timeout
             self.logs.timed_out(f"closed the connection from {peer}: no TLS handshake within "

@@ -22,6 +22,12 @@ alone when the outcome is ``success``, else followed by the outcome::
     "POST /infer" 200 812.4 ms id=5f0c... prompt_tokens=8 cached_tokens=0 generated_tokens=20
     "POST /infer" 200 cancelled 95.0 ms id=77a1... prompt_tokens=8 cached_tokens=0 ...
 
+A request the HTTP parser refuses (400, 408, 413, 414, 417, 431, 501, 505: it never reaches a
+route) gets one too, from :func:`log_refused`, without a duration; its method and target are
+``-`` when the request head itself was refused::
+
+    "- -" 400 validation - id=9d2e...
+
 and its structured fields (``extra={"fields": ...}``, written out by ``--log-format json``):
 ``request_id``, ``method``, ``route`` (the path template, ``None`` when no route matched), ``path``
 (without the query), ``status`` (the status sent; ``None`` when none was), ``outcome``,
@@ -37,12 +43,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from .conn import Handler, Response, ResponseStream, json_response, json_text
-from .http import Request
+from .http import HTTPError, Request, RequestHead
 
 access = logging.getLogger("tiny_mindie.access")   # one record per request
 
@@ -271,26 +278,39 @@ def _end(req: Request, stream: ResponseStream, rec: RequestRecord, resp: Respons
     status = resp.status if resp is not None else stream.status
     if status is None and seen == INTERNAL:
         status = 500              # what serve_connection answers for a bug
-    _log_access(req, stream, rec, status)
+    _log_access(rec, status, req, stream.client_subject, stream.peer)
     for ended in rec.ended:
         ended(rec.outcome)
 
 
-def _log_access(req: Request, stream: ResponseStream, rec: RequestRecord,
-                status: int | None) -> None:
+def log_refused(exc: HTTPError, head: RequestHead | None, *, request_id: str,
+                peer: str | None, client: str | None) -> None:
+    """Write the access record of a request the HTTP parser refused (``ErrorAnswers.refused``
+    of :mod:`.conn`): outcome ``timeout`` for a 408, else ``validation``; ``method`` and
+    ``path`` are its head's (``None`` when the head itself was refused); ``total_ms`` is
+    ``None``, as the parser does not time a request."""
+    rec = RequestRecord(request_id, math.nan)
+    rec.outcome = TIMEOUT if exc.status == 408 else VALIDATION
+    _log_access(rec, exc.status, head, client, peer)
+
+
+def _log_access(rec: RequestRecord, status: int | None, req: Request | RequestHead | None,
+                client: str | None, peer: str | None) -> None:
     """Write the access record of a request that ended (see the module doc)."""
-    total_ms = (time.monotonic() - rec.t0) * 1000
-    fields = {"request_id": rec.request_id, "method": req.method, "route": rec.route,
-              "path": req.path[:200], "status": status, "outcome": rec.outcome,
+    total_ms = (time.monotonic() - rec.t0) * 1000     # NaN for a refused request
+    fields = {"request_id": rec.request_id, "method": req and req.method, "route": rec.route,
+              "path": req and req.path[:200], "status": status, "outcome": rec.outcome,
               **{k: rec.counts.get(k, 0) for k in TOKEN_COUNTS},
               "ttft_ms": None if rec.first_token is None
               else round((rec.first_token - rec.t0) * 1000, 1),
-              "total_ms": round(total_ms, 1), "client": stream.client_subject,
-              "peer": stream.peer}
-    if rec.keep_text:
+              "total_ms": None if math.isnan(total_ms) else round(total_ms, 1),
+              "client": client, "peer": peer}
+    if rec.keep_text and isinstance(req, Request):
         fields["request_body"] = req.body.decode("utf-8", "replace")
         fields["output"] = rec.output
     shown = status if rec.outcome == SUCCESS else f"{status or '-'} {rec.outcome}"
+    took = "-" if math.isnan(total_ms) else f"{total_ms:.1f} ms"
     counts = "".join(f" {k}={rec.counts[k]}" for k in TOKEN_COUNTS if k in rec.counts)
-    access.info('"%s %s" %s %.1f ms id=%s%s', req.method, req.target[:200], shown, total_ms,
-                rec.request_id, counts, extra={"fields": fields})
+    access.info('"%s %s" %s %s id=%s%s', req.method if req else "-",
+                req.target[:200] if req else "-", shown, took, rec.request_id, counts,
+                extra={"fields": fields})

@@ -367,8 +367,8 @@ def _signed_by(crl, ca) -> bool:
 
 def server_context(files: TLSFiles) -> ssl.SSLContext:
     """The server's ``SSLContext``: TLS 1.3 minimum, client certificate required (mutual TLS),
-    the client's certificate checked against the CRL files (when any are named). OpenSSL's
-    TLS 1.3 suites are MindIE's three (AES-128-GCM, AES-256-GCM, ChaCha20-Poly1305).
+    each certificate of the client's chain checked against the CRL files (when any are named).
+    OpenSSL's TLS 1.3 suites are MindIE's three (AES-128-GCM, AES-256-GCM, ChaCha20-Poly1305).
 
     Every named file must exist and hold what its key says; a CRL must be issued and signed by
     one of the CAs. An expired CRL is logged as a warning (every client of its CA is refused).
@@ -404,8 +404,8 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
             ctx.load_verify_locations(cafile=path)
         except (ssl.SSLError, OSError) as exc:
             raise TLSConfigError(f"cannot load TLS file {path}: {_reason(exc)}") from None
-    if files.crls:
-        ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    if files.crls:     # each CA of the chain: a CRL revoking an intermediate CA counts too
+        ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_CHAIN
     _name_refused_clients(ctx)
     return ctx
 
@@ -478,23 +478,22 @@ def _name_refused_clients(ctx: ssl.SSLContext) -> None:
         _C_MSG_HOOK.__set__(ctx, _on_tls_message)
 
 
-def describe_refusal(exc: BaseException) -> str:
-    """Why a server-side TLS handshake failed, for the log: OpenSSL's verify message (``certificate
-    revoked``, ``CRL has expired``, ...) or reason (``peer did not return a certificate``, ...),
-    and the client certificate's subject and serial when the client sent one."""
+def describe_refusal(exc: BaseException) -> tuple[str, str]:
+    """Why a server-side TLS handshake failed, for the log, as ``(why, client)``: OpenSSL's verify
+    message (``certificate revoked``, ...; a missing CRL says which CRLs are needed) or reason
+    (``peer did not return a certificate``, ...); ``client`` names the client certificate's
+    subject, serial and issuer (``"; client certificate ..."``) when the client sent one."""
+    why = _reason(exc) if isinstance(exc, ssl.SSLError) else str(exc) or type(exc).__name__
     if isinstance(exc, ssl.SSLCertVerificationError):
-        why = f"{exc.verify_message} (verify code {exc.verify_code})"
-    elif isinstance(exc, ssl.SSLError):
-        why = _reason(exc)
-    else:
-        why = str(exc) or type(exc).__name__
-    der = getattr(exc, "client_certificate", None)
-    if der:
-        from cryptography import x509
-        try:
-            cert = x509.load_der_x509_certificate(der)
-            why += (f"; client certificate {cert.subject.rfc4514_string()!r}, "
-                    f"serial {cert.serial_number:x}, issuer {cert.issuer.rfc4514_string()!r}")
-        except ValueError:
-            pass
-    return why
+        why = f"{exc.verify_message} (verify code {exc.verify_code}){_NO_CRL[exc.verify_code == 3]}"
+    from cryptography import x509
+    try:
+        cert = x509.load_der_x509_certificate(getattr(exc, "client_certificate", None) or b"")
+    except ValueError:     # none sent (b"" does not load either), or one cryptography cannot read
+        return why, ""
+    return why, (f"; client certificate {cert.subject.rfc4514_string()!r}, "
+                 f"serial {cert.serial_number:x}, issuer {cert.issuer.rfc4514_string()!r}")
+
+
+_NO_CRL = ("", ": every CA of the client's chain, an intermediate too, needs its CRL in "
+               "tlsCrlFiles and its certificate in tlsCaFile")
