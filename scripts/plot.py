@@ -94,7 +94,7 @@ def cpu(data: dict) -> str:
     """The CPU line, with the CPUs and threads a file names beside it."""
     named = {"cpus": "CPUs", "threads": "threads"}
     extra = [f"{data[k]} {named[k]}" for k in named
-             if k in data and f"{data[k]} CPUs" not in data.get("cpu", "")]
+             if data.get(k) is not None and f"{data[k]} CPUs" not in data.get("cpu", "")]
     return data.get("cpu", "?") + (f" ({', '.join(extra)})" if extra else "")
 
 
