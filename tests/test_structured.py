@@ -36,7 +36,8 @@ EOS = 256
 class ByteTokenizer(Tokenizer):
     """Byte tokens 0..255 and ``</s>`` (256), the end of generation: each byte its token."""
 
-    def encode(self, text: str, *, add_bos=None, parse_special=True) -> list[int]:
+    def encode(self, text: str, *, add_bos=None, parse_special=True,
+               space_prefix=True) -> list[int]:
         return list(text.encode("utf-8"))
 
 

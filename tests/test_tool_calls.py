@@ -93,7 +93,7 @@ def test_tool_choice_defaults_and_schemas():
 def test_strict_tools_under_auto_get_a_lazy_grammar():
     """Strict tools with ``tool_choice`` auto or unset are accepted (issue 29 item 1); their
     calls get a lazy grammar: free text, a call held to the strict tools' schemas (the others'
-    arguments any object) once its marker is written; Mistral's format has none."""
+    arguments any object) once its marker is written."""
     from tiny_mindie.api.openai_request import _chat_tools
 
     strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
@@ -101,7 +101,7 @@ def test_strict_tools_under_auto_get_a_lazy_grammar():
         assert _chat_tools(body, False).choice == tr.Choice("auto")
     tools = tr.parse_tools([strict, TIME])
     opts = {"whitespace_flexible": False}
-    hermes = tr.lazy_call_grammar(tools, tc.HERMES, frozenset(), opts)
+    hermes = tr.lazy_call_grammar(tools, tc.HERMES, {}, opts)
     lines = hermes.splitlines()
     assert lines[1:2] == ["start: call* TEXT"] and "call_open[lazy]: TEXT \"<tool_call>\"" in lines
     schema = json.loads(lines[2].split("%json ", 1)[1].rsplit(' "\\n"?', 1)[0])
@@ -111,11 +111,18 @@ def test_strict_tools_under_auto_get_a_lazy_grammar():
                                                   "additionalProperties": False}
     assert time["properties"] == {"name": {"const": "get-time_2"},
                                   "arguments": {"type": "object"}}
-    llama = tr.lazy_call_grammar(tools, tc.LLAMA3, frozenset({tc.PYTHON_TAG}), opts)
-    assert "start: TEXT | WS? <|python_tag|>? call (\";\" WS? call)*" in llama
-    one = tr.lazy_call_grammar(tools, tc.LLAMA3, frozenset(), opts, several=False)
+    llama = tr.lazy_call_grammar(tools, tc.LLAMA3, {tc.PYTHON_TAG: 128010}, opts)
+    assert "start: TEXT | WS? <[128010]>? call (\";\" WS? call)*" in llama
+    one = tr.lazy_call_grammar(tools, tc.LLAMA3, {}, opts, several=False)
     assert 'start: TEXT | WS? "<|python_tag|>"? call\n' in one
-    assert tr.lazy_call_grammar(tools, tc.MISTRAL, frozenset(), opts) is None
+    # Mistral: after [TOOL_CALLS] (a control token here) a JSON list, or name[ARGS]{...} each
+    mistral = tr.lazy_call_grammar(tools, tc.MISTRAL, {tc.MISTRAL_CALLS: 5, "[ARGS]": 6}, opts)
+    assert "start: TEXT | TEXT? <[5]> WS? calls\n" in mistral
+    assert 'calls: "[" WS? call ("," WS? call)* WS? "]" | named (<[5]> WS? named)*' in mistral
+    named = mistral.split("\nnamed: ", 1)[1].split("\n", 1)[0]
+    assert named.startswith('"get_weather" <[6]> %json ') and ' | "get-time_2" <[6]> %json' in named
+    text = tr.lazy_call_grammar(tools, tc.MISTRAL, {}, opts, several=False)
+    assert 'calls_open[lazy]: TEXT "[TOOL_CALLS]"' in text and '| named\n' in text
 
 
 def test_history_call_arguments_any_string():

@@ -143,16 +143,11 @@ def _lazy_constraint(llm: LLM, tools: ChatTools, fmt: str) -> Constraint:
     free text, a call held to its schema once its marker is written), compiled once here.
 
     Raises:
-        APIError: 400 (``tools``) when the template's call format has no such grammar
-            (Mistral's) or the schemas cannot be compiled.
+        APIError: 400 (``tools``) when the schemas cannot be compiled.
     """
-    control = frozenset(tc.marker_tokens(llm.tokenizer).values())
+    control = {text: tid for tid, text in tc.marker_tokens(llm.tokenizer).items()}
     spec = tr.lazy_call_grammar(tools.tools, fmt, control, JSON_OPTIONS,
                                 several=tools.parallel is not False)
-    if spec is None:
-        raise bad("Tools with strict true under tool_choice 'auto' are not enforced with this "
-                  "model's tool-call format (Mistral [TOOL_CALLS]): use tool_choice "
-                  "'required' or a named function, or strict false.", "tools")
     return compiled(llm.tokenizer, Constraint("lark", spec),
                     lambda m: bad(f"The tools' parameters cannot be enforced: {m}", "tools"))
 

@@ -175,20 +175,21 @@ _ANY_TEXT = r"(.|\n)*"
 _NOT_A_CALL = r"\s*([^\s{<](.|\n)*|<([^|](.|\n)*)?)?"
 
 
-def lazy_call_grammar(tools: list[Tool], fmt: str, control: frozenset[str],
-                      json_options: dict, several: bool = True) -> str | None:
+def lazy_call_grammar(tools: list[Tool], fmt: str, control: dict[str, int],
+                      json_options: dict, several: bool = True) -> str:
     """The Lark grammar (llguidance's) of ``tool_choice`` ``auto`` with tools that are
     ``strict``: the model writes free text, and once it starts a call -- its format's opening
     marker written -- the call is held to a call schema (:func:`_any_call`: the strict tools'
     arguments to their parameters, the others' to any object). llama.cpp calls this a lazy
-    grammar. ``None`` for a format it is not built for (:data:`~.tool_calls.MISTRAL`).
+    grammar.
 
     Args:
-        fmt: :data:`~.tool_calls.HERMES` (``<tool_call>`` blocks anywhere in the text) or
+        fmt: :data:`~.tool_calls.HERMES` (``<tool_call>`` blocks anywhere in the text),
             :data:`~.tool_calls.LLAMA3` (the answer is calls, or text that does not start
-            like one).
-        control: the markers that are control tokens of the vocabulary
-            (:func:`~.tool_calls.marker_tokens`): named as tokens, not text.
+            like one) or :data:`~.tool_calls.MISTRAL` (text, then ``[TOOL_CALLS]`` and the
+            calls: a JSON list, or ``name[ARGS]{...}`` each).
+        control: the markers that are control tokens of the vocabulary, by their text, and
+            their ids (:func:`~.tool_calls.marker_tokens`): named as tokens, not text.
         json_options: llguidance's JSON options for the call (``x-guidance``).
         several: more than one call may be made (``parallel_tool_calls`` not false; a single
             Hermes call is ended by its stop string instead).
@@ -196,25 +197,48 @@ def lazy_call_grammar(tools: list[Tool], fmt: str, control: frozenset[str],
     from . import tool_calls as tc
 
     def marker(m: str) -> str:
-        return m if m in control else json.dumps(m)
+        return f"<[{control[m]}]>" if m in control else json.dumps(m)
 
-    def call(key: str) -> str:
-        return "%json " + json.dumps({**_any_call(tools, key, None),
-                                      "x-guidance": json_options}, ensure_ascii=False)
+    def schema(s: dict) -> str:
+        return "%json " + json.dumps({**s, "x-guidance": json_options}, ensure_ascii=False)
 
     if fmt == tc.HERMES:
         return (f"%llguidance {{}}\nstart: call* TEXT\n"
-                f'call: call_open "\\n"? {call("arguments")} "\\n"? '
-                f"{marker(tc.TOOL_CALL_CLOSE)}\n"
+                f'call: call_open "\\n"? {schema(_any_call(tools, "arguments", None))} '
+                f'"\\n"? {marker(tc.TOOL_CALL_CLOSE)}\n'
                 f"call_open[lazy]: TEXT {marker(tc.TOOL_CALL_OPEN)}\n"
                 f"TEXT: /{_ANY_TEXT}/\n")
     if fmt == tc.LLAMA3:
         more = ' (";" WS? call)*' if several else ""
         return (f"%llguidance {{}}\n"
                 f'start: TEXT | WS? {marker(tc.PYTHON_TAG)}? call{more}\n'
-                f'call: {call("parameters")}\n'
+                f'call: {schema(_any_call(tools, "parameters", None))}\n'
                 f"TEXT: /{_NOT_A_CALL}/\nWS: /\\s+/\n")
-    return None
+    return _mistral_grammar(tools, marker, schema, several)
+
+
+def _mistral_grammar(tools: list[Tool], marker, schema, several: bool) -> str:
+    """:func:`lazy_call_grammar` for Mistral's ``[TOOL_CALLS]``: after it, a JSON list of
+    calls (Mistral Nemo) or ``name[ARGS]{...}`` (Mistral Small 3.2), as
+    :func:`~.tool_calls.parse_mistral` reads them."""
+    from . import tool_calls as tc
+
+    opener = marker(tc.MISTRAL_CALLS)
+    named = " | ".join(
+        f'{json.dumps(t.name)} {marker("[ARGS]")} '
+        f'{schema(_one_call(t, "arguments", t.strict)["properties"]["arguments"])}'
+        for t in tools)
+    listed = ' ("," WS? call)*' if several else ""
+    more = f" ({opener} WS? named)*" if several else ""
+    if opener.startswith("<["):             # a control token: free text cannot hold it
+        start = f"start: TEXT | TEXT? {opener} WS? calls\n"
+    else:                                   # text: the calls begin once it is written
+        start = f"start: TEXT | calls_open WS? calls\ncalls_open[lazy]: TEXT {opener}\n"
+    return (f"%llguidance {{}}\n{start}"
+            f'calls: "[" WS? call{listed} WS? "]" | named{more}\n'
+            f'call: {schema(_any_call(tools, "arguments", None))}\n'
+            f"named: {named}\n"
+            f"TEXT: /{_ANY_TEXT}/\nWS: /\\s+/\n")
 
 
 def tools_system_prompt(tools: list[Tool]) -> str:

@@ -90,7 +90,9 @@ class _Vocab:
     def __call__(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise TypeError("text only")
-        return self._tokenizer.encode(text, add_bos=False, parse_special=False)
+        # llguidance tokenizes forced text that continues the output: no dummy space prefix
+        return self._tokenizer.encode(text, add_bos=False, parse_special=False,
+                                      space_prefix=False)
 
 
 _tokenizers = _LLTokenizers()

@@ -104,7 +104,7 @@ class Tokenizer:
 
     # ---- encoding -------------------------------------------------------------------------
     def encode(self, text: str, *, add_bos: bool | None = None,
-               parse_special: bool = True) -> list[int]:
+               parse_special: bool = True, space_prefix: bool = True) -> list[int]:
         """Token ids of ``text``.
 
         Args:
@@ -114,6 +114,9 @@ class Tokenizer:
             parse_special: when True, control tokens written in the text (``<|im_start|>``)
                 become their single id; when False they are encoded as plain text.
                 User-defined tokens are always parsed (as llama.cpp does).
+            space_prefix: False encodes ``text`` as the continuation of earlier text: no
+                dummy space before it where the vocabulary adds one (SentencePiece's, per
+                ``tokenizer.ggml.add_space_prefix``); other vocabularies add none anyway.
 
         Returns:
             list of ids, each in ``0 .. vocab_size - 1``. Lone surrogate code points in
@@ -131,16 +134,16 @@ class Tokenizer:
                 self._hf.encode_special_tokens = not parse_special
                 ids.extend(self._hf.encode_batch([text], add_special_tokens=False)[0].ids)
         else:
-            ids.extend(self._spm_encode(text, parse_special))
+            ids.extend(self._spm_encode(text, parse_special, space_prefix))
         return ids
 
-    def _spm_encode(self, text: str, parse_special: bool) -> list[int]:
+    def _spm_encode(self, text: str, parse_special: bool, space_prefix: bool) -> list[int]:
         # llama.cpp: cut special tokens out of the text, encode each raw fragment separately,
         # with a space prefix at the start and after every special token.
         pattern = self._spm_special if parse_special else self._spm_user
         pieces = pattern.split(text) if pattern is not None else [text]
         ids: list[int] = []
-        prev_special = True
+        prev_special = space_prefix
         for i, frag in enumerate(pieces):
             if i % 2:  # a special token (the capture group of the split)
                 ids.append(self._piece_ids[frag])
@@ -243,7 +246,7 @@ class Tokenizer:
         """``encode(t, add_bos=False, parse_special=False)`` of each text, in one batch."""
         texts = [_SURROGATE.sub("\ufffd", t) for t in texts]
         if self._hf is None:
-            return [self._spm_encode(t, parse_special=False) if t else [] for t in texts]
+            return [self._spm_encode(t, False, True) if t else [] for t in texts]
         with self._hf_lock:
             self._hf.encode_special_tokens = True
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
