@@ -320,6 +320,24 @@ def test_required_on_a_sentencepiece_vocabulary_holds_the_call(vocab_dir, tmp_pa
         llm.close()
 
 
+def test_a_strict_schema_the_grammar_cannot_hold_is_named_under_auto_as_under_required(
+        vocab_dir, tmp_path):
+    """A strict tool whose parameters use what the grammar cannot enforce (``if``/``then``):
+    under ``auto`` the 400 names the schema's keys as under ``required``, not grammar text."""
+    llm = _scripted_llm(vocab_dir, str(tmp_path / "m.gguf"), "qwen2.5", SCRIPTED["qwen2.5"][3])
+    tool = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}}}
+    try:
+        for choice in ("auto", "required"):
+            with pytest.raises(APIError) as exc:
+                _chat_in_process(llm, {"messages": [USER], "tools": [tool],
+                                       "tool_choice": choice, "max_tokens": 8})
+            assert (exc.value.status, exc.value.param) == (400, "tools")
+            assert "if" in exc.value.message and "%llguidance" not in exc.value.message
+    finally:
+        llm.close()
+
+
 # ---- end to end on a scripted tiny Qwen3 ----------------------------------------------------
 SCRIPT = ('<think>Checking the weather</think>Sure.<tool_call>{"name":"get_weather",'
           '"arguments":{"city": "Paris"}}</tool_call>')

@@ -376,6 +376,18 @@ def test_json_object_with_schema_enforces_it_as_llama_cpp(tok):
     assert e.value.param == "response_format" and "must be an object" in e.value.message
 
 
+def test_json_object_with_schema_is_still_one_object(tok):
+    """``json_object`` promises an object: a schema without a type gets ``object`` (an empty
+    schema no longer lets a number through), one whose type excludes objects is a 400."""
+    c = response_format(tok, {"type": "json_object", "schema": {}})
+    assert _walks(tok, c, b'{"a":1}') and not _walks(tok, c, b"1.5")
+    with pytest.raises(APIError) as e:
+        response_format(tok, {"type": "json_object", "schema": {"type": "integer"}})
+    assert e.value.param == "response_format" and "json_schema" in e.value.message
+    both = response_format(tok, {"type": "json_object", "schema": {"type": ["object", "null"]}})
+    assert _walks(tok, both, b"{}") and not _walks(tok, both, b"null")
+
+
 @pytest.mark.parametrize("value,key", [
     ({"type": "json_object", "bogus": 1}, "bogus"),
     ({"type": "text", "schema": ITEM}, "schema"),

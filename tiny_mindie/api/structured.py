@@ -210,7 +210,8 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     if kind == "json_object":
         if "schema" not in value:
             return compiled(tokenizer, Constraint("json_object"), fail)
-        return _schema_constraint(tokenizer, value["schema"], False, "response_format.schema")
+        return _schema_constraint(tokenizer, _object_schema(value["schema"]), False,
+                                  "response_format.schema")
     spec = value.get("json_schema")
     if not isinstance(spec, dict):
         raise fail("response_format.json_schema must be an object with a name and a schema.")
@@ -225,6 +226,24 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
                        f"{'boolean' if kinds is bool else 'string'}.")
     return _schema_constraint(tokenizer, spec.get("schema"), spec.get("strict") is True,
                               "response_format.json_schema.schema")
+
+
+def _object_schema(schema):
+    """``json_object``'s ``schema`` held to its promise, one JSON object: a schema without a
+    ``type`` gets ``"object"``.
+
+    Raises:
+        APIError: 400 (``param: "response_format"``) for a schema whose ``type`` excludes
+            objects (``json_schema`` takes any root).
+    """
+    if not isinstance(schema, dict) or "type" not in schema:
+        return {**schema, "type": "object"} if isinstance(schema, dict) else schema
+    kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    if "object" not in kinds:
+        raise bad(f"response_format.schema of json_object must describe an object, its type is "
+                  f"{json.dumps(schema['type'])}: use json_schema for other answers.",
+                  "response_format")
+    return {**schema, "type": "object"}
 
 
 def _schema_constraint(tokenizer: Tokenizer, schema, strict: bool, where: str) -> Constraint:
