@@ -176,3 +176,7 @@ def test_requests_the_parser_refuses_have_an_access_record(jsrv, data, status):
     if status == 413:
         assert (rid, rec["method"], rec["path"]) == ("big-1", "POST", "/infer")
         assert '"POST /infer" 413 validation - id=big-1' in rec["message"]
+    elif status != 414:             # the request-line was read: its method and path are shown
+        first = data.split(b"\r\n", 1)[0].decode().split(" ")
+        assert (rec["method"], rec["path"]) == (first[0], first[1])
+        assert f'"{first[0]} {first[1]}" {status} validation' in rec["message"]

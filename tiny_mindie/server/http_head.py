@@ -70,8 +70,11 @@ def parse_head(raw: bytes) -> RequestHead:
     """
     lines = _split_lines(raw)
     method, target, version = _parse_request_line(lines[0])
-    headers = parse_fields(lines[1:], "header")
-    return _build_head(method, target, version, headers)
+    try:
+        return _build_head(method, target, version, parse_fields(lines[1:], "header"))
+    except HTTPError as exc:
+        exc.request_line = (method, target)
+        raise
 
 
 def _split_lines(raw: bytes) -> list[bytes]:
@@ -97,7 +100,9 @@ def _parse_request_line(line: bytes) -> tuple[str, str, str]:
     method, target, version = (g.decode("ascii") for g in match.groups())
     vmatch = _VERSION.fullmatch(version)
     if vmatch is None or vmatch.group(1) != "1" or vmatch.group(2) not in ("0", "1"):
-        raise HTTPError(505, f"HTTP version not supported: {excerpt(match.group(3), 16)}")
+        exc = HTTPError(505, f"HTTP version not supported: {excerpt(match.group(3), 16)}")
+        exc.request_line = (method, target)
+        raise exc
     return method, target, version
 
 

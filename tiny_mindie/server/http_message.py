@@ -18,6 +18,8 @@ class HTTPError(Exception):
         message: Human-readable reason, safe to show to the client (never contains input
             bytes beyond a short, printable excerpt).
         limit: For 413, the body limit the request went over, in bytes; else ``None``.
+        request_line: ``(method, request-target)`` when the request-line was read before the
+            error (for the access record); else ``None``.
     """
 
     def __init__(self, status: int, message: str, limit: int | None = None) -> None:
@@ -25,6 +27,7 @@ class HTTPError(Exception):
         self.status = status
         self.message = message
         self.limit = limit
+        self.request_line: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"HTTPError({self.status}, {self.message!r})"

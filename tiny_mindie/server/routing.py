@@ -47,6 +47,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .conn import Handler, Response, ResponseStream, json_response, json_text
 from .http import HTTPError, Request, RequestHead
@@ -287,14 +288,27 @@ def log_refused(exc: HTTPError, head: RequestHead | None, *, request_id: str,
                 peer: str | None, client: str | None) -> None:
     """Write the access record of a request the HTTP parser refused (``ErrorAnswers.refused``
     of :mod:`.conn`): outcome ``timeout`` for a 408, else ``validation``; ``method`` and
-    ``path`` are its head's (``None`` when the head itself was refused); ``total_ms`` is
+    ``path`` are its head's, or its request-line's when the header fields were refused
+    (``None`` when not even the request-line was read); ``total_ms`` is
     ``None``, as the parser does not time a request."""
     rec = RequestRecord(request_id, math.nan)
     rec.outcome = TIMEOUT if exc.status == 408 else VALIDATION
+    if head is None and exc.request_line is not None:     # the request-line was read
+        method, target = exc.request_line
+        head = _RequestLine(method, target, target.partition("?")[0])
     _log_access(rec, exc.status, head, client, peer)
 
 
-def _log_access(rec: RequestRecord, status: int | None, req: Request | RequestHead | None,
+class _RequestLine(NamedTuple):
+    """What an access record shows of a request refused after its request-line was read."""
+
+    method: str
+    target: str
+    path: str
+
+
+def _log_access(rec: RequestRecord, status: int | None,
+                req: Request | RequestHead | _RequestLine | None,
                 client: str | None, peer: str | None) -> None:
     """Write the access record of a request that ended (see the module doc)."""
     total_ms = (time.monotonic() - rec.t0) * 1000     # NaN for a refused request
