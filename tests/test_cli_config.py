@@ -52,7 +52,7 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
 
 
 @pytest.mark.parametrize("obj,needle", [
-    ({"ServerConfig": {"port": 80}}, "port must be in 1024..65535"),
+    ({"ServerConfig": {"port": 80}}, "port must be 0 or in 1024..65535"),
     ({"ServerConfig": {"maxLinkNum": 0}}, "maxLinkNum"),
     ({"ServerConfig": {"port": "1025"}}, "ServerConfig.port must be an integer, got \"1025\""),
     ({"BackendConfig": {"parallelRuns": True}}, "parallelRuns must be an integer, got true"),
@@ -76,7 +76,7 @@ def test_bad_config_is_one_clear_error(tmp_path, obj, needle):
 def test_cli_bad_config_exits_with_one_line(tmp_path):
     r = run_cli("--config", write(tmp_path, {"ServerConfig": {"port": 1}}))
     assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "port must be in 1024..65535" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "port must be 0 or in 1024..65535" in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
 
 
@@ -541,7 +541,7 @@ def _range_cases():
     for key in ("port", "managementPort", "metricsPort", "healthPort"):
         for bad in (-1, 1, 1023, 65536):
             yield pytest.param(f"ServerConfig.{key}", bad,
-                               f"ServerConfig.{key} must be in 1024..65535, got {bad}",
+                               f"ServerConfig.{key} must be 0 or in 1024..65535, got {bad}",
                                id=f"{key}={bad}")
 
 

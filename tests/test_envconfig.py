@@ -108,14 +108,14 @@ def test_in_json_mode_a_fatal_configuration_error_is_a_json_record_too():
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r
     record = json.loads(r.stderr)
     assert record["level"] == "ERROR" and record["logger"] == "tiny_mindie"
-    assert record["message"] == "--port: ServerConfig.port must be in 1024..65535, got 70000"
+    assert record["message"] == "--port: ServerConfig.port must be 0 or in 1024..65535, got 70000"
 
 
 @pytest.mark.parametrize("argv,env,message", [
     ([], {"TINY_MINDIE_PORT": "80"},
-     "TINY_MINDIE_PORT: ServerConfig.port must be in 1024..65535, got 80"),
+     "TINY_MINDIE_PORT: ServerConfig.port must be 0 or in 1024..65535, got 80"),
     (["--port", "80"], {"TINY_MINDIE_PORT": "2000"},
-     "--port: ServerConfig.port must be in 1024..65535, got 80"),
+     "--port: ServerConfig.port must be 0 or in 1024..65535, got 80"),
     ([], {"TINY_MINDIE_HOST": "a..b"}, 'TINY_MINDIE_HOST: ServerConfig.ipAddress must be an IP '
                                        'address or a host name (letters, digits, hyphens and '
                                        'dots), got "a..b"'),
@@ -161,7 +161,7 @@ def test_the_probe_names_a_bad_variable_too(monkeypatch, capsys):
     monkeypatch.setenv("TINY_MINDIE_PORT", "80")
     assert health_probe.main(["ready", "--no-tls"]) == 1
     assert capsys.readouterr().err == ("tiny_mindie health: ready: TINY_MINDIE_PORT: "
-                                       "ServerConfig.port must be in 1024..65535, got 80\n")
+                                       "ServerConfig.port must be 0 or in 1024..65535, got 80\n")
 
 
 def test_other_commands_ignore_the_variables_and_unknown_ones_are_reported():

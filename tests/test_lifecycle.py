@@ -427,7 +427,7 @@ def test_the_probe_reads_the_environment_and_names_bad_configuration(tmp_path):
     cfg.write_text(json.dumps({"ServerConfig": {"port": 1, "httpsEnabled": False}}))
     r = probe("ready", "--config", str(cfg), env=env)
     assert r.returncode == 1 and r.stderr == ("tiny_mindie health: ready: ServerConfig.port "
-                                              "must be in 1024..65535, got 1\n"), r
+                                              "must be 0 or in 1024..65535, got 1\n"), r
     r = probe("ready", env={**env, "MIES_CONFIG_JSON_PATH": str(cfg)})
     assert r.returncode == 1 and "ServerConfig.port" in r.stderr
     r = probe("live", env={**os.environ, "TINY_MINDIE_HOME": str(tmp_path)})  # TLS, no files

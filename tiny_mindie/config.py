@@ -339,7 +339,8 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
     for s in SETTINGS:
         port = cfg.value(s)
         if s.kind == "port" and not (1024 <= port <= 65535 or port == 0):   # 0: any free port
-            raise ConfigError(f"{s.key} must be in 1024..65535, got {show(port)}", key=s.key)
+            raise ConfigError(f"{s.key} must be 0 or in 1024..65535, got {show(port)}",
+                              key=s.key)
     _check_pairs(cfg)
     for s in SETTINGS:
         if s.choices and cfg.value(s) not in s.choices:
