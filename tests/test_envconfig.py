@@ -151,8 +151,8 @@ def test_a_bad_variable_is_named_in_one_line_and_exit_2():
     r = subprocess.run([sys.executable, "-m", "tiny_mindie", "serve"], capture_output=True,
                        text=True, timeout=60, env={**os.environ, "TINY_MINDIE_PORT": "80"})
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == ("tiny_mindie: error: TINY_MINDIE_PORT: ServerConfig.port must be in "
-                        "1024..65535, got 80\n")
+    assert r.stderr == ("tiny_mindie: error: TINY_MINDIE_PORT: ServerConfig.port must be 0 or "
+                        "in 1024..65535, got 80\n")
 
 
 def test_the_probe_names_a_bad_variable_too(monkeypatch, capsys):
