@@ -145,14 +145,18 @@ def _lazy_constraint(llm: LLM, tools: ChatTools, fmt: str) -> Constraint:
     Raises:
         APIError: 400 (``tools``) when the schemas cannot be compiled.
     """
-    strict = [t for t in tools.tools if t.strict]
-    if strict:      # a schema it cannot enforce named as under required, not in grammar text
-        _call_constraint(llm, ChatTools(strict, tr.Choice("required"), False))
     control = {text: tid for tid, text in tc.marker_tokens(llm.tokenizer).items()}
     spec = tr.lazy_call_grammar(tools.tools, fmt, control, JSON_OPTIONS,
                                 several=tools.parallel is not False)
-    return compiled(llm.tokenizer, Constraint("lark", spec),
-                    lambda m: bad(f"The tools' parameters cannot be enforced: {m}", "tools"))
+    try:
+        return compiled(llm.tokenizer, Constraint("lark", spec),
+                        lambda m: bad(f"The tools' parameters cannot be enforced: {m}", "tools"))
+    except APIError:
+        # name a schema it cannot enforce as under required, not amid the grammar's text
+        strict = [t for t in tools.tools if t.strict]
+        if strict:
+            _call_constraint(llm, ChatTools(strict, tr.Choice("required"), False))
+        raise
 
 
 def opens_thinking(tok, ids: list[int]) -> bool:
