@@ -291,10 +291,7 @@ def _draw_loadtest(fig, data: dict) -> None:
     ax_ms.set_ylabel("ms")
     ax_ms.set_title("latency: first token (TTFT), per output token (TPOT)")
     ax_ms.legend(fontsize=8)
-    for ax in (ax_tps, ax_ms):
-        ax.set_xlabel("concurrent streams")
-        ax.set_xticks(n)
-        ax.grid(alpha=0.3)
+    _streams_axes((ax_tps, ax_ms), n)
 
 
 def _draw_versus(fig, data: dict) -> None:
@@ -315,7 +312,12 @@ def _draw_versus(fig, data: dict) -> None:
     ax_ratio.axhline(1.0, color="k", linestyle="--", linewidth=1)
     ax_ratio.set_ylabel("tiny_mindie / llama-server, per turn")
     ax_ratio.set_title("ratio (above 1: tiny_mindie faster)")
-    for ax in (ax_tps, ax_ratio):
+    _streams_axes((ax_tps, ax_ratio), n)
+
+
+def _streams_axes(axes, n: list[int]) -> None:
+    """The x axis of a figure over numbers of concurrent streams ``n``."""
+    for ax in axes:
         ax.set_xlabel("concurrent streams")
         ax.set_xticks(n)
         ax.grid(alpha=0.3)
