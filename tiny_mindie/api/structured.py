@@ -236,10 +236,10 @@ def _object_schema(schema):
         APIError: 400 (``param: "response_format"``) for a schema whose ``type`` excludes
             objects (``json_schema`` takes any root).
     """
-    if not isinstance(schema, dict) or "type" not in schema:
-        return {**schema, "type": "object"} if isinstance(schema, dict) else schema
-    kinds = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-    if "object" not in kinds:
+    if not isinstance(schema, dict):
+        return schema                   # _schema_constraint refuses it, naming the field
+    kind = schema.get("type", "object")
+    if "object" not in (kind if isinstance(kind, list) else [kind]):
         raise bad(f"response_format.schema of json_object must describe an object, its type is "
                   f"{json.dumps(schema['type'])}: use json_schema for other answers.",
                   "response_format")

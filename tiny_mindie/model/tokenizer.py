@@ -246,7 +246,8 @@ class Tokenizer:
         """``encode(t, add_bos=False, parse_special=False)`` of each text, in one batch."""
         texts = [_SURROGATE.sub("\ufffd", t) for t in texts]
         if self._hf is None:
-            return [self._spm_encode(t, False, True) if t else [] for t in texts]
+            return [self._spm_encode(t, parse_special=False, space_prefix=True) if t else []
+                    for t in texts]
         with self._hf_lock:
             self._hf.encode_special_tokens = True
             return [e.ids for e in self._hf.encode_batch(texts, add_special_tokens=False)]
