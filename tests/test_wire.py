@@ -200,7 +200,7 @@ def test_unsent_bytes_counts_the_kernel_send_queue():
 
 def test_a_body_of_too_many_json_values_is_refused_before_parsing(monkeypatch):
     """A legal body of millions of ``{}`` costs tens of bytes a value once parsed, and
-    json.loads holds the GIL: refused (422; 400 on OpenAI routes) on its bytes alone."""
+    json.loads holds the GIL: refused (422, on every route) on its bytes alone."""
     from tiny_mindie.api import validate
     from tiny_mindie.api.errors import Kind
 

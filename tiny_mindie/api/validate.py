@@ -59,9 +59,6 @@ def json_depth(text: bytes) -> int:
 def json_values(text: bytes) -> int:
     """How many values the JSON ``text`` holds, as :data:`MAX_JSON_VALUES` counts them: its
     commas, ``[`` and ``{`` outside strings (``[1,2,3]`` -> 3); linear time, no parsing."""
-    rough = text.count(b",") + text.count(b"[") + text.count(b"{")
-    if rough <= MAX_JSON_VALUES:      # strings can only add to the rough count
-        return rough
     bare = _JSON_STRING.sub(b"", text)
     return bare.count(b",") + bare.count(b"[") + bare.count(b"{")
 
@@ -84,14 +81,17 @@ def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
     """
     def no_constants(name: str):
         raise ValueError(name)
-    if json_values(body) > MAX_JSON_VALUES:        # first: the cheapest check
+    # counts over the raw bytes first (the cheapest checks; strings can only add to them),
+    # the exact ones without strings only where these are over a bound
+    brackets = body.count(b"[") + body.count(b"{")
+    if brackets + body.count(b",") > MAX_JSON_VALUES and json_values(body) > MAX_JSON_VALUES:
         raise invalid("Failed to parse request context to json: more than "
                       f"{MAX_JSON_VALUES} values")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid("Failed to parse request context to json") from None
-    if body.count(b"[") + body.count(b"{") > max_depth and json_depth(body) > max_depth:
+    if brackets > max_depth and json_depth(body) > max_depth:
         raise JSONTooDeep(max_depth)
     try:
         obj = json.loads(text, parse_constant=no_constants)
