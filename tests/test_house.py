@@ -12,6 +12,7 @@ in code.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import pathlib
 import re
@@ -66,6 +67,7 @@ def _functions(tree: ast.AST, prefix: str = ""):
             yield from _functions(node, prefix)
 
 
+@functools.cache
 def _over_budget() -> dict[str, str]:
     over = {}
     for path in _modules():
