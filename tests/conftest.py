@@ -17,7 +17,8 @@ module fixture of its own; else it is ``unit``. An explicit mark lighter than wh
 need is an error.
 
 Beside its tier, a test that needs a real-size model (hundreds of MB to pull, seconds to load;
-Qwen2.5-Coder 0.5B through the ``qwen_coder_path`` fixture) is marked ``realsize``, from its
+Qwen2.5-Coder 0.5B and 1.5B through the ``qwen_coder_path`` and ``qwen_coder_15b_path``
+fixtures) is marked ``realsize``, from its
 fixtures (:data:`REALSIZE_FIXTURES`) or by hand; ``-m "not realsize"`` leaves those out. A
 ``realsize`` test of the ``unit`` tier is an error.
 """
@@ -48,9 +49,10 @@ TIERS = ("unit", "model", "e2e")            # lightest first
 #: tier. A module's own fixture of the same name (tests/test_conn.py's in-process ``server``)
 #: does not count.
 TIER_OF_FIXTURE = {"server": "e2e", "model_path": "model", "tokenizer": "model",
-                   "gemma_path": "model", "vocab_dir": "model", "qwen_coder_path": "model"}
+                   "gemma_path": "model", "vocab_dir": "model", "qwen_coder_path": "model",
+                   "qwen_coder_15b_path": "model"}
 #: The fixtures of this file that mark every test using them ``realsize`` as well.
-REALSIZE_FIXTURES = {"qwen_coder_path"}
+REALSIZE_FIXTURES = {"qwen_coder_path", "qwen_coder_15b_path"}
 
 
 def _own_fixtures(item, names) -> set[str]:
@@ -122,6 +124,13 @@ def qwen_coder_path() -> str:
     """Path of Qwen2.5-Coder-0.5B-Instruct's GGUF (Q4_K_M, 491 MB), pulled on first use; a test
     using it is ``realsize``."""
     return _pulled("qwen2.5-coder-0.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_15b_path() -> str:
+    """Path of Qwen2.5-Coder-1.5B-Instruct's GGUF (Q4_K_M, 1,117 MB), pulled on first use; a
+    test using it is ``realsize``."""
+    return _pulled("qwen2.5-coder-1.5b-instruct")
 
 
 def _pulled(name: str) -> str:

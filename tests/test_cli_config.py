@@ -737,7 +737,7 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
             cfg = load_config(None).with_overrides(**{"server.ip_address": host})
             backend = SimpleNamespace(num_slots=1, max_seq_len=8, name="numpy", device="cpu")
             llm = SimpleNamespace(model_name="m", model_path="/m.gguf", backend=backend,
-                                  config=SimpleNamespace(architecture="llama"))
+                                  config=SimpleNamespace(architecture="llama"), draft=None)
             text = banner(cfg, llm, [lst], None, 0.1)
             line = next(ln for ln in text.splitlines() if "listens" in ln)
             bound = ", ".join(f"[{s.getsockname()[0]}]:{port}" if ":" in s.getsockname()[0]

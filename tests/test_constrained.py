@@ -156,7 +156,8 @@ def test_cancelled_constrained_stream_frees_its_slot(llm):
         if llm.engine.stats()["running"] == 0:
             break
         asyncio.run(asyncio.sleep(0.02))
-    assert llm.engine.stats() == {"running": 0, "waiting": 0, "total_slots": 8, "free_slots": 8}
+    assert llm.engine.stats() == {"running": 0, "waiting": 0, "total_slots": 8, "free_slots": 8,
+                                  "draft_seconds": 0.0}
     timed = llm.make_request(_chat(llm, "Write a long story."), max_new_tokens=200,
                              constraint=c, timeout_s=0.3)
     with pytest.raises(Exception, match="timeout"):

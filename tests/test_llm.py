@@ -38,7 +38,8 @@ def test_stopping_a_stream_early_frees_the_slot(llm):
     deadline = time.monotonic() + 5
     while llm.engine.stats()["free_slots"] != 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert llm.engine.stats() == {"running": 0, "waiting": 0, "total_slots": 2, "free_slots": 2}
+    assert llm.engine.stats() == {"running": 0, "waiting": 0, "total_slots": 2, "free_slots": 2,
+                                  "draft_seconds": 0.0}
 
 
 def test_stop_string_ends_generation(llm):

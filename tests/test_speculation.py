@@ -1,6 +1,7 @@
 """Speculative decoding by prompt lookup: proposals, the policy, and that it is lossless.
 
-Unit tests drive :func:`propose`, :class:`SpeculationPolicy` and :class:`CostModel`. Model
+Unit tests drive :func:`propose`, :class:`SpeculationPolicy`, :class:`Speculator` and
+:class:`CostModel`. Model
 tests run the real models on the onnxruntime backend in-process: a verification's rows and KV
 are bit for bit those of decoding the same tokens one by one (SmolLM2; Gemma 3 past its
 sliding window), and the engine's outputs -- tokens and logprobs, greedy and seeded -- are the
@@ -15,8 +16,9 @@ import numpy as np
 import pytest
 
 from tiny_mindie.engine.speculation import (
+    DRAFT_RATIO,
     CostModel,
-    SpeculationPolicy,
+    Speculator,
     expected_tokens,
     propose,
 )
@@ -52,26 +54,37 @@ def test_expected_tokens_is_the_geometric_sum():
 
 def test_policy_proposes_while_it_pays_and_backs_off_when_it_does_not():
     tokens = [1, 2, 3, 4, 5, 6, 1, 2]
-    cheap = lambda n: 1.0 + 0.3 * (n - 1)                       # noqa: E731
-    p = SpeculationPolicy(max_proposals=4)
-    assert p.proposals(tokens, room=10, cost=cheap) == [3, 4, 5, 6]
-    assert p.proposals(tokens, room=2, cost=cheap) == [3, 4]    # the request's room caps k
+    sp = Speculator(max_proposals=4)
+    sp.cost_model = _PriorCost()             # 1 + 0.3 k steps for k proposals (k + 1 rows)
+    p = sp.policies()
+    assert sp.proposals(tokens, p, room=10) == ("ngram", [3, 4, 5, 6])
+    assert sp.proposals(tokens, p, room=2) == ("ngram", [3, 4])   # the request's room caps k
+    assert sp.proposals(tokens, p, room=0) == ("", [])
     # nothing kept: the rate falls below break-even, so it pauses 4 steps ...
-    p.update(4, 0, cheap(5))
-    assert [p.proposals(tokens, 10, cheap) for _ in range(4)] == [[]] * 4
+    sp.verified(p, "ngram", 4, 0)
+    assert [sp.proposals(tokens, p, 10) for _ in range(4)] == [("", [])] * 4
     # ... then tries again (from a rate at which trying may pay) with fewer proposals
-    again = p.proposals(tokens, 10, cheap)
-    assert 1 <= len(again) < 4 and again == [3, 4, 5, 6][:len(again)]
-    p.update(len(again), 0, cheap(len(again) + 1))     # failing again: a pause twice as long
-    assert [p.proposals(tokens, 10, cheap) for _ in range(8)] == [[]] * 8
-    assert p.proposals(tokens, 10, cheap)
+    source, again = sp.proposals(tokens, p, 10)
+    assert source == "ngram" and 1 <= len(again) < 4 and again == [3, 4, 5, 6][:len(again)]
+    sp.verified(p, "ngram", len(again), 0)          # failing again: a pause twice as long
+    assert [sp.proposals(tokens, p, 10) for _ in range(8)] == [("", [])] * 8
+    assert sp.proposals(tokens, p, 10)[1]
     # a verification that costs more than any yield never runs
-    dear = SpeculationPolicy(max_proposals=4)
-    assert dear.proposals(tokens, 10, lambda n: 10.0) == []
-    # an accepted run resets the pause
-    q = SpeculationPolicy(max_proposals=4)
-    q.update(4, 4, cheap(5))
-    assert q.rate == 1.0 and q.proposals(tokens, 10, cheap) == [3, 4, 5, 6]
+    dear = Speculator(max_proposals=4)
+    dear.cost = lambda source, k: 10.0
+    assert dear.proposals(tokens, dear.policies(), 10) == ("", [])
+
+
+def test_the_speculator_asks_prompt_lookup_and_prices_a_draft_by_its_steps():
+    sp = Speculator(max_proposals=4)
+    policies = sp.policies()
+    assert set(policies) == {"ngram", "draft"}
+    assert sp.proposals([1, 2, 3, 4, 5, 6, 1, 2], policies, room=10) == ("ngram", [3, 4, 5, 6])
+    assert sp.proposals([1, 2, 3, 4, 5, 6, 1, 2], policies, room=2) == ("ngram", [3, 4])
+    assert sp.proposals([1, 2, 3, 4], policies, room=10) == ("", [])     # no draft, no n-gram
+    # a draft's k proposals cost k of its steps beside the verification's k + 1 rows
+    assert sp.cost("ngram", 3) == pytest.approx(1.9)
+    assert sp.cost("draft", 3) == pytest.approx(1.9 + 3 * DRAFT_RATIO)
 
 
 def test_cost_model_is_measured_verification_time_over_decode_time():
@@ -79,7 +92,12 @@ def test_cost_model_is_measured_verification_time_over_decode_time():
     assert c(5) == pytest.approx(2.2)           # the prior before measurements
     c.decode(0.020)
     c.verify(5, 0.050)
-    assert c(5) == pytest.approx(2.5)
+    assert c(5) == pytest.approx(2.2)           # one sample: the prior bounds it ...
+    c.verify(4, 0.030)
+    assert c(4) == pytest.approx(1.5)           # ... (unless it is cheaper)
+    for _ in range(CostModel.MIN_SAMPLES - 1):
+        c.verify(5, 0.060)
+    assert c(5) == pytest.approx(2.5)           # enough samples: their shortest
     c.decode(0.030)                              # the shortest recent step
     assert c.decode_s == pytest.approx(0.020)
     assert c(3) == pytest.approx(1.6)            # no measurement for 3 rows yet
@@ -137,7 +155,7 @@ def smollm(model_path):
 
     m = LLM(model_path, max_seq_len=768, max_input_len=700, num_slots=4, speculation=True,
             threads=1, log=None)
-    m.engine._verify_cost = _PriorCost()
+    m.engine._speculator.cost_model = _PriorCost()
     yield m
     m.close()
 
@@ -259,7 +277,7 @@ def test_a_cancelled_speculating_stream_frees_its_slot(smollm):
         import time
         time.sleep(0.02)
     assert smollm.engine.stats() == {"running": 0, "waiting": 0, "total_slots": 4,
-                                     "free_slots": 4}
+                                     "free_slots": 4, "draft_seconds": 0.0}
     assert len(smollm.generate(text, max_new_tokens=5).token_ids) == 5
 
 

@@ -350,6 +350,11 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
     if combinations and b.weights != "exact" and b.backend != "onnxruntime":
         raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
                           f"onnxruntime backend; the {b.backend} backend runs the exact weights")
+    if combinations and b.model.draft_model and not (
+            b.backend == "onnxruntime" and b.schedule.speculative_decoding):
+        raise ConfigError("a draft model (--draft-model, ModelConfig.draftModelPath) needs "
+                          "speculative decoding on the onnxruntime backend; it is off "
+                          "(--no-speculation) or the backend is numpy")
 
 
 def _check_pairs(cfg: Config) -> None:

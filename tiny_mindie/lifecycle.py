@@ -231,6 +231,7 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
              f"{llm.backend.max_seq_len} tokens)",
              f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"
              + (f", {cfg.backend.weights} weights" if llm.backend.name == "onnxruntime" else ""),
+             *_draft_lines(llm.draft),
              *_listener_lines(listeners, files)]
     business = next(lst for lst in listeners if "business" in lst.planes)
     url = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}/infer"
@@ -244,6 +245,15 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
     lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
                  f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
     return "\n".join(lines)
+
+
+def _draft_lines(draft) -> list[str]:
+    """The banner's line for a draft model: its file, slots and memory; none without one."""
+    if draft is None:
+        return []
+    return [f"  draft    {os.path.basename(draft.path)} proposes tokens for speculative "
+            f"decoding ({draft.backend.num_slots} KV slots, "
+            f"{draft.resident_bytes / 1e6:.0f} MB of memory)"]
 
 
 def _hostport(host: str, port: int) -> str:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from .engine.draft import DraftModel, vocabulary_difference
 from .engine.engine import Engine, EngineLimits
 from .engine.request import (
     Constraint,
@@ -31,6 +33,7 @@ from .engine.request import (
 )
 from .engine.scheduler import SchedulerLimits
 from .model.backend import DEFAULT_BACKEND
+from .model.gguf import ModelFileError
 from .model.loader import check_weight_mode, load_model
 from .model.registry import DEFAULT_MODEL, resolve
 
@@ -38,6 +41,9 @@ MAX_SEED = 2**63 - 1
 #: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole (exactly): at most 1 MB of
 #: UTF-8, so that the time and memory its tokenization takes stay bounded.
 TAIL_LIMIT = 250_000
+#: KV slots of a draft model: only a sequence decoding alone speculates, so a few suffice (a
+#: sequence coming back after another one finds its draft KV still there).
+DRAFT_SLOTS = 2
 _WORD_START = re.compile(r"(?<=\S) (?=\S)")
 
 
@@ -90,10 +96,15 @@ class LLM:
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
         prefix_cache: reuse the KV of prompt prefixes seen before (see :class:`EngineLimits`).
         speculation: speculative decoding by prompt lookup (see :class:`EngineLimits`).
+        draft_model: a ``.gguf`` path or registry name of a smaller model with the same
+            vocabulary, loaded beside this one to propose tokens for speculative decoding
+            (:mod:`tiny_mindie.engine.draft`; needs ``speculation`` and the onnxruntime
+            backend); ``None``: prompt lookup alone.
         log: where progress lines go (``print`` by default; ``None`` for silence).
 
     Raises:
-        ModelFileError: the model file is missing, unreadable or unsupported.
+        ModelFileError: the model file (or the draft's) is missing, unreadable or
+            unsupported, or the draft's vocabulary is not the model's.
         ValueError: an unknown backend, or a weight mode the backend does not take.
     """
 
@@ -105,7 +116,7 @@ class LLM:
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
-                 speculation: bool = True, log=print):
+                 speculation: bool = True, draft_model: str | None = None, log=print):
         say = log or (lambda _msg: None)
         check_weight_mode(backend, weights)            # before a pull, not after it
         self.parse_special_tokens = parse_special_tokens
@@ -131,13 +142,18 @@ class LLM:
         say(f"loaded {self.config.architecture} model ({self.config.num_layers} layers, "
             f"vocab {self.config.vocab_size}) in {self.load_time_s:.1f} s; "
             f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}")
+        self.draft = load_draft(
+            draft_model, self, say, threads=threads, parallel_runs=parallel_runs,
+            device_id=device_id, providers=providers,
+            max_chunk=schedule.max_prefill_tokens) if draft_model else None
         self.engine = Engine(self.backend, self.tokenizer, EngineLimits(
             max_seq_len=max_seq_len, max_input_len=max_input_len, max_iter_times=max_iter_times,
             token_timeout_s=token_timeout_s, e2e_timeout_s=e2e_timeout_s,
             prefix_cache=prefix_cache, speculation=speculation,
             schedule=SchedulerLimits(max_batch_size=min(schedule.max_batch_size, num_slots),
                                      max_prefill_batch_size=schedule.max_prefill_batch_size,
-                                     max_prefill_tokens=schedule.max_prefill_tokens)))
+                                     max_prefill_tokens=schedule.max_prefill_tokens)),
+                             draft=self.draft)
         self.engine.start()
         self._longest_token = max(1, max(len(self.tokenizer.token_bytes(i))
                                          for i in range(self.tokenizer.vocab_size)))
@@ -292,9 +308,59 @@ class LLM:
         """Stop the engine and release the backend."""
         self.engine.stop()
         self.backend.close()
+        if self.draft is not None:
+            self.draft.backend.close()
 
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def load_draft(model: str, target: LLM, say, *, max_chunk: int, **options) -> DraftModel:
+    """The draft model ``model`` (a path or registry name) for ``target``, loaded on its
+    backend with :data:`DRAFT_SLOTS` KV slots, no verification path and ``compact`` weights
+    (4-bit blocks: fewer bytes per step, and a draft's weights never change an answer, only
+    how many of its proposals are kept); ``options``: the target's ``threads``,
+    ``parallel_runs``, ``device_id``, ``providers``.
+
+    Raises:
+        ModelFileError: the file cannot be loaded, or its vocabulary is not the target's (the
+            message names the first difference).
+        ValueError: the target cannot verify proposals in one run (speculation off, or a
+            backend without fast verification).
+    """
+    if not target.backend.fast_verify:
+        raise ValueError("a draft model needs speculative decoding on the onnxruntime backend "
+                         "(not --no-speculation, not --backend numpy)")
+    path = resolve(model, log=say)
+    t0, rss0 = time.monotonic(), _resident_bytes()
+    say(f"loading draft model {path} ...")
+    _, cfg, tokenizer, backend = load_model(
+        path, backend=target.backend.name, num_slots=min(DRAFT_SLOTS, target.backend.num_slots),
+        max_seq_len=target.backend.max_seq_len, batch_invariant=False, speculation=False,
+        weights="compact", **options)
+    diff = vocabulary_difference(target.tokenizer, tokenizer)
+    if diff is None and cfg.vocab_size != target.config.vocab_size:
+        diff = f"the draft's logits have {cfg.vocab_size} rows, the target's " \
+               f"{target.config.vocab_size}"
+    if diff is not None:
+        backend.close()
+        raise ModelFileError(f"draft model {os.path.basename(path)}: its vocabulary is not "
+                             f"the model's: {diff}")
+    gc.collect()
+    grown = max(0, _resident_bytes() - rss0)
+    say(f"loaded draft model ({cfg.architecture}, {cfg.num_layers} layers) in "
+        f"{time.monotonic() - t0:.1f} s; {backend.num_slots} KV slots, "
+        f"{grown / 1e6:.0f} MB more resident memory")
+    return DraftModel(backend, max_chunk, path=path, resident_bytes=grown)
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory in bytes (``/proc/self/statm``; 0 where unreadable)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

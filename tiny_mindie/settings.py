@@ -209,6 +209,14 @@ SETTINGS: tuple[Setting, ...] = (
             flags=(Flag("--model", "a .gguf file or a registry name (see list-models); default "
                                    "smollm2-135m-instruct, pulled on first start",
                         also=_model_name_of),)),
+    Setting("model.draft_model", f"{_MC}.draftModelPath", "str", "",
+            "a smaller model with the same vocabulary (a .gguf file or a registry name) that "
+            "proposes tokens for speculative decoding; empty: prompt lookup alone",
+            ours=True, llm="draft_model",
+            flags=(Flag("--draft-model", "a draft model (a .gguf file or a registry name) with "
+                                         "the model's vocabulary, proposing tokens the model "
+                                         "verifies; the answers stay the same (ModelConfig."
+                                         "draftModelPath; default none)"),)),
     # ---- BackendConfig.ScheduleConfig: continuous-batching limits (sequences, tokens)
     Setting("schedule.cache_block_size", f"{_SC}.cacheBlockSize", "int", 128,
             "tokens per KV-cache block, as the management API counts blocks", 1, 4096, " tokens"),

@@ -33,6 +33,13 @@ series                                                 type       meaning
 ``tiny_mindie_spec_decode_num_draft_tokens_total``     counter    tokens proposed by speculative
                                                                   decoding and verified
 ``tiny_mindie_spec_decode_num_accepted_tokens_total``  counter    ... those of them kept
+``tiny_mindie_spec_decode_draft_model_tokens_total``   counter    tokens proposed by the draft
+                                                                  model (``--draft-model``) and
+                                                                  verified
+``..._draft_model_accepted_tokens_total``              counter    ... those of them kept
+``..._draft_model_seconds_total``                      counter    seconds the draft model ran
+                                                                  (its share of the time: the
+                                                                  rate of this series)
 =====================================================  =========  =================================
 
 Token counters and histograms cover everything the engine runs (``/health/timed-N`` probes
@@ -183,6 +190,14 @@ def _caches(out: _Exposition, snap: dict, stats: dict) -> None:
                snap["spec_proposed_tokens"])
     out.simple("spec_decode_num_accepted_tokens_total", "counter",
                "Number of proposed tokens that verification kept.", snap["spec_accepted_tokens"])
+    out.simple("spec_decode_draft_model_tokens_total", "counter",
+               "Number of tokens proposed by the draft model and verified.",
+               snap["spec_draft_proposed_tokens"])
+    out.simple("spec_decode_draft_model_accepted_tokens_total", "counter",
+               "Number of the draft model's proposed tokens that verification kept.",
+               snap["spec_draft_accepted_tokens"])
+    out.simple("spec_decode_draft_model_seconds_total", "counter",
+               "Seconds spent running the draft model.", stats["draft_seconds"])
 
 
 def routes(app) -> list[Route]:

@@ -98,7 +98,16 @@ def mindie_parameters(p: dict, *, top_p_may_be_one: bool = False, top_k_min: int
 
 def _details(ev: TokenEvent, request: GenerationRequest) -> dict:
     return {"finish_reason": ev.finish_reason, "generated_tokens": ev.index + 1,
-            "seed": request.sampling.seed}
+            "seed": request.sampling.seed, **speculation_details(ev)}
+
+
+def speculation_details(ev: TokenEvent) -> dict:
+    """``details``' ``proposed_tokens`` / ``accepted_tokens`` (tiny_mindie's own): present only
+    when speculative decoding verified proposals for the request, so MindIE's shape is kept
+    otherwise."""
+    if not ev.proposed_tokens:
+        return {}
+    return {"proposed_tokens": ev.proposed_tokens, "accepted_tokens": ev.accepted_tokens}
 
 
 def stream_event(ev: TokenEvent, request: GenerationRequest, details: bool) -> dict:

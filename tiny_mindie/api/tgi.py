@@ -42,7 +42,7 @@ from ..server.http import Request
 from ..server.routing import BUSINESS, MANAGEMENT
 from .drive import build, collect, merged, route, send_stream
 from .errors import TGI, invalid
-from .native import read_inputs, read_parameters
+from .native import read_inputs, read_parameters, speculation_details
 from .structured import tgi_grammar
 from .validate import (
     get_bool,
@@ -170,6 +170,7 @@ async def tgi_plain(req: Request, stream: ResponseStream, llm: LLM, obj: dict,
             "seed": request.sampling.seed, "prompt_tokens": len(request.prompt_ids),
             "prefill": _prefill(llm, request) if params.decoder_input_details else [],
             "tokens": [_token(llm, ev) for ev in events],
+            **speculation_details(last),
         }
         if params.top_n_tokens:
             out["details"]["top_tokens"] = [_top_tokens(llm, ev) for ev in events]
@@ -195,7 +196,8 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
                 out["details"] = {"finish_reason": ev.finish_reason,
                                   "generated_tokens": ev.index + 1,
                                   "seed": request.sampling.seed,
-                                  "prompt_tokens": len(request.prompt_ids)}
+                                  "prompt_tokens": len(request.prompt_ids),
+                                  **speculation_details(ev)}
         return [out]
 
     await send_stream(stream, merged(llm, [request]), TGI, event)

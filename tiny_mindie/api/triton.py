@@ -28,7 +28,7 @@ from ..server.routing import BUSINESS
 from .drive import build, collect, merged, route, send_stream
 from .errors import MINDIE, APIError, Kind, invalid
 from .manage import check_model
-from .native import mindie_parameters, read_inputs, read_parameters
+from .native import mindie_parameters, read_inputs, read_parameters, speculation_details
 from .validate import check_token_ids, get_bool, get_int, read_json_object
 
 INT32_MAX = 2**31 - 1
@@ -131,7 +131,8 @@ class Triton:
     def _details(self, request, evs: list[TokenEvent], stopped: bool, perf: bool) -> dict:
         last = evs[-1] if evs else None
         d = {"finish_reason": "stop_sequence" if stopped or last is None else last.finish_reason,
-             "generated_tokens": len(evs), "seed": request.sampling.seed}
+             "generated_tokens": len(evs), "seed": request.sampling.seed,
+             **(speculation_details(last) if last else {})}
         if perf:
             d["first_token_cost"] = (round(evs[0].prefill_time_ms, 2)
                                      if evs and evs[0].prefill_time_ms is not None else None)

@@ -29,12 +29,13 @@ import numpy as np
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
 from .constraint import compile_constraint, fill_masks, forget
+from .draft import DraftModel
 from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
 from .sampling import SampleRow, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusable_prefix
 from .sequence import Sequence, bias_and_mask
-from .speculation import CostModel
+from .speculation import Speculator
 
 log = logging.getLogger("tiny_mindie.engine")
 
@@ -60,9 +61,10 @@ class EngineLimits:
         prefix_cache: a finished request leaves its prompt's KV in its slot, and a new request
             whose prompt starts with the same tokens reuses it instead of prefilling them again
             (see :class:`~.scheduler.SlotPool`); the answer is the same either way.
-        speculation: a sequence decoding alone verifies tokens proposed by prompt lookup
-            several at a time when that pays (:mod:`.speculation`), on backends that verify
-            in one run; the answer is the same either way.
+        speculation: a sequence decoding alone verifies tokens proposed by prompt lookup (or
+            the draft model, when the engine has one) several at a time when that pays
+            (:mod:`.speculation`), on backends that verify in one run; the answer is the same
+            either way.
     """
 
     max_seq_len: int = 2560
@@ -83,10 +85,12 @@ class Engine:
         backend: the model (its ``num_slots`` bounds the running batch).
         tokenizer: the model's tokenizer.
         limits: server-wide limits.
+        draft: a draft model proposing tokens for speculative decoding (:mod:`.draft`; its
+            vocabulary the target's), or ``None``.
     """
 
     def __init__(self, backend: Backend, tokenizer: Tokenizer,
-                 limits: EngineLimits = EngineLimits()):
+                 limits: EngineLimits = EngineLimits(), draft: DraftModel | None = None):
         self.backend = backend
         self.tokenizer = tokenizer
         self.limits = limits
@@ -95,7 +99,8 @@ class Engine:
         self._slots = SlotPool(backend.num_slots)
         self._can_copy = type(backend).copy_kv is not Backend.copy_kv
         self.speculation = limits.speculation and backend.fast_verify
-        self._verify_cost = CostModel()     # a verification's time in lone decode steps
+        self.draft = draft
+        self._speculator = Speculator(max(0, backend.max_verify_rows - 1), draft)
         self._waiting: WaitQueue[Sequence] = WaitQueue()
         self._running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
@@ -168,8 +173,7 @@ class Engine:
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
         seq = Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
-                        self.limits.max_buffered_events, matcher,
-                        max(0, self.backend.max_verify_rows - 1))
+                        self.limits.max_buffered_events, matcher, self._speculator.policies())
         with self._cond:
             if self._stopping or self._draining:
                 raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")
@@ -203,10 +207,12 @@ class Engine:
             return True
 
     def stats(self) -> dict:
-        """Counts for status routes: running, waiting, total and free KV slots."""
+        """Counts for status routes: running, waiting, total and free KV slots, and the
+        seconds the draft model has run (0 without one)."""
         with self._cond:
             return {"running": len(self._running), "waiting": len(self._waiting),
-                    "total_slots": self._slots.total, "free_slots": self._slots.free}
+                    "total_slots": self._slots.total, "free_slots": self._slots.free,
+                    "draft_seconds": self.draft.seconds if self.draft else 0.0}
 
     @property
     def accepting(self) -> bool:
@@ -230,10 +236,10 @@ class Engine:
                     self._cond.wait(timeout=0.5)
                     continue
                 batch = self._plan()
-                proposal = self._proposal(batch)
+                source, proposal = self._proposal(batch)
             try:
                 if proposal:
-                    self._verify_step(batch[0][0], proposal)
+                    self._verify_step(batch[0][0], source, proposal)
                 else:
                     self._step(batch)
             except Exception:  # a bug or a backend failure: fail the batch, keep serving
@@ -293,26 +299,27 @@ class Engine:
                                 if s.n_cached < s.n_prompt), self.limits.schedule)
         return decode + prefill
 
-    def _proposal(self, batch: list[tuple[Sequence, int]]) -> list[int]:
-        """Tokens to verify instead of this step's decode row (:mod:`.speculation`): only
-        for an unconstrained sequence decoding alone; else empty."""
+    def _proposal(self, batch: list[tuple[Sequence, int]]) -> tuple[str, list[int]]:
+        """``(source, tokens)`` to verify instead of this step's decode row
+        (:meth:`.speculation.Speculator.proposals`): only for an unconstrained sequence
+        decoding alone; else ``("", [])``."""
         if not self.speculation or len(batch) != 1 or len(self._running) != 1:
-            return []
+            return "", []
         seq, n = batch[0]
         if n != 1 or seq.matcher is not None or seq.cancelled:
-            return []
+            return "", []
         room = min(seq.max_new_tokens - seq.n_generated,
                    self.max_seq_len - len(seq.tokens)) - 1
-        return seq.speculation.proposals(seq.tokens, room, self._verify_cost)
+        return self._speculator.proposals(seq.tokens, seq.speculation, room)
 
-    def _verify_step(self, seq: Sequence, proposal: list[int]) -> None:
+    def _verify_step(self, seq: Sequence, source: str, proposal: list[int]) -> None:
         """Run ``seq``'s last token and the ``proposal`` as one chunk
         (:meth:`~tiny_mindie.model.backend.Backend.verify`), then sample its positions in
         order, as decode steps would, while the samples equal the proposal."""
         ids = np.asarray([seq.tokens[-1], *proposal], dtype=np.int64)
         t0 = time.perf_counter()
         logits = self.backend.verify(seq.slot, seq.n_cached, ids)
-        self._verify_cost.verify(len(ids), time.perf_counter() - t0)
+        self._speculator.cost_model.verify(len(ids), time.perf_counter() - t0)
         now = time.monotonic()
         accepted = 0
         for i in range(len(ids)):
@@ -334,8 +341,10 @@ class Engine:
                 if seq.slot is None or i == len(proposal) or result[0] != proposal[i]:
                     break
             accepted += 1
-        self.metrics.speculation(proposed=len(proposal), accepted=accepted)
-        seq.speculation.update(len(proposal), accepted, self._verify_cost(len(ids)))
+        seq.proposed += len(proposal)   # (the events sent meanwhile count the verification
+        seq.accepted += accepted        # before: a client sees it once the next token comes)
+        self.metrics.speculation(proposed=len(proposal), accepted=accepted, source=source)
+        self._speculator.verified(seq.speculation, source, len(proposal), accepted)
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
         chunks = [SeqChunk(s.slot, s.n_cached,
@@ -344,7 +353,7 @@ class Engine:
         t0 = time.perf_counter()
         logits = self.backend.forward(chunks)
         if len(batch) == 1 and batch[0][1] == 1:         # a lone decode step: the cost unit
-            self._verify_cost.decode(time.perf_counter() - t0)
+            self._speculator.cost_model.decode(time.perf_counter() - t0)
         now = time.monotonic()
         with self._cond:
             ready = []                # (row, sequence) of the rows that produce a token now
@@ -460,7 +469,8 @@ class Engine:
                             finish_reason=finish,
                             generated_text=seq.detok.text if finish else None,
                             prompt_tokens=seq.n_prompt, top_logprobs=top,
-                            cached_tokens=seq.n_reused))
+                            cached_tokens=seq.n_reused, proposed_tokens=seq.proposed,
+                            accepted_tokens=seq.accepted))
         if finish is not None:
             self.metrics.completed(now - seq.submitted)
             self._finish(seq, None)

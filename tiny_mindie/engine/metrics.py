@@ -64,7 +64,9 @@ class Metrics:
         prefix_hit_tokens, prefix_miss_tokens: prompt tokens of admitted requests whose KV came
             from the prefix cache / had to be prefilled.
         spec_proposed_tokens, spec_accepted_tokens: tokens proposed by speculative decoding
-            and verified, and those of them that were kept.
+            and verified, and those of them that were kept (all sources).
+        spec_draft_proposed_tokens, spec_draft_accepted_tokens: the same for the draft model's
+            proposals alone.
         ttft, tpot, e2e: histograms in seconds (time to first token from submission to the
             engine; time between two tokens of one request; submission to the last token of a
             request that completed).
@@ -81,6 +83,8 @@ class Metrics:
         self.prefix_miss_tokens = 0
         self.spec_proposed_tokens = 0
         self.spec_accepted_tokens = 0
+        self.spec_draft_proposed_tokens = 0
+        self.spec_draft_accepted_tokens = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -127,11 +131,15 @@ class Metrics:
             self.prefix_hit_tokens += hit_tokens
             self.prefix_miss_tokens += miss_tokens
 
-    def speculation(self, *, proposed: int, accepted: int) -> None:
-        """A verification of ``proposed`` speculated tokens kept ``accepted`` of them."""
+    def speculation(self, *, proposed: int, accepted: int, source: str = "ngram") -> None:
+        """A verification of ``proposed`` speculated tokens from ``source`` (``"ngram"``,
+        ``"draft"``) kept ``accepted`` of them."""
         with self._lock:
             self.spec_proposed_tokens += proposed
             self.spec_accepted_tokens += accepted
+            if source == "draft":
+                self.spec_draft_proposed_tokens += proposed
+                self.spec_draft_accepted_tokens += accepted
 
     def completed(self, e2e_s: float) -> None:
         """A request generated its last token."""
@@ -148,6 +156,8 @@ class Metrics:
                     "prefix_miss_tokens": self.prefix_miss_tokens,
                     "spec_proposed_tokens": self.spec_proposed_tokens,
                     "spec_accepted_tokens": self.spec_accepted_tokens,
+                    "spec_draft_proposed_tokens": self.spec_draft_proposed_tokens,
+                    "spec_draft_accepted_tokens": self.spec_draft_accepted_tokens,
                     "ttft": (self.ttft.cumulative(), self.ttft.sum, self.ttft.count),
                     "tpot": (self.tpot.cumulative(), self.tpot.sum, self.tpot.count),
                     "e2e": (self.e2e.cumulative(), self.e2e.sum, self.e2e.count)}

@@ -173,6 +173,8 @@ class TokenEvent:
         top_logprobs: when the request asked for ``top_logprobs > 0``: the most likely
             ``(token_id, logprob)`` pairs of the distribution ``logprob`` comes from, most
             likely first; else ``None``.
+        proposed_tokens, accepted_tokens: tokens speculative decoding has proposed for this
+            request so far and verified, and those of them kept (all events).
     """
 
     token_id: int
@@ -186,6 +188,8 @@ class TokenEvent:
     prompt_tokens: int = 0
     top_logprobs: tuple[tuple[int, float], ...] | None = None
     cached_tokens: int = 0
+    proposed_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def is_last(self) -> bool:

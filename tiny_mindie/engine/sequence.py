@@ -22,7 +22,8 @@ class Sequence:
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
                  queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int, matcher: Matcher | None = None, max_proposals: int = 0):
+                 max_buffered: int, matcher: Matcher | None = None,
+                 policies: dict[str, SpeculationPolicy] | None = None):
         self.req = req
         self.matcher = matcher      # the request's place in its grammar (constraint), or None
         self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
@@ -45,7 +46,8 @@ class Sequence:
         self.last_token: float | None = None
         self.cancelled = False
         self.max_buffered = max_buffered
-        self.speculation = SpeculationPolicy(max_proposals)
+        self.speculation = policies or {}    # speculation's policy per source
+        self.proposed = self.accepted = 0    # speculated tokens verified / kept
 
     @property
     def n_generated(self) -> int:

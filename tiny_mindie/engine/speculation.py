@@ -1,21 +1,25 @@
-"""Speculative decoding without a draft model: prompt lookup proposals, and when to verify them.
+"""Speculative decoding: proposals from prompt lookup or a draft model, and when to verify them.
 
 A sequence that repeats itself or its prompt (a paragraph copied with its typos fixed, code
 edited in place, an answer quoting its sources) can be decoded several tokens per forward
 pass: :func:`propose` looks up the sequence's last n-gram where it occurred before, in the
 prompt or the output, and proposes the tokens that followed it there ("prompt lookup
-decoding", Saxena 2023; llama.cpp's ``--lookup``, vLLM's ``ngram`` speculator). The engine runs
-the last token and the proposals as one chunk through
-:meth:`~tiny_mindie.model.backend.Backend.verify`, whose logits are bit for bit those of
-decoding the same tokens one by one, samples each position with the request's own generator in
-order -- exactly the draws plain decoding would make there -- and keeps the proposals while the
-sample equals them, then the first sample that differs. The output is the same token for token
-with speculation on or off, greedy or seeded.
+decoding", Saxena 2023; llama.cpp's ``--lookup``, vLLM's ``ngram`` speculator). Where nothing
+repeats, a draft model (:mod:`.draft`, a smaller model of the same vocabulary) proposes what it
+would write next (Leviathan et al. 2023; llama.cpp's ``-md``). The engine runs the last token
+and the proposals as one chunk through :meth:`~tiny_mindie.model.backend.Backend.verify`,
+whose logits are bit for bit those of decoding the same tokens one by one, samples each
+position with the request's own generator in order -- exactly the draws plain decoding would
+make there -- and keeps the proposals while the sample equals them, then the first sample that
+differs. The output is the same token for token with speculation on or off, with or without a
+draft, greedy or seeded.
 
-:class:`SpeculationPolicy` decides, per sequence, when a verification is worth its cost: the
-chunk costs more than one decode step, so proposals are made only while recent acceptance
-pays for it, and only when the sequence decodes alone (in a batch, the decode step is shared
-and one sequence's chunk would hold the others back).
+:class:`SpeculationPolicy` decides, per sequence and source, when a verification is worth its
+cost: the chunk costs more than one decode step (and a draft's proposals cost its own steps),
+so proposals are made only while recent acceptance pays for it, and only when the sequence
+decodes alone (in a batch, the decode step is shared and one sequence's chunk would hold the
+others back). :class:`Speculator` asks the sources in order: prompt lookup (free to make),
+then the draft.
 """
 
 from __future__ import annotations
@@ -23,12 +27,21 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
+
+from .draft import DraftModel
 
 #: n-gram lengths looked up, longest first.
 MAX_NGRAM = 3
 MIN_NGRAM = 2     # a lone repeated token proposes mostly noise in free text
+
+#: Where proposals come from, asked in this order.
+SOURCES = ("ngram", "draft")
+#: A draft's proposal of ``k`` tokens is assumed to cost ``k`` times this many target decode
+#: steps until it was timed.
+DRAFT_RATIO = 0.5
 
 
 def propose(tokens: Sequence[int], k: int, max_ngram: int = MAX_NGRAM,
@@ -64,15 +77,16 @@ def expected_tokens(rate: float, k: int) -> float:
 
 @dataclass
 class SpeculationPolicy:
-    """When one sequence proposes tokens, and how many.
+    """When one sequence proposes tokens from one source, and how many.
 
-    A verification of ``k`` proposals costs ``cost(k + 1)`` decode steps (measured by the
-    engine: :class:`CostModel`) and yields :func:`expected_tokens` of the sequence's recent
-    acceptance :attr:`rate` (an exponential average of ``accepted / proposed``, starting at 1).
-    The policy proposes the ``k`` that yields the most tokens per decode step's time, if that
-    is more than one; otherwise, or when a verification kept too little, the sequence decodes
-    plainly for a while (4 steps, doubling each time up to :attr:`max_backoff`, back to 4
-    after a verification that paid), then tries again from the break-even rate.
+    Proposing and verifying ``k`` tokens costs ``cost(k)`` decode steps (measured by the
+    engine: :class:`CostModel`, :meth:`Speculator.cost`) and yields :func:`expected_tokens`
+    of the sequence's recent acceptance :attr:`rate` (an exponential average of
+    ``accepted / proposed``, starting at 1). The policy proposes the ``k`` that yields the
+    most tokens per decode step's time, if that is more than one; otherwise, or when a
+    verification kept too little, the sequence decodes plainly for a while (4 steps, doubling
+    each time up to :attr:`max_backoff`, back to 4 after a verification that paid), then
+    tries again from the break-even rate.
 
     Attributes:
         max_proposals: ``k`` at most (the backend's verification rows minus one).
@@ -86,23 +100,21 @@ class SpeculationPolicy:
     _wait: int = 0
     _next_backoff: int = 4
 
-    def proposals(self, tokens: Sequence[int], room: int,
-                  cost: Callable[[int], float]) -> list[int]:
-        """Tokens to verify now (empty: decode one step as usual). ``room``: tokens the
-        sequence may still produce after the next one; ``cost(n)``: a verification of ``n``
-        rows in decode steps."""
+    def ready(self) -> bool:
+        """Whether the sequence may speculate from this source now: ``False`` while it
+        pauses (each call counts one step of the pause down). Called once per step the
+        sequence could speculate."""
         if self._wait > 0:
             self._wait -= 1
-            return []
-        found = propose(tokens, min(self.max_proposals, room))
-        if not found:
-            return []
-        k = max(range(1, len(found) + 1),
-                key=lambda n: expected_tokens(self.rate, n) / cost(n + 1))
-        if expected_tokens(self.rate, k) <= cost(k + 1):
-            self._back_off()
-            return []
-        return found[:k]
+            return False
+        return True
+
+    def best(self, available: int, cost: Callable[[int], float]) -> tuple[int, float]:
+        """``(k, yield)``: the ``k`` of at most ``available`` proposals that yields the most
+        tokens per decode step's time, and that yield (more than 1: speculating pays).
+        ``cost(k)``: proposing and verifying ``k`` tokens, in decode steps."""
+        k = max(range(1, available + 1), key=lambda n: expected_tokens(self.rate, n) / cost(n))
+        return k, expected_tokens(self.rate, k) / cost(k)
 
     def update(self, proposed: int, accepted: int, cost: float) -> None:
         """Record one verification: ``accepted`` of ``proposed`` kept, at ``cost`` decode
@@ -111,9 +123,10 @@ class SpeculationPolicy:
         if accepted + 1 > cost:
             self._next_backoff = 4
         elif expected_tokens(self.rate, proposed) <= cost:
-            self._back_off()
+            self.back_off()
 
-    def _back_off(self) -> None:
+    def back_off(self) -> None:
+        """Decode plainly for a while (:attr:`max_backoff` steps at most), then try again."""
         self._wait = self._next_backoff
         self._next_backoff = min(2 * self._next_backoff, self.max_backoff)
         self.rate = max(self.rate, 0.6)     # the try after the pause assumes it may pay
@@ -123,7 +136,8 @@ class CostModel:
     """What a verification costs in decode steps, timed as the engine runs: the shortest of the
     last :attr:`WINDOW` lone decode steps, and of the last :attr:`WINDOW` verifications of ``n``
     rows. Until both are timed, ``n`` rows are assumed to cost ``1 + 0.3 (n - 1)`` steps (each
-    row beyond the first adds a fraction of a step: the rows share one pass over the weights).
+    row beyond the first adds a fraction of a step: the rows share one pass over the weights),
+    and at most that until ``n`` rows were timed :attr:`MIN_SAMPLES` times.
 
     The shortest, not an average: a step timed while another process held a core is longer,
     never shorter, so the minimum of recent samples is the step's own cost, and a few such
@@ -131,6 +145,10 @@ class CostModel:
     samples."""
 
     WINDOW = 16
+    #: Samples of a row count before its time alone is trusted; until then the prior bounds it
+    #: (a single slow first run -- memory still being mapped -- must not rule a ``k`` out for
+    #: good, as it would never be tried, so never timed, again).
+    MIN_SAMPLES = 3
 
     def __init__(self) -> None:
         self._decode: deque[float] = deque(maxlen=self.WINDOW)
@@ -151,7 +169,79 @@ class CostModel:
 
     def __call__(self, rows: int) -> float:
         """A verification of ``rows`` rows, in decode steps."""
+        prior = 1.0 + 0.3 * (rows - 1)
         times = self._verify.get(rows)
         if not times or not self.decode_s:
-            return 1.0 + 0.3 * (rows - 1)
-        return min(times) / self.decode_s
+            return prior
+        measured = min(times) / self.decode_s
+        return measured if len(times) >= self.MIN_SAMPLES else min(measured, prior)
+
+
+class Speculator:
+    """The proposals of a sequence decoding alone: prompt lookup first (free to make), else the
+    draft model when one is loaded, each source with its own :class:`SpeculationPolicy` per
+    sequence (:meth:`policies`); both are verified alike by the engine.
+
+    Args:
+        max_proposals: tokens proposed per verification at most (the backend's verification
+            rows minus one).
+        draft: the draft model, or ``None``.
+
+    Attributes:
+        cost_model: the target's timed decode steps and verifications.
+    """
+
+    def __init__(self, max_proposals: int, draft: DraftModel | None = None):
+        self.max_proposals = max_proposals
+        self.draft = draft
+        self.cost_model = CostModel()
+
+    def policies(self) -> dict[str, SpeculationPolicy]:
+        """A new sequence's policies, one per source of :data:`SOURCES`."""
+        return {source: SpeculationPolicy(self.max_proposals) for source in SOURCES}
+
+    def draft_steps(self, k: int) -> float:
+        """The draft's proposal of ``k`` tokens, in target decode steps: as timed
+        (:meth:`DraftModel.call_s`), else ``k`` :data:`DRAFT_RATIO`."""
+        took, decode = (self.draft.call_s(k) if self.draft else None), self.cost_model.decode_s
+        return took / decode if took and decode else k * DRAFT_RATIO
+
+    def cost(self, source: str, k: int) -> float:
+        """Proposing ``k`` tokens from ``source`` and verifying them, in target decode steps."""
+        return self.cost_model(k + 1) + (self.draft_steps(k) if source == "draft" else 0.0)
+
+    def proposals(self, tokens: Sequence[int], policies: dict[str, SpeculationPolicy],
+                  room: int) -> tuple[str, list[int]]:
+        """``(source, tokens to verify)`` for a sequence of ``tokens`` now, from the source
+        whose proposals yield the most tokens per decode step's time; ``("", [])``: decode
+        one step as usual. A source that would not pay pauses (:meth:`SpeculationPolicy.
+        back_off`). ``room``: tokens the sequence may still produce after the next one."""
+        room = min(room, self.max_proposals)
+        if room < 1:
+            return "", []
+        options = []                                     # (source, k, yield)
+        found = propose(tokens, room) if policies["ngram"].ready() else []
+        if found:
+            options.append(("ngram", *policies["ngram"].best(len(found),
+                                                             partial(self.cost, "ngram"))))
+        if self.draft is not None and policies["draft"].ready():
+            options.append(("draft", *policies["draft"].best(room, partial(self.cost, "draft"))))
+        for source, _, gain in options:
+            if gain <= 1.0:
+                policies[source].back_off()
+        paying = [o for o in options if o[2] > 1.0]
+        if not paying:
+            return "", []
+        source, k, _ = max(paying, key=lambda o: o[2])
+        if source == "ngram":
+            return source, found[:k]
+        drafted = self.draft.propose(tokens, k)
+        if not drafted:         # the draft was unsure at once: its run bought nothing
+            policies["draft"].update(k, 0, self.cost("draft", k))
+            return "", []
+        return "draft", drafted
+
+    def verified(self, policies: dict[str, SpeculationPolicy], source: str, proposed: int,
+                 accepted: int) -> None:
+        """``accepted`` of ``proposed`` tokens from ``source`` were kept."""
+        policies[source].update(proposed, accepted, self.cost(source, proposed))
