@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alternate", type=int, default=1, help="sweeps over all servers")
     ap.add_argument("--json", metavar="FILE", help="write the results file (scripts/results.py)")
     args = ap.parse_args(argv)
+    record = run_record("draft-vs-llama-server")
     target, draft = resolve(args.model), resolve(args.draft)
     threads = os.cpu_count() or 1
     print(cpu_line())
@@ -209,12 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         mem = max(r["rss_mb"] for r in rows if r["server"] == name)
         print(f"  {name:34s} {v:6.1f}   {v / plain:5.2f}x  {v / best:5.2f}x   {mem:6.0f} MB")
     if args.json:
-        write(args.json, run_record("draft-vs-llama-server", argv or sys.argv[1:]), rows,
+        write(args.json, record, rows,
               settings={"target": os.path.basename(target), "draft": os.path.basename(draft),
                         "new_tokens": args.new_tokens, "n_max": args.n_max,
                         "prompts": PROMPTS, "modes": MODES},
               means=means)
-        print(f"wrote {args.json}")
     return 0
 
 

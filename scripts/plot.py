@@ -18,6 +18,8 @@ their rows):
     loadtest-vs-llama-server   both servers' tok/s per turn against the number of streams,
                 and the per-turn ratio
     startup     each start's steps, in seconds
+    draft-vs-llama-server   one stream's tok/s per prompt and mode for each server (with and
+                without a draft model), and the draft's acceptance
 
 Every figure carries the run's date, CPU, versions and command beneath it. SVGs are written
 reproducibly (no timestamp, fixed ids), so a figure changes only when its results do. Needs
@@ -33,7 +35,8 @@ import shlex
 import statistics
 import sys
 
-KINDS = ("bench", "quality", "loadtest", "loadtest-vs-llama-server", "startup")
+KINDS = ("bench", "quality", "loadtest", "loadtest-vs-llama-server", "startup",
+         "draft-vs-llama-server")
 
 
 # ---- reading a results file --------------------------------------------------------------------
@@ -212,8 +215,37 @@ def _startup_table(data: dict) -> list[list[str]]:
     return out
 
 
+def _draft_rows(data: dict) -> tuple[list[str], list[str], dict]:
+    """The servers and the ``prompt mode`` cases in run order, and each one's rows."""
+    rows = data["results"]
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    cases = list(dict.fromkeys(f"{r['prompt']} {r['mode']}" for r in rows))
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["server"], f"{r['prompt']} {r['mode']}"), []).append(r)
+    return servers, cases, by
+
+
+def _draft_table(data: dict) -> list[list[str]]:
+    servers, cases, by = _draft_rows(data)
+    plain = statistics.mean(r["tok_s"] for r in data["results"] if r["server"] == "llama-server")
+    out = [["server", *(f"{c} tok/s" for c in cases), "mean tok/s", "vs llama-server",
+            "draft tokens kept", "RSS MB"]]
+    for s in servers:
+        mine = [r for r in data["results"] if r["server"] == s]
+        mean = statistics.mean(r["tok_s"] for r in mine)
+        proposed = sum(r.get("proposed", 0) for r in mine)
+        kept = (f"{sum(r.get('accepted', 0) for r in mine):.0f} / {proposed:.0f}"
+                if proposed else "-")
+        out.append([s, *(f"{statistics.mean(r['tok_s'] for r in by[s, c]):.1f}"
+                         for c in cases), f"{mean:.1f}", f"{mean / plain:.2f}", kept,
+                    f"{max(r['rss_mb'] for r in mine):,.0f}"])
+    return out
+
+
 TABLES = {"bench": _bench_table, "quality": _quality_table, "loadtest": _loadtest_table,
-          "loadtest-vs-llama-server": _versus_table, "startup": _startup_table}
+          "loadtest-vs-llama-server": _versus_table, "startup": _startup_table,
+          "draft-vs-llama-server": _draft_table}
 
 
 # ---- figures -----------------------------------------------------------------------------------
@@ -332,8 +364,28 @@ def _draw_startup(fig, data: dict) -> None:
     ax.set_title(f"start-up of {data.get('model', '')}")
 
 
+def _draw_draft(fig, data: dict) -> None:
+    servers, cases, by = _draft_rows(data)
+    ax_tps, ax_kept = fig.subplots(1, 2, width_ratios=(3, 1))
+    _bars(ax_tps, cases, {s: [statistics.mean(r["tok_s"] for r in by[s, c]) for c in cases]
+                          for s in servers})
+    ax_tps.set_ylabel("tok/s, one stream (wall time of the request)")
+    ax_tps.set_title(f"{(data.get('settings') or {}).get('target', '')}, draft "
+                     f"{(data.get('settings') or {}).get('draft', '')}")
+    drafted = [s for s in servers if any(r.get("proposed") for r in data["results"]
+                                         if r["server"] == s)]
+    kept = [100 * sum(r.get("accepted", 0) for r in data["results"] if r["server"] == s)
+            / sum(r.get("proposed", 0) for r in data["results"] if r["server"] == s)
+            for s in drafted]
+    ax_kept.barh(drafted, kept)
+    ax_kept.set_xlim(0, 100)
+    ax_kept.set_xlabel("% of drafted tokens kept")
+    ax_kept.set_title("acceptance")
+
+
 DRAW = {"bench": _draw_bench, "quality": _draw_quality, "loadtest": _draw_loadtest,
-        "loadtest-vs-llama-server": _draw_versus, "startup": _draw_startup}
+        "loadtest-vs-llama-server": _draw_versus, "startup": _draw_startup,
+        "draft-vs-llama-server": _draw_draft}
 
 
 def render(source: str | dict, out: str) -> None:
