@@ -318,6 +318,8 @@ def server_flags(args) -> list[str]:
         extra += ["--parallel-runs", str(args.parallel_runs)]
     if args.weights:
         extra += ["--weights", args.weights]
+    if args.draft_model:
+        extra += ["--draft-model", args.draft_model]
     if args.model and not args.llama_server:
         extra += ["--model", args.model]
     return extra
@@ -326,7 +328,8 @@ def server_flags(args) -> list[str]:
 def settings(args) -> str:
     """This run's tiny_mindie settings that are not the defaults, for the printed header."""
     return (f"{', no speculation' if args.no_speculation else ''}"
-            f"{f', {args.weights} weights' if args.weights else ''}")
+            f"{f', {args.weights} weights' if args.weights else ''}"
+            f"{f', draft model {args.draft_model}' if args.draft_model else ''}")
 
 
 def run_settings(args) -> dict:
@@ -334,7 +337,7 @@ def run_settings(args) -> dict:
     return {"prompt": PROMPT, "new_tokens": args.new_tokens, "rounds": args.rounds,
             "levels": args.levels, "backend": args.backend, "threads": args.threads,
             "parallel_runs": args.parallel_runs, "speculation": not args.no_speculation,
-            "weights": args.weights}
+            "weights": args.weights, "draft_model": args.draft_model}
 
 
 def save(args, record: dict, rows: list[dict], **fields) -> None:
@@ -443,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-speculation", action="store_true",
                     help="tiny_mindie with --no-speculation (one token per decode step)")
     ap.add_argument("--weights", choices=("exact", "compact"), help="tiny_mindie's --weights")
+    ap.add_argument("--draft-model", help="tiny_mindie's --draft-model")
     ap.add_argument("--model", help="a .gguf file or a registry name (default: the server's)")
     ap.add_argument("--llama-server", metavar="DIR",
                     help="llama.cpp's binaries folder (or llama-server): compare against it")
