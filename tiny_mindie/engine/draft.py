@@ -98,6 +98,8 @@ class DraftModel:
             return []
         t0 = time.perf_counter()
         slot, held = self._slot_for(tokens)
+        self._clock += 1
+        self._used[slot] = self._clock
         start = held
         out: list[int] = []
         feed = list(tokens[held:])
@@ -119,6 +121,11 @@ class DraftModel:
         self._calls.setdefault(k, deque(maxlen=self.WINDOW)).append(time.perf_counter() - t0)
         return out
 
+    def behind(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` a :meth:`propose` call would feed before its first proposal
+        (at least 1)."""
+        return len(tokens) - self._slot_for(tokens)[1]
+
     def _slot_for(self, tokens: Sequence[int]) -> tuple[int, int]:
         """The slot holding the longest prefix of ``tokens`` (the least recently used among
         equals), and how many of its tokens are reused (at most ``len(tokens) - 1``: the
@@ -132,8 +139,6 @@ class DraftModel:
                 n = n if same.all() else int(np.argmin(same))
             if n > best_n or (n == best_n and self._used[slot] < self._used[best]):
                 best, best_n = slot, n
-        self._clock += 1
-        self._used[best] = self._clock
         return best, best_n
 
     def _run(self, slot: int, start: int, ids: list[int]) -> np.ndarray:

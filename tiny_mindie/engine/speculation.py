@@ -215,7 +215,11 @@ class Speculator:
         """``(source, tokens to verify)`` for a sequence of ``tokens`` now, from the source
         whose proposals yield the most tokens per decode step's time; ``("", [])``: decode
         one step as usual. A source that would not pay pauses (:meth:`SpeculationPolicy.
-        back_off`). ``room``: tokens the sequence may still produce after the next one."""
+        back_off`). ``room``: tokens the sequence may still produce after the next one. The
+        draft is asked only while it is no further behind the sequence than that room (its
+        catching up, a prefill of the tokens it has not seen, would not pay off before the
+        sequence ends)."""
+        draft_ok = self.draft is not None and self.draft.behind(tokens) <= room
         room = min(room, self.max_proposals)
         if room < 1:
             return "", []
@@ -224,7 +228,7 @@ class Speculator:
         if found:
             options.append(("ngram", *policies["ngram"].best(len(found),
                                                              partial(self.cost, "ngram"))))
-        if self.draft is not None and policies["draft"].ready():
+        if draft_ok and policies["draft"].ready():
             options.append(("draft", *policies["draft"].best(room, partial(self.cost, "draft"))))
         for source, _, gain in options:
             if gain <= 1.0:
