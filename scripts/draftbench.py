@@ -112,6 +112,7 @@ def run_server(name: str, proc, port: int, args, tiny: bool, turn: int) -> list[
     rows = []
     try:
         complete(port, "Hello", 4, MODES["greedy"])           # warm up
+        time.sleep(args.settle)     # tiny_mindie moves its weights to huge pages meanwhile
         memory = rss_mb(proc.pid)
         for prompt_name, prompt in PROMPTS.items():
             for mode_name, mode in MODES.items():
@@ -185,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-max", type=int, nargs="+", default=[3, 8, 16],
                     help="llama-server's --spec-draft-n-max values to try")
     ap.add_argument("--alternate", type=int, default=1, help="sweeps over all servers")
+    ap.add_argument("--settle", type=float, default=15.0,
+                    help="seconds between a server's warm-up and its first measured request")
     ap.add_argument("--json", metavar="FILE", help="write the results file (scripts/results.py)")
     args = ap.parse_args(argv)
     record = run_record("draft-vs-llama-server")

@@ -320,9 +320,11 @@ class LLM:
 
 def load_draft(model: str, target: LLM, say, *, max_chunk: int, **options) -> DraftModel:
     """The draft model ``model`` (a path or registry name) for ``target``, loaded on its
-    backend with :data:`DRAFT_SLOTS` KV slots, no verification path and ``compact`` weights
+    backend with :data:`DRAFT_SLOTS` KV slots, no verification path, ``compact`` weights
     (4-bit blocks: fewer bytes per step, and a draft's weights never change an answer, only
-    how many of its proposals are kept); ``options``: the target's ``threads``,
+    how many of its proposals are kept) and idle threads that do not spin (its runs alternate
+    with the model's, whose threads would lose the cores to them); ``options``: the target's
+    ``threads``,
     ``parallel_runs``, ``device_id``, ``providers``.
 
     Raises:
@@ -340,7 +342,7 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int, **options) -> Dr
     _, cfg, tokenizer, backend = load_model(
         path, backend=target.backend.name, num_slots=min(DRAFT_SLOTS, target.backend.num_slots),
         max_seq_len=target.backend.max_seq_len, batch_invariant=False, speculation=False,
-        weights="compact", **options)
+        weights="compact", spinning=False, **options)
     diff = vocabulary_difference(target.tokenizer, tokenizer)
     if diff is None and cfg.vocab_size != target.config.vocab_size:
         diff = f"the draft's logits have {cfg.vocab_size} rows, the target's " \

@@ -76,14 +76,14 @@ class DraftModel:
         self._held: list[list[int]] = [[] for _ in range(backend.num_slots)]
         self._used = [0] * backend.num_slots
         self._clock = 0
-        self._calls: dict[int, deque[float]] = {}
+        self._steps: deque[float] = deque(maxlen=self.WINDOW)
 
-    def call_s(self, k: int) -> float | None:
-        """Seconds a :meth:`propose` call asked for ``k`` tokens takes: the median of the last
-        :attr:`WINDOW` such calls (catching up on the tokens the draft has not seen
-        included; the median, as a call's cost varies with that), or ``None`` before one."""
-        took = self._calls.get(k)
-        return float(np.median(took)) if took else None
+    @property
+    def step_s(self) -> float | None:
+        """Seconds of a one-token draft step: the median of the last :attr:`WINDOW`, or
+        ``None`` before one was timed. (Catching up on many unseen tokens is not a step: the
+        speculator asks the draft only while that stays short.)"""
+        return float(np.median(self._steps)) if self._steps else None
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         """Up to ``k`` tokens the draft expects after ``tokens`` (greedy, stopping early below
@@ -96,7 +96,6 @@ class DraftModel:
         k = min(k, self.backend.max_seq_len - len(tokens))
         if k < 1 or not tokens:
             return []
-        t0 = time.perf_counter()
         slot, held = self._slot_for(tokens)
         self._clock += 1
         self._used[slot] = self._clock
@@ -118,7 +117,6 @@ class DraftModel:
                 break
             feed = [best]
         self._held[slot] = [*tokens, *out][:start]
-        self._calls.setdefault(k, deque(maxlen=self.WINDOW)).append(time.perf_counter() - t0)
         return out
 
     def behind(self, tokens: Sequence[int]) -> int:
@@ -147,5 +145,8 @@ class DraftModel:
         for j in range(0, len(ids), self.max_chunk):
             piece = np.asarray(ids[j:j + self.max_chunk], dtype=np.int64)
             logits = self.backend.forward([SeqChunk(slot, start + j, piece)])
-        self.seconds += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.seconds += took
+        if len(ids) == 1:
+            self._steps.append(took)
         return logits

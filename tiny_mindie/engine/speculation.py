@@ -39,9 +39,11 @@ MIN_NGRAM = 2     # a lone repeated token proposes mostly noise in free text
 
 #: Where proposals come from, asked in this order.
 SOURCES = ("ngram", "draft")
-#: A draft's proposal of ``k`` tokens is assumed to cost ``k`` times this many target decode
-#: steps until it was timed.
+#: A draft step's time in target decode steps, assumed until both are timed.
 DRAFT_RATIO = 0.5
+#: Plain decode steps after the draft was unsure of its first token, before it is asked again
+#: (doubling while it stays unsure).
+UNSURE_PAUSE = 2
 
 
 def propose(tokens: Sequence[int], k: int, max_ngram: int = MAX_NGRAM,
@@ -99,6 +101,7 @@ class SpeculationPolicy:
     rate: float = 1.0
     _wait: int = 0
     _next_backoff: int = 4
+    _unsure_pause: int = UNSURE_PAUSE
 
     def ready(self) -> bool:
         """Whether the sequence may speculate from this source now: ``False`` while it
@@ -124,6 +127,16 @@ class SpeculationPolicy:
             self._next_backoff = 4
         elif expected_tokens(self.rate, proposed) <= cost:
             self.back_off()
+
+    def unsure(self, unsure: bool) -> None:
+        """Whether the source (a draft) was just unsure of its first proposal, so proposed
+        nothing: not a wrong proposal (the rate stays), but a run that bought nothing, so it
+        pauses :data:`UNSURE_PAUSE` steps, twice as long each time in a row."""
+        if not unsure:
+            self._unsure_pause = UNSURE_PAUSE
+            return
+        self._wait = max(self._wait, self._unsure_pause)
+        self._unsure_pause = min(2 * self._unsure_pause, self.max_backoff)
 
     def back_off(self) -> None:
         """Decode plainly for a while (:attr:`max_backoff` steps at most), then try again."""
@@ -201,10 +214,11 @@ class Speculator:
         return {source: SpeculationPolicy(self.max_proposals) for source in SOURCES}
 
     def draft_steps(self, k: int) -> float:
-        """The draft's proposal of ``k`` tokens, in target decode steps: as timed
-        (:meth:`DraftModel.call_s`), else ``k`` :data:`DRAFT_RATIO`."""
-        took, decode = (self.draft.call_s(k) if self.draft else None), self.cost_model.decode_s
-        return took / decode if took and decode else k * DRAFT_RATIO
+        """The draft's proposal of ``k`` tokens, in target decode steps: ``k`` of its steps
+        (:attr:`DraftModel.step_s` over the target's decode step, :data:`DRAFT_RATIO`
+        until both are timed)."""
+        step, decode = (self.draft.step_s if self.draft else None), self.cost_model.decode_s
+        return k * (step / decode if step and decode else DRAFT_RATIO)
 
     def cost(self, source: str, k: int) -> float:
         """Proposing ``k`` tokens from ``source`` and verifying them, in target decode steps."""
@@ -240,10 +254,8 @@ class Speculator:
         if source == "ngram":
             return source, found[:k]
         drafted = self.draft.propose(tokens, k)
-        if not drafted:         # the draft was unsure at once: its run bought nothing
-            policies["draft"].update(k, 0, self.cost("draft", k))
-            return "", []
-        return "draft", drafted
+        policies["draft"].unsure(not drafted)
+        return ("draft", drafted) if drafted else ("", [])
 
     def verified(self, policies: dict[str, SpeculationPolicy], source: str, proposed: int,
                  accepted: int) -> None:

@@ -36,7 +36,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
                weights: str = "exact", device_id: int = 0, providers: list | None = None,
-               speculation: bool = False,
+               speculation: bool = False, spinning: bool = True,
                ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
@@ -61,6 +61,9 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         speculation: onnxruntime: build the graph with its verification path
             (``GraphOptions.verify_rows``) for speculative decoding; without it, a decode step
             skips an ``If`` per layer.
+        spinning: onnxruntime: idle intra-op threads spin between runs (lower latency); off
+            for a session whose runs alternate with another's (a draft model), whose threads
+            would otherwise take the cores from the other's.
 
     Raises:
         ModelFileError: missing/bad file, unsupported architecture or tokenizer.
@@ -71,7 +74,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     if backend != "onnxruntime":
         return f, cfg, load_tokenizer(f), _load_backend(
             f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
-            parallel_runs, batch_invariant, device_id, providers, speculation, weights)
+            parallel_runs, batch_invariant, device_id, providers, speculation, weights, spinning)
     # The tokenizer is read while the session is created (which releases the GIL), so building
     # a large vocabulary adds nothing to the start. Its errors are raised once the backend has
     # loaded.
@@ -79,7 +82,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         tok_job = pool.submit(load_tokenizer, f)
         be = _load_backend(f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len,
                            threads, parallel_runs, batch_invariant, device_id, providers,
-                           speculation, weights)
+                           speculation, weights, spinning)
         try:
             tok = tok_job.result()
         except BaseException:
@@ -92,7 +95,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                   kv_cache_mb: int, max_batch: int, max_seq_len: int, threads: int,
                   parallel_runs: int, batch_invariant: bool, device_id: int,
                   providers: list | None, speculation: bool = False,
-                  weights: str = "exact") -> Backend:
+                  weights: str = "exact", spinning: bool = True) -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
     check_weight_mode(backend, weights)
     max_seq_len = min(max_seq_len, cfg.context_length)
@@ -112,7 +115,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                                 verify_rows=VERIFY_ROWS if speculation else 0,
                                 compact=WEIGHT_MODES[weights],
                                 **({} if batch_invariant else {"row_multiples": ()})),
-                            check_batching=batch_invariant)
+                            check_batching=batch_invariant, spinning=spinning)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
             raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "
                                  f"project's dependencies or use --backend numpy") from None
