@@ -142,10 +142,14 @@ class LLM:
         say(f"loaded {self.config.architecture} model ({self.config.num_layers} layers, "
             f"vocab {self.config.vocab_size}) in {self.load_time_s:.1f} s; "
             f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}")
-        self.draft = load_draft(
-            draft_model, self, say, threads=threads, parallel_runs=parallel_runs,
-            device_id=device_id, providers=providers,
-            max_chunk=schedule.max_prefill_tokens) if draft_model else None
+        try:
+            self.draft = load_draft(
+                draft_model, self, say, threads=threads, parallel_runs=parallel_runs,
+                device_id=device_id, providers=providers,
+                max_chunk=schedule.max_prefill_tokens) if draft_model else None
+        except BaseException:
+            self.backend.close()
+            raise
         self.engine = Engine(self.backend, self.tokenizer, EngineLimits(
             max_seq_len=max_seq_len, max_input_len=max_input_len, max_iter_times=max_iter_times,
             token_timeout_s=token_timeout_s, e2e_timeout_s=e2e_timeout_s,
@@ -318,7 +322,8 @@ class LLM:
         self.close()
 
 
-def load_draft(model: str, target: LLM, say, *, max_chunk: int, **options) -> DraftModel:
+def load_draft(model: str, target: LLM, say, *, max_chunk: int,
+               **options) -> DraftModel | None:
     """The draft model ``model`` (a path or registry name) for ``target``, loaded on its
     backend with :data:`DRAFT_SLOTS` KV slots, no verification path, ``compact`` weights
     (4-bit blocks: fewer bytes per step, and a draft's weights never change an answer, only
@@ -327,15 +332,21 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int, **options) -> Dr
     ``threads``,
     ``parallel_runs``, ``device_id``, ``providers``.
 
+    ``None`` (and a line saying so) where the target's start-up check found that a
+    verification is not bit for bit decoding on this CPU (speculation stays off there).
+
     Raises:
         ModelFileError: the file cannot be loaded, or its vocabulary is not the target's (the
             message names the first difference).
-        ValueError: the target cannot verify proposals in one run (speculation off, or a
-            backend without fast verification).
+        ValueError: speculation is off, or the backend is not onnxruntime.
     """
-    if not target.backend.fast_verify:
+    if target.backend.name != "onnxruntime" or target.backend.max_verify_rows < 2:
         raise ValueError("a draft model needs speculative decoding on the onnxruntime backend "
                          "(not --no-speculation, not --backend numpy)")
+    if not target.backend.fast_verify:
+        say("draft model not loaded: on this CPU a verification is not bit for bit decoding "
+            "(see the start-up check above), so speculative decoding stays off")
+        return None
     path = resolve(model, log=say)
     t0, rss0 = time.monotonic(), _resident_bytes()
     say(f"loading draft model {path} ...")
