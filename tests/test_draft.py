@@ -132,7 +132,7 @@ def test_the_draft_reuses_its_slots_and_proposes_its_greedy_continuation(pair):
     assert draft.propose(ids, 4) == first
 
 
-def test_a_draft_of_another_vocabulary_ends_the_load_with_one_line(model_path, tmp_path):
+def test_a_missing_or_foreign_draft_ends_the_load_with_one_line(model_path, tmp_path):
     from tiny_mindie.llm import LLM
 
     tiny = str(tmp_path / "tiny-qwen2.gguf")
@@ -141,6 +141,9 @@ def test_a_draft_of_another_vocabulary_ends_the_load_with_one_line(model_path, t
                                               r"not the model's: the draft has 49152 tokens, "
                                               r"the target 300$"):
         LLM(tiny, max_seq_len=64, num_slots=1, draft_model=model_path, log=None)
+    with pytest.raises(ModelFileError, match=r"^draft model: model file not found: .*nope\.gguf"):
+        LLM(tiny, max_seq_len=64, num_slots=1, draft_model=str(tmp_path / "nope.gguf"),
+            log=None)
     with pytest.raises(ValueError, match="needs speculative decoding"):
         LLM(tiny, max_seq_len=64, num_slots=1, speculation=False, draft_model=model_path,
             log=None)

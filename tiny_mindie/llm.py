@@ -347,7 +347,10 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
         say("draft model not loaded: on this CPU a verification is not bit for bit decoding "
             "(see the start-up check above), so speculative decoding stays off")
         return None
-    path = resolve(model, log=say)
+    try:
+        path = resolve(model, log=say)
+    except ModelFileError as exc:
+        raise ModelFileError(f"draft model: {exc}") from None
     t0, rss0 = time.monotonic(), _resident_bytes()
     say(f"loading draft model {path} ...")
     _, cfg, tokenizer, backend = load_model(
