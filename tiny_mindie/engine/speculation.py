@@ -18,8 +18,8 @@ draft, greedy or seeded.
 cost: the chunk costs more than one decode step (and a draft's proposals cost its own steps),
 so proposals are made only while recent acceptance pays for it, and only when the sequence
 decodes alone (in a batch, the decode step is shared and one sequence's chunk would hold the
-others back). :class:`Speculator` asks the sources in order: prompt lookup (free to make),
-then the draft.
+others back). :class:`Speculator` prices both sources alike and lets the one whose proposals
+yield more tokens per unit of time propose.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from .draft import DraftModel
 MAX_NGRAM = 3
 MIN_NGRAM = 2     # a lone repeated token proposes mostly noise in free text
 
-#: Where proposals come from, asked in this order.
+#: Where proposals come from: prompt lookup, the draft model.
 SOURCES = ("ngram", "draft")
 #: A draft step's time in target decode steps, assumed until both are timed.
 DRAFT_RATIO = 0.5
@@ -191,9 +191,10 @@ class CostModel:
 
 
 class Speculator:
-    """The proposals of a sequence decoding alone: prompt lookup first (free to make), else the
-    draft model when one is loaded, each source with its own :class:`SpeculationPolicy` per
-    sequence (:meth:`policies`); both are verified alike by the engine.
+    """The proposals of a sequence decoding alone: from prompt lookup (free to make) or the
+    draft model when one is loaded, whichever yields more tokens per unit of time, each source
+    with its own :class:`SpeculationPolicy` per sequence (:meth:`policies`); both are verified
+    alike by the engine.
 
     Args:
         max_proposals: tokens proposed per verification at most (the backend's verification
