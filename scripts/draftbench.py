@@ -40,6 +40,7 @@ import time
 
 from loadtest import llama_server_version, start_llama_server, start_server
 from results import cpu_line, run_record, write
+from soak import rss_and_fds
 
 from tiny_mindie.model.registry import resolve
 
@@ -101,19 +102,13 @@ def complete(port: int, prompt: str, new_tokens: int, mode: dict) -> tuple[float
     return wall, ans.get("timings") or {}, ans["usage"]["completion_tokens"]
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MB (``/proc``)."""
-    with open(f"/proc/{pid}/status") as fh:
-        return next(int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS:")) / 1024
-
-
 def run_server(name: str, proc, port: int, args, tiny: bool, turn: int) -> list[dict]:
     """Every prompt and mode on one started server, then stop it."""
     rows = []
     try:
         complete(port, "Hello", 4, MODES["greedy"])           # warm up
         time.sleep(args.settle)     # tiny_mindie moves its weights to huge pages meanwhile
-        memory = rss_mb(proc.pid)
+        memory = rss_and_fds(proc.pid)[0]
         for prompt_name, prompt in PROMPTS.items():
             for mode_name, mode in MODES.items():
                 before = metrics(port) if tiny else {}

@@ -99,7 +99,6 @@ class Engine:
         self._slots = SlotPool(backend.num_slots)
         self._can_copy = type(backend).copy_kv is not Backend.copy_kv
         self.speculation = limits.speculation and backend.fast_verify
-        self.draft = draft
         self._speculator = Speculator(max(0, backend.max_verify_rows - 1), draft)
         self._waiting: WaitQueue[Sequence] = WaitQueue()
         self._running: list[Sequence] = []
@@ -212,7 +211,8 @@ class Engine:
         with self._cond:
             return {"running": len(self._running), "waiting": len(self._waiting),
                     "total_slots": self._slots.total, "free_slots": self._slots.free,
-                    "draft_seconds": self.draft.seconds if self.draft else 0.0}
+                    "draft_seconds": (self._speculator.draft.seconds
+                                      if self._speculator.draft else 0.0)}
 
     @property
     def accepting(self) -> bool:
