@@ -161,7 +161,8 @@ class _Runner:
 
 def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: str) -> None:
     """``backend`` is ``numpy``, ``onnxruntime`` or ``onnxruntime:MODE`` (a weight mode of
-    ``WEIGHT_MODES``, or a block size for 4-bit requantized weights)."""
+    ``WEIGHT_MODES``, a block size for 4-bit requantized weights, or ``standard``: the standard
+    graph, default-domain operators only)."""
     sys.path.insert(0, root)
     backend, _, mode = backend.partition(":")
     import numpy as np
@@ -182,7 +183,11 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
     if backend == "onnxruntime":
         from tiny_mindie.model.ort_backend import OrtBackend
         kw = {}
-        if mode:                           # (a tree older than the weight modes takes none)
+        if mode == "standard":
+            from tiny_mindie.model.graph import GraphOptions
+            from tiny_mindie.model.ort_standard import StandardOrtBackend as OrtBackend
+            kw["graph_options"] = GraphOptions(flavour="standard")
+        elif mode:                         # (a tree older than the weight modes takes none)
             from tiny_mindie.model import WEIGHT_MODES
             from tiny_mindie.model.graph import GraphOptions
             compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode)
@@ -1034,7 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode tokens a backend runs before the next one takes its turn")
     ap.add_argument("--backends", default="onnxruntime,numpy,llama-bench",
                     help="comma-separated; 'onnxruntime:MODE' with a weight mode (exact, compact) "
-                         "or a block size of 4-bit requantized weights (64, 128); "
+                         "or a block size of 4-bit requantized weights (64, 128), or "
+                         "'onnxruntime:standard' for the standard graph; "
                          "'onnxruntime@DIR' runs the tiny_mindie source tree in "
                          "DIR (e.g. an older commit unpacked with git archive) for an A/B")
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"),
@@ -1111,10 +1117,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in args.backends.split(","):
             kind, _, mode = name.partition("@")[0].partition(":")
-            if mode and (kind != "onnxruntime" or not (mode in ("exact", "compact")
-                                                        or mode.isdigit())):
+            if mode and (kind != "onnxruntime" or not (
+                    mode in ("exact", "compact", "standard") or mode.isdigit())):
                 raise SystemExit(f"--backends: {name!r}: only onnxruntime takes ':MODE' (exact, "
-                                 f"compact or a block size)")
+                                 f"compact, a block size, or standard: the standard graph)")
             if name == "llama.cpp":
                 python = find_llama_python(args.llama_python)
                 if python is None:

@@ -13,7 +13,8 @@ def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
     assert select_providers() == ["CPUExecutionProvider"]
     monkeypatch.setattr(providers, "ascend_available", lambda: True)
     chosen = select_providers(device_id=3)
-    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3"})
+    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3",
+                                                   "precision_mode": "allow_fp32_to_fp16"})
     assert select_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     out, err = capfd.readouterr()
     assert out == "" and err == ""
@@ -42,7 +43,19 @@ def test_node_placement_counts_the_nodes_each_provider_runs():
                                    providers=[providers.CPU])
     counts = providers.node_placement(session)
     assert counts == {providers.CPU: 2}
+    assert providers.ops_by_provider(session) == {providers.CPU: {"MatMul": 1, "Sigmoid": 1}}
     assert providers.placement_summary(counts) == "CPU 2 nodes"
     assert providers.placement_summary({"CANNExecutionProvider": 950, providers.CPU: 57}) == \
         "CANN 950, CPU 57 nodes"
     assert providers.placement_summary({}) == "not reported"
+    ops = {"CANNExecutionProvider": {"MatMul": 950}, providers.CPU: {"Gather": 50, "Shape": 7}}
+    assert providers.placement_summary({"CANNExecutionProvider": 950, providers.CPU: 57}, ops) \
+        == "CANN 950, CPU 57 nodes (CPU: Gather 50, Shape 7)"
+
+
+def test_auto_graph_is_standard_on_cann_only():
+    assert providers.graph_flavour("auto", [("CANNExecutionProvider", {"device_id": "0"}),
+                                            providers.CPU]) == "standard"
+    assert providers.graph_flavour("auto", [providers.CPU]) == "contrib"
+    assert providers.graph_flavour("standard", [providers.CPU]) == "standard"
+    assert providers.graph_flavour("contrib", ["CANNExecutionProvider"]) == "contrib"

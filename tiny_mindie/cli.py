@@ -1,4 +1,5 @@
-"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``, ``certs``.
+"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``, ``certs``,
+``health``, ``watermark-detect``, ``check-graph``.
 
 Bad configuration, a missing model file or a busy port end with one line on stderr and a
 non-zero exit status; never a traceback.
@@ -12,7 +13,7 @@ import os
 import sys
 import time
 
-from . import __version__, health_probe
+from . import __version__, graph_check, health_probe
 from .config import Config, ConfigError, load_config
 from .envconfig import EnvError, apply_env, env_options
 from .logs import add_log_options, fail, say
@@ -27,7 +28,8 @@ from .settings import add_flags, with_flags
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs", "health")
+COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs", "health",
+            "check-graph")
 # Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
 ENV_COMMANDS = {"serve": True, "health": False}
@@ -48,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect,certs,health}")
+                           metavar="{serve,pull,list-models,watermark-detect,certs,health,"
+                                   "check-graph}")
     _add_serve(sub.add_parser("serve", help="serve the HTTP API (the default)"))
     pl = sub.add_parser("pull", help="fetch a registry model into the cache")
     pl.add_argument("name", help="registry model name (see list-models)")
@@ -67,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     health_probe.add_arguments(sub.add_parser(
         "health", help="exec probe: exit 0 when the server here answers its health route "
                        "with 200, else 1 (2: a usage error)"))
+    graph_check.add_arguments(sub.add_parser(
+        "check-graph", help="where the graph's nodes run (CANN or CPU) and whether its greedy "
+                            "tokens are the numpy reference's (exit 1 if not)"))
     for name, warn in ENV_COMMANDS.items():     # last: every option of theirs gets a variable
         if name in sub.choices:
             env_options(sub.choices[name], warn_unknown=warn)
@@ -191,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             return certs(args)
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect,
+                "check-graph": lambda a: graph_check.run(a, _say),
                 "health": health_probe.run}[args.command](args)
     except ModelDownloadError as exc:   # the network: the package index, a download
         fail(str(exc))

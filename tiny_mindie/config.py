@@ -350,6 +350,13 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
     if combinations and b.weights != "exact" and b.backend != "onnxruntime":
         raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
                           f"onnxruntime backend; the {b.backend} backend runs the exact weights")
+    if combinations and b.graph != "auto" and b.backend != "onnxruntime":
+        raise ConfigError(f"graph {b.graph!r} (--graph, BackendConfig.graph) needs the "
+                          f"onnxruntime backend; the {b.backend} backend builds no graph")
+    if combinations and b.graph == "standard" and b.weights != "exact":
+        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
+                          "contrib graph; the standard graph (--graph standard) holds float32 "
+                          "weights")
     if combinations and b.model.draft_model and not (
             b.backend == "onnxruntime" and b.schedule.speculative_decoding):
         raise ConfigError("a draft model (--draft-model, ModelConfig.draftModelPath) needs "

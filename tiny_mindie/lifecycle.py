@@ -230,7 +230,8 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
              f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
              f"{llm.backend.max_seq_len} tokens)",
              f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"
-             + (f", {cfg.backend.weights} weights" if llm.backend.name == "onnxruntime" else ""),
+             + (f", {llm.backend.graph} graph, {cfg.backend.weights} weights"
+                if llm.backend.name == "onnxruntime" else ""),
              *_draft_lines(llm.draft),
              *_listener_lines(listeners, files)]
     business = next(lst for lst in listeners if "business" in lst.planes)

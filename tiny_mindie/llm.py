@@ -91,6 +91,8 @@ class LLM:
             64; see :func:`tiny_mindie.model.loader.load_model`).
         device_id, providers: the NPU and the onnxruntime execution providers (see
             :func:`tiny_mindie.model.loader.load_model`).
+        graph: onnxruntime: ``auto``, ``contrib`` or ``standard`` (see
+            :func:`tiny_mindie.model.loader.load_model`).
         parse_special_tokens: whether control tokens written in a text prompt
             (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
@@ -116,9 +118,10 @@ class LLM:
                  schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
-                 speculation: bool = True, draft_model: str | None = None, log=print):
+                 speculation: bool = True, draft_model: str | None = None, graph: str = "auto",
+                 log=print):
         say = log or (lambda _msg: None)
-        check_weight_mode(backend, weights)            # before a pull, not after it
+        check_weight_mode(backend, weights, graph)     # before a pull, not after it
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
         t0 = time.monotonic()
@@ -129,7 +132,7 @@ class LLM:
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             parallel_runs=parallel_runs, batch_invariant=batch_invariant, weights=weights,
             device_id=device_id,
-            providers=providers, speculation=speculation)
+            providers=providers, speculation=speculation, graph=graph)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
@@ -356,7 +359,7 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
     _, cfg, tokenizer, backend = load_model(
         path, backend=target.backend.name, num_slots=min(DRAFT_SLOTS, target.backend.num_slots),
         max_seq_len=target.backend.max_seq_len, batch_invariant=False, speculation=False,
-        weights="compact", spinning=False, **options)
+        weights="compact", graph="contrib", spinning=False, **options)
     diff = vocabulary_difference(target.tokenizer, tokenizer)
     if diff is None and cfg.vocab_size != target.config.vocab_size:
         diff = f"the draft's logits have {cfg.vocab_size} rows, the target's " \

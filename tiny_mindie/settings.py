@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .envconfig import FROM_ENV
-from .model import BACKENDS, DEFAULT_BACKEND, WEIGHT_MODES
+from .model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, WEIGHT_MODES
 
 #: Attribute path in :class:`~.config.Config` of each group of settings.
 GROUPS = {"server": "server", "model": "backend.model", "schedule": "backend.schedule",
@@ -284,6 +284,15 @@ SETTINGS: tuple[Setting, ...] = (
                                      "4-bit blocks of 64: fewer bytes per token, faster decode, "
                                      "answers of about llama.cpp's Q4_0 quality on 0.5B+ models, "
                                      "far worse on tiny ones (docs/weights.md)"),)),
+    Setting("backend.graph", f"{_B}.graph", "str", "auto",
+            "onnxruntime graph: contrib (onnxruntime's contrib operators: the CPU's fast path), "
+            "standard (default-domain ONNX operators only, static shapes: for the CANN "
+            "execution provider), or auto (standard when the CANN provider loads, else contrib)",
+            choices=GRAPH_FLAVOURS, ours=True, llm="graph",
+            flags=(Flag("--graph", "onnxruntime graph (BackendConfig.graph): auto (default: "
+                                   "standard on the CANN execution provider, contrib on the "
+                                   "CPU), contrib, or standard (default-domain ONNX operators "
+                                   "only; slower on a CPU, docs/models.md)"),)),
     Setting("backend.execution_providers", f"{_B}.executionProviders", "providers", (),
             "onnxruntime execution providers: names or [name, {options}] pairs", ours=True),
 )
@@ -444,7 +453,8 @@ def markdown(serve_parser: argparse.ArgumentParser) -> str:
            "Relative paths are resolved against the file's folder. Without a file the built-in "
            "defaults apply. Cross-key rules: `maxPrefillTokens` >= the effective "
            "`maxInputTokenLen`, `maxPrefillBatchSize` <= `maxBatchSize`, `healthPort` differs "
-           "from the other ports, `weights` compact needs the onnxruntime backend.", ""]
+           "from the other ports, `weights` compact needs the onnxruntime backend and the "
+           "contrib graph, a `graph` other than auto needs the onnxruntime backend.", ""]
     for section in dict.fromkeys(s.section for s in SETTINGS):
         out += [f"## `{section}`", "", *_settings_table(section), ""]
     out += ["## Command line and environment", "", EPILOG, "",

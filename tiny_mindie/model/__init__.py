@@ -12,3 +12,6 @@ DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the f
 #: ``exact`` keeps the GGUF's own blocks, ``compact`` requantizes every matrix to 4-bit blocks
 #: of 64 (docs/weights.md).
 WEIGHT_MODES = {"exact": 0, "compact": 64}
+#: the onnxruntime backend's graph choices (``auto``: ``standard`` on the CANN execution
+#: provider, ``contrib`` elsewhere; see :mod:`.graph` and :mod:`.graph_standard`)
+GRAPH_FLAVOURS = ("auto", "contrib", "standard")

@@ -98,6 +98,7 @@ from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .graph_layers import block, lm_head, verify_rows
 from .graph_nodes import MS_DOMAIN, GraphBuilder, Shared, embed, rope_caches, rows_of
+from .graph_standard import STANDARD_VERSION, build_standard_model
 from .graph_weights import load_embedding, load_layer, load_lm_head, power_of_two
 from .providers import cpu_info
 
@@ -110,6 +111,8 @@ BUILDER_VERSION = 11
 GRAPH_OPTIONS_KEY = "tiny_mindie.graph_options"
 LOGITS_ROWS_KEY = "tiny_mindie.logits_row_multiple"
 VERIFY_ROWS_KEY = "tiny_mindie.verify_rows"
+#: ``model.onnx`` metadata entry naming a graph of another flavour than ``contrib``
+GRAPH_FLAVOUR_KEY = "tiny_mindie.graph"
 
 #: ``GraphOptions.verify_rows`` of a graph for speculative decoding: the last token and up to 4
 #: proposed ones per verification run.
@@ -170,6 +173,10 @@ class GraphOptions:
         compact: 0 keeps the GGUF's weights (exact where :mod:`.weights` says so); a block size
             (64) requantizes every matrix, the LM head included, to 4-bit blocks of that size
             (:func:`.weights.quantize_4bit`): fewer bytes than the GGUF, not its values.
+        flavour: ``"contrib"``: the graph above, onnxruntime's contrib operators doing the heavy
+            work; ``"standard"``: default-domain operators only, float32 weights
+            (:mod:`.graph_standard`; ``compact``, the accuracy levels, row multiples and
+            ``verify_rows`` do not shape it).
         verify_rows: add the ``verify`` input and each layer's
             :func:`.graph_layers.verify_attention` for chunks of up to this many rows
             (speculative decoding, :data:`VERIFY_ROWS`; costs an ``If`` per layer in every run);
@@ -185,6 +192,7 @@ class GraphOptions:
         default_factory=default_row_multiples)
     verify_rows: int = 0
     compact: int = 0
+    flavour: str = "contrib"
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -196,6 +204,8 @@ class GraphOptions:
 
     def key(self) -> str:
         """The options as a short string, part of the graph cache's entry names."""
+        if self.flavour == "standard":
+            return f"standard{STANDARD_VERSION}-p{self.max_positions}"
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         rows = ".".join(f"{b}b{k}x{m}" for b, k, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
@@ -221,14 +231,12 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     Raises:
         ModelFileError: the architecture or a tensor is not supported.
     """
-    if config.architecture not in ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"):
-        raise ModelFileError(f"the onnxruntime backend does not support architecture "
-                             f"{config.architecture!r} yet; use --backend numpy")
     c = config
-    if (c.rope_dim // 2) % 8 or c.rope_dim > c.head_dim:
-        raise ModelFileError(f"{c.architecture}.rope.dimension_count = {c.rope_dim}: onnxruntime's "
-                             "GroupQueryAttention rotates a multiple of 16 dimensions only; "
-                             "use --backend numpy")
+    _check_supported(c, options)
+    if options.flavour == "standard":
+        return build_standard_model(f, c, out_dir, options.max_positions or c.context_length,
+                                    {GRAPH_OPTIONS_KEY: options.key(), GRAPH_FLAVOUR_KEY:
+                                     "standard"})
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "model.onnx")
     g = GraphBuilder(model_path + ".data")
@@ -271,6 +279,18 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     with open(model_path, "wb") as out:
         out.write(model.SerializeToString())
     return model_path
+
+
+def _check_supported(c: ModelConfig, options: GraphOptions) -> None:
+    """Raises ``ModelFileError`` for an architecture the graphs do not build, or (the contrib
+    graph) a rotary dimension GroupQueryAttention cannot rotate."""
+    if c.architecture not in ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"):
+        raise ModelFileError(f"the onnxruntime backend does not support architecture "
+                             f"{c.architecture!r} yet; use --backend numpy")
+    if options.flavour != "standard" and ((c.rope_dim // 2) % 8 or c.rope_dim > c.head_dim):
+        raise ModelFileError(f"{c.architecture}.rope.dimension_count = {c.rope_dim}: onnxruntime's "
+                             "GroupQueryAttention rotates a multiple of 16 dimensions only; "
+                             "use --backend numpy")
 
 
 def _ahead(pool: ThreadPoolExecutor, fn: Callable, items, depth: int) -> Iterator:

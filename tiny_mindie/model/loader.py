@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from . import WEIGHT_MODES
+from . import GRAPH_FLAVOURS, WEIGHT_MODES
 from .backend import BACKENDS, DEFAULT_BACKEND, Backend
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
@@ -24,19 +24,27 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
     return max(1, min(max_batch, (budget_mb << 20) // per))
 
 
-def check_weight_mode(backend: str, weights: str) -> None:
-    """Raises ``ValueError`` unless ``backend`` takes the weight mode ``weights``
-    (:data:`~tiny_mindie.model.WEIGHT_MODES` on onnxruntime, ``exact`` on numpy)."""
+def check_weight_mode(backend: str, weights: str, graph: str = "auto") -> None:
+    """Raises ``ValueError`` unless ``backend`` takes the weight mode ``weights`` and the
+    graph ``graph`` (:data:`~tiny_mindie.model.WEIGHT_MODES` and
+    :data:`~tiny_mindie.model.GRAPH_FLAVOURS` on onnxruntime, ``exact`` and ``auto`` on numpy;
+    the standard graph holds exact weights only)."""
     if weights not in WEIGHT_MODES or (weights != "exact" and backend != "onnxruntime"):
         raise ValueError(f"weights {weights!r}: the onnxruntime backend takes "
                          f"{', '.join(WEIGHT_MODES)}, the numpy backend exact only")
+    if graph not in GRAPH_FLAVOURS or (graph != "auto" and backend != "onnxruntime"):
+        raise ValueError(f"graph {graph!r}: the onnxruntime backend takes "
+                         f"{', '.join(GRAPH_FLAVOURS)}, the numpy backend builds no graph")
+    if graph == "standard" and weights != "exact":
+        raise ValueError(f"weights {weights!r}: the standard graph holds exact (float32) "
+                         "weights only")
 
 
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
                kv_cache_mb: int = 1024, max_batch: int = 200, max_seq_len: int = 2048,
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
                weights: str = "exact", device_id: int = 0, providers: list | None = None,
-               speculation: bool = False, spinning: bool = True,
+               speculation: bool = False, spinning: bool = True, graph: str = "auto",
                ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
@@ -61,6 +69,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         speculation: onnxruntime: build the graph with its verification path
             (``GraphOptions.verify_rows``) for speculative decoding; without it, a decode step
             skips an ``If`` per layer.
+        graph: onnxruntime: ``auto`` (``standard`` on the CANN provider, else ``contrib``),
+            ``contrib`` or ``standard`` (:data:`~tiny_mindie.model.GRAPH_FLAVOURS`).
         spinning: onnxruntime: idle intra-op threads spin between runs (lower latency); off
             for a session whose runs alternate with another's (a draft model), whose threads
             would otherwise take the cores from the other's.
@@ -74,7 +84,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     if backend != "onnxruntime":
         return f, cfg, load_tokenizer(f), _load_backend(
             f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
-            parallel_runs, batch_invariant, device_id, providers, speculation, weights, spinning)
+            parallel_runs, batch_invariant, device_id, providers, speculation, weights, spinning,
+            graph)
     # The tokenizer is read while the session is created (which releases the GIL), so building
     # a large vocabulary adds nothing to the start. Its errors are raised once the backend has
     # loaded.
@@ -82,7 +93,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         tok_job = pool.submit(load_tokenizer, f)
         be = _load_backend(f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len,
                            threads, parallel_runs, batch_invariant, device_id, providers,
-                           speculation, weights, spinning)
+                           speculation, weights, spinning, graph)
         try:
             tok = tok_job.result()
         except BaseException:
@@ -95,9 +106,10 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                   kv_cache_mb: int, max_batch: int, max_seq_len: int, threads: int,
                   parallel_runs: int, batch_invariant: bool, device_id: int,
                   providers: list | None, speculation: bool = False,
-                  weights: str = "exact", spinning: bool = True) -> Backend:
+                  weights: str = "exact", spinning: bool = True, graph: str = "auto"
+                  ) -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
-    check_weight_mode(backend, weights)
+    check_weight_mode(backend, weights, graph)
     max_seq_len = min(max_seq_len, cfg.context_length)
     if num_slots is None:
         num_slots = slots_for_budget(cfg, max_seq_len, kv_cache_mb, max_batch)
@@ -108,14 +120,19 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
         try:
             from .graph import VERIFY_ROWS, GraphOptions
             from .ort_backend import OrtBackend
-            be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
-                            threads=threads, parallel_runs=parallel_runs, device_id=device_id,
-                            providers=list(providers) if providers else None,
-                            graph_options=GraphOptions(
-                                verify_rows=VERIFY_ROWS if speculation else 0,
-                                compact=WEIGHT_MODES[weights],
-                                **({} if batch_invariant else {"row_multiples": ()})),
-                            check_batching=batch_invariant, spinning=spinning)
+            from .ort_standard import StandardOrtBackend
+            from .providers import graph_flavour, select_providers
+            chosen = select_providers(list(providers) if providers else None, device_id)
+            flavour = graph_flavour(graph, chosen)
+            cls = StandardOrtBackend if flavour == "standard" else OrtBackend
+            be = cls(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
+                     threads=threads, parallel_runs=parallel_runs, device_id=device_id,
+                     providers=chosen,
+                     graph_options=GraphOptions(
+                         verify_rows=VERIFY_ROWS if speculation else 0,
+                         compact=WEIGHT_MODES[weights], flavour=flavour,
+                         **({} if batch_invariant else {"row_multiples": ()})),
+                     check_batching=batch_invariant, spinning=spinning)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment
             raise ModelFileError(f"the onnxruntime backend cannot load ({exc}); reinstall the "
                                  f"project's dependencies or use --backend numpy") from None

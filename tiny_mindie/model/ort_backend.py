@@ -93,6 +93,7 @@ from .providers import (
     default_threads,
     device_name,
     node_placement,
+    ops_by_provider,
     placement_summary,
     select_providers,
     session_options,
@@ -145,7 +146,9 @@ class OrtBackend(StartupChecks, Backend):
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
         node_placement: nodes of the optimized graph per provider, most first
-            (:func:`.providers.node_placement`; empty where onnxruntime does not tell).
+            (:func:`.providers.node_placement`; empty where onnxruntime does not tell);
+            ``placement_ops``: the same per operator type (:func:`.providers.ops_by_provider`).
+        graph: the graph's flavour, ``"contrib"`` or ``"standard"`` (``GraphOptions.flavour``).
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
         load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
             ``"batch check"`` when :meth:`check_batch_invariance` ran.
@@ -167,13 +170,13 @@ class OrtBackend(StartupChecks, Backend):
                              f">= 1, parallel_runs ({parallel_runs}) >= 0")
         graph_options = with_rotary_table(graph_options, config, max_seq_len)
         self.config = config
-        self._graph_options = graph_options
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
         self.max_chunk_tokens = max(1, max_chunk_tokens)
 
         chosen = select_providers(providers, device_id)
         graph_options = for_provider(graph_options, chosen)
+        self._graph_options = graph_options
         t0 = time.perf_counter()
         self.graph_path, self.built = cached_graph(f, config, graph_options, cache_dir)
         t1 = time.perf_counter()
@@ -213,10 +216,13 @@ class OrtBackend(StartupChecks, Backend):
         self.max_verify_rows = int(meta.get(VERIFY_ROWS_KEY, "0"))
         self._verify_input = self.max_verify_rows > 0       # the graph has the verify input
         self.fast_verify = self._verify_input
+        self.graph = self._graph_options.flavour
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
+        self.placement_ops = ops_by_provider(self._session)
         self.node_placement = node_placement(self._session)
-        log.info("execution providers: %s", placement_summary(self.node_placement))
+        log.info("execution providers: %s", placement_summary(self.node_placement,
+                                                               self.placement_ops))
 
     def _lanes(self, parallel_runs: int) -> int:
         """The session runs one :meth:`forward` executes at once, of ``parallel_runs`` asked
@@ -229,13 +235,18 @@ class OrtBackend(StartupChecks, Backend):
         # more runs than slots could never all be busy (a run has at least one row)
         return min(parallel_runs or max(1, available_cpus() // self.threads), self.num_slots)
 
+    @property
+    def cache_len(self) -> int:
+        """Positions of each KV buffer row: ``max_seq_len``."""
+        return self.max_seq_len
+
     def _make_kv_cache(self) -> None:
         """The KV buffers (zeroed, pages allocated as they are written) and the slot layout."""
-        c, num_slots, max_seq_len = self.config, self.num_slots, self.max_seq_len
-        shape = (num_slots, c.num_kv_heads, max_seq_len, c.head_dim)
+        c, num_slots, cache_len = self.config, self.num_slots, self.cache_len
+        shape = (num_slots, c.num_kv_heads, cache_len, c.head_dim)
         self._kv_map, kv = zeroed_buffers(2 * c.num_layers, shape)
         self._k, self._v = kv[:c.num_layers], kv[c.num_layers:]
-        self._row_bytes = c.num_kv_heads * max_seq_len * c.head_dim * 4
+        self._row_bytes = c.num_kv_heads * cache_len * c.head_dim * 4
         self._phys = list(range(num_slots))             # slot -> physical row
         self._slot_at = list(range(num_slots))          # physical row -> slot
         self._used = [0] * num_slots                    # positions in use, per slot

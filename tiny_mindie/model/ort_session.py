@@ -40,9 +40,10 @@ def with_rotary_table(options: GraphOptions, config: ModelConfig, max_seq_len: i
 
 
 def for_provider(options: GraphOptions, chosen: list) -> GraphOptions:
-    """``options`` without the verification path unless the first of the ``chosen``
-    providers is the CPU's."""
-    if options.verify_rows and provider_name(chosen[0]) != CPU:
+    """``options`` without the contrib graph's verification path unless the first of the
+    ``chosen`` providers is the CPU's (the standard graph verifies as a prompt piece, with no
+    path of its own: the start-up check decides there as on the CPU)."""
+    if options.verify_rows and options.flavour != "standard" and provider_name(chosen[0]) != CPU:
         # an If per layer would cut an NPU's graph into pieces (and is untested there)
         log.info("speculative decoding: for the CPU execution provider only; off on %s",
                  provider_name(chosen[0]))

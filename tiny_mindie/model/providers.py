@@ -17,6 +17,9 @@ from .backend import available_cpus
 
 CANN = "CANNExecutionProvider"
 CPU = "CPUExecutionProvider"
+#: the CANN provider's ``precision_mode``: float32 where the NPU's operator computes it, float16
+#: where it does not (the matrix products; see :mod:`.cann_ops`)
+CANN_PRECISION_MODE = "allow_fp32_to_fp16"
 
 #: session config entry that makes onnxruntime (>= 1.24) keep which provider runs which node
 RECORD_PLACEMENT = "session.record_ep_graph_assignment_info"
@@ -45,9 +48,19 @@ def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0)
 
     chosen: list = []
     if CANN in ort.get_available_providers() and ascend_available():
-        chosen.append((CANN, {"device_id": str(device_id)}))
+        chosen.append((CANN, {"device_id": str(device_id),
+                              "precision_mode": CANN_PRECISION_MODE}))
     chosen.append(CPU)
     return chosen
+
+
+def graph_flavour(graph: str, chosen: Sequence[Any]) -> str:
+    """The graph to build for ``graph`` (``auto``, ``contrib`` or ``standard``) on the
+    ``chosen`` providers (:func:`select_providers`): ``auto`` is ``standard`` when the first is
+    the CANN provider (it takes no contrib operator), else ``contrib`` (the CPU's fast path)."""
+    if graph != "auto":
+        return graph
+    return "standard" if provider_name(chosen[0]) == CANN else "contrib"
 
 
 def provider_name(provider: Any) -> str:
@@ -123,24 +136,42 @@ def session_options(threads: int, *, spinning: bool, config: dict[str, str] | No
     return so
 
 
-def node_placement(session) -> dict[str, int]:
-    """Nodes of the optimized graph of ``session`` per execution provider, most first, e.g.
-    ``{"CPUExecutionProvider": 1006}``: what onnxruntime recorded when the session was created
-    with :data:`RECORD_PLACEMENT` (``InferenceSession.get_provider_graph_assignment_info``,
-    onnxruntime >= 1.24); empty when it cannot tell."""
+def ops_by_provider(session) -> dict[str, dict[str, int]]:
+    """Nodes of the optimized graph of ``session`` per execution provider (most nodes first)
+    and operator type (most first), e.g. ``{"CPUExecutionProvider": {"MatMul": 120, ...}}``:
+    what onnxruntime recorded when the session was created with :data:`RECORD_PLACEMENT`
+    (``InferenceSession.get_provider_graph_assignment_info``, onnxruntime >= 1.24); empty when
+    it cannot tell."""
     try:
         subgraphs = session.get_provider_graph_assignment_info()
     except (AttributeError, RuntimeError):      # older onnxruntime, or not recorded
         return {}
-    counts: dict[str, int] = {}
+    ops: dict[str, dict[str, int]] = {}
     for sub in subgraphs:
-        counts[sub.ep_name] = counts.get(sub.ep_name, 0) + len(sub.get_nodes())
-    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+        mine = ops.setdefault(sub.ep_name, {})
+        for node in sub.get_nodes():
+            mine[node.op_type] = mine.get(node.op_type, 0) + 1
+    return {ep: dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+            for ep, kinds in sorted(ops.items(), key=lambda kv: -sum(kv[1].values()))}
 
 
-def placement_summary(counts: dict[str, int]) -> str:
-    """``"CPU 1006 nodes"``, ``"CANN 950, CPU 57 nodes"``; ``"not reported"`` for none."""
+def node_placement(session) -> dict[str, int]:
+    """Nodes of the optimized graph of ``session`` per execution provider, most first, e.g.
+    ``{"CPUExecutionProvider": 1006}`` (:func:`ops_by_provider`, counted); empty when
+    onnxruntime cannot tell."""
+    return {ep: sum(kinds.values()) for ep, kinds in ops_by_provider(session).items()}
+
+
+def placement_summary(counts: dict[str, int], ops: dict[str, dict[str, int]] | None = None
+                      ) -> str:
+    """``"CPU 1006 nodes"``, ``"CANN 950, CPU 57 nodes"``; ``"not reported"`` for none. With
+    ``ops`` (:func:`ops_by_provider`), the operators of every provider after the first are
+    named: ``"CANN 950, CPU 57 nodes (CPU: Gather 30, Shape 27)"``."""
     if not counts:
         return "not reported"
-    return ", ".join(f"{name.removesuffix('ExecutionProvider')} {n}"
+    text = ", ".join(f"{name.removesuffix('ExecutionProvider')} {n}"
                      for name, n in counts.items()) + " nodes"
+    rest = [f"{name.removesuffix('ExecutionProvider')}: "
+            + ", ".join(f"{op} {n}" for op, n in ops[name].items())
+            for name in list(counts)[1:] if ops and name in ops]
+    return text + (f" ({'; '.join(rest)})" if rest else "")

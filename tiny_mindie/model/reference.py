@@ -51,6 +51,44 @@ class Weights:
     sin_local: np.ndarray | None = None
 
 
+def _t(f: GGUFFile, *names: str) -> np.ndarray:
+    """GGUF matrices ``[out_i, in]`` stacked and laid out for ``x @ W``: float32
+    ``[in, sum(out_i)]``, C-contiguous."""
+    w = (np.concatenate([f.dequantize(n) for n in names]) if len(names) > 1
+         else f.dequantize(names[0]))
+    return np.ascontiguousarray(w.T)
+
+
+def load_layer(f: GGUFFile, cfg: ModelConfig, i: int) -> LayerWeights:
+    """Decoder layer ``i`` (GGUF ``blk.{i}.*``) dequantized to float32, matrices laid out for
+    ``x @ W`` (:func:`_t`): q/k/v and gate/up fused as :class:`.reference_layers.LayerWeights`
+    says (Phi-3's are fused in the file already)."""
+    p = f"blk.{i}."
+    extra = {}
+    if cfg.qk_norm:
+        extra.update(q_norm=f.dequantize(p + "attn_q_norm.weight"),
+                     k_norm=f.dequantize(p + "attn_k_norm.weight"))
+    if cfg.post_norms:
+        extra.update(post_attn_norm=f.dequantize(p + "post_attention_norm.weight"),
+                     post_ffn_norm=f.dequantize(p + "post_ffw_norm.weight"))
+    if cfg.qkv_bias:
+        extra.update(b_qkv=np.concatenate([f.dequantize(p + f"attn_{t}.bias").reshape(-1)
+                                           for t in "qkv"]).astype(np.float32))
+    fused_qkv = f.has_tensor(p + "attn_qkv.weight")   # Phi-3: [q; k; v] rows in one
+    fused_up = not f.has_tensor(p + "ffn_gate.weight")  # Phi-3: ffn_up holds [gate; up]
+    return LayerWeights(
+        attn_norm=f.dequantize(p + "attn_norm.weight"),
+        w_qkv=_t(f, p + "attn_qkv.weight") if fused_qkv
+        else _t(f, p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
+        w_o=_t(f, p + "attn_output.weight"),
+        ffn_norm=f.dequantize(p + "ffn_norm.weight"),
+        w_gate_up=_t(f, p + "ffn_up.weight") if fused_up
+        else _t(f, p + "ffn_gate.weight", p + "ffn_up.weight"),
+        w_down=_t(f, p + "ffn_down.weight"),
+        **extra,
+    )
+
+
 def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
     """Dequantize every tensor of ``f`` to float32, once, and lay matrices out for ``x @ W``.
 
@@ -62,43 +100,13 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
     order, and so is decode's one-GEMV-per-row (:func:`.reference_layers.linear`); only GEMMs
     of many rows would gain from the ``[out, in]`` rows.
     """
-    def t(*names: str) -> np.ndarray:  # GGUF [out_i, in] -> [in, sum(out_i)], C-contiguous
-        w = (np.concatenate([f.dequantize(n) for n in names]) if len(names) > 1
-             else f.dequantize(names[0]))
-        return np.ascontiguousarray(w.T)
-
     # The embedding first: its dequantization makes the largest temporaries, and the peak
     # resident memory stays lower while little else is held.
     embedding = f.dequantize("token_embd.weight")  # [vocab, d]
-    layers = []
-    for i in range(cfg.num_layers):
-        p = f"blk.{i}."
-        extra = {}
-        if cfg.qk_norm:
-            extra.update(q_norm=f.dequantize(p + "attn_q_norm.weight"),
-                         k_norm=f.dequantize(p + "attn_k_norm.weight"))
-        if cfg.post_norms:
-            extra.update(post_attn_norm=f.dequantize(p + "post_attention_norm.weight"),
-                         post_ffn_norm=f.dequantize(p + "post_ffw_norm.weight"))
-        if cfg.qkv_bias:
-            extra.update(b_qkv=np.concatenate([f.dequantize(p + f"attn_{t}.bias").reshape(-1)
-                                               for t in "qkv"]).astype(np.float32))
-        fused_qkv = f.has_tensor(p + "attn_qkv.weight")   # Phi-3: [q; k; v] rows in one
-        fused_up = not f.has_tensor(p + "ffn_gate.weight")  # Phi-3: ffn_up holds [gate; up]
-        layers.append(LayerWeights(
-            attn_norm=f.dequantize(p + "attn_norm.weight"),
-            w_qkv=t(p + "attn_qkv.weight") if fused_qkv
-            else t(p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
-            w_o=t(p + "attn_output.weight"),
-            ffn_norm=f.dequantize(p + "ffn_norm.weight"),
-            w_gate_up=t(p + "ffn_up.weight") if fused_up
-            else t(p + "ffn_gate.weight", p + "ffn_up.weight"),
-            w_down=t(p + "ffn_down.weight"),
-            **extra,
-        ))
+    layers = [load_layer(f, cfg, i) for i in range(cfg.num_layers)]
     # Tied LM head (no output.weight): a transposed view of the embedding (BLAS reads it in
     # place), not a second copy of the largest matrix.
-    lm_head = t("output.weight") if f.has_tensor("output.weight") else embedding.T
+    lm_head = _t(f, "output.weight") if f.has_tensor("output.weight") else embedding.T
     cos, sin = rope_table(max_seq_len, *rope_frequencies(cfg, max_seq_len))
     local = (rope_table(max_seq_len, *rope_frequencies(cfg, max_seq_len, local=True))
              if cfg.rope_theta_local else (None, None))

@@ -1,0 +1,251 @@
+"""The standard graph (``--graph standard``): default-domain ONNX operators only, on the operator
+list the CANN execution provider's graph mode and Ascend's ONNX parser document
+(:mod:`tiny_mindie.model.cann_ops`), with static shapes; on the CPU provider its greedy tokens
+are the numpy reference's and its logits within :data:`~tiny_mindie.graph_check.LOGITS_TOLERANCE`
+of them, and the server's features work on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from helpers import TEST_CONFIG, request, serving, start_server
+
+from tiny_mindie.graph_check import LOGITS_TOLERANCE, PROMPTS, greedy_compare
+from tiny_mindie.model import cann_ops
+from tiny_mindie.model.ort_standard import bucket, buckets
+
+# ---- unit ------------------------------------------------------------------------------------
+
+
+def test_static_sizes_are_few_and_cover_every_value():
+    assert buckets(1, 2, 8) == (1, 2, 4, 8)
+    assert buckets(1, 2, 6) == (1, 2, 4, 6)
+    assert buckets(8, 4, 256) == (8, 32, 128, 256)
+    assert buckets(256, 2, 2561) == (256, 512, 1024, 2048, 2561)
+    assert buckets(256, 2, 81) == (81,)
+    sizes = buckets(8, 4, 256)
+    assert [bucket(v, sizes) for v in (1, 8, 9, 33, 200, 256)] == [8, 8, 32, 128, 256, 256]
+    with pytest.raises(ValueError, match="257 is more than the largest static size 256"):
+        bucket(257, sizes)
+
+
+# ---- model -----------------------------------------------------------------------------------
+
+
+def _load(path, graph, **kw):
+    from tiny_mindie.model.loader import load_model
+
+    return load_model(path, graph=graph, **kw)
+
+
+@pytest.fixture(scope="module")
+def smollm_standard(model_path):
+    f, cfg, tok, be = _load(model_path, "standard", num_slots=4, max_seq_len=512,
+                            speculation=True)
+    yield f, cfg, tok, be
+    be.close()
+
+
+def test_the_standard_graph_is_default_domain_on_the_cann_list(smollm_standard):
+    import onnx
+
+    _, _, _, be = smollm_standard
+    model = onnx.load(be.graph_path, load_external_data=False)
+    assert [(o.domain, o.version) for o in model.opset_import] == [("", 17)]
+    assert model.ir_version == 8
+    assert {n.domain for n in model.graph.node} == {""}
+    assert "GroupQueryAttention" not in {n.op_type for n in model.graph.node}
+    assert cann_ops.check_model(model) == []
+    placed = cann_ops.placement_in_graph_mode(model)
+    assert placed["left"] == 0, placed
+    assert be.graph == "standard" and be.providers == ["CPUExecutionProvider"]
+
+
+def test_a_contrib_graph_fails_the_list(model_path):
+    import onnx
+
+    _, _, _, be = _load(model_path, "contrib", num_slots=1, max_seq_len=64)
+    try:
+        problems = cann_ops.check_model(onnx.load(be.graph_path, load_external_data=False))
+    finally:
+        be.close()
+    assert any("MatMulNBits" in p for p in problems), problems[:5]
+
+
+def test_runs_use_the_static_shapes_only(smollm_standard):
+    _, _, _, be = smollm_standard
+    assert be.decode_batches == (1, 2, 4) and be.chunk_lengths == (8, 32, 128, 256)
+    assert be.spans == (256, 512) and be.cache_len == be.max_seq_len + 1
+    assert be.static_shapes() == (3 + 4 + 1) * 2
+
+
+def _reference(path, max_seq_len=512):
+    return _load(path, "auto", backend="numpy", num_slots=1, max_seq_len=max_seq_len)[3]
+
+
+def test_greedy_tokens_are_the_references_on_smollm2(smollm_standard, model_path):
+    _, _, tok, be = smollm_standard
+    ref = _reference(model_path)
+    try:
+        results = greedy_compare(be, ref, tok, PROMPTS, 32)
+    finally:
+        ref.close()
+    assert [r.prompt for r in results if not r.same] == []
+    assert max(r.max_diff for r in results) <= LOGITS_TOLERANCE
+    assert max(r.max_diff for r in results) > 0        # another graph, not the reference itself
+
+
+def test_the_start_up_checks_ran_on_the_standard_graph(smollm_standard):
+    """The batch, prefix-split and verification checks ran; whatever they found, a decode row
+    in a batch and a verification are then computed as the answers need (checked below)."""
+    _, _, _, be = smollm_standard
+    assert be.max_verify_rows == 5
+    assert isinstance(be.fast_verify, bool) and isinstance(be.prefix_split_invariant, bool)
+    assert be.rows_per_decode_run in (0, 1)
+    assert {"batch check", "split check"} <= set(be.load_seconds)
+
+
+def test_verification_rows_are_decodings_where_the_check_says_so(smollm_standard):
+    from tiny_mindie.model.backend import SeqChunk
+
+    _, _, tok, be = smollm_standard
+    ids = np.array(tok.encode("Edge devices have little memory, so small models"), np.int64)
+    be.forward([SeqChunk(1, 0, ids[:-5])])
+    steps = np.stack([be.forward([SeqChunk(1, len(ids) - 5 + k, ids[-5 + k:][:1])])[0]
+                      for k in range(5)])
+    rows = be.verify(1, len(ids) - 5, ids[-5:])
+    if be.fast_verify:
+        assert np.array_equal(rows, steps)
+    else:       # verification runs the decode steps then
+        assert np.array_equal(rows, steps)
+
+
+@pytest.fixture(scope="module")
+def llm_standard(model_path):
+    from tiny_mindie.llm import LLM
+
+    llm = LLM(model_path, graph="standard", max_seq_len=512, max_input_len=400, num_slots=4,
+              log=None)
+    yield llm
+    llm.close()
+
+
+def _answers(llm, prompts, concurrent: bool, **params):
+    async def one(p):
+        c = await llm.generate_async(llm.make_request(p, **params))
+        return tuple(c.token_ids), c.finish_reason, c.cached_tokens
+
+    async def all_at_once():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    return asyncio.run(all_at_once()) if concurrent else [asyncio.run(one(p)) for p in prompts]
+
+
+def test_batched_answers_are_the_lone_answers(llm_standard):
+    prompts = list(PROMPTS[:4])
+    for params in (dict(do_sample=False), dict(do_sample=True, temperature=0.8, seed=3)):
+        alone = _answers(llm_standard, prompts, False, max_new_tokens=24, ignore_eos=True,
+                         **params)
+        together = _answers(llm_standard, prompts, True, max_new_tokens=24, ignore_eos=True,
+                            **params)
+        assert [a[:2] for a in alone] == [t[:2] for t in together]
+
+
+def test_the_prefix_cache_serves_a_repeated_prompt_with_the_same_answer(llm_standard):
+    prompt = "A long shared system prompt about edge inference servers and their users. " * 4
+    first = _answers(llm_standard, [prompt + "First question?"], False, max_new_tokens=12)[0]
+    second = _answers(llm_standard, [prompt + "First question?"], False, max_new_tokens=12)[0]
+    assert second[2] > 40 and first[:2] == second[:2]
+
+
+def test_speculation_keeps_the_answer_on_the_standard_graph(llm_standard):
+    text = ("Edge devices have little memory, so small quantized models are a good fit for "
+            "them, and a server that speaks the same API saves rewriting every client.")
+    prompts = [f"Text:\n{text}\n\nThe same text again:\n{text[:k]}" for k in (0, 30)]
+    before = llm_standard.engine.metrics.snapshot()
+    llm_standard.engine.speculation = True
+    on = _answers(llm_standard, prompts, False, max_new_tokens=30)
+    after = llm_standard.engine.metrics.snapshot()
+    llm_standard.engine.speculation = False
+    try:
+        off = _answers(llm_standard, prompts, False, max_new_tokens=30)
+    finally:
+        llm_standard.engine.speculation = True
+    assert [a[:2] for a in on] == [a[:2] for a in off]
+    accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+    if llm_standard.backend.fast_verify:
+        assert accepted > 10, accepted
+    else:
+        assert accepted == 0
+
+
+def test_constrained_decoding_follows_its_schema(llm_standard):
+    import jsonschema
+
+    from tiny_mindie.engine.request import Constraint
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    c = llm_standard.generate("Describe a person as JSON:", max_new_tokens=60,
+                              constraint=Constraint("json_schema", json.dumps(schema)))
+    jsonschema.validate(json.loads(c.text), schema)
+
+
+def test_the_greedy_check_command_passes(model_path, capsys):
+    from tiny_mindie.cli import main
+
+    assert main(["check-graph", "--model", model_path, "--graph", "standard", "--prompts", "2",
+                 "--tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "graph      standard, on CPUExecutionProvider" in out
+    assert "placement  CPU " in out and "check-graph: passed (2 prompts x 8" in out
+
+
+def test_gemma3_local_layers_on_the_standard_graph(gemma_path):
+    """Gemma 3: q/k norms, GELU, sandwich norms, local layers' windows and rotary base."""
+    import onnx
+
+    _, _, tok, be = _load(gemma_path, "standard", num_slots=1, max_seq_len=128)
+    ref = _reference(gemma_path, 128)
+    try:
+        assert cann_ops.check_model(onnx.load(be.graph_path, load_external_data=False)) == []
+        results = greedy_compare(be, ref, tok, PROMPTS[:2], 12)
+    finally:
+        be.close()
+        ref.close()
+    assert all(r.same for r in results) and max(r.max_diff for r in results) <= LOGITS_TOLERANCE
+
+
+def test_qwen_coder_greedy_tokens_are_the_references(qwen_coder_path):
+    _, _, tok, be = _load(qwen_coder_path, "standard", num_slots=1, max_seq_len=256)
+    ref = _reference(qwen_coder_path, 256)
+    try:
+        results = greedy_compare(be, ref, tok, PROMPTS, 32)
+    finally:
+        be.close()
+        ref.close()
+    assert [(r.prompt, tok.decode(r.tokens), tok.decode(r.reference))
+            for r in results if not r.same] == []
+    assert max(r.max_diff for r in results) <= LOGITS_TOLERANCE
+
+
+# ---- e2e -------------------------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_server_on_the_standard_graph_answers_and_says_so(model_path, tmp_path):
+    srv = start_server(str(tmp_path), TEST_CONFIG, ["--model", model_path],
+                       env={"TINY_MINDIE_GRAPH": "standard"})
+    for s in serving(srv):
+        assert ", standard graph, exact weights" in s.banner
+        assert "execution providers: CPU " in s.banner
+        status, _, raw = request(s, "POST", "/infer", {
+            "inputs": "The capital of France is", "stream": False,
+            "parameters": {"max_new_tokens": 8, "do_sample": False}})
+        assert status == 200
+        assert json.loads(raw)["generated_text"].strip().startswith("Paris")
