@@ -45,6 +45,35 @@ def test_building_a_graph_removes_older_builders_graphs_of_the_model(model_path,
     assert again == path and not built and not old.exists() and other_options.exists()
 
 
+def test_a_flavour_version_bump_drops_that_flavours_older_graphs(tmp_path):
+    """Options keys ``<flavour>@<n>-...`` (the standard graph's) are versioned on their own:
+    a build drops the same flavour's smaller ``n``, not other flavours nor other builders'."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    digest = sha256_of(str(gguf))[:16]
+    old, older_builder, other, contrib = (
+        cache / f"m-{digest}-b{BUILDER_VERSION}-standard@1-p0",
+        cache / f"m-{digest}-b{BUILDER_VERSION - 1}-standard@5-p0",
+        cache / f"m-{digest}-b{BUILDER_VERSION}-other@1-p0",
+        cache / f"m-{digest}-b{BUILDER_VERSION}-a4-h4-l128-p0")
+    for d in (old, older_builder, other, contrib):
+        d.mkdir()
+        (d / "complete").write_text("")
+
+    def build(out):
+        os.makedirs(out, exist_ok=True)
+        (tmp_path / "built").write_text("1")
+        with open(os.path.join(out, "model.onnx"), "wb") as fh:
+            fh.write(b"x")
+
+    _, built = graph_cache.cached_build(str(gguf), BUILDER_VERSION, "standard@2-p0", build,
+                                        str(cache))
+    assert built and not old.exists() and not older_builder.exists()
+    assert other.exists() and contrib.exists()
+
+
 # ---- the index: a warm start finds the graph without reading the file (unit tier) ------------
 
 class Builds:

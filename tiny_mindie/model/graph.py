@@ -205,7 +205,7 @@ class GraphOptions:
     def key(self) -> str:
         """The options as a short string, part of the graph cache's entry names."""
         if self.flavour == "standard":
-            return f"standard{STANDARD_VERSION}-p{self.max_positions}"
+            return f"standard@{STANDARD_VERSION}-p{self.max_positions}"
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         rows = ".".join(f"{b}b{k}x{m}" for b, k, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"

@@ -19,7 +19,8 @@ once: the second waits on a lock file (``fcntl.flock``; where there is none, bot
 first rename wins). The temporary directory is made under that lock and named after its entry
 (``.build-<entry>-XXXX``), so the next build of an entry removes the folder a build stopped
 halfway left behind (a server stopped with Ctrl-C while it built). Building or loading a graph
-removes the file's graphs from older builder versions.
+removes the file's graphs from older builder versions (and, for a graph flavour with a version
+of its own, ``<flavour>@<n>`` options, from its older versions).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def cached_build(path: str, version: int, options_key: str, build: Callable[[str
     for root in roots:
         found = _find_entry(root, suffix)
         if found:
-            _drop_outdated(root, digest, version)       # left by an older version, if any
+            _drop_outdated(root, digest, version, options_key)   # left by an older version
             record_index(root, ident, digest)
             return os.path.join(found, "model.onnx"), False
     stem = os.path.splitext(os.path.basename(path))[0]
@@ -103,7 +104,7 @@ def cached_build(path: str, version: int, options_key: str, build: Callable[[str
             last_error = exc.__cause__
             continue
         if built:
-            _drop_outdated(root, digest, version)
+            _drop_outdated(root, digest, version, options_key)
         record_index(root, ident, digest)
         return os.path.join(entry, "model.onnx"), built
     raise ModelFileError(f"no writable directory for the ONNX graph cache ({last_error})")
@@ -289,15 +290,27 @@ def _lock(root: str, entry: str) -> Iterator[None]:
             os.unlink(lock_path)
 
 
-def _drop_outdated(root: str, digest: str, version: int) -> None:
+def _flavour_version(options_key: str) -> tuple[str, int] | None:
+    """``(flavour, n)`` of an options key ``<flavour>@<n>-...`` (a graph flavour with a version
+    of its own), else ``None``."""
+    flavour, at, rest = options_key.partition("-")[0].partition("@")
+    return (flavour, int(rest)) if at and rest.isdigit() else None
+
+
+def _drop_outdated(root: str, digest: str, version: int, options_key: str = "") -> None:
     """Remove the graphs of the file of ``digest`` (entries ``<stem>-<digest[:16]>-b<v>-
-    <options>``, any stem) built by a builder older than ``version``, whatever their options:
-    this code never loads them again (a builder version bump would leave a graph larger than the
-    GGUF behind for each)."""
+    <options>``, any stem) built by a builder older than ``version``, whatever their options,
+    and, for an ``options_key`` of a versioned flavour (``<flavour>@<n>-...``), those of the
+    same builder and flavour at a smaller ``n``: this code never loads them again (a version
+    bump would leave a graph larger than the GGUF behind for each)."""
     marker = f"-{digest[:16]}-b"
+    current = _flavour_version(options_key)
     for name in os.listdir(root):
         at = name.find(marker)
-        v = name[at + len(marker):].split("-", 1)[0] if at > 0 else ""
-        if v.isdigit() and int(v) < version:
+        v, _, key = name[at + len(marker):].partition("-") if at > 0 else ("", "", "")
+        other = _flavour_version(key)
+        older_flavour = (current is not None and other is not None and v == str(version)
+                         and other[0] == current[0] and other[1] < current[1])
+        if v.isdigit() and int(v) < version or older_flavour:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             log.info("removed the outdated graph %s", name)
