@@ -293,16 +293,23 @@ def test_spec_counters_are_exposed(smollm):
 
 
 def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path, caplog):
-    """CANN would run an If per layer (untested there): the graph is built without them, and
-    the log says why (onnxruntime without CANN then runs it on the CPU)."""
+    """CANN would run the contrib graph's If per layer (untested there): that graph is built
+    without them, and the log says why (onnxruntime without CANN then runs it on the CPU). The
+    standard graph, which ``auto`` picks for CANN, verifies as a prompt piece and keeps it."""
     from tiny_mindie.model.loader import load_model
 
+    cann = [("CANNExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"]
     with caplog.at_level("INFO", logger="tiny_mindie.model.ort_backend"):
         _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
-                                 providers=[("CANNExecutionProvider", {"device_id": "0"}),
-                                            "CPUExecutionProvider"])
+                                 providers=cann, graph="contrib")
     try:
         assert be.max_verify_rows == 0 and not be.fast_verify
         assert "off on CANNExecutionProvider" in caplog.text
+    finally:
+        be.close()
+    _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
+                             providers=cann)
+    try:
+        assert be.graph == "standard" and be.max_verify_rows == 5
     finally:
         be.close()

@@ -303,13 +303,10 @@ class OrtBackend(StartupChecks, Backend):
         out = np.empty((len(ids), self.config.vocab_size), np.float32)
         with self._lock:
             self._used[slot] = min(self._used[slot], start)
-            binding = self._session.io_binding()
             for j in range(0, len(ids), self.max_verify_rows):
                 piece = ids[j:j + self.max_verify_rows]
-                logits = self._bind_kv(binding, self._phys[slot], 1, rows=len(piece),
-                                       verify=True)
-                self._run_chunk(binding, slot, start + j, piece, np.arange(len(piece)))
-                out[j:j + len(piece)] = logits
+                out[j:j + len(piece)] = self._chunk_logits(slot, start + j, piece,
+                                                           list(range(len(piece))), verify=True)
         return out
 
     def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
@@ -363,14 +360,18 @@ class OrtBackend(StartupChecks, Backend):
         order = sorted(range(len(slots)), key=lambda j: self._phys[slots[j]])
         if self.rows_per_decode_run == 1:          # see check_batch_invariance
             groups = len(slots)
-        runs = []
-        for group in np.array_split(np.array(order), min(groups, len(slots))):
-            r0 = self._phys[slots[group[0]]]
-            entry = self._decode_binding(r0, len(group))   # made here, not in a worker thread
-            runs.append((DECODE_RUN_COST + len(group), lambda g=group, e=entry: self._run_decode(
-                e, [slots[j] for j in g], [starts[j] for j in g], [tokens[j] for j in g],
-                [out_rows[j] for j in g], out)))
-        return runs
+        return [(DECODE_RUN_COST + len(g), self._decode_group(
+                    [slots[j] for j in g], [starts[j] for j in g], [tokens[j] for j in g],
+                    [out_rows[j] for j in g], out))
+                for g in np.array_split(np.array(order), min(groups, len(slots)))]
+
+    def _decode_group(self, slots: list[int], starts: list[int], tokens: list[int],
+                      out_rows: list[int], out: np.ndarray) -> Callable[[], None]:
+        """The run giving one token to each of ``slots`` (on consecutive physical rows, in row
+        order), its logits to ``out[out_rows]``; its binding is made now, not in a worker
+        thread."""
+        entry = self._decode_binding(self._phys[slots[0]], len(slots))
+        return lambda: self._run_decode(entry, slots, starts, tokens, out_rows, out)
 
     def _run_decode(self, entry: tuple, slots: list[int], starts: list[int], tokens: list[int],
                     out_rows: list[int], out: np.ndarray) -> None:
@@ -389,14 +390,33 @@ class OrtBackend(StartupChecks, Backend):
         """The run(s) of one prompt chunk (``B = 1``, no padding), in pieces of
         ``max_chunk_tokens``; the last piece's logits go to ``out[out_row]``."""
         self._used[slot] = min(self._used[slot], start)
-        binding, logits = self._prefill_binding(self._phys[slot])
+        self._prepare_chunks(slot)
 
         def run() -> None:
             for j in range(0, len(tokens), self.max_chunk_tokens):
                 piece = tokens[j:j + self.max_chunk_tokens]
-                self._run_chunk(binding, slot, start + j, piece, [len(piece) - 1])
+                logits = self._chunk_logits(slot, start + j, piece, [len(piece) - 1])
             out[out_row] = logits[0]
         return run
+
+    def _prepare_chunks(self, slot: int) -> None:
+        """Make the binding :meth:`_chunk_logits` uses for ``slot`` (in this thread, not a
+        worker's)."""
+        self._prefill_binding(self._phys[slot])
+
+    def _chunk_logits(self, slot: int, start: int, piece: np.ndarray, rows: list[int], *,
+                      verify: bool = False) -> np.ndarray:
+        """One session run of ``piece`` (int64 ``[n]``) of ``slot`` at ``start`` (``B = 1``),
+        with the graph's ``verify`` input set when ``verify``. Returns the logits of its
+        ``rows`` (indexes into the piece), float32 ``[len(rows), V]``: a view of a bound buffer,
+        valid until the slot's next run."""
+        if verify:
+            binding = self._session.io_binding()
+            logits = self._bind_kv(binding, self._phys[slot], 1, rows=len(rows), verify=True)
+        else:
+            binding, logits = self._prefill_binding(self._phys[slot])
+        self._run_chunk(binding, slot, start, piece, rows)
+        return logits
 
     def _run_chunk(self, binding, slot: int, start: int, piece: np.ndarray, rows) -> None:
         """One session run of ``piece`` (int64 ``[n]``) of ``slot`` at ``start`` on

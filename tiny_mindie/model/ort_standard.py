@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import SeqChunk, check_chunks
 from .graph import VERIFY_ROWS
-from .ort_backend import DECODE_RUN_COST, OrtBackend
+from .ort_backend import OrtBackend
 
 #: the shortest span of key positions a run attends to; spans double from it
 MIN_SPAN = 256
@@ -87,70 +86,38 @@ class StandardOrtBackend(OrtBackend):
         verify = 1 if self.max_verify_rows else 0
         return (len(self.decode_batches) + len(self.chunk_lengths) + verify) * len(self.spans)
 
-    # ---- runs -------------------------------------------------------------------------------
-    def _decode_runs(self, slots, starts, tokens, out_rows, out, groups):
-        """See :meth:`.ort_backend.OrtBackend._decode_runs`; each run padded to a size of
-        :attr:`decode_batches`."""
-        for s, st in zip(slots, starts, strict=True):
-            self._used[s] = min(self._used[s], st)
-        self._arrange(slots)
-        order = sorted(range(len(slots)), key=lambda j: self._phys[slots[j]])
-        if self.rows_per_decode_run == 1:
-            groups = len(slots)
-        runs = []
-        for group in np.array_split(np.array(order), min(groups, len(slots))):
-            rows = [(self._phys[slots[j]], starts[j], np.array([tokens[j]], np.int64))
-                    for j in group]
-            runs.append((DECODE_RUN_COST + len(group), lambda g=group, r=rows: self._decode(
-                r, [slots[j] for j in g], [out_rows[j] for j in g], out)))
-        return runs
-
-    def _decode(self, rows, slots, out_rows, out) -> None:
+    # ---- runs (the hooks of OrtBackend's forward and verify) ---------------------------------
+    def _decode_group(self, slots, starts, tokens, out_rows, out):
+        """See :meth:`.ort_backend.OrtBackend._decode_group`: the rows padded to a size of
+        :attr:`decode_batches`, the window of physical rows moved back to fit."""
+        rows = [(self._phys[s], st, np.array([t], np.int64))
+                for s, st, t in zip(slots, starts, tokens, strict=True)]
         padded = bucket(len(rows), self.decode_batches)
         w0 = min(rows[0][0], self.num_slots - padded)
+        self._binding(w0, padded)                   # made here, not in a worker thread
         wanted = [r - w0 for r, _, _ in rows]
         wanted += [wanted[-1]] * (padded - len(wanted))
-        logits = self._run(w0, padded, 1, [(r - w0, st, t) for r, st, t in rows], wanted)
-        out[out_rows] = logits[:len(rows)]
-        for s, (_, st, _) in zip(slots, rows, strict=True):
-            self._used[s] = st + 1
-
-    def _prefill_run(self, slot, start, tokens, out, out_row):
-        """See :meth:`.ort_backend.OrtBackend._prefill_run`; each piece padded to a length of
-        :attr:`chunk_lengths`."""
-        self._used[slot] = min(self._used[slot], start)
 
         def run() -> None:
-            for j in range(0, len(tokens), self.max_chunk_tokens):
-                piece = tokens[j:j + self.max_chunk_tokens]
-                logits = self._piece(slot, start + j, piece, [len(piece) - 1])
-            out[out_row] = logits[0]
+            logits = self._run(w0, padded, 1, [(r - w0, st, t) for r, st, t in rows], wanted)
+            out[out_rows] = logits[:len(rows)]
+            for s, st in zip(slots, starts, strict=True):
+                self._used[s] = st + 1
         return run
 
-    def verify(self, slot: int, start: int, token_ids: np.ndarray) -> np.ndarray:
-        """See :meth:`.backend.Backend.verify`: pieces of up to :attr:`max_verify_rows` tokens,
-        every row's logits, where the start-up check found them the same as decoding's."""
-        if not self.fast_verify:
-            return super().verify(slot, start, token_ids)
-        ids = check_chunks([SeqChunk(slot, start, token_ids)], self.num_slots, self.max_seq_len,
-                           self.config.vocab_size)[0]
-        out = np.empty((len(ids), self.config.vocab_size), np.float32)
-        with self._lock:
-            self._used[slot] = min(self._used[slot], start)
-            for j in range(0, len(ids), self.max_verify_rows):
-                piece = ids[j:j + self.max_verify_rows]
-                out[j:j + len(piece)] = self._piece(slot, start + j, piece,
-                                                    list(range(len(piece))))[:len(piece)]
-        return out
+    def _prepare_chunks(self, slot: int) -> None:
+        self._binding(self._phys[slot], 1)
 
-    def _piece(self, slot: int, start: int, piece: np.ndarray, rows: list[int]) -> np.ndarray:
-        """One run of ``piece`` of ``slot`` at ``start``, padded; the logits of its ``rows``
-        (indexes into the piece), padded to the piece's length when there is more than one."""
+    def _chunk_logits(self, slot, start, piece, rows, *, verify=False):
+        """See :meth:`.ort_backend.OrtBackend._chunk_logits`: ``piece`` padded to a length of
+        :attr:`chunk_lengths`; several ``rows`` (a verification: its rows are computed as
+        decode's where the start-up check says so) padded to that length too. ``verify``
+        changes nothing here: the graph has no verification path of its own."""
         length = bucket(len(piece), self.chunk_lengths)
         wanted = rows if len(rows) == 1 else rows + [rows[-1]] * (length - len(rows))
         logits = self._run(self._phys[slot], 1, length, [(0, start, piece)], wanted)
         self._used[slot] = start + len(piece)
-        return logits
+        return logits[:len(rows)]
 
     def _run(self, w0: int, batch: int, length: int, rows, logits_rows: list[int]
              ) -> np.ndarray:

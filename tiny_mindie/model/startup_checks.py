@@ -265,7 +265,7 @@ class StartupChecks:
         try:
             with self._lock:
                 for slot in range(lanes):       # bindings made here, not in a worker thread
-                    self._prefill_binding(self._phys[slot])
+                    self._prepare_chunks(slot)
                 self._run_lanes([[lambda s=slot: lane(s)] for slot in range(lanes)])
             return all(np.array_equal(logits[i], logits[0]) and all(
                 np.array_equal(a, b) for a, b in zip(kv[0], kv[i], strict=True))
