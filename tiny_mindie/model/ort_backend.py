@@ -86,7 +86,7 @@ from .config import ModelConfig
 from .gguf import GGUFFile
 from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions
 from .graph_cache import cached_graph
-from .memory import zeroed_buffers
+from .kv_layout import KVLayout
 from .ort_session import HugePageMove, for_provider, open_session, with_rotary_table
 from .providers import (
     CPU,
@@ -115,7 +115,7 @@ def _run_all(runs: Sequence[Callable[[], None]]) -> None:
 
 # ---- the backend -----------------------------------------------------------------------------
 
-class OrtBackend(StartupChecks, Backend):
+class OrtBackend(StartupChecks, KVLayout, Backend):
     """The decoder as an ONNX Runtime session with a slot-based, in-place KV cache.
 
     Args:
@@ -202,6 +202,8 @@ class OrtBackend(StartupChecks, Backend):
                  "built" if self.built else "cached", t1 - t0, t2 - t1)
 
         self._make_kv_cache()
+        self._decode_bindings: dict[tuple[int, int], tuple] = {}
+        self._prefill_bindings: dict[int, tuple] = {}
         self._lock = threading.Lock()
         self.swaps = 0                                  # row swaps done (for tests / metrics)
         self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
@@ -234,24 +236,6 @@ class OrtBackend(StartupChecks, Backend):
                         "runs will only take turns", parallel_runs, self.threads, available_cpus())
         # more runs than slots could never all be busy (a run has at least one row)
         return min(parallel_runs or max(1, available_cpus() // self.threads), self.num_slots)
-
-    @property
-    def cache_len(self) -> int:
-        """Positions of each KV buffer row: ``max_seq_len``."""
-        return self.max_seq_len
-
-    def _make_kv_cache(self) -> None:
-        """The KV buffers (zeroed, pages allocated as they are written) and the slot layout."""
-        c, num_slots, cache_len = self.config, self.num_slots, self.cache_len
-        shape = (num_slots, c.num_kv_heads, cache_len, c.head_dim)
-        self._kv_map, kv = zeroed_buffers(2 * c.num_layers, shape)
-        self._k, self._v = kv[:c.num_layers], kv[c.num_layers:]
-        self._row_bytes = c.num_kv_heads * cache_len * c.head_dim * 4
-        self._phys = list(range(num_slots))             # slot -> physical row
-        self._slot_at = list(range(num_slots))          # physical row -> slot
-        self._used = [0] * num_slots                    # positions in use, per slot
-        self._decode_bindings: dict[tuple[int, int], tuple] = {}
-        self._prefill_bindings: dict[int, tuple] = {}
 
     @property
     def huge_page_bytes(self) -> int:
@@ -308,19 +292,6 @@ class OrtBackend(StartupChecks, Backend):
                 out[j:j + len(piece)] = self._chunk_logits(slot, start + j, piece,
                                                            list(range(len(piece))), verify=True)
         return out
-
-    def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
-        """See :meth:`Backend.copy_kv`: positions ``[0, n)`` of every layer's key and value
-        buffer, from the source slot's physical row to the destination's."""
-        self._check_copy(src_slot, dst_slot, n)
-        with self._lock:
-            a, b = self._phys[src_slot], self._phys[dst_slot]
-            for buf in self._k + self._v:
-                buf[b, :, :n] = buf[a, :, :n]
-            self._used[dst_slot] = max(self._used[dst_slot], n)
-
-    def kv_cache_bytes(self) -> int:
-        return 2 * sum(k.nbytes for k in self._k)
 
     def close(self) -> None:
         if self._huge_pages is not None:
@@ -429,42 +400,6 @@ class OrtBackend(StartupChecks, Backend):
         binding.bind_cpu_input("logits_index", np.asarray(rows, np.int64))
         self._session.run_with_iobinding(binding)
         self._used[slot] = end
-
-    def _arrange(self, slots: list[int]) -> int:
-        """Make the physical rows of ``slots`` consecutive (swapping rows); return the first."""
-        B, P = len(slots), self.num_slots
-        rows = sorted(self._phys[s] for s in slots)
-        if rows[-1] - rows[0] == B - 1:
-            return rows[0]
-        members = set(slots)
-        best, best_cost = 0, None
-        for w in range(P - B + 1):      # the window needing the least copying
-            cost = 0
-            for r in range(w, w + B):
-                s = self._slot_at[r]
-                if s not in members:
-                    cost += self._used[s]
-            for s in slots:
-                if not w <= self._phys[s] < w + B:
-                    cost += self._used[s]
-            if best_cost is None or cost < best_cost:
-                best, best_cost = w, cost
-        outside = [s for s in slots if not best <= self._phys[s] < best + B]
-        free = [r for r in range(best, best + B) if self._slot_at[r] not in members]
-        for s, r in zip(outside, free, strict=True):
-            self._swap_rows(self._phys[s], r)
-        return best
-
-    def _swap_rows(self, a: int, b: int) -> None:
-        sa, sb = self._slot_at[a], self._slot_at[b]
-        na, nb = self._used[sa], self._used[sb]
-        for buf in self._k + self._v:
-            tmp = buf[a, :, :na].copy()
-            buf[a, :, :nb] = buf[b, :, :nb]
-            buf[b, :, :na] = tmp
-        self._slot_at[a], self._slot_at[b] = sb, sa
-        self._phys[sa], self._phys[sb] = b, a
-        self.swaps += 1
 
     def _bind_kv(self, binding, r0: int, B: int, *, rows: int = 0, verify: bool = False
                  ) -> np.ndarray:
