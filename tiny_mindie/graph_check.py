@@ -109,17 +109,19 @@ def run(args: argparse.Namespace, say) -> int:
 
     path = resolve(args.model or DEFAULT_MODEL, log=say)
     n = max(1, args.tokens)
-    seq = n + 64
+    seq = n + 200           # room for the start-up checks' prompts
     say(f"loading {path} on onnxruntime (graph {args.graph}) ...")
-    _, _, tok, be = load_model(path, graph=args.graph, device_id=args.device_id, num_slots=1,
-                               max_seq_len=seq, speculation=False)
+    _, _, tok, be = load_model(path, graph=args.graph, device_id=args.device_id, num_slots=4,
+                               max_seq_len=seq, speculation=True)
     say(f"graph      {be.graph}, on {', '.join(be.providers)}")
     say(f"placement  {placement_summary(be.node_placement, be.placement_ops)}")
     if be.graph == "standard":
         say(f"shapes     at most {be.static_shapes()} sets of input shapes (decode rows "
             f"{list(be.decode_batches)}, prompt pieces {list(be.chunk_lengths)}, spans "
             f"{list(be.spans)})")
-    say(f"checks     prompt KV the same in any chunks: {be.prefix_split_invariant}")
+    say(f"checks     decode rows the same alone and in batches: {be.rows_per_decode_run != 1}; "
+        f"prompt KV the same in any chunks: {be.prefix_split_invariant}; verification the "
+        f"same as decoding: {be.fast_verify}")
     say("loading the numpy reference ...")
     _, _, _, ref = load_model(path, backend="numpy", num_slots=1, max_seq_len=seq)
     results = greedy_compare(be, ref, tok, PROMPTS[:args.prompts], n)

@@ -23,7 +23,9 @@ the row multiples each CPU needs) and :func:`build_model`, which assembles the g
 It uses ONNX Runtime's contrib operators (domain ``com.microsoft``) where they are the fast path
 on CPU: ``GroupQueryAttention`` (KV cache updated in place, rotary inside), ``MatMulNBits``
 (block-quantized weights), ``SkipSimplifiedLayerNormalization`` and ``GatherBlockQuantized``;
-``SimplifiedLayerNormalization`` is a default-domain op.
+``SimplifiedLayerNormalization`` is a default-domain op. ``GraphOptions.flavour = "standard"``
+builds :mod:`.graph_standard` instead: default-domain operators only, for execution providers
+without these (the CANN provider); its contract is in that module.
 
 Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``L`` KV buffer length,
 ``Nkv`` = ``num_kv_heads``, ``H`` = ``head_dim``, ``V`` = ``vocab_size``; all dynamic except
