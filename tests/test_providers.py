@@ -13,7 +13,7 @@ def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):
     assert select_providers() == ["CPUExecutionProvider"]
     monkeypatch.setattr(providers, "ascend_available", lambda: True)
     chosen = select_providers(device_id=3)
-    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3",
+    assert chosen[0] == ("CANNExecutionProvider", {"device_id": "3", "dump_om_model": "0",
                                                    "precision_mode": "allow_fp32_to_fp16"})
     assert select_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     out, err = capfd.readouterr()
@@ -53,9 +53,11 @@ def test_node_placement_counts_the_nodes_each_provider_runs():
         == "CANN 950, CPU 57 nodes (CPU: Gather 50, Shape 7)"
 
 
-def test_auto_graph_is_standard_on_cann_only():
-    assert providers.graph_flavour("auto", [("CANNExecutionProvider", {"device_id": "0"}),
-                                            providers.CPU]) == "standard"
+def test_auto_graph_is_standard_on_cann_only(monkeypatch):
+    cann = [("CANNExecutionProvider", {"device_id": "0"}), providers.CPU]
+    assert providers.graph_flavour("auto", cann) == "contrib"    # Ascend's runtime is not here
+    monkeypatch.setattr(providers, "ascend_available", lambda: True)
+    assert providers.graph_flavour("auto", cann) == "standard"
     assert providers.graph_flavour("auto", [providers.CPU]) == "contrib"
     assert providers.graph_flavour("standard", [providers.CPU]) == "standard"
     assert providers.graph_flavour("contrib", ["CANNExecutionProvider"]) == "contrib"

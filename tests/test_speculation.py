@@ -292,7 +292,8 @@ def test_spec_counters_are_exposed(smollm):
             f'{snap["spec_accepted_tokens"]}') in text
 
 
-def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path, caplog):
+def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path, caplog,
+                                                                     monkeypatch):
     """CANN would run the contrib graph's If per layer (untested there): that graph is built
     without them, and the log says why (onnxruntime without CANN then runs it on the CPU). The
     standard graph, which ``auto`` picks for CANN, verifies as a prompt piece and keeps it."""
@@ -307,6 +308,9 @@ def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path
         assert "off on CANNExecutionProvider" in caplog.text
     finally:
         be.close()
+    from tiny_mindie.model import providers
+
+    monkeypatch.setattr(providers, "ascend_available", lambda: True)    # as if it loaded
     _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
                              providers=cann)
     try:

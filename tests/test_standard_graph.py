@@ -76,6 +76,17 @@ def test_a_contrib_graph_fails_the_list(model_path):
     assert any("MatMulNBits" in p for p in problems), problems[:5]
 
 
+def test_compact_weights_where_auto_picks_the_standard_graph_are_refused(model_path,
+                                                                         monkeypatch):
+    from tiny_mindie.model import providers
+    from tiny_mindie.model.gguf import ModelFileError
+
+    monkeypatch.setattr(providers, "ascend_available", lambda: True)    # an Ascend machine
+    with pytest.raises(ModelFileError, match="weights 'compact' need the contrib graph"):
+        _load(model_path, "auto", weights="compact", num_slots=1, max_seq_len=64,
+              providers=[("CANNExecutionProvider", {}), "CPUExecutionProvider"])
+
+
 def test_runs_use_the_static_shapes_only(smollm_standard):
     _, _, _, be = smollm_standard
     assert be.decode_batches == (1, 2, 4) and be.chunk_lengths == (8, 32, 128, 256)
@@ -199,11 +210,29 @@ def test_constrained_decoding_follows_its_schema(llm_standard):
 def test_the_greedy_check_command_passes(model_path, capsys):
     from tiny_mindie.cli import main
 
-    assert main(["check-graph", "--model", model_path, "--graph", "standard", "--prompts", "2",
-                 "--tokens", "8"]) == 0
+    assert main(["check-graph", "--model", model_path, "--prompts", "2", "--tokens", "8",
+                 "--max-seq-len", "300", "--slots", "3"]) == 0
     out = capsys.readouterr().out
     assert "graph      standard, on CPUExecutionProvider" in out
+    assert "shapes     16 sets of input shapes, each run once" in out      # (3 + 4 + 1) x 2
     assert "placement  CPU " in out and "check-graph: passed (2 prompts x 8" in out
+    assert main(["check-graph", "--model", model_path, "--tokens", "400", "--max-seq-len",
+                 "300"]) == 2
+    assert "--tokens 400 does not fit" in capsys.readouterr().err
+
+
+def test_warm_up_runs_every_shape_and_writes_only_the_scratch_position(smollm_standard):
+    _, _, _, be = smollm_standard
+    bufs = be._k + be._v
+    rng = np.random.default_rng(0)
+    for buf in bufs:
+        buf[:, :, :be.max_seq_len] = rng.standard_normal(buf[:, :, :be.max_seq_len].shape)
+    before = [buf[:, :, :be.max_seq_len].copy() for buf in bufs]
+    scratch = [buf[:, :, be.max_seq_len].copy() for buf in bufs]
+    assert be.warm_up() == be.static_shapes()
+    n = be.max_seq_len
+    assert all(np.array_equal(a, b[:, :, :n]) for a, b in zip(before, bufs, strict=True))
+    assert not all(np.array_equal(a, b[:, :, n]) for a, b in zip(scratch, bufs, strict=True))
 
 
 def test_gemma3_local_layers_on_the_standard_graph(gemma_path):

@@ -2,17 +2,23 @@
 its greedy answers are the numpy reference's.
 
 For an Ascend user, whose machine this project cannot test on: one command loads the model on
-the execution providers a server would choose (CANN where Ascend's runtime loads) with the graph
-it would build (``--graph``, default ``auto``: the standard graph on CANN), prints the placement
-of every node (per provider, with the operators of the ones left to the CPU), the number of
-input shapes the runs use and the start-up checks' outcomes, then decodes a few prompts greedily
-on it and on the numpy reference decoder and compares tokens and logits
-(:func:`greedy_compare`). Exit status 0 when every token is the reference's, 1 when one is not.
+the execution providers a server would choose (CANN where Ascend's runtime loads) with the
+standard graph (``--graph``), as a server of ``--slots`` KV slots and ``--max-seq-len``
+positions would, prints the placement of every node (per provider, with the operators of the
+ones left to the CPU), the input shapes the runs use (each run once: a compiling provider
+builds them all) and the start-up checks' outcomes, then decodes a few prompts greedily on it
+and on the numpy reference decoder and compares tokens and logits (:func:`greedy_compare`).
+
+Exit status 0 when every token is the reference's (and, on the CPU provider, every logit within
+:data:`LOGITS_TOLERANCE`), 1 when not, 2 for bad arguments. The contrib graph's matrix products
+take int8 activations, so its tokens are compared for information only (exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from dataclasses import dataclass
 
 #: Prompts of the greedy check: English and code, whose next tokens are not borderline on the
@@ -89,16 +95,35 @@ def greedy_compare(backend, reference, tokenizer, prompts=PROMPTS, n: int = 32
     return out
 
 
+def _count(low: int, high: int):
+    """An argparse type: an int in ``[low, high]``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not in {low}..{high}")
+        return value
+    return parse
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="registry name or .gguf path (default: the default model)")
-    p.add_argument("--graph", default="auto", choices=("auto", "contrib", "standard"),
-                   help="the graph to check (default auto: standard on the CANN execution "
-                        "provider, contrib on the CPU)")
-    p.add_argument("--device-id", type=int, default=0, help="the NPU (CANN) to run on")
-    p.add_argument("--prompts", type=int, default=3, choices=range(1, len(PROMPTS) + 1),
-                   metavar=f"1..{len(PROMPTS)}", help="prompts to decode (default 3)")
-    p.add_argument("--tokens", type=int, default=16, help="greedy tokens per prompt (default 16)")
+    p.add_argument("--graph", default="standard", choices=("auto", "contrib", "standard"),
+                   help="the graph to check (default standard; auto: standard on the CANN "
+                        "execution provider, contrib on the CPU)")
+    p.add_argument("--device-id", type=_count(0, 1023), default=0,
+                   help="the NPU (CANN) to run on")
+    p.add_argument("--slots", type=_count(1, 1024), default=4,
+                   help="KV slots, as a server's (default 4): the decode row sizes")
+    p.add_argument("--max-seq-len", type=_count(64, 1 << 20), default=2560,
+                   help="positions per sequence, as a server's maxSeqLen (default 2560)")
+    p.add_argument("--prompts", type=_count(1, len(PROMPTS)), default=3,
+                   help=f"prompts to decode, 1..{len(PROMPTS)} (default 3)")
+    p.add_argument("--tokens", type=_count(1, 1024), default=16,
+                   help="greedy tokens per prompt (default 16)")
 
 
 def run(args: argparse.Namespace, say) -> int:
@@ -108,22 +133,30 @@ def run(args: argparse.Namespace, say) -> int:
     from .model.registry import DEFAULT_MODEL, resolve
 
     path = resolve(args.model or DEFAULT_MODEL, log=say)
-    n = max(1, args.tokens)
-    seq = n + 200           # room for the start-up checks' prompts
+    n = args.tokens
     say(f"loading {path} on onnxruntime (graph {args.graph}) ...")
-    _, _, tok, be = load_model(path, graph=args.graph, device_id=args.device_id, num_slots=4,
-                               max_seq_len=seq, speculation=True)
+    _, _, tok, be = load_model(path, graph=args.graph, device_id=args.device_id,
+                               num_slots=args.slots, max_seq_len=args.max_seq_len,
+                               speculation=True)
+    room = be.max_seq_len - max(len(tok.encode(p)) for p in PROMPTS[:args.prompts])
+    if n > room:
+        be.close()
+        print(f"tiny_mindie: error: --tokens {n} does not fit: the model's sequences hold "
+              f"{be.max_seq_len} positions, {room} after the longest prompt", file=sys.stderr)
+        return 2
     say(f"graph      {be.graph}, on {', '.join(be.providers)}")
     say(f"placement  {placement_summary(be.node_placement, be.placement_ops)}")
     if be.graph == "standard":
-        say(f"shapes     at most {be.static_shapes()} sets of input shapes (decode rows "
-            f"{list(be.decode_batches)}, prompt pieces {list(be.chunk_lengths)}, spans "
-            f"{list(be.spans)})")
+        t0 = time.perf_counter()
+        runs = be.warm_up()
+        say(f"shapes     {runs} sets of input shapes, each run once in "
+            f"{time.perf_counter() - t0:.1f} s (decode rows {list(be.decode_batches)}, prompt "
+            f"pieces {list(be.chunk_lengths)}, spans {list(be.spans)})")
     say(f"checks     decode rows the same alone and in batches: {be.rows_per_decode_run != 1}; "
         f"prompt KV the same in any chunks: {be.prefix_split_invariant}; verification the "
         f"same as decoding: {be.fast_verify}")
     say("loading the numpy reference ...")
-    _, _, _, ref = load_model(path, backend="numpy", num_slots=1, max_seq_len=seq)
+    _, _, _, ref = load_model(path, backend="numpy", num_slots=1, max_seq_len=be.max_seq_len)
     results = greedy_compare(be, ref, tok, PROMPTS[:args.prompts], n)
     for r in results:
         verdict = "same tokens" if r.same else "DIFFERENT tokens"
@@ -132,7 +165,15 @@ def run(args: argparse.Namespace, say) -> int:
                f"           reference {tok.decode(r.reference)!r}"))
     be.close()
     ref.close()
-    ok = all(r.same for r in results)
+    if be.graph != "standard":
+        say(f"check-graph: {be.graph} graph: its matrix products take int8 activations, so its "
+            "tokens may differ from the reference's (shown for information); the exact check "
+            "is the standard graph's")
+        return 0
+    exact = be.providers[0] == "CPUExecutionProvider"
+    ok = all(r.same and (r.max_diff <= LOGITS_TOLERANCE or not exact) for r in results)
     say("check-graph: " + ("passed" if ok else "FAILED") + f" ({len(results)} prompts x {n} "
-        "greedy tokens against the numpy reference)")
+        "greedy tokens against the numpy reference"
+        + (f", logits within {LOGITS_TOLERANCE:g})" if exact else
+           "; the NPU computes matrix products in float16: logits differ more)"))
     return 0 if ok else 1

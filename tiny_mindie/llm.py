@@ -346,6 +346,10 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
     if target.backend.name != "onnxruntime" or target.backend.max_verify_rows < 2:
         raise ValueError("a draft model needs speculative decoding on the onnxruntime backend "
                          "(not --no-speculation, not --backend numpy)")
+    if target.backend.providers[0] != "CPUExecutionProvider":
+        say(f"draft model not loaded: a draft runs beside a model on the CPU execution provider "
+            f"only, and this one runs on {target.backend.device}")
+        return None
     if not target.backend.fast_verify:
         say("draft model not loaded: on this CPU a verification is not bit for bit decoding "
             "(see the start-up check above), so speculative decoding stays off")

@@ -91,6 +91,8 @@ def effective_config(app) -> dict:
             "backend": b.backend, "intraOpThreads": b.intra_op_threads,
             "parallelRuns": getattr(llm.backend, "parallel_runs", 1), "kvCacheMB": b.kv_cache_mb,
             "batchInvariant": llm.backend.batch_invariant, "weights": b.weights,
+            "graph": getattr(llm.backend, "graph", None),
+            "executionProviders": list(getattr(llm.backend, "providers", [])),
             "device": llm.backend.device, "kvSlots": engine.stats()["total_slots"],
             "ModelDeployConfig": {
                 "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,

@@ -124,6 +124,10 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
             from .providers import graph_flavour, select_providers
             chosen = select_providers(list(providers) if providers else None, device_id)
             flavour = graph_flavour(graph, chosen)
+            if flavour == "standard" and weights != "exact":
+                raise ModelFileError(f"weights {weights!r} need the contrib graph; the CANN "
+                                     "execution provider gets the standard graph (float32 "
+                                     "weights): use weights exact, or graph contrib")
             cls = StandardOrtBackend if flavour == "standard" else OrtBackend
             be = cls(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
                      threads=threads, parallel_runs=parallel_runs, device_id=device_id,

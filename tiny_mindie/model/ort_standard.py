@@ -7,7 +7,9 @@ input shapes, so every run here has one of a few: a decode run's rows are padded
 of :attr:`StandardOrtBackend.decode_batches` (powers of two up to ``num_slots``, and
 ``num_slots``), a prompt piece's tokens up to a length of :attr:`~StandardOrtBackend.
 chunk_lengths` (8, 32, 128, ... up to ``max_chunk_tokens``), and the key positions attended to
-up to a span of :attr:`~StandardOrtBackend.spans` (256, 512, ... and the whole buffer). The
+up to a span of :attr:`~StandardOrtBackend.spans` (256, 512, ... and ``max_seq_len``). On a
+provider other than the CPU's every shape is run once at start-up
+(:meth:`~StandardOrtBackend.warm_up`), so none is compiled while a request waits. The
 logits rows are the run's rows (decode), 1 (a prompt piece) or the piece's length (a
 verification).
 
@@ -21,10 +23,17 @@ scratch position is written.
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 
 from .graph import VERIFY_ROWS
 from .ort_backend import OrtBackend
+from .progress import slow_step
+from .providers import CPU
+
+log = logging.getLogger(f"{__package__}.ort_backend")
 
 #: the shortest span of key positions a run attends to; spans double from it
 MIN_SPAN = 256
@@ -63,6 +72,14 @@ class StandardOrtBackend(OrtBackend):
         chunk_lengths: the tokens a prompt piece (or a verification) is padded to.
         spans: the key positions a run attends to.
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.providers[0] != CPU:        # a compiling provider: every shape now, not later
+            with slow_step(log, f"compiling the graph for {self.static_shapes()} input shapes"):
+                t0 = time.perf_counter()
+                n = self.warm_up()
+            log.info("%d input shapes run once (%.1f s)", n, time.perf_counter() - t0)
 
     @property
     def cache_len(self) -> int:
@@ -119,10 +136,25 @@ class StandardOrtBackend(OrtBackend):
         self._used[slot] = start + len(piece)
         return logits[:len(rows)]
 
-    def _run(self, w0: int, batch: int, length: int, rows, logits_rows: list[int]
-             ) -> np.ndarray:
+    def warm_up(self) -> int:
+        """Run every static shape once (:meth:`static_shapes`), padding only, so that a
+        compiling provider builds its graphs now rather than when a request first needs one;
+        only scratch positions are written. Returns the number of runs."""
+        runs = [(b, 1, b) for b in self.decode_batches] + [(1, n, 1) for n in self.chunk_lengths]
+        if self.max_verify_rows:
+            n = bucket(self.max_verify_rows, self.chunk_lengths)
+            runs.append((1, n, n))
+        with self._lock:
+            for span in self.spans:
+                for batch, length, rows in runs:
+                    self._run(0, batch, length, [], [0] * rows, span=span)
+        return len(runs) * len(self.spans)
+
+    def _run(self, w0: int, batch: int, length: int, rows, logits_rows: list[int], *,
+             span: int = 0) -> np.ndarray:
         """One session run over physical rows ``[w0, w0 + batch)`` of ``length`` tokens each:
-        ``rows`` are ``(row in the run, start, token ids)``, the other rows and tokens padding.
+        ``rows`` are ``(row in the run, start, token ids)``, the other rows and tokens padding;
+        the keys attended to span the smallest of :attr:`spans` that holds them (or ``span``).
         Returns float32 ``[len(logits_rows), V]``: the logits of the run's tokens
         ``logits_rows``, flat indexes ``row * length + token``."""
         c = self.config
@@ -135,7 +167,7 @@ class StandardOrtBackend(OrtBackend):
             ids[r, :n] = tokens
             pos[r, :n] = write[r, :n] = np.arange(start, start + n)
             end = max(end, start + n)
-        span = bucket(end, self.spans)
+        span = span or bucket(end, self.spans)
         index = np.empty((batch, c.num_kv_heads, length, 3), np.int64)
         index[..., 0] = np.arange(batch)[:, None, None]
         index[..., 1] = np.arange(c.num_kv_heads)[None, :, None]

@@ -48,8 +48,9 @@ def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0)
 
     chosen: list = []
     if CANN in ort.get_available_providers() and ascend_available():
+        # no .om file per compiled shape written to the working directory (on by default)
         chosen.append((CANN, {"device_id": str(device_id),
-                              "precision_mode": CANN_PRECISION_MODE}))
+                              "precision_mode": CANN_PRECISION_MODE, "dump_om_model": "0"}))
     chosen.append(CPU)
     return chosen
 
@@ -57,10 +58,12 @@ def select_providers(providers: Sequence[Any] | None = None, device_id: int = 0)
 def graph_flavour(graph: str, chosen: Sequence[Any]) -> str:
     """The graph to build for ``graph`` (``auto``, ``contrib`` or ``standard``) on the
     ``chosen`` providers (:func:`select_providers`): ``auto`` is ``standard`` when the first is
-    the CANN provider (it takes no contrib operator), else ``contrib`` (the CPU's fast path)."""
+    the CANN provider and Ascend's runtime loads (CANN takes no contrib operator), else
+    ``contrib`` (the CPU's fast path; onnxruntime falls back to the CPU when CANN cannot
+    load)."""
     if graph != "auto":
         return graph
-    return "standard" if provider_name(chosen[0]) == CANN else "contrib"
+    return "standard" if provider_name(chosen[0]) == CANN and ascend_available() else "contrib"
 
 
 def provider_name(provider: Any) -> str:
