@@ -57,6 +57,11 @@ def _batch_checks(graph_path: str) -> list:
     return keys if isinstance(keys, list) else []
 
 
+#: Check outcomes kept with a graph, the newest: every CPU, thread count and slot layout that
+#: ran it has its own key (an outcome pushed out is checked again at the next start).
+RECORDED_CHECKS = 64
+
+
 def _key_of(entry: dict) -> dict:
     return {n: v for n, v in entry.items() if n != "passed"}
 
@@ -76,7 +81,7 @@ def _record_batch_check(graph_path: str, key: dict, passed: bool = True) -> None
     keys = [e for e in _batch_checks(graph_path)
             if not isinstance(e, dict) or _key_of(e) != key] + [dict(key, passed=passed)]
     try:
-        write_json_atomic(os.path.join(folder, BATCH_CHECKS), keys[-16:])
+        write_json_atomic(os.path.join(folder, BATCH_CHECKS), keys[-RECORDED_CHECKS:])
     except OSError as exc:
         log.debug("cannot record the batch check in %s: %s", folder, exc)
 
