@@ -94,8 +94,8 @@ def test_runs_use_the_static_shapes_only(smollm_standard):
     assert be.static_shapes() == (3 + 4 + 1) * 2
 
 
-def _reference(path, max_seq_len=512):
-    return _load(path, "auto", backend="numpy", num_slots=1, max_seq_len=max_seq_len)[3]
+def _reference(path, max_seq_len=512, num_slots=10):
+    return _load(path, "auto", backend="numpy", num_slots=num_slots, max_seq_len=max_seq_len)[3]
 
 
 def test_greedy_tokens_are_the_references_on_smollm2(smollm_standard, model_path):
@@ -239,8 +239,8 @@ def test_gemma3_local_layers_on_the_standard_graph(gemma_path):
     """Gemma 3: q/k norms, GELU, sandwich norms, local layers' windows and rotary base."""
     import onnx
 
-    _, _, tok, be = _load(gemma_path, "standard", num_slots=1, max_seq_len=128)
-    ref = _reference(gemma_path, 128)
+    _, _, tok, be = _load(gemma_path, "standard", num_slots=2, max_seq_len=128)
+    ref = _reference(gemma_path, 128, 2)
     try:
         assert cann_ops.check_model(onnx.load(be.graph_path, load_external_data=False)) == []
         results = greedy_compare(be, ref, tok, PROMPTS[:2], 12)
@@ -251,7 +251,7 @@ def test_gemma3_local_layers_on_the_standard_graph(gemma_path):
 
 
 def test_qwen_coder_greedy_tokens_are_the_references(qwen_coder_path):
-    _, _, tok, be = _load(qwen_coder_path, "standard", num_slots=1, max_seq_len=256)
+    _, _, tok, be = _load(qwen_coder_path, "standard", num_slots=len(PROMPTS), max_seq_len=256)
     ref = _reference(qwen_coder_path, 256)
     try:
         results = greedy_compare(be, ref, tok, PROMPTS, 32)

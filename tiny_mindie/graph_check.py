@@ -61,33 +61,42 @@ class Comparison:
         return self.tokens == self.reference
 
 
-def greedy(backend, ids: list[int], n: int, slot: int = 0) -> tuple[list[int], object]:
-    """``n`` greedy tokens after the prompt ``ids`` on ``backend`` (its ``slot``): the tokens
-    and the logits they were chosen from, float32 ``[n, V]``."""
+def greedy(backend, prompts: list[list[int]], n: int) -> list[tuple[list[int], object]]:
+    """``n`` greedy tokens after each of the ``prompts`` (token ids) on ``backend``, decoded
+    together in groups of up to its ``num_slots`` rows (a batch per step: the weights read once
+    for the group). Returns per prompt the tokens and the logits they were chosen from,
+    float32 ``[n, V]``."""
     import numpy as np
 
     from .model.backend import SeqChunk
 
-    logits = [backend.forward([SeqChunk(slot, 0, np.asarray(ids, np.int64))])[0]]
-    tokens = [int(logits[-1].argmax())]
-    for k in range(n - 1):
-        logits.append(backend.forward([SeqChunk(slot, len(ids) + k,
-                                                np.array(tokens[-1:], np.int64))])[0])
-        tokens.append(int(logits[-1].argmax()))
-    return tokens, np.stack(logits)
+    out = []
+    for g in range(0, len(prompts), backend.num_slots):
+        group = prompts[g:g + backend.num_slots]
+        first = backend.forward([SeqChunk(s, 0, np.asarray(ids, np.int64))
+                                 for s, ids in enumerate(group)])
+        logits, tokens = [[row] for row in first], [[int(row.argmax())] for row in first]
+        for k in range(n - 1):
+            step = backend.forward([SeqChunk(s, len(ids) + k, np.array(t[-1:], np.int64))
+                                    for s, (ids, t) in enumerate(zip(group, tokens,
+                                                                     strict=True))])
+            for row, lg, t in zip(step, logits, tokens, strict=True):
+                lg.append(row)
+                t.append(int(row.argmax()))
+        out += [(t, np.stack(lg)) for t, lg in zip(tokens, logits, strict=True)]
+    return out
 
 
 def greedy_compare(backend, reference, tokenizer, prompts=PROMPTS, n: int = 32
                    ) -> list[Comparison]:
-    """Each of ``prompts`` decoded ``n`` greedy tokens on ``backend`` and on ``reference`` (one
-    prompt at a time in slot 0; ``n + prompt`` must fit their ``max_seq_len``)."""
+    """Each of ``prompts`` decoded ``n`` greedy tokens on ``backend`` and on ``reference``
+    (:func:`greedy`; ``n + prompt`` must fit their ``max_seq_len``)."""
     import numpy as np
 
+    ids = [tokenizer.encode(p) for p in prompts]
     out = []
-    for prompt in prompts:
-        ids = tokenizer.encode(prompt)
-        tokens, logits = greedy(backend, ids, n)
-        ref_tokens, ref_logits = greedy(reference, ids, n)
+    for prompt, (tokens, logits), (ref_tokens, ref_logits) in zip(
+            prompts, greedy(backend, ids, n), greedy(reference, ids, n), strict=True):
         same = next((k for k, (a, b) in enumerate(zip(tokens, ref_tokens, strict=True))
                      if a != b), n)
         diff = float(np.abs(logits[:same + 1] - ref_logits[:same + 1]).max())
@@ -156,7 +165,8 @@ def run(args: argparse.Namespace, say) -> int:
         f"prompt KV the same in any chunks: {be.prefix_split_invariant}; verification the "
         f"same as decoding: {be.fast_verify}")
     say("loading the numpy reference ...")
-    _, _, _, ref = load_model(path, backend="numpy", num_slots=1, max_seq_len=be.max_seq_len)
+    _, _, _, ref = load_model(path, backend="numpy", num_slots=args.prompts,
+                              max_seq_len=be.max_seq_len)
     results = greedy_compare(be, ref, tok, PROMPTS[:args.prompts], n)
     for r in results:
         verdict = "same tokens" if r.same else "DIFFERENT tokens"
