@@ -138,7 +138,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, say) -> int:
     """The command (see the module docstring); ``say`` prints a line."""
     from .model.loader import load_model
-    from .model.providers import placement_summary
+    from .model.providers import CPU, placement_summary
     from .model.registry import DEFAULT_MODEL, resolve
 
     path = resolve(args.model or DEFAULT_MODEL, log=say)
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace, say) -> int:
             "tokens may differ from the reference's (shown for information); the exact check "
             "is the standard graph's")
         return 0
-    exact = be.providers[0] == "CPUExecutionProvider"
+    exact = be.providers[0] == CPU
     ok = all(r.same and (r.max_diff <= LOGITS_TOLERANCE or not exact) for r in results)
     say("check-graph: " + ("passed" if ok else "FAILED") + f" ({len(results)} prompts x {n} "
         "greedy tokens against the numpy reference"

@@ -35,6 +35,7 @@ from .engine.scheduler import SchedulerLimits
 from .model.backend import DEFAULT_BACKEND
 from .model.gguf import ModelFileError
 from .model.loader import check_weight_mode, load_model
+from .model.providers import CPU
 from .model.registry import DEFAULT_MODEL, resolve
 
 MAX_SEED = 2**63 - 1
@@ -346,7 +347,7 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
     if target.backend.name != "onnxruntime" or target.backend.max_verify_rows < 2:
         raise ValueError("a draft model needs speculative decoding on the onnxruntime backend "
                          "(not --no-speculation, not --backend numpy)")
-    if target.backend.providers[0] != "CPUExecutionProvider":
+    if target.backend.providers[0] != CPU:
         say(f"draft model not loaded: a draft runs beside a model on the CPU execution provider "
             f"only, and this one runs on {target.backend.device}")
         return None

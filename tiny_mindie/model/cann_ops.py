@@ -25,8 +25,8 @@ from CANN 8.0 each operator's page gives its opsets, and the list covers the Atl
 series (https://hiascend.com/document/detail/zh/canncommercial/80RC22/apiref/operatorlist/operatorlist_0004.html).
 
 Precision: the standard graph computes in float32; the session asks the CANN provider for
-``precision_mode`` :data:`PRECISION_MODE` (:func:`.providers.select_providers`), with which
-ATC "keeps fp32 where an operator supports it, else chooses fp16"
+``precision_mode`` :data:`.providers.CANN_PRECISION_MODE` (:func:`.providers.select_providers`),
+with which ATC "keeps fp32 where an operator supports it, else chooses fp16"
 (https://www.hiascend.com/document/detail/zh/canncommercial/601/devtools/auxiliarydevtool/aoepar_16_044.html,
 CANN 6.0.1; ATC's own default is force_fp16). So a float32 input of an operator whose page
 lists float16 but not float32 (``MatMul``) is accepted: it is computed in float16 on the NPU.
@@ -49,16 +49,10 @@ from functools import cache
 
 import onnx
 
-from .providers import CANN_PRECISION_MODE
-
-OPSET = 17                #: the standard graph's default-domain opset
-IR_VERSION = 8            #: and its IR version
 ASCEND_OPSETS = (9, 18)   #: the model opsets ATC documents (CANN 7.0.0, module docstring)
 ASCEND_IR_VERSION = 8     #: ONNX 1.12.0's IR version, the ONNX release Ascend's pages name
 GRAPH_MODE_MIN_OPSET = 8  #: ``lower_bound`` in cann_graph.cc
 LIBRARY = "libonnxruntime_providers_cann.so"
-#: the CANN provider's ``precision_mode`` the standard graph runs with (module docstring)
-PRECISION_MODE = CANN_PRECISION_MODE
 LIB_SOURCE = "onnxruntime-cann 1.24.4 graph-mode list"
 EVERY_INPUT = -1          #: an input index standing for all of a node's inputs
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -126,7 +120,8 @@ ALL_NUM = _t("float16", "float", *_INTS)
 ANY = ALL_NUM | _t("bool", "double")
 _WHERE_X = F32 | _t("uint8", "int8", "int32")
 
-#: op_type -> what Ascend documents; every op of the standard graph, at :data:`OPSET`.
+#: op_type -> what Ascend documents; every op of the standard graph, at its opset
+#: (:data:`.graph_standard.OPSET`).
 SUPPORTED: dict[str, OpSupport] = {
     "Gather": _op("en850:0062", _v(8, 18), ((0, ANY - _t("double")), (1, I32_64)),
                   notes="negative indices are not supported"),
@@ -303,7 +298,7 @@ def _tensor_types(model: onnx.ModelProto) -> dict[str, str]:
 def _dtype_problems(names: list[str], spec, types: dict[str, str], what: str) -> list[str]:
     problems = []
     for index, allowed in spec:
-        if "float16" in allowed and what == "input":     # float32 cast by PRECISION_MODE
+        if "float16" in allowed and what == "input":     # float32 cast: CANN_PRECISION_MODE
             allowed = allowed | {"float"}
         indices = range(len(names)) if index == EVERY_INPUT else [index]
         for i in (i for i in indices if i < len(names) and names[i]):
@@ -351,7 +346,8 @@ def check_model(model: onnx.ModelProto) -> list[str]:
     (``onnx.load(path, load_external_data=False)``). Returns one line per problem -- a model
     opset or IR version Ascend does not document, a node outside the default domain, an op not
     in :data:`SUPPORTED`, an op whose opset or version its page does not list, a data type its
-    page does not list (float32 inputs pass where float16 is listed: :data:`PRECISION_MODE`),
+    page does not list (float32 inputs pass where float16 is listed: the provider's
+    ``precision_mode``, :data:`.providers.CANN_PRECISION_MODE`),
     more inputs than it takes -- and [] for none; tensors of unknown type are not checked.
     Raises nothing."""
     problems = []

@@ -204,7 +204,7 @@ def build_standard_model(f: GGUFFile, config: ModelConfig, out_dir: str, max_pos
     Raises:
         ModelFileError: a tensor is missing or of an unknown type.
     """
-    from onnx import TensorProto, helper
+    from onnx import helper
 
     c = config
     os.makedirs(out_dir, exist_ok=True)
@@ -236,7 +236,6 @@ def build_standard_model(f: GGUFFile, config: ModelConfig, out_dir: str, max_pos
     for key, value in metadata.items():
         meta = model.metadata_props.add()
         meta.key, meta.value = key, value
-    del TensorProto
     with open(model_path, "wb") as out:
         out.write(model.SerializeToString())
     return model_path

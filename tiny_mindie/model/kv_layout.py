@@ -5,6 +5,8 @@ to physical rows that keeps a decode batch's rows consecutive (see :mod:`.ort_ba
 
 from __future__ import annotations
 
+import numpy as np
+
 from .memory import zeroed_buffers
 
 
@@ -43,6 +45,19 @@ class KVLayout:
             for buf in self._k + self._v:
                 buf[b, :, :n] = buf[a, :, :n]
             self._used[dst_slot] = max(self._used[dst_slot], n)
+
+    def _bind_cache(self, binding, r0: int, B: int) -> None:
+        """Bind the KV buffers of physical rows ``[r0, r0 + B)`` to ``binding`` in place: each
+        layer's ``past_key.{i}``/``present_key.{i}`` (and values) to the same memory, float32
+        ``[B, Nkv, cache_len, H]``."""
+        c = self.config
+        shape = [B, c.num_kv_heads, self.cache_len, c.head_dim]
+        off = r0 * self._row_bytes
+        for i in range(c.num_layers):
+            for kind, buf in (("key", self._k[i]), ("value", self._v[i])):
+                ptr = buf.ctypes.data + off
+                binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
+                binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
 
     def kv_cache_bytes(self) -> int:
         return 2 * sum(k.nbytes for k in self._k)

@@ -408,13 +408,7 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         logits buffer's first ``rows`` (default ``B``) rows ``[rows, vocab]`` (the buffer has
         them rounded up to the graph's row multiple)."""
         c = self.config
-        shape = [B, c.num_kv_heads, self.max_seq_len, c.head_dim]
-        off = r0 * self._row_bytes
-        for i in range(c.num_layers):
-            for kind, buf in (("key", self._k[i]), ("value", self._v[i])):
-                ptr = buf.ctypes.data + off
-                binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-                binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
+        self._bind_cache(binding, r0, B)
         if self._verify_input:
             binding.bind_cpu_input("verify", np.array(verify))
         rows, m = rows or B, self._logits_row_multiple

@@ -193,14 +193,8 @@ class StandardOrtBackend(OrtBackend):
         place (past and present the same memory); one per window, kept."""
         binding = self._bindings.get((w0, batch))
         if binding is None:
-            c = self.config
             binding = self._session.io_binding()
-            shape = [batch, c.num_kv_heads, self.cache_len, c.head_dim]
-            for i in range(c.num_layers):
-                for kind, buf in (("key", self._k[i]), ("value", self._v[i])):
-                    ptr = buf.ctypes.data + w0 * self._row_bytes
-                    binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-                    binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
+            self._bind_cache(binding, w0, batch)
             self._bindings[(w0, batch)] = binding
         return binding
 
