@@ -19,7 +19,8 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import chained_client, closed_by_server, make_chain_pki, wait_until
+from cryptography.hazmat.primitives import serialization
+from helpers import chained_client, closed_by_server, make_ca, make_chain_pki, wait_until
 
 from tiny_mindie.server.conn import json_response, serve_connection
 from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind
@@ -611,5 +612,34 @@ def test_a_mixed_matrix_of_refusals_names_every_reason(pki, tmp_path, caplog):
         assert "other reasons" not in summary, summary
         assert "; 2x unable to get local issuer certificate (verify code 20)" in summary
         assert "1x peer did not return a certificate" in summary
+    finally:
+        srv.stop()
+
+
+def test_a_client_chain_through_an_expired_intermediate_names_the_intermediate(chain_pki, caplog):
+    """The client's certificate is valid, the intermediate it sends has expired: the refusal
+    line names the intermediate as the certificate that failed."""
+    d, files, made = chain_pki
+    with open(f"{d}/root.key", "rb") as fh:
+        root = (made["root"], serialization.load_pem_private_key(fh.read(), None))
+    stale = make_ca(f"{d}/stale.pem", f"{d}/stale.key", "stale CA", root, valid=(-30, -1))[0]
+    issue_certificate(f"{d}/stale.pem", f"{d}/stale.key", f"{d}/late.pem", f"{d}/late.key",
+                      "late client")
+    with open(f"{d}/late-chain.pem", "wb") as fh:
+        for part in ("late", "stale"):
+            with open(f"{d}/{part}.pem", "rb") as src:
+                fh.write(src.read())
+    client = ssl.create_default_context(cafile=f"{d}/root.pem")
+    client.load_cert_chain(f"{d}/late-chain.pem", f"{d}/late.key")
+    srv = Listening(server_context(files), limit=4, handshake_timeout=5.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                srv.get(client)
+            time.sleep(0.2)
+        line, = [r.getMessage() for r in caplog.records if "refused TLS client" in r.getMessage()]
+        assert (f"certificate has expired (verify code 10); failed certificate 'CN=stale CA' "
+                f"(depth 1 of the chain), serial {stale.serial_number:x}, issuer 'CN=root CA'; "
+                f"client certificate 'CN=late client,O=tiny_mindie'") in line, line
     finally:
         srv.stop()
