@@ -255,6 +255,80 @@ class ThreadedServer:
         self._thread.join(30)
 
 
+
+# ---- certificates -------------------------------------------------------------------------------
+
+
+def make_ca(path: str, key_path: str, cn: str, issuer: tuple | None = None,
+            valid: tuple[float, float] = (-1, 30)) -> tuple:
+    """A CA certificate and key written as PEM: a root (no limit on the CAs under it) when
+    ``issuer`` is None, else an intermediate (path length 0) signed by ``issuer`` =
+    (certificate, key); valid from ``valid[0]`` to ``valid[1]`` days from now. Returns
+    (certificate, key), ``cryptography`` objects."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    now = datetime.datetime.now(datetime.UTC)
+    signer_cert, signer_key = issuer or (None, key)
+    cert = (x509.CertificateBuilder().subject_name(name)
+            .issuer_name(signer_cert.subject if signer_cert else name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now + datetime.timedelta(days=valid[0]))
+            .not_valid_after(now + datetime.timedelta(days=valid[1]))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None if issuer is None
+                                                 else 0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
+                                         crl_sign=True, content_commitment=False,
+                                         key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False,
+                                         decipher_only=False), critical=True)
+            .sign(signer_key, hashes.SHA256()))
+    with open(path, "wb") as fh:
+        fh.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+    return cert, key
+
+
+def make_chain_pki(d: str) -> dict:
+    """In folder ``d``: a root CA (``root.pem``/``.key``), an intermediate CA under it
+    (``inter``), a client certificate of the intermediate (``leaf``; ``chain.pem`` holds the
+    client's certificate, then the intermediate's), a server certificate of the root for
+    localhost and 127.0.0.1 (``server``); the CRLs of both CAs (``root.crl``, ``inter.crl``) and
+    one of the root revoking the intermediate (``revoked-inter.crl``). Returns the root's and the
+    intermediate's certificates and the client's serial: ``{"root", "inter", "leaf_serial"}``."""
+    from tiny_mindie.server.tls import issue_certificate, issue_crl
+
+    root = make_ca(f"{d}/root.pem", f"{d}/root.key", "root CA")
+    inter = make_ca(f"{d}/inter.pem", f"{d}/inter.key", "intermediate CA", root)
+    issue_certificate(f"{d}/root.pem", f"{d}/root.key", f"{d}/server.pem", f"{d}/server.key",
+                      "localhost", hosts=("localhost", "127.0.0.1"))
+    serial = issue_certificate(f"{d}/inter.pem", f"{d}/inter.key", f"{d}/leaf.pem",
+                               f"{d}/leaf.key", "chained client")
+    with open(f"{d}/chain.pem", "wb") as fh:
+        for part in ("leaf", "inter"):
+            with open(f"{d}/{part}.pem", "rb") as src:
+                fh.write(src.read())
+    issue_crl(f"{d}/root.crl", f"{d}/root.pem", f"{d}/root.key")
+    issue_crl(f"{d}/inter.crl", f"{d}/inter.pem", f"{d}/inter.key")
+    issue_crl(f"{d}/revoked-inter.crl", f"{d}/root.pem", f"{d}/root.key", (f"{d}/inter.pem",))
+    return {"root": root[0], "inter": inter[0], "leaf_serial": serial}
+
+
+def chained_client(d: str) -> ssl.SSLContext:
+    """A client context of :func:`make_chain_pki`'s folder ``d``: trusts the root, presents the
+    intermediate's client with its chain."""
+    ctx = ssl.create_default_context(cafile=f"{d}/root.pem")
+    ctx.load_cert_chain(f"{d}/chain.pem", f"{d}/leaf.key")
+    return ctx
+
 @contextlib.contextmanager
 def openai_client(server, timeout: float = 120):
     """The official ``openai`` SDK's client for ``server`` over mutual TLS (the server's CA and

@@ -16,11 +16,13 @@ from dataclasses import replace
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
+from helpers import make_ca
 
 from tiny_mindie.config import load_config
 from tiny_mindie.security import tls_files
-from tiny_mindie.server.tls import client_context, server_context
+from tiny_mindie.server.tls import client_context, issue_certificate, server_context
 
 HOSTS = ("edge.local", "10.0.0.5", "fd00::5")
 
@@ -227,3 +229,94 @@ def test_host_names_are_matched_as_a_client_matches_them():
     assert _covers(names, "10.0.0.5")
     assert not _covers(names, "a.b.pods.example") and not _covers(names, "pods.example")
     assert not _covers(names, "10.0.0.6") and not _covers(["10.0.0.5"], "10.0.0.5")
+
+
+def warnings_of(r: subprocess.CompletedProcess, needle: str) -> list[str]:
+    """The WARNING lines of a start's output that hold ``needle``; the start went on to the
+    model (the last line is the model's error)."""
+    assert "model" in r.stderr.splitlines()[-1], r.stderr
+    return [line for line in r.stderr.splitlines() if needle in line and "WARNING" in line]
+
+
+@pytest.mark.parametrize("valid, why", [((-30, -1), "expired on "),
+                                        ((1, 30), "is not valid before ")])
+def test_a_ca_out_of_date_alone_in_tlscafile_is_named_at_start(tmp_path, valid, why):
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    sec = tmp_path / "security"
+    make_ca(f"{sec}/ca/old.pem", f"{tmp_path}/old.key", "old CA", valid=valid)
+    message = one_line_error(serve(tmp_path, {"tlsCaFile": ["old.pem"]}))
+    assert message.startswith(f"TLS CA file {sec}/ca/old.pem holds the CA 'CN=old CA', which "
+                              f"{why}"), message
+    assert "tlsCaFile holds no CA valid now: every client certificate is refused" in message
+    assert "CRL" not in message
+
+
+def test_a_ca_out_of_date_beside_a_valid_one_is_a_warning(tmp_path):
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    sec = tmp_path / "security"
+    make_ca(f"{sec}/ca/old.pem", f"{tmp_path}/old.key", "old CA", valid=(-30, -1))
+    r = serve(tmp_path, {"tlsCaFile": ["ca.pem", "old.pem"]})
+    warning, = warnings_of(r, "TLS CA file")
+    assert f"TLS CA file {sec}/ca/old.pem holds the CA 'CN=old CA', which expired on " in warning
+    assert "EVERY client certificate issued by it or through it will be refused" in warning
+    assert warnings_of(serve(tmp_path, {"tlsCaFile": ["ca.pem"]}), "TLS CA file") == []
+
+
+@pytest.mark.parametrize("stale", ["root", "inter"])
+def test_an_intermediate_ca_counts_with_the_ca_above_it(tmp_path, stale):
+    """tlsCaFile holds a root and an intermediate under it: an expired intermediate beside a
+    valid root is a warning; a valid intermediate under an expired root leaves no valid CA."""
+    d = str(tmp_path)
+    root = make_ca(f"{d}/root.pem", f"{d}/root.key", "root CA",
+                   valid=(-30, -1) if stale == "root" else (-1, 30))
+    make_ca(f"{d}/inter.pem", f"{d}/inter.key", "intermediate CA", root,
+            valid=(-30, -1) if stale == "inter" else (-1, 30))
+    issue_certificate(f"{d}/inter.pem", f"{d}/inter.key", f"{d}/server.pem", f"{d}/server.key",
+                      "localhost", hosts=("localhost", "127.0.0.1"))
+    r = serve(tmp_path, {"tlsCaPath": d, "tlsCaFile": ["root.pem", "inter.pem"],
+                         "tlsCert": f"{d}/server.pem", "tlsPk": f"{d}/server.key",
+                         "tlsCrlFiles": []})
+    if stale == "root":
+        message = one_line_error(r)
+        assert message.startswith(f"TLS CA file {d}/root.pem holds the CA 'CN=root CA', which "
+                                  f"expired on "), message
+    else:
+        warning, = warnings_of(r, "TLS CA file")
+        assert f"{d}/inter.pem holds the CA 'CN=intermediate CA', which expired on " in warning
+
+
+@pytest.mark.parametrize("after, error", [
+    ("inter", None),
+    ("stale", "holds the intermediate CA 'CN=stale CA', which expired on "),
+    ("client", "holds 'CN=tiny_mindie client,O=tiny_mindie' after the server certificate, which "
+               "is not a CA"),
+])
+def test_the_intermediate_cas_of_the_server_certificate_file_are_checked(tmp_path, after, error):
+    """The server's file holds its certificate, then the intermediate CA that issued it (what
+    the server sends): one out of date, or a leaf there, fails the start in one line."""
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    sec, d = tmp_path / "security", str(tmp_path)
+    ca = (load(sec / "ca/ca.pem"), serialization.load_pem_private_key(
+        (sec / "ca/ca.key.pem").read_bytes(), None))
+    make_ca(f"{d}/inter.pem", f"{d}/inter.key", "intermediate CA", ca)
+    make_ca(f"{d}/stale.pem", f"{d}/stale.key", "stale CA", ca, valid=(-30, -1))
+    issuer = "stale" if after == "stale" else "inter"
+    issue_certificate(f"{d}/{issuer}.pem", f"{d}/{issuer}.key", f"{d}/server.pem",
+                      f"{d}/server.key", "localhost", hosts=("localhost", "127.0.0.1"))
+    extra = sec / "certs/client.pem" if after == "client" else tmp_path / f"{after}.pem"
+    with open(f"{d}/server.pem", "ab") as fh:
+        fh.write(extra.read_bytes())
+    r = serve(tmp_path, {"tlsCert": f"{d}/server.pem", "tlsPk": f"{d}/server.key"})
+    if error is None:
+        assert warnings_of(r, "TLS") == [] and r.returncode == 2
+    else:
+        assert one_line_error(r).startswith(f"TLS certificate {d}/server.pem {error}")
+
+
+def test_a_client_certificate_as_the_server_s_is_named_at_start(tmp_path):
+    assert certs("--dir", str(tmp_path)).returncode == 0
+    message = one_line_error(serve(tmp_path, {"tlsCert": "security/certs/client.pem",
+                                              "tlsPk": "security/keys/client.key.pem"}))
+    assert message.startswith(f"TLS certificate {tmp_path}/security/certs/client.pem is not a "
+                              f"server certificate: its extended key usage (clientAuth) lacks "
+                              f"serverAuth, so every client refuses it"), message

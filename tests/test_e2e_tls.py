@@ -17,11 +17,18 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import TEST_CONFIG, Server, closed_by_server, request
+from helpers import (
+    TEST_CONFIG,
+    Server,
+    chained_client,
+    closed_by_server,
+    make_chain_pki,
+    request,
+)
 
 from tiny_mindie.config import load_config
 from tiny_mindie.security import tls_files
-from tiny_mindie.server.tls import client_context
+from tiny_mindie.server.tls import client_context, issue_certificate
 
 pytestmark = pytest.mark.e2e
 
@@ -168,4 +175,31 @@ def test_more_silent_sockets_than_the_server_has_descriptors(tmp_path):
     finally:
         for s in silent:
             s.close()
+        stop(srv)
+
+
+def test_a_revoked_intermediate_is_named_in_the_refusal_line(tmp_path):
+    """The root's CRL revokes the intermediate CA: its client, whose own serial is in no CRL, is
+    refused with a line naming the intermediate (subject, serial) before the client; a client of
+    the root is served."""
+    d = str(tmp_path)
+    made = make_chain_pki(d)
+    issue_certificate(f"{d}/root.pem", f"{d}/root.key", f"{d}/direct.pem", f"{d}/direct.key",
+                      "direct client")
+    srv = launch(d, {"tlsCaPath": d, "tlsCaFile": ["root.pem", "inter.pem"],
+                     "tlsCert": f"{d}/server.pem", "tlsPk": f"{d}/server.key",
+                     "tlsCrlPath": d, "tlsCrlFiles": ["revoked-inter.crl", "inter.crl"]})
+    try:
+        with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+            request(srv, "GET", "/health", ctx=chained_client(d))
+        line = wait_for_log(srv, "refused TLS client")
+        inter = made["inter"].serial_number
+        assert (f"certificate revoked (verify code 23); failed certificate 'CN=intermediate CA' "
+                f"(depth 1 of the chain), serial {inter:x}, issuer 'CN=root CA'; client "
+                f"certificate 'CN=chained client,O=tiny_mindie', serial "
+                f"{made['leaf_serial']:x}") in line, line
+        direct = ssl.create_default_context(cafile=f"{d}/root.pem")
+        direct.load_cert_chain(f"{d}/direct.pem", f"{d}/direct.key")
+        assert request(srv, "GET", "/health", ctx=direct)[0] == 200
+    finally:
         stop(srv)

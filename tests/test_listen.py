@@ -19,7 +19,8 @@ import time
 from dataclasses import replace
 
 import pytest
-from helpers import closed_by_server, wait_until
+from cryptography.hazmat.primitives import serialization
+from helpers import chained_client, closed_by_server, make_ca, make_chain_pki, wait_until
 
 from tiny_mindie.server.conn import json_response, serve_connection
 from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind
@@ -517,101 +518,71 @@ def test_a_flood_of_revoked_clients_does_not_hide_another_refusal(pki, caplog):
         srv.stop()
 
 
-def _ca(path: str, key_path: str, cn: str, issuer: tuple | None = None) -> tuple:
-    """A CA certificate and key written as PEM: a root (no limit on the CAs under it) when
-    ``issuer`` is None, else an intermediate signed by ``issuer`` = (certificate, key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-    now = datetime.datetime.now(datetime.UTC)
-    signer_cert, signer_key = issuer or (None, key)
-    cert = (x509.CertificateBuilder().subject_name(name)
-            .issuer_name(signer_cert.subject if signer_cert else name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None if issuer is None
-                                                 else 0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True,
-                                         crl_sign=True, content_commitment=False,
-                                         key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False,
-                                         decipher_only=False), critical=True)
-            .sign(signer_key, hashes.SHA256()))
-    with open(path, "wb") as fh:
-        fh.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(key_path, "wb") as fh:
-        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()))
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def chain_pki(tmp_path_factory):
-    """A root CA, an intermediate CA under it, a client certificate of the intermediate (its
-    file holds the chain: the client's certificate, then the intermediate's), a server
-    certificate of the root; the CRLs of both CAs, and one of the root revoking the intermediate."""
+    """:func:`helpers.make_chain_pki`'s files (root, intermediate, a client of the intermediate,
+    a server of the root, their CRLs and the root's revoking the intermediate) and its facts."""
     d = str(tmp_path_factory.mktemp("chain"))
-    root = _ca(f"{d}/root.pem", f"{d}/root.key", "root CA")
-    _ca(f"{d}/inter.pem", f"{d}/inter.key", "intermediate CA", root)
-    issue_certificate(f"{d}/root.pem", f"{d}/root.key", f"{d}/server.pem", f"{d}/server.key",
-                      "localhost", hosts=("127.0.0.1",))
-    issue_certificate(f"{d}/inter.pem", f"{d}/inter.key", f"{d}/leaf.pem", f"{d}/leaf.key",
-                      "chained client")
-    with open(f"{d}/chain.pem", "wb") as fh:
-        for part in ("leaf", "inter"):
-            with open(f"{d}/{part}.pem", "rb") as src:
-                fh.write(src.read())
-    issue_crl(f"{d}/root.crl", f"{d}/root.pem", f"{d}/root.key")
-    issue_crl(f"{d}/inter.crl", f"{d}/inter.pem", f"{d}/inter.key")
-    issue_crl(f"{d}/revoked-inter.crl", f"{d}/root.pem", f"{d}/root.key", (f"{d}/inter.pem",))
+    made = make_chain_pki(d)
     files = TLSFiles(ca=(f"{d}/root.pem",), cert=f"{d}/server.pem", key=f"{d}/server.key",
                      crls=(), client_cert=f"{d}/chain.pem", client_key=f"{d}/leaf.key")
-    return d, files
-
-
-def _chained_client(d: str) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=f"{d}/root.pem")
-    ctx.load_cert_chain(f"{d}/chain.pem", f"{d}/leaf.key")
-    return ctx
+    return d, files, made
 
 
 @pytest.mark.parametrize("cas, crls", [(("root",), ()), (("root", "inter"), ("root", "inter"))])
 def test_a_client_chain_through_an_intermediate_ca_is_accepted(chain_pki, cas, crls):
     """The client sends its certificate and the intermediate's; the server trusts the root. With
     CRLs, each CA of the chain has its CRL (and its certificate, which checks the CRL at start)."""
-    d, files = chain_pki
+    d, files, _ = chain_pki
     files = replace(files, ca=tuple(f"{d}/{c}.pem" for c in cas),
                     crls=tuple(f"{d}/{c}.crl" for c in crls))
     srv = Listening(server_context(files), limit=4, handshake_timeout=5.0)
     try:
-        assert srv.get(_chained_client(d)) == (200, {"ok": True})
+        assert srv.get(chained_client(d)) == (200, {"ok": True})
     finally:
         srv.stop()
 
 
-@pytest.mark.parametrize("cas, crls, why", [
-    (("root", "inter"), ("revoked-inter", "inter"), "certificate revoked (verify code 23)"),
-    (("root",), ("root",), "unable to get certificate CRL (verify code 3): every CA of the "
-                           "client's chain, an intermediate too, needs its CRL in tlsCrlFiles"),
+def _leaf_only_client(d: str) -> ssl.SSLContext:
+    """The intermediate's client sending its own certificate alone (the server holds the
+    intermediate's in tlsCaFile)."""
+    ctx = ssl.create_default_context(cafile=f"{d}/root.pem")
+    ctx.load_cert_chain(f"{d}/leaf.pem", f"{d}/leaf.key")
+    return ctx
+
+
+REVOKED_INTER = ("failed certificate 'CN=intermediate CA' (depth 1 of the chain), "
+                 "serial {inter:x}, issuer 'CN=root CA'")
+
+
+@pytest.mark.parametrize("cas, crls, client, why, failed", [
+    (("root", "inter"), ("revoked-inter", "inter"), chained_client,
+     "certificate revoked (verify code 23)", REVOKED_INTER),
+    (("root", "inter"), ("revoked-inter", "inter"), _leaf_only_client,
+     "certificate revoked (verify code 23)", REVOKED_INTER),
+    (("root",), ("root",), chained_client,
+     "unable to get certificate CRL (verify code 3): every CA of the client's chain, an "
+     "intermediate too, needs its CRL in tlsCrlFiles and its certificate in tlsCaFile",
+     "no CRL of 'CN=intermediate CA'"),
 ])
-def test_a_chain_is_checked_against_the_crl_of_each_of_its_cas(chain_pki, caplog, cas, crls, why):
-    """A root's CRL revoking the intermediate CA refuses the intermediate's clients; a chain
-    whose intermediate has no CRL is refused with what to add."""
-    d, files = chain_pki
+def test_a_chain_is_checked_against_the_crl_of_each_of_its_cas(chain_pki, caplog, cas, crls,
+                                                               client, why, failed):
+    """A root's CRL revoking the intermediate CA refuses the intermediate's clients, and the line
+    names the intermediate (subject, serial), then the client; a chain whose intermediate has no
+    CRL is refused with what to add, naming the CA whose CRL is missing."""
+    d, files, made = chain_pki
     files = replace(files, ca=tuple(f"{d}/{c}.pem" for c in cas),
                     crls=tuple(f"{d}/{c}.crl" for c in crls))
     srv = Listening(server_context(files), limit=4, handshake_timeout=5.0)
     try:
         with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
             with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
-                srv.get(_chained_client(d))
+                srv.get(client(d))
             time.sleep(0.2)
-        assert why in caplog.text and "'CN=chained client,O=tiny_mindie'" in caplog.text
+        line, = [r.getMessage() for r in caplog.records if "refused TLS client" in r.getMessage()]
+        named = failed.format(inter=made["inter"].serial_number)
+        assert f"{why}; {named}; client certificate 'CN=chained client,O=tiny_mindie', serial " \
+               f"{made['leaf_serial']:x}, issuer 'CN=intermediate CA'" in line, line
     finally:
         srv.stop()
 
@@ -641,5 +612,34 @@ def test_a_mixed_matrix_of_refusals_names_every_reason(pki, tmp_path, caplog):
         assert "other reasons" not in summary, summary
         assert "; 2x unable to get local issuer certificate (verify code 20)" in summary
         assert "1x peer did not return a certificate" in summary
+    finally:
+        srv.stop()
+
+
+def test_a_client_chain_through_an_expired_intermediate_names_the_intermediate(chain_pki, caplog):
+    """The client's certificate is valid, the intermediate it sends has expired: the refusal
+    line names the intermediate as the certificate that failed."""
+    d, files, made = chain_pki
+    with open(f"{d}/root.key", "rb") as fh:
+        root = (made["root"], serialization.load_pem_private_key(fh.read(), None))
+    stale = make_ca(f"{d}/stale.pem", f"{d}/stale.key", "stale CA", root, valid=(-30, -1))[0]
+    issue_certificate(f"{d}/stale.pem", f"{d}/stale.key", f"{d}/late.pem", f"{d}/late.key",
+                      "late client")
+    with open(f"{d}/late-chain.pem", "wb") as fh:
+        for part in ("late", "stale"):
+            with open(f"{d}/{part}.pem", "rb") as src:
+                fh.write(src.read())
+    client = ssl.create_default_context(cafile=f"{d}/root.pem")
+    client.load_cert_chain(f"{d}/late-chain.pem", f"{d}/late.key")
+    srv = Listening(server_context(files), limit=4, handshake_timeout=5.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tiny_mindie.server"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.RemoteDisconnected)):
+                srv.get(client)
+            time.sleep(0.2)
+        line, = [r.getMessage() for r in caplog.records if "refused TLS client" in r.getMessage()]
+        assert (f"certificate has expired (verify code 10); failed certificate 'CN=stale CA' "
+                f"(depth 1 of the chain), serial {stale.serial_number:x}, issuer 'CN=root CA'; "
+                f"client certificate 'CN=late client,O=tiny_mindie'") in line, line
     finally:
         srv.stop()

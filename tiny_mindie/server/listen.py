@@ -39,7 +39,7 @@ from .conn import PLAIN_ANSWERS, ErrorAnswers, Handler, Response, serve_connecti
 from .http_response import format_response
 from .peer import peer_address, request_id
 from .refusal_log import RefusalLogs
-from .tls import describe_refusal
+from .tls_refusal import describe_refusal
 
 log = logging.getLogger("tiny_mindie.server")
 

@@ -11,7 +11,6 @@ expired CRL is a loud warning, since OpenSSL then refuses every client certifica
 
 from __future__ import annotations
 
-import _ssl
 import datetime
 import ipaddress
 import logging
@@ -19,6 +18,8 @@ import os
 import re
 import ssl
 from dataclasses import dataclass, replace
+
+from .tls_refusal import ChainFacts, name_refused_clients, ssl_reason
 
 log = logging.getLogger("tiny_mindie.tls")
 
@@ -380,6 +381,7 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     _read_certificates(files.cert, "TLS certificate")
     _read_private_key(files.key, "TLS private key")
     cas = [c for ca in files.ca for c in _read_certificates(ca, "TLS CA file")]
+    crls = []
     for crl in files.crls:
         if not os.path.exists(crl):
             make = ("make one with python -m tiny_mindie certs --crl"
@@ -390,6 +392,7 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
                               f"{make}, or set \"tlsCrlFiles\": [] to check no CRL)")
         for warning in check_crls(crl, cas):
             log.warning("%s", warning)
+        crls += _read_crls(crl)
 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -398,23 +401,16 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
         ctx.load_cert_chain(files.cert, files.key)
     except (ssl.SSLError, OSError) as exc:
         raise TLSConfigError(f"cannot load TLS certificate {files.cert} with key {files.key}: "
-                          f"{_reason(exc)}") from None
+                          f"{ssl_reason(exc)}") from None
     for path in (*files.ca, *files.crls):
         try:
             ctx.load_verify_locations(cafile=path)
         except (ssl.SSLError, OSError) as exc:
-            raise TLSConfigError(f"cannot load TLS file {path}: {_reason(exc)}") from None
+            raise TLSConfigError(f"cannot load TLS file {path}: {ssl_reason(exc)}") from None
     if files.crls:     # each CA of the chain: a CRL revoking an intermediate CA counts too
         ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_CHAIN
-    _name_refused_clients(ctx)
+    name_refused_clients(ctx, ChainFacts.of(cas, crls))
     return ctx
-
-
-def _reason(exc: Exception) -> str:
-    """A short lower-case reason of an ``ssl``/``OSError`` (OpenSSL's reason code spelled out)."""
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return exc.reason.lower().replace("_", " ")
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def client_context(files: TLSFiles) -> ssl.SSLContext:
@@ -422,78 +418,3 @@ def client_context(files: TLSFiles) -> ssl.SSLContext:
     ctx = ssl.create_default_context(cafile=files.ca[0])
     ctx.load_cert_chain(files.client_cert, files.client_key)
     return ctx
-
-
-# ---- naming the client of a refused handshake ------------------------------------------------
-#
-# OpenSSL forgets the client's certificate when it fails verification, and Python's ssl has no
-# verify callback. Its TLS message hook (``SSLContext._msg_callback``, a debugging aid since
-# Python 3.8, called for handshake messages and record headers, never with application data)
-# sees the client's Certificate message: the first certificate of it is kept on the connection's
-# SSLObject (our subclass, through the public ``sslobject_class``), which adds it to the
-# verification error it raises. The hook is set on the C context the way ssl.py's own setter
-# does, without that setter's per-call enum conversions (which cost more per record than the hook
-# itself). Without the hook (another Python), refusals are logged without the subject.
-
-_HANDSHAKE, _CERTIFICATE = 22, 11     # TLS content type and handshake message type
-
-
-class _ServerSSLObject(ssl.SSLObject):
-    """An SSLObject whose failed certificate verification names the client's certificate."""
-
-    client_der: bytes | None = None    # the first certificate the client sent (DER)
-
-    def do_handshake(self) -> None:
-        try:
-            super().do_handshake()
-        except ssl.SSLCertVerificationError as exc:
-            exc.client_certificate = self.client_der
-            raise
-
-
-def _on_tls_message(conn, direction, version, content_type, msg_type, data) -> None:
-    if content_type == _HANDSHAKE and msg_type == _CERTIFICATE and direction == "read" \
-            and isinstance(conn, _ServerSSLObject):
-        conn.client_der = first_certificate(data)
-
-
-def first_certificate(msg: bytes) -> bytes | None:
-    """The first certificate (DER) of a TLS 1.3 Certificate handshake message (RFC 8446 §4.4.2:
-    4-byte header, request context, 3-byte list length, 3-byte length + DER, ...), or None."""
-    if len(msg) < 5:
-        return None
-    pos = 5 + msg[4] + 3                       # header, context length + context, list length
-    n = int.from_bytes(msg[pos:pos + 3], "big")
-    der = msg[pos + 3:pos + 3 + n]
-    return der if n and len(der) == n else None
-
-
-_on_tls_message.user_function = _on_tls_message   # what ssl.py's _msg_callback getter returns
-_C_MSG_HOOK = vars(_ssl._SSLContext).get("_msg_callback")
-
-
-def _name_refused_clients(ctx: ssl.SSLContext) -> None:
-    ctx.sslobject_class = _ServerSSLObject
-    if _C_MSG_HOOK is not None:
-        _C_MSG_HOOK.__set__(ctx, _on_tls_message)
-
-
-def describe_refusal(exc: BaseException) -> tuple[str, str]:
-    """Why a server-side TLS handshake failed, for the log, as ``(why, client)``: OpenSSL's verify
-    message (``certificate revoked``, ...; a missing CRL says which CRLs are needed) or reason
-    (``peer did not return a certificate``, ...); ``client`` names the client certificate's
-    subject, serial and issuer (``"; client certificate ..."``) when the client sent one."""
-    why = _reason(exc) if isinstance(exc, ssl.SSLError) else str(exc) or type(exc).__name__
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        why = f"{exc.verify_message} (verify code {exc.verify_code}){_NO_CRL[exc.verify_code == 3]}"
-    from cryptography import x509
-    try:
-        cert = x509.load_der_x509_certificate(getattr(exc, "client_certificate", None) or b"")
-    except ValueError:     # none sent (b"" does not load either), or one cryptography cannot read
-        return why, ""
-    return why, (f"; client certificate {cert.subject.rfc4514_string()!r}, "
-                 f"serial {cert.serial_number:x}, issuer {cert.issuer.rfc4514_string()!r}")
-
-
-_NO_CRL = ("", ": every CA of the client's chain, an intermediate too, needs its CRL in "
-               "tlsCrlFiles and its certificate in tlsCaFile")
