@@ -273,7 +273,8 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     object}`` (llama.cpp's form) -> output valid against ``schema``; ``{"type": "json_schema",
     "json_schema": {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool,
     "description": str}}`` -> output valid against ``schema`` (enforced whether ``strict`` or
-    not; ``strict`` also closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
+    not, its objects closed to the members they list; ``strict`` also makes a bare object the
+    empty one, as OpenAI's strict mode: :func:`grammar_schema`).
 
     Raises:
         APIError: 400 with ``param: "response_format"``: not an object, unknown ``type``,
@@ -381,7 +382,8 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
     """TGI's ``parameters.grammar``: ``{"type": "json", "value": schema}`` (the schema an object,
     or a string holding one; ``"json_object"`` is TGI's alias of ``"json"``), ``{"type":
     "json_schema", "value": {"name": optional, "schema": schema}}`` (TGI 3) or ``{"type":
-    "regex", "value": "<regex>"}``; null -> None.
+    "regex", "value": "<regex>"}``; null -> None. A schema is held as :func:`grammar_schema`
+    (not strict) holds it.
 
     Raises:
         APIError: 422 (TGI's ``validation`` error) for anything else, or a grammar that does
