@@ -164,3 +164,98 @@ def test_json_object_schema_all_of_strict_and_unknown_keys(client, server):
         err = json.loads(raw)["error"]
         assert status == 400 and err["param"] == f"response_format.{key}", raw
         assert err["code"] == "unknown_parameter"
+
+
+def _closed(schema):
+    """``schema`` with ``additionalProperties: false`` on each object listing ``properties``
+    that says nothing of others: what a non-strict answer must now validate against."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+USER = {"type": "object", "title": "User", "properties": {
+    "name": {"title": "Name", "type": "string"}, "age": {"title": "Age", "type": "integer"}},
+    "required": ["name", "age"]}
+ITEM = {"type": "object", "properties": {"name": {"type": "string"}, "price": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "price"]}
+PERSON = {"type": "object", "$defs": {"Addr": {"type": "object", "properties": {
+    "city": {"type": "string"}, "zip": {"type": "string"}}, "required": ["city"]}},
+    "properties": {"person": {"type": "string"}, "address": {"$ref": "#/$defs/Addr"}},
+    "required": ["person", "address"]}
+EXTRACTIONS = [("Extract the user: John is 30 years old.", USER),
+               ("Extract: Maria, aged 41, lives in Rome.", USER),
+               ("Name a fruit and its price.", ITEM), ("Describe a product you could buy.", ITEM),
+               ("Where does Alice live? She lives at 5 Main St, Boston.", PERSON),
+               ("Give a person and their address.", PERSON)]
+
+
+def test_non_strict_schemas_hold_to_the_listed_members(client):
+    """What instructor's JSON_SCHEMA mode (``json_object`` + ``schema``) and a ``json_schema``
+    without ``strict`` send, pydantic's schemas with no ``additionalProperties``: the answers
+    add no members of their own, so they end before ``max_tokens``."""
+    def ask(job):
+        i, fmt = job
+        question, schema = EXTRACTIONS[i]
+        rf = ({"type": "json_object", "schema": schema} if fmt == "json_object" else
+              {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}], response_format=rf,
+            max_tokens=160, seed=i, temperature=0 if i % 2 else 0.8)
+        return schema, r.choices[0]
+
+    jobs = [(i, fmt) for fmt in ("json_object", "json_schema") for i in range(len(EXTRACTIONS))]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, jobs))
+    for schema, choice in answers:
+        assert choice.finish_reason == "stop", choice.message.content
+        jsonschema.validate(json.loads(choice.message.content), _closed(schema))
+
+
+def test_strict_all_of_with_ref_parts_is_accepted(client):
+    """``allOf`` naming a definition by ``$ref`` (pydantic's inheritance, hand-written
+    mixins) under ``strict``: satisfiable, and held to every part's members together."""
+    named = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
+             "required": ["name"]}
+    schemas = [
+        {"$defs": {"Named": {**named, "additionalProperties": False}},
+         "allOf": [{"$ref": "#/$defs/Named"}]},
+        {"$defs": {"Named": named}, "type": "object", "allOf": [{"$ref": "#/$defs/Named"}],
+         "properties": {"price": {"type": "number"}}, "required": ["price"]},
+        {"$defs": {"Named": named, "Priced": {"type": "object", "properties": {
+            "price": {"type": "number"}}, "required": ["price"]}},
+         "allOf": [{"$ref": "#/$defs/Named"}, {"$ref": "#/$defs/Priced"}]}]
+    for schema in schemas:
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Name a fruit and its price."}],
+            max_tokens=60, temperature=0, response_format={"type": "json_schema", "json_schema": {
+                "name": "item", "schema": schema, "strict": True}})
+        (choice,) = r.choices
+        answer = json.loads(choice.message.content)
+        jsonschema.validate(answer, schema)
+        assert choice.finish_reason == "stop"
+        assert set(answer) == {"name"} | ({"price"} if "price" in json.dumps(schema) else set())
+
+
+def test_fields_a_route_cannot_honour_are_400_naming_them(server):
+    """Reasoning on ``/v1/completions`` (a raw prompt: no template to think with) and a
+    message ``name`` that is no string."""
+    for field, value in (("enable_thinking", True), ("reasoning_effort", "low")):
+        status, _, raw = request(server, "POST", "/v1/completions", {
+            "model": MODEL, "prompt": "x", "max_tokens": 2, field: value})
+        err = json.loads(raw)["error"]
+        assert (status, err["param"], err["code"]) == (400, field, "unsupported_parameter"), raw
+    status, _, raw = request(server, "POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi", "name": 7}]})
+    err = json.loads(raw)["error"]
+    assert (status, err["param"]) == (400, "messages[0].name") and "string" in err["message"]
+    status, _, raw = request(server, "POST", "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "hi", "name": "ann"}]})
+    assert status == 200, raw

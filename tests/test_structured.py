@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import byte_tokenizer
 
 from tiny_mindie.api import tool_request as tr
 from tiny_mindie.api.errors import APIError, Kind
@@ -28,25 +29,14 @@ from tiny_mindie.engine.constraint import (
     compile_constraint,
 )
 from tiny_mindie.engine.request import Constraint, SamplingParams
-from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+from tiny_mindie.model.tokenizer import Tokenizer
 
-EOS = 256
-
-
-class ByteTokenizer(Tokenizer):
-    """Byte tokens 0..255 and ``</s>`` (256), the end of generation: each byte its token."""
-
-    def encode(self, text: str, *, add_bos=None, parse_special=True,
-               space_prefix=True) -> list[int]:
-        return list(text.encode("utf-8"))
+EOS = 256          # byte_tokenizer's end of generation
 
 
 @pytest.fixture(scope="module")
 def tok() -> Tokenizer:
-    return ByteTokenizer(kind="llama", tokens=[f"<0x{i:02X}>" for i in range(256)] + ["</s>"],
-                     token_types=[TOKEN_NORMAL] * 256 + [TOKEN_CONTROL],
-                     token_bytes=[bytes([i]) for i in range(256)] + [b""], bos_id=None,
-                     eos_id=EOS, eog_ids=frozenset({EOS}), add_bos=False, chat_template=None)
+    return byte_tokenizer()
 
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
@@ -190,7 +180,7 @@ def test_integers_get_int64_bounds_in_the_grammar_only(tok):
     assert props["big"] == {"type": "integer", "minimum": 2**64}      # no empty range made
     assert props["l"]["items"] == props["n"]
     assert "maximum" not in schema["properties"]["n"]                # the client's: as it was
-    assert "additionalProperties" not in out                         # not strict: open
+    assert out["additionalProperties"] is False         # not strict: closed to its members
     # the grammar: at most 19 digits, then the number must end
     rf = response_format(tok, _rf({"type": "object", "properties": {"n": {"type": "integer"}},
                                    "required": ["n"], "additionalProperties": False}))
@@ -200,14 +190,14 @@ def test_integers_get_int64_bounds_in_the_grammar_only(tok):
     assert _allowed(m, tok.vocab_size) == {ord("}")}
 
 
-def test_strict_response_format_closes_objects_non_strict_does_not(tok):
+def test_strict_closes_bare_objects_too_non_strict_only_listed_members(tok):
     schema = {"type": "object", "properties": {"a": {"type": "object"}}}
     strict = json.loads(response_format(tok, _rf(schema, strict=True)).spec)
     assert strict == {**schema, "additionalProperties": False, "properties": {
         "a": {"type": "object", "additionalProperties": False}}}
     for loose in (response_format(tok, _rf(schema, strict=False)), response_format(tok, _rf(
             schema))):
-        assert json.loads(loose.spec) == schema
+        assert json.loads(loose.spec) == {**schema, "additionalProperties": False}
 
 
 def test_tool_without_properties_is_called_with_the_empty_object(tok):

@@ -28,6 +28,9 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 #: Chat's fields that ``/v1/completions`` refuses (400 naming them) rather than ignores.
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
              "functions", "function_call")
+#: Fields asking for reasoning, which ``/v1/completions`` (a raw prompt, no chat template to
+#: turn thinking on or off) refuses (400 ``unsupported_parameter`` naming them).
+THINKING_FIELDS = ("enable_thinking", "reasoning_effort", "reasoning")
 
 
 def no_such_model(name: str) -> APIError:
@@ -217,10 +220,15 @@ def _chat_messages(messages) -> list[dict]:
         if m["role"] not in CHAT_ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, "
                       f"got {m['role']!r}.", "messages")
+        if not isinstance(m.get("name"), str | None):
+            raise bad(f"messages[{i}].name must be a string, got {_json_type(m['name'])}.",
+                      f"messages[{i}].name")
         if m.get("content") is None and not (m["role"] == "assistant" and m.get("tool_calls")):
             raise bad(f"messages[{i}].content is required.", "messages")
         out = {**m, "content": _message_content(m.get("content"), i)}
         out.pop("tool_calls", None)
+        if out.get("name") is None:
+            out.pop("name", None)       # a template tests "name" in message
         if m["role"] == "assistant" and m.get("tool_calls") is not None:
             calls = _message_tool_calls(m["tool_calls"], i)
             if calls:       # templates test "tool_calls" in message: no empty list there
@@ -231,6 +239,13 @@ def _chat_messages(messages) -> list[dict]:
         rendered.append(out)
     _check_tool_answers(rendered)
     return rendered
+
+
+def _json_type(value) -> str:
+    """The JSON type of a parsed ``value``, with its article (``"an object"``)."""
+    kinds = ((bool, "a boolean"), (int | float, "a number"), (list, "an array"),
+             (dict, "an object"), (str, "a string"))
+    return next((name for t, name in kinds if isinstance(value, t)), "null")
 
 
 def _check_tool_answers(messages: list[dict]) -> None:
@@ -325,12 +340,19 @@ def parse_completion(app, body: bytes) -> Parsed:
     of strings, a list of token ids, or a list of such lists.
 
     Raises:
-        APIError: as :func:`parse_chat`; 400 naming a chat-only field (:data:`CHAT_ONLY`).
+        APIError: as :func:`parse_chat`; 400 naming a chat-only field (:data:`CHAT_ONLY`) or
+            one asking for reasoning (:data:`THINKING_FIELDS`).
     """
     obj = parse_json_object(body)
     for name in CHAT_ONLY:
         if obj.get(name) is not None:
             raise bad(f"Parameter {name} is only supported on /v1/chat/completions.", name)
+    for name in THINKING_FIELDS:
+        if obj.get(name) is not None:
+            raise APIError(Kind.BAD_REQUEST, f"Unsupported parameter: '{name}' is not supported "
+                           "on /v1/completions (the prompt is raw text: no chat template turns "
+                           "thinking on or off); use /v1/chat/completions.", param=name,
+                           code="unsupported_parameter")
     common = _common(app.llm, obj, 16)         # OpenAI's default for completions
     prompts = _prompts(app.llm, obj.get("prompt"))
     if len(prompts) * common["n"] > MAX_CHOICES:

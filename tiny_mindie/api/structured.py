@@ -64,49 +64,139 @@ def _types(schema: dict) -> tuple:
 
 
 _OTHERS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-_ELSEWHERE = ("$ref", "$dynamicRef", "anyOf", "oneOf", "if", "dependentSchemas")
+_ELSEWHERE = ("$dynamicRef", "anyOf", "oneOf", "if", "dependentSchemas")
+_DEF_MAPS = ("$defs", "definitions")
+#: What the name of a definition's open copy ends with (:class:`_Closer`).
+OPEN_SUFFIX = "-open"
+#: Bounds on closing objects made of parts (:class:`_Closer`), so that the schema the grammar
+#: gets stays linear in the client's: ``$ref`` levels followed to find a part's members, the
+#: members one object may be closed to, and the members added to all such objects of a
+#: schema. An object past a bound is left open, as its parts say.
+MAX_REF_DEPTH, MAX_PART_MEMBERS, MAX_ADDED_MEMBERS = 8, 256, 4096
 
 
-def _all_of_names(s: dict) -> list | None:
-    """The property names ``s`` and its ``allOf`` branches (nested ones too) list, in order;
-    None when one of them says something of other members (:data:`_OTHERS`), or names
-    members elsewhere (a ``$ref``, an ``anyOf``, ...): such an object is left open."""
-    if any(k in s for k in (*_OTHERS, *_ELSEWHERE)):
+class _Closer:
+    """The change :func:`closed` makes to each (sub)schema of ``root``, and the open copies of
+    the definitions (``#/$defs/<name>``, ``#/definitions/<name>``) that a ``$ref`` names as a
+    part of an object: an ``allOf`` branch, or a ``$ref`` beside ``properties``. Such a part
+    is closed with the object it is part of, never on its own (that would exclude the other
+    parts' members): its ``$ref`` is pointed at ``<name>-open``, a copy of the definition that
+    is not closed itself (its own subschemas are), while any other ``$ref`` keeps the closed one.
+    One copy per definition, so the work stays linear in the schema's size."""
+
+    def __init__(self, root, bare: bool):
+        self.bare = bare
+        self.defs = {m: root[m] for m in _DEF_MAPS
+                     if isinstance(root, dict) and isinstance(root.get(m), dict)}
+        self.opened: dict[tuple[str, str], tuple[str, str]] = {}   # def -> (its copy, $ref)
+        self.alias: dict[str, str] = {}                            # copy's $ref -> original
+        self._names: dict[tuple[str, str], dict | None] = {}
+        self.budget = MAX_ADDED_MEMBERS
+
+    def target(self, ref) -> tuple[str, str] | None:
+        """The definition a local ``$ref`` names: (its map, its name), else None."""
+        ref = self.alias.get(ref, ref) if isinstance(ref, str) else None
+        for m in self.defs if ref else ():
+            token = ref[len(m) + 3:]
+            if ref.startswith(f"#/{m}/") and "/" not in token and "%" not in token:
+                name = token.replace("~1", "/").replace("~0", "~")
+                return (m, name) if name in self.defs[m] else None
         return None
-    names = list(s.get("properties") or {})
-    for part in s.get("allOf") or ():
-        more = _all_of_names(part) if isinstance(part, dict) else None
-        if more is None:
+
+    def open_ref(self, s: dict) -> None:
+        """Point ``s``'s ``$ref`` at its definition's open copy (made once, :meth:`copies`)."""
+        key = self.target(s.get("$ref"))
+        if key is None:
+            return
+        if key not in self.opened:
+            m, name = key
+            copy, ref = name + OPEN_SUFFIX, s["$ref"] + OPEN_SUFFIX
+            while copy in self.defs[m]:
+                copy, ref = copy + OPEN_SUFFIX, ref + OPEN_SUFFIX
+            self.opened[key] = (copy, ref)
+            self.alias[ref] = s["$ref"]
+        s["$ref"] = self.opened[key][1]
+
+    def names(self, s: dict, seen: tuple = ()) -> dict | None:
+        """The property names ``s``, its ``allOf`` branches (nested ones too) and the
+        definitions their local ``$ref`` keywords name list, in order (a dict's keys); None
+        when one of them says something of other members (:data:`_OTHERS`) or names members
+        elsewhere (an ``anyOf``, a ``$ref`` to no local definition, ...), or past a bound
+        (:data:`MAX_REF_DEPTH`, :data:`MAX_PART_MEMBERS`): such an object is left open."""
+        if any(k in s for k in (*_OTHERS, *_ELSEWHERE)) or not isinstance(
+                s.get("properties", {}), dict):
             return None
-        names += [n for n in more if n not in names]
-    return names
+        names = dict.fromkeys(s.get("properties") or {})
+        parts = s.get("allOf") or []
+        if "$ref" in s:
+            parts = [*parts, None]
+        for part in parts:
+            more = (self._def_names(self.target(s["$ref"]), seen) if part is None
+                    else self.names(part, seen) if isinstance(part, dict) else None)
+            if more is None:
+                return None
+            names.update(more)
+            if len(names) > MAX_PART_MEMBERS:
+                return None
+        return names
 
+    def _def_names(self, key: tuple[str, str] | None, seen: tuple) -> dict | None:
+        """:meth:`names` of the definition ``key`` (once each; None within a cycle)."""
+        if key is None or key in seen or len(seen) >= MAX_REF_DEPTH:
+            return None
+        if key not in self._names:
+            self._names[key] = None
+            d = self.defs[key[0]][key[1]]
+            self._names[key] = self.names(d, (*seen, key)) if isinstance(d, dict) else None
+        return self._names[key]
 
-def _close(s: dict, branch: bool) -> None:
-    if branch:      # closed with its parent: closing each branch would exclude the others'
-        return
-    if isinstance(s.get("allOf"), list) and s["allOf"]:
-        names = _all_of_names(s)
-        if names:   # the parent names every branch's members, so that it may be closed
-            s["properties"] = {**{n: {} for n in names}, **(s.get("properties") or {})}
+    def __call__(self, s: dict, branch: bool) -> None:
+        combined = bool(isinstance(s.get("allOf"), list) and s["allOf"]) or (
+            "$ref" in s and "properties" in s)
+        if branch or combined:
+            self.open_ref(s)
+        if branch:      # closed with its parent: closing each branch would exclude the others'
+            return
+        if combined:
+            names = self.names(s) if self.budget > 0 else None
+            own = s.get("properties") or {}
+            added = [n for n in names or () if n not in own]
+            if names and len(added) <= self.budget:    # every part's members named: closed
+                self.budget -= len(added)
+                s["properties"] = {**dict.fromkeys(names, {}), **own}
+                s["additionalProperties"] = False
+        elif "properties" in s and not any(k in s for k in _OTHERS):
             s["additionalProperties"] = False
-    elif "properties" in s and not any(k in s for k in _OTHERS):
-        s["additionalProperties"] = False
-    elif "object" in _types(s) and not any(k in s for k in _MEMBER_KEYWORDS):
-        s["additionalProperties"] = False
+        elif self.bare and "object" in _types(s) and not any(k in s for k in _MEMBER_KEYWORDS):
+            s["additionalProperties"] = False
+
+    def copies(self, out):
+        """``out`` (the closed root) with the open copies of the definitions :meth:`open_ref`
+        pointed at (a copy may name more)."""
+        done: set = set()
+        while len(done) < len(self.opened):
+            for key in [k for k in self.opened if k not in done]:
+                done.add(key)
+                m, name = key
+                out[m] = {**out[m], self.opened[key][0]: _each_schema(self.defs[m][name], self,
+                                                                      branch=True)}
+        return out
 
 
-def closed(schema):
+def closed(schema, *, bare: bool = True):
     """A copy of ``schema`` in which each object schema that lists ``properties`` but says
     nothing of others (no ``additionalProperties``, ``patternProperties``,
-    ``unevaluatedProperties``) allows no others, as OpenAI's strict mode requires them to be
-    written; and each ``"type": "object"`` that says nothing of its members at all (no
-    ``properties``, ``required``, ``anyOf``, ``$ref``, ...) is the empty object, as
-    ``{"type": "object", "properties": {}}`` then is. An ``allOf``'s branches describe one
-    object together: the object is closed to the members any of them lists (they stay open
-    themselves). Every document the copy accepts the original accepts too, and a small model
-    cannot spend its tokens inventing members."""
-    return _each_schema(schema, _close)
+    ``unevaluatedProperties``) allows no others -- as OpenAI's strict mode requires them to be
+    written, and as llama.cpp's, vLLM's (xgrammar) and TGI's (outlines) converters hold a
+    schema by default --; and, with ``bare``, each ``"type": "object"`` that says nothing of its
+    members at all (no ``properties``, ``required``, ``anyOf``, ``$ref``, ...) is the empty
+    object, as ``{"type": "object", "properties": {}}`` then is. An ``allOf``'s branches (and
+    a ``$ref`` beside ``properties``) describe one object together: the object is closed to
+    the members any of them lists, local ``$ref`` keywords followed (:class:`_Closer`; the parts
+    stay open themselves). Every document the copy accepts the original accepts too, and a
+    small model cannot spend its tokens inventing members."""
+    closer = _Closer(schema, bare)
+    return closer.copies(_each_schema(schema, closer))
 
 
 def _bound_integers(s: dict, branch: bool) -> None:
@@ -123,14 +213,14 @@ def _bound_integers(s: dict, branch: bool) -> None:
 
 def grammar_schema(schema, *, strict: bool = False):
     """The schema the grammar is compiled from, for a client's ``schema`` (which stays the one
-    its answers are valid against): each ``"type": "integer"`` (or a type list with it)
-    lacking a bound gets :data:`INT_BOUND` (-INT_BOUND) -- a small model otherwise fills its
-    budget with digits --, and with ``strict`` the objects are :func:`closed` (OpenAI's
-    strict structured outputs). Numbers stay unbounded: a bound limits neither fraction nor
-    exponent digits in llguidance's grammar."""
-    if strict:
-        schema = closed(schema)
-    return _each_schema(schema, _bound_integers)
+    its answers are valid against): its objects :func:`closed` to the members they list unless
+    they say otherwise (strict or not, as llama.cpp and vLLM hold schemas; with ``strict`` a
+    bare ``{"type": "object"}`` is also the empty object, OpenAI's strict structured outputs),
+    and each ``"type": "integer"`` (or a type list with it) lacking a bound gets
+    :data:`INT_BOUND` (-INT_BOUND) -- a small model otherwise fills its budget with digits.
+    Numbers stay unbounded: a bound limits neither fraction nor exponent digits in
+    llguidance's grammar."""
+    return _each_schema(closed(schema, bare=strict), _bound_integers)
 
 
 def compiled(tokenizer: Tokenizer, constraint: Constraint, error) -> Constraint:
@@ -183,7 +273,8 @@ def response_format(tokenizer: Tokenizer, value) -> Constraint | None:
     object}`` (llama.cpp's form) -> output valid against ``schema``; ``{"type": "json_schema",
     "json_schema": {"name": 1-64 of [A-Za-z0-9_-], "schema": object, "strict": bool,
     "description": str}}`` -> output valid against ``schema`` (enforced whether ``strict`` or
-    not; ``strict`` also closes its objects, as OpenAI's strict mode: :func:`grammar_schema`).
+    not, its objects closed to the members they list; ``strict`` also makes a bare object the
+    empty one, as OpenAI's strict mode: :func:`grammar_schema`).
 
     Raises:
         APIError: 400 with ``param: "response_format"``: not an object, unknown ``type``,
@@ -291,7 +382,8 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
     """TGI's ``parameters.grammar``: ``{"type": "json", "value": schema}`` (the schema an object,
     or a string holding one; ``"json_object"`` is TGI's alias of ``"json"``), ``{"type":
     "json_schema", "value": {"name": optional, "schema": schema}}`` (TGI 3) or ``{"type":
-    "regex", "value": "<regex>"}``; null -> None.
+    "regex", "value": "<regex>"}``; null -> None. A schema is held as :func:`grammar_schema`
+    (not strict) holds it.
 
     Raises:
         APIError: 422 (TGI's ``validation`` error) for anything else, or a grammar that does
