@@ -6,8 +6,9 @@
 2. The model loads on a thread of its own; when it is in, the banner says ``ready in N s``. A
    load that fails ends the process with its one-line error (the caller's ``main`` prints it).
 3. ``SIGTERM`` or ``SIGINT`` starts a graceful stop, as ``/stopService`` does: no new requests
-   (503, so a proxy retries them elsewhere), readiness 503, liveness still 200; the requests in
-   flight may finish for ``ServerConfig.drainTimeout`` seconds, then what is left is cancelled.
+   (503, so a proxy retries them elsewhere), readiness 503, liveness still 200; the queued
+   requests no free slot takes get that 503 at once; the running ones may finish for
+   ``ServerConfig.drainTimeout`` seconds, then what is left is cancelled.
    A second signal cancels at once. Either way the process exits with status 0. A signal while
    the model is still loading exits at once (status 0): there is nothing to drain.
 """
