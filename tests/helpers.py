@@ -202,10 +202,12 @@ def wait_until(condition, within: float = 30, what: str = "the condition") -> No
 class ThreadedServer:
     """``serve_connection(reader, writer, self.handler, **serve_kw)`` for every connection to a
     127.0.0.1 port, on an event loop (``"asyncio"`` or ``"uvloop"``) in a background thread; a
-    context manager. Subclasses define ``async handler(request, stream)``."""
+    context manager. Subclasses define ``async handler(request, stream)``. ``ssl_context``: the
+    server's, for TLS (``None``: plain TCP)."""
 
-    def __init__(self, loop: str = "asyncio", **serve_kw) -> None:
+    def __init__(self, loop: str = "asyncio", ssl_context=None, **serve_kw) -> None:
         self.loop_kind = loop
+        self.ssl_context = ssl_context
         self.serve_kw = serve_kw
         self.connections = 0
         self.port = 0
@@ -235,7 +237,7 @@ class ThreadedServer:
             except asyncio.CancelledError:
                 pass   # shutdown; Python 3.11's start_server callback would log a cancelled task
 
-        server = await asyncio.start_server(on_connection, "127.0.0.1", 0)
+        server = await asyncio.start_server(on_connection, "127.0.0.1", 0, ssl=self.ssl_context)
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         await self._stop.wait()

@@ -1,6 +1,7 @@
 """Speculative decoding with a draft model (``--draft-model``): the answer is the same token for
 token with and without the draft, greedy and seeded, alone and in a batch; the draft's KV slots
-are reused; a draft of another vocabulary ends the load with one line naming the difference.
+are reused; a draft of another vocabulary, missing, a directory or not a GGUF ends the start with
+one line (the vocabulary's naming the first difference) before anything is built.
 
 The model tests let SmolLM2 draft for itself (its proposals are the target's own greedy
 choices from its weights in 4-bit blocks, the draft's weight mode: many are kept) with the
@@ -12,6 +13,9 @@ pair, Qwen2.5-Coder 0.5B drafting for 1.5B, with the costs measured as a server 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 
 import pytest
 from helpers import TEST_CONFIG, start_server
@@ -132,21 +136,50 @@ def test_the_draft_reuses_its_slots_and_proposes_its_greedy_continuation(pair):
     assert draft.propose(ids, 4) == first
 
 
-def test_a_missing_or_foreign_draft_ends_the_load_with_one_line(model_path, tmp_path):
+def test_a_missing_or_foreign_draft_ends_the_load_with_one_line_before_any_load(model_path,
+                                                                                 tmp_path):
     from tiny_mindie.llm import LLM
 
     tiny = str(tmp_path / "tiny-qwen2.gguf")
     write_tiny_qwen2(tiny)
-    with pytest.raises(ModelFileError, match=r"^draft model SmolLM2.*\.gguf: its vocabulary is "
-                                              r"not the model's: the draft has 49152 tokens, "
-                                              r"the target 300$"):
-        LLM(tiny, max_seq_len=64, num_slots=1, draft_model=model_path, log=None)
-    with pytest.raises(ModelFileError, match=r"^draft model: model file not found: .*nope\.gguf"):
-        LLM(tiny, max_seq_len=64, num_slots=1, draft_model=str(tmp_path / "nope.gguf"),
-            log=None)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "notes.gguf").write_text("not a model")
+    for draft, message in [
+            (model_path, r"^draft model SmolLM2.*\.gguf: its vocabulary is not the model's: "
+                         r"the draft has 49152 tokens, the target 300$"),
+            (str(tmp_path / "nope.gguf"), r"^draft model: model file not found: .*nope\.gguf$"),
+            (str(tmp_path / "models"), r"^draft model: model file .*models is a directory, not "
+                                       r"a file: give a \.gguf file$"),
+            (str(tmp_path / "notes.gguf"), r"^draft model: not a readable GGUF file: "
+                                           r".*notes\.gguf \(it does not start with 'GGUF'\)$")]:
+        said: list[str] = []
+        with pytest.raises(ModelFileError, match=message):
+            LLM(tiny, max_seq_len=64, num_slots=1, draft_model=draft, log=said.append)
+        assert said == [], said             # refused before the model's load began
     with pytest.raises(ValueError, match="needs speculative decoding"):
         LLM(tiny, max_seq_len=64, num_slots=1, speculation=False, draft_model=model_path,
             log=None)
+    with pytest.raises(ValueError, match="needs speculative decoding"):
+        LLM(tiny, max_seq_len=64, num_slots=1, backend="numpy", draft_model=model_path,
+            log=None)
+
+
+def test_the_header_check_reads_what_the_tokenizer_holds(model_path, gemma_path):
+    """The vocabulary read from a file's metadata (no tokenizer built) is the one its built
+    tokenizer holds: the same texts, kinds and special ids, so that the check before the load
+    and the one after it agree (SmolLM2: byte-level BPE; Gemma 3: SentencePiece)."""
+    from tiny_mindie.model.gguf import GGUFFile
+    from tiny_mindie.model.tokenizer_load import load_tokenizer, read_vocabulary
+
+    for path in (model_path, gemma_path):
+        f = GGUFFile(path)
+        vocab, tok = read_vocabulary(f), load_tokenizer(f)
+        assert vocabulary_difference(tok, vocab) is None
+        assert (vocab.vocab_size, vocab.bos_id, vocab.eos_id, vocab.eog_ids) == \
+            (tok.vocab_size, tok.bos_id, tok.eos_id, tok.eog_ids)
+    assert vocabulary_difference(read_vocabulary(GGUFFile(model_path)),
+                                 read_vocabulary(GGUFFile(gemma_path))) == \
+        "the draft has 262144 tokens, the target 49152"
 
 
 # ---- e2e -------------------------------------------------------------------------------------
@@ -170,15 +203,53 @@ def test_the_server_says_the_draft_is_on_and_counts_it(tmp_path, model_path):
 
 @pytest.mark.e2e
 def test_a_draft_without_speculation_is_a_one_line_error(tmp_path):
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-m", "tiny_mindie", "--no-speculation",
                           "--draft-model", "x.gguf", "--port", "0"], capture_output=True,
                          text=True, cwd=tmp_path, timeout=60)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "needs speculative decoding" in lines[0], out.stderr
+
+
+def _serve(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``python -m tiny_mindie --no-tls --port 0 ARGS`` run to its end (a start that fails)."""
+    return subprocess.run([sys.executable, "-m", "tiny_mindie", "--no-tls", "--port", "0",
+                           "--management-port", "0", "--metrics-port", "0", *args],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "TINY_MINDIE_HOME": str(tmp_path)})
+
+
+@pytest.mark.e2e
+def test_a_bad_draft_or_model_file_ends_the_start_before_anything_is_built(tmp_path, model_path,
+                                                                         gemma_path):
+    """Exit 2 and one line: a missing draft, a directory, a file that is not a GGUF before the
+    listeners are bound; a draft of another vocabulary (Gemma 3's for SmolLM2) once the model
+    file is known, before the model's load begins (so no graph is built)."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "notes.txt").write_text("not a model")
+    cases = [
+        (["--draft-model", gemma_path], False,
+         "draft model gemma-3-270m-q4_k_m.gguf: its vocabulary is not the model's: the draft "
+         "has 262144 tokens, the target 49152"),
+        (["--draft-model", str(tmp_path / "nope.gguf")], True,
+         f"draft model: model file not found: {tmp_path / 'nope.gguf'}"),
+        (["--draft-model", str(tmp_path / "models")], True,
+         f"draft model: model file {tmp_path / 'models'} is a directory, not a file: give a "
+         ".gguf file"),
+        (["--draft-model", str(tmp_path / "notes.txt")], True,
+         f"draft model: not a readable GGUF file: {tmp_path / 'notes.txt'} (it does not start "
+         "with 'GGUF')"),
+        (["--model", str(tmp_path / "models")], True,
+         f"model file {tmp_path / 'models'} is a directory, not a file: give a .gguf file"),
+    ]
+    for args, before_listening, message in cases:
+        out = _serve(tmp_path, "--model", model_path, *args)
+        assert out.returncode == 2, (args, out.stderr[-2000:])
+        assert out.stderr.strip().splitlines()[-1] == f"tiny_mindie: error: {message}"
+        assert "Traceback" not in out.stderr
+        assert ("listening" not in out.stdout) is before_listening, (args, out.stdout)
+        assert "on the onnxruntime backend" not in out.stdout, (args, out.stdout)  # no load
+        assert "ONNX graph" not in out.stderr, (args, out.stderr)
 
 
 # ---- realsize: Qwen2.5-Coder 0.5B drafting for 1.5B ------------------------------------------

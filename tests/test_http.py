@@ -614,6 +614,31 @@ def test_error_is_sticky_and_feed_ignored():
         parser.next_event()
 
 
+@pytest.mark.parametrize("data, status, owed", [
+    (b"GET / HTTP/2.0\r\n\r\n", 505, 0),                           # no body: all of it in
+    (b"GET / HTTP/1.1\r\nHost: h\r\nBad Header\r\n\r\n", 400, 0),
+    (b"GET / HTTP/1.1\r\n\r\n", 400, 0),                           # no Host
+    (b"POST / HTTP/1.1\r\nHost: h\r\nExpect: x\r\nContent-Length: 5\r\n\r\nab", 417, 3),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nExpect: x\r\nContent-Length: 2\r\n\r\nab", 417, 0),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2000\r\n\r\nabc", 413, 1997),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nExpect: x\r\nContent-Length: 1\r\n\r\nabc", 417,
+     None),                                                        # more came: pipelining
+    (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: x\r\n\r\n", 400, None),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n", 501, None),
+    (b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, None),
+    (b"GET /" + b"x" * 9000, 414, None),                            # the head cut short
+])
+def test_after_an_error_the_parser_says_what_the_client_may_still_send(data, status, owed):
+    parser = RequestParser(max_body_bytes=1000)
+    assert parser.owed_after_error is None
+    parser.feed(data)
+    with pytest.raises(HTTPError) as err:
+        while parser.next_event() is not NEED_DATA:
+            pass
+    assert err.value.status == status
+    assert parser.owed_after_error == owed
+
+
 # --- response side --------------------------------------------------------------------------
 
 def test_format_response_sets_content_length():

@@ -1,6 +1,7 @@
 """A server's life (tiny_mindie/lifecycle.py): listening while the model is pulled (live 200, the
 rest 503 "The model is loading: ..."), a failed load, a signal while loading; SIGTERM's drain
-bounded by drainTimeout, a second signal forcing the stop; keepAliveTimeout and headerTimeout;
+bounded by drainTimeout, the queued requests refused at once by it, a second signal forcing the
+stop; keepAliveTimeout and headerTimeout;
 the exec probe ``python -m tiny_mindie health``; the plain-HTTP health listener; and
 ``X-Accel-Buffering: no`` on streams.
 
@@ -25,7 +26,14 @@ import threading
 import time
 
 import pytest
-from helpers import TEST_CONFIG, Server, ThreadedServer, closed_by_server, start_server
+from helpers import (
+    TEST_CONFIG,
+    Server,
+    ThreadedServer,
+    closed_by_server,
+    start_server,
+    wait_until,
+)
 
 MODEL = "smollm2-135m-instruct"
 STOPPED = "The service has been stopped."
@@ -396,6 +404,64 @@ def test_a_second_signal_cancels_at_once_and_exits_0(tmp_path):
         out.wait_for("SIGINT again: cancelling", 30)
         out.wait_for(r'"POST /infer" 200 stopped ', 30)      # the access log: cut by the stop
         assert "drain deadline" not in out.all()     # at once, not at the 30 s deadline
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+            srv.proc.wait()
+
+
+class Call(threading.Thread):
+    """One request over mutual TLS on a thread (:func:`tls_request`): its ``result`` and the
+    ``time.monotonic()`` it ended at."""
+
+    def __init__(self, server: Server, path: str, body: dict):
+        super().__init__(daemon=True)
+        self.server, self.path, self.body = server, path, body
+        self.result: tuple | None = None
+        self.ended_at = 0.0
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = tls_request(self.server, "POST", self.path, self.body)
+        finally:
+            self.ended_at = time.monotonic()
+
+
+@pytest.mark.e2e
+def test_a_stop_refuses_the_queued_requests_at_once_and_lets_the_running_one_finish(tmp_path):
+    """One KV slot: a stream runs, three requests of three families wait for it. SIGTERM
+    answers the waiting ones 503 in their family's shape at once -- before the running stream
+    ends, which the drain lets finish -- not at the end of the drain."""
+    cfg = _config(drainTimeout=300)
+    cfg["BackendConfig"]["ScheduleConfig"].update(maxBatchSize=1, maxPrefillBatchSize=1)
+    srv = start_server(str(tmp_path), cfg)
+    out = Output(srv.proc)
+    try:
+        running = Stream(srv, 150, seed=4)
+        assert running.started.wait(60) and running.events, running.error
+        queued = [Call(srv, "/infer", {"inputs": "Hi", "parameters": {"max_new_tokens": 4}}),
+                  Call(srv, "/generate", {"inputs": "Hi", "parameters": {"max_new_tokens": 4}}),
+                  Call(srv, "/v1/completions", {"model": MODEL, "prompt": "Hi",
+                                                "max_tokens": 4})]
+        wait_until(lambda: tls_request(srv, "GET", "/v1/status")[2]["resource"]
+                   ["waitingRequestNum"] == 3, 60, "three requests waiting")
+        assert running.is_alive()
+        srv.proc.send_signal(signal.SIGTERM)
+        for call in queued:
+            call.join(60)
+        assert [c.result[0] for c in queued] == [503, 503, 503]
+        assert queued[0].result[2] == {"error": STOPPED, "error_type": "Service Unavailable"}
+        assert queued[1].result[2] == {"error": STOPPED, "error_type": "overloaded"}
+        assert queued[2].result[2]["error"]["message"] == STOPPED
+        assert queued[2].result[2]["error"]["type"] == "server_error"
+        # ... while the stream still ran: it ends after them, finished, not cut by the stop
+        running.join(300)
+        assert running.finished_normally(), running.events[-1:]
+        assert running.ended_at > max(c.ended_at for c in queued)
+        assert srv.proc.wait(timeout=60) == 0
+        assert "drain deadline" not in out.all()
+        assert out.all().count('" 503 stopped ') == 3
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()

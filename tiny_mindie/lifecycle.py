@@ -6,8 +6,9 @@
 2. The model loads on a thread of its own; when it is in, the banner says ``ready in N s``. A
    load that fails ends the process with its one-line error (the caller's ``main`` prints it).
 3. ``SIGTERM`` or ``SIGINT`` starts a graceful stop, as ``/stopService`` does: no new requests
-   (503, so a proxy retries them elsewhere), readiness 503, liveness still 200; the requests in
-   flight may finish for ``ServerConfig.drainTimeout`` seconds, then what is left is cancelled.
+   (503, so a proxy retries them elsewhere), readiness 503, liveness still 200; the queued
+   requests no free slot takes get that 503 at once; the running ones may finish for
+   ``ServerConfig.drainTimeout`` seconds, then what is left is cancelled.
    A second signal cancels at once. Either way the process exits with status 0. A signal while
    the model is still loading exits at once (status 0): there is nothing to drain.
 """
@@ -48,16 +49,16 @@ def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
         log_bodies: access records carry request bodies and outputs (``--log-requests``).
 
     Raises:
-        ModelFileError: the model cannot be pulled or loaded (after the listeners are closed).
+        ModelFileError: a model path that is missing, a directory or not a GGUF file (before
+            the listeners are bound: :func:`check_model_files`); the model cannot be pulled or
+            loaded, or the draft's vocabulary is not the model's (after the listeners are
+            closed).
         AddressError, OSError: a listen address cannot be bound.
     """
     from .app import App
-    from .model.registry import lookup, resolve
     from .shutdown import ShutdownControl
 
-    model = cfg.backend.model.model_weight_path
-    if not os.path.isfile(model) and lookup(model) is None:
-        resolve(model)      # neither a file nor a registry name: its one-line error, at once
+    check_model_files(cfg)
     ctl = ShutdownControl()
     app = App(cfg, shutdown=ctl, echo=say)
     app.router.log_bodies = log_bodies
@@ -68,6 +69,27 @@ def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
         run = asyncio.run
     run(_main(app, ctl, cfg, ssl_ctx, files, t0, say))
     return 0
+
+
+def check_model_files(cfg: Config) -> None:
+    """Before anything is bound or loaded: the model and the draft model, when they are paths,
+    must be GGUF files (not missing, not a directory, starting with the GGUF magic); a name
+    must be the registry's (:func:`~.model.registry.check_model`). Their vocabularies are
+    compared once both are on disk, before either graph is built (``LLM``).
+
+    Raises:
+        ModelFileError: one line; the draft's starts ``draft model:``.
+    """
+    from .model.gguf import ModelFileError
+    from .model.registry import check_model
+
+    check_model(cfg.backend.model.model_weight_path)
+    draft = cfg.backend.model.draft_model
+    if draft:
+        try:
+            check_model(draft)
+        except ModelFileError as exc:
+            raise ModelFileError(f"draft model: {exc}") from None
 
 
 async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:

@@ -33,10 +33,12 @@ from .engine.request import (
 )
 from .engine.scheduler import SchedulerLimits
 from .model.backend import DEFAULT_BACKEND
-from .model.gguf import ModelFileError
+from .model.config import ModelConfig
+from .model.gguf import GGUFFile, ModelFileError
 from .model.loader import check_weight_mode, load_model
 from .model.providers import CPU
 from .model.registry import DEFAULT_MODEL, resolve
+from .model.tokenizer_load import Vocabulary, read_vocabulary
 
 MAX_SEED = 2**63 - 1
 #: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole (exactly): at most 1 MB of
@@ -46,6 +48,8 @@ TAIL_LIMIT = 250_000
 #: sequence coming back after another one finds its draft KV still there).
 DRAFT_SLOTS = 2
 _WORD_START = re.compile(r"(?<=\S) (?=\S)")
+DRAFT_NEEDS = ("a draft model needs speculative decoding on the onnxruntime backend "
+               "(not --no-speculation, not --backend numpy)")
 
 
 @dataclass(frozen=True)
@@ -106,9 +110,11 @@ class LLM:
         log: where progress lines go (``print`` by default; ``None`` for silence).
 
     Raises:
-        ModelFileError: the model file (or the draft's) is missing, unreadable or
-            unsupported, or the draft's vocabulary is not the model's.
-        ValueError: an unknown backend, or a weight mode the backend does not take.
+        ModelFileError: the model file (or the draft's) is missing, a directory, unreadable or
+            unsupported, or the draft's vocabulary is not the model's (both found before
+            anything is built: :func:`check_draft`).
+        ValueError: an unknown backend, a weight mode the backend does not take, or a draft
+            model without speculation on the onnxruntime backend.
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, *, backend: str = DEFAULT_BACKEND,
@@ -123,8 +129,12 @@ class LLM:
                  log=print):
         say = log or (lambda _msg: None)
         check_weight_mode(backend, weights, graph)     # before a pull, not after it
+        if draft_model and (backend != "onnxruntime" or not speculation):
+            raise ValueError(DRAFT_NEEDS)
         self.parse_special_tokens = parse_special_tokens
         self.model_path = resolve(model, log=say)
+        # the draft's file and vocabulary, from both headers: before either graph is built
+        draft_path = check_draft(self.model_path, draft_model, say) if draft_model else None
         t0 = time.monotonic()
         say(f"loading {self.model_path} on the {backend} backend ...")
         schedule = schedule or SchedulerLimits()
@@ -148,7 +158,7 @@ class LLM:
             f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}")
         try:
             self.draft = load_draft(
-                draft_model, self, say, threads=threads, parallel_runs=parallel_runs,
+                draft_path, self, say, threads=threads, parallel_runs=parallel_runs,
                 device_id=device_id, providers=providers,
                 max_chunk=schedule.max_prefill_tokens) if draft_model else None
         except BaseException:
@@ -326,6 +336,39 @@ class LLM:
         self.close()
 
 
+def check_draft(model_path: str, draft: str, say=print) -> str:
+    """The path of the draft model ``draft`` (a ``.gguf`` path, or a registry name pulled if
+    missing) for the model in the GGUF file ``model_path``, once the metadata of both files
+    show the same vocabulary (:func:`~.engine.draft.vocabulary_difference`) and logits of as
+    many rows. Only the files' headers are read (a fraction of a second): no tokenizer, no
+    graph is built.
+
+    Raises:
+        ModelFileError: the draft is missing, a directory, not a GGUF file or unsupported
+            (``draft model: ...``), or its vocabulary is not the model's (the message names
+            the first difference).
+    """
+    try:
+        path = resolve(draft, log=say)
+        vocab, rows = _vocabulary(path)
+    except ModelFileError as exc:
+        raise ModelFileError(f"draft model: {exc}") from None
+    target_vocab, target_rows = _vocabulary(model_path)
+    diff = vocabulary_difference(target_vocab, vocab)
+    if diff is None and rows != target_rows:
+        diff = f"the draft's logits have {rows} rows, the target's {target_rows}"
+    if diff is not None:
+        raise ModelFileError(f"draft model {os.path.basename(path)}: its vocabulary is not "
+                             f"the model's: {diff}")
+    return path
+
+
+def _vocabulary(path: str) -> tuple[Vocabulary, int]:
+    """The vocabulary in the GGUF file ``path`` and the rows of its model's logits."""
+    f = GGUFFile(path)
+    return read_vocabulary(f), ModelConfig.from_gguf(f).vocab_size
+
+
 def load_draft(model: str, target: LLM, say, *, max_chunk: int,
                **options) -> DraftModel | None:
     """The draft model ``model`` (a path or registry name) for ``target``, loaded on its
@@ -341,12 +384,13 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
 
     Raises:
         ModelFileError: the file cannot be loaded, or its vocabulary is not the target's (the
-            message names the first difference).
+            message names the first difference; :class:`LLM` finds that from the files'
+            headers before anything is built, :func:`check_draft`, and the built tokenizers
+            are compared here again).
         ValueError: speculation is off, or the backend is not onnxruntime.
     """
     if target.backend.name != "onnxruntime" or target.backend.max_verify_rows < 2:
-        raise ValueError("a draft model needs speculative decoding on the onnxruntime backend "
-                         "(not --no-speculation, not --backend numpy)")
+        raise ValueError(DRAFT_NEEDS)
     if target.backend.providers[0] != CPU:
         say(f"draft model not loaded: a draft runs beside a model on the CPU execution provider "
             f"only, and this one runs on {target.backend.device}")

@@ -24,15 +24,18 @@ import numpy as np
 
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
+from ..model.tokenizer_load import Vocabulary
 
 #: A drafted token whose probability under the draft is below this ends the proposal.
 P_MIN = 0.5
 
 
-def vocabulary_difference(target: Tokenizer, draft: Tokenizer) -> str | None:
+def vocabulary_difference(target: Tokenizer | Vocabulary,
+                          draft: Tokenizer | Vocabulary) -> str | None:
     """The first way ``draft``'s vocabulary differs from ``target``'s, in words, or ``None``
-    when both have the same tokens (ids, bytes and kinds) and the same special ids (BOS, EOS,
-    end-of-generation)."""
+    when both have the same tokens (ids, texts and kinds) and the same special ids (BOS, EOS,
+    end-of-generation). Built tokenizers or the vocabularies read from their GGUF files
+    (:func:`~tiny_mindie.model.tokenizer_load.read_vocabulary`) alike."""
     if target.vocab_size != draft.vocab_size:
         return f"the draft has {draft.vocab_size} tokens, the target {target.vocab_size}"
     for name in ("bos_id", "eos_id", "eog_ids"):

@@ -126,12 +126,13 @@ class Engine:
             self._thread.join(timeout=10)
 
     def drain(self) -> None:
-        """Stop admitting requests (``/stopService``): from now on ``generate()`` fails with
-        ``GenerationError(STOPPED)`` (503 ``The service has been stopped.``), while the
-        requests already running or waiting go on to their end. See :meth:`stats` for when
+        """Stop admitting requests (``/stopService``): ``generate()`` fails with
+        ``GenerationError.stopped()`` (503) from now on, and so do at once the waiting requests
+        no free slot takes; the running ones go on to their end. See :meth:`stats` for when
         the engine is idle."""
         with self._cond:
             self._draining = True
+            self._cond.notify()
 
     def forget_prefix_cache(self) -> None:
         """Drop every cached prefix: later requests prefill their whole prompt (until they
@@ -175,7 +176,7 @@ class Engine:
                         self.limits.max_buffered_events, matcher, self._speculator.policies())
         with self._cond:
             if self._stopping or self._draining:
-                raise GenerationError(ErrorKind.STOPPED, "The service has been stopped.")
+                raise GenerationError.stopped()
             self._by_id[req.request_id] = seq
             self._waiting.push(req.priority, seq)
             self._cond.notify()
@@ -232,6 +233,9 @@ class Engine:
                     break
                 self._expire(time.monotonic())
                 self._admit()
+                if self._draining:      # what no slot took now waits for nothing: refused
+                    for seq in self._waiting.remove_if(lambda _seq: True):
+                        self._finish(seq, GenerationError.stopped())
                 if not self._running:
                     self._cond.wait(timeout=0.5)
                     continue
@@ -251,8 +255,7 @@ class Engine:
                                      keep_kv=False)
         with self._cond:
             for seq in list(self._running) + list(self._waiting):
-                self._finish(seq, GenerationError(ErrorKind.STOPPED,
-                                                  "The service has been stopped."))
+                self._finish(seq, GenerationError.stopped())
 
     def _expire(self, now: float) -> None:
         """Drop cancelled and timed-out requests (waiting or running)."""

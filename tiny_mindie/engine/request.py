@@ -233,6 +233,11 @@ class GenerationError(Exception):
         self.at_least = at_least
 
     @classmethod
+    def stopped(cls) -> GenerationError:
+        """:attr:`ErrorKind.STOPPED`: the engine is stopping or draining (MindIE's words)."""
+        return cls(ErrorKind.STOPPED, "The service has been stopped.")
+
+    @classmethod
     def too_long(cls, limit: int, length: int, *, at_least: bool = False) -> GenerationError:
         """A prompt of ``length`` tokens (``at_least``: a lower bound) over ``limit``
         (``maxInputTokenLen``): :attr:`ErrorKind.TOO_LONG` in MindIE's words."""

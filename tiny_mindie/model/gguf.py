@@ -153,6 +153,39 @@ def _tensors(mm: np.memmap, infos: list[tuple[str, tuple[int, ...], int, int]], 
     return tensors
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_file(path: str) -> None:
+    """Refuse ``path`` unless it is a readable file starting with the GGUF magic (4 bytes
+    read; nothing else is parsed).
+
+    Raises:
+        ModelFileError: in one line: ``path`` is missing, a directory (the ``.gguf`` files in
+            it named), unreadable, or not a GGUF file.
+    """
+    if os.path.isdir(path):
+        try:
+            inside = sorted(n for n in os.listdir(path) if n.endswith(".gguf"))
+        except OSError:
+            inside = []
+        hint = (f"give one of the .gguf files in it ({', '.join(inside[:3])}"
+                f"{', ...' if len(inside) > 3 else ''})" if inside else
+                "give a .gguf file")
+        raise ModelFileError(f"model file {path} is a directory, not a file: {hint}")
+    if not os.path.isfile(path):
+        raise ModelFileError(f"model file not found: {path}")
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(len(GGUF_MAGIC))
+    except OSError as exc:
+        raise ModelFileError(f"cannot read the model file {path}: {exc.strerror or exc}") \
+            from None
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a readable GGUF file: {path} (it does not start with "
+                             f"{GGUF_MAGIC.decode()!r})")
+
+
 class GGUFFile:
     """A GGUF file opened by memory map.
 
@@ -160,15 +193,15 @@ class GGUFFile:
         path: path of the ``.gguf`` file.
 
     Raises:
-        ModelFileError: the file does not exist or is not a readable GGUF file.
+        ModelFileError: the file does not exist, is a directory, or is not a readable GGUF
+            file (:func:`check_gguf_file`).
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         import gguf  # imported here: the package is slow to import and only needed at load time
 
         self.path = os.fspath(path)
-        if not os.path.isfile(self.path):
-            raise ModelFileError(f"model file not found: {self.path}")
+        check_gguf_file(self.path)
         self._gguf = gguf
         try:
             try:

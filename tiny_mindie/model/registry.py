@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .gguf import ModelFileError
+from .gguf import ModelFileError, check_gguf_file
 
 if TYPE_CHECKING:                  # the index client (urllib, ssl, ...) is imported by a pull only
     from .download import Progress
@@ -459,12 +459,16 @@ def resolve(model: str, *, log: Callable[[str], None] = print,
     ``progress`` as for :func:`pull`).
 
     Raises:
-        ModelFileError: neither an existing file nor a known model name, or the pull failed.
+        ModelFileError: neither an existing GGUF file nor a known model name (a directory, a
+            file that is not a GGUF: :func:`~.gguf.check_gguf_file`), or the pull failed.
     """
     if os.path.isfile(model):
+        check_gguf_file(model)
         return os.path.abspath(model)
     m = lookup(model)
     if m is None:
+        if os.path.isdir(model):
+            check_gguf_file(model)          # its words for a directory
         if model.endswith(".gguf") or os.sep in model:
             raise ModelFileError(f"model file not found: {model}")
         raise ModelFileError(f"unknown model {model!r}: give a .gguf path or one of: "
@@ -473,6 +477,18 @@ def resolve(model: str, *, log: Callable[[str], None] = print,
     if os.path.isfile(path):
         return path
     return pull(m.name, log=log, progress=progress)
+
+
+def check_model(model: str) -> None:
+    """What :func:`resolve` refuses ``model`` for, found without pulling: a path that is missing,
+    a directory or not a GGUF file, or an unknown name (a registry model's pull is left to
+    :func:`resolve`).
+
+    Raises:
+        ModelFileError: as :func:`resolve`.
+    """
+    if os.path.isfile(model) or lookup(model) is None:
+        resolve(model)      # a file or no registry name: it pulls nothing
 
 
 def ensure_model(name: str = DEFAULT_MODEL) -> str:

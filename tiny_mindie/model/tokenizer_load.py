@@ -64,14 +64,56 @@ def load_tokenizer(f: GGUFFile) -> Tokenizer:
         ModelFileError: the tokenizer model is neither ``"gpt2"`` nor ``"llama"``, or the
             vocabulary metadata is missing or inconsistent.
     """
+    return _LOADERS[_kind(f)](f, _read_vocab(f))
+
+
+def _kind(f: GGUFFile) -> str:
+    """``tokenizer.ggml.model``, one of :data:`_LOADERS` (raises as :func:`load_tokenizer`)."""
     model = f.get("tokenizer.ggml.model")
     if model is None:
         raise ModelFileError(f"{f.path}: no tokenizer in the file (tokenizer.ggml.model missing)")
-    load = _LOADERS.get(model) if isinstance(model, str) else None
-    if load is None:
+    if not isinstance(model, str) or model not in _LOADERS:
         raise ModelFileError(f"{f.path}: unsupported tokenizer model {model!r} "
                              f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
-    return load(f, _read_vocab(f))
+    return model
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The ids, texts and kinds of a model's tokens as its :class:`Tokenizer` holds them, read
+    from the GGUF metadata alone (:func:`read_vocabulary`: no tokenizer is built); it answers
+    the questions a :class:`Tokenizer` answers about them (``vocab_size``, ``bos_id``,
+    ``eos_id``, ``eog_ids``, :meth:`token_text`, :meth:`is_special`)."""
+
+    tokens: list[str]
+    types: list[int]
+    bos_id: int | None
+    eos_id: int | None
+    eog_ids: frozenset[int]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The token's piece as stored (``IndexError`` outside the vocabulary)."""
+        return self.tokens[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        """True for control tokens, end-of-generation ones included."""
+        return self.types[token_id] == TOKEN_CONTROL
+
+
+def read_vocabulary(f: GGUFFile) -> Vocabulary:
+    """The :class:`Vocabulary` :func:`load_tokenizer` would give ``f``'s tokenizer.
+
+    Raises:
+        ModelFileError: as :func:`load_tokenizer` (kind, tokens, token types).
+    """
+    kind, v = _kind(f), _read_vocab(f)
+    bos_id, eos_id = _sentencepiece_ids(f, v) if kind == "llama" else (v.bos_id, v.eos_id)
+    return Vocabulary(tokens=v.tokens, types=v.types, bos_id=bos_id, eos_id=eos_id,
+                      eog_ids=frozenset(v.eog | _opt(eos_id)))
 
 
 @dataclass
@@ -294,14 +336,21 @@ def _spm_piece_bytes(piece: str, ttype: int) -> bytes:
     return piece.replace("\u2581", " ").encode("utf-8")
 
 
-def _load_sentencepiece(f: GGUFFile, v: _Vocab) -> Tokenizer:
-    """The ``"llama"`` kind: SentencePiece, with llama.cpp's defaults for absent keys."""
+def _sentencepiece_ids(f: GGUFFile, v: _Vocab) -> tuple[int | None, int | None]:
+    """BOS and EOS of a SentencePiece vocabulary: llama.cpp's defaults (1, 2) for absent keys."""
     n = len(v.tokens)
     bos_id, eos_id = v.bos_id, v.eos_id
     if bos_id is None and f.get("tokenizer.ggml.bos_token_id") is None and n > 1:
-        bos_id = 1      # llama.cpp's SentencePiece defaults
+        bos_id = 1
     if eos_id is None and f.get("tokenizer.ggml.eos_token_id") is None and n > 2:
         eos_id = 2
+    return bos_id, eos_id
+
+
+def _load_sentencepiece(f: GGUFFile, v: _Vocab) -> Tokenizer:
+    """The ``"llama"`` kind: SentencePiece, with llama.cpp's defaults for absent keys."""
+    n = len(v.tokens)
+    bos_id, eos_id = _sentencepiece_ids(f, v)
     scores = f.get("tokenizer.ggml.scores")
     scores = [float(s) for s in scores] if scores is not None else [0.0] * n
     if len(scores) != n:

@@ -13,7 +13,10 @@ Behaviour on the wire:
 
 * keep-alive and pipelining (requests answered one at a time, in order);
 * ``100 Continue`` sent when the client expects it and the declared body fits the limit;
-* parse errors answered with their status, then the connection closes;
+* parse errors answered with their status, then the connection closes: at once when the
+  refused request was received whole, else once its remaining bytes are in (or the client
+  closes, or ``LINGER_SECONDS`` pass), so that unread bytes do not reset the connection
+  before the client has read the answer;
 * a handler exception becomes a 500 (traceback only in the log); if the stream had already
   started, the connection is aborted instead (the client sees a truncated chunked body);
 * ``Date``, ``Server`` and ``X-Request-Id`` on every response (the client's own ``X-Request-Id``
@@ -54,7 +57,7 @@ __all__ = ["ErrorAnswers", "Handler", "Response", "ResponseStream", "json_respon
 log = logging.getLogger(__name__)
 
 READ_SIZE = 64 * 1024          # bytes per socket read
-LINGER_SECONDS = 2.0           # max time spent draining input before closing after an error
+LINGER_SECONDS = 2.0           # max time spent draining a refused request's rest before closing
 CLOSE_SECONDS = 5.0            # max time waiting for the transport to close
 
 
@@ -280,7 +283,7 @@ class _Connection:
                     if exc.__cause__ is not None:     # a parser bug, answered with 400 anyway
                         log.warning("%s: HTTP parser error: %r", self.peer, exc.__cause__)
                     await self._send_error(exc)
-                    await self._linger()
+                    await self._linger(self.parser.owed_after_error)
                     return
                 if request is None:
                     return
@@ -444,21 +447,28 @@ class _Connection:
 
     # -- closing ---------------------------------------------------------------------------
 
-    async def _linger(self) -> None:
-        """After an error answer: half-close, then discard input for a moment, so that
-        closing with unread request bytes does not reset the connection before the client
-        has read the answer."""
+    async def _linger(self, owed: int | None) -> None:
+        """After an error answer: when the client may still be sending the refused request
+        (``owed``: its bytes not received yet, ``None`` unknown), half-close, then discard
+        input until those bytes are in, the client closes, or ``LINGER_SECONDS`` pass, so
+        that closing with unread request bytes does not reset the connection before the
+        client has read the answer. Nothing owed: the connection closes at once."""
+        if owed == 0:
+            return
         writer = self.writer
         try:
             if writer.can_write_eof():
                 writer.write_eof()
             deadline = asyncio.get_running_loop().time() + min(LINGER_SECONDS, self.idle_timeout)
-            while True:
+            while owed is None or owed > 0:
                 left = deadline - asyncio.get_running_loop().time()
                 if left <= 0:
                     break
-                if not await asyncio.wait_for(self.reader.read(READ_SIZE), left):
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE), left)
+                if not data:
                     break
+                if owed is not None:
+                    owed -= len(data)
         except (TimeoutError, ConnectionError, ssl.SSLError, OSError):
             pass
 

@@ -58,6 +58,19 @@ _TRAILERS = "trailers"
 _ERROR = "error"
 
 
+def _owed(raw: bytes, body_length: int | None, received: int) -> int | None:
+    """The bytes a client may still send of a request whose head ``raw`` was refused, when
+    ``received`` bytes came after the head: its declared body's rest (``body_length``; a head
+    that names no body at all -- no field or target mentions one -- has none), ``None`` when
+    unknown or when more came than the body (a client pipelining)."""
+    if body_length is None:
+        low = raw.lower()
+        if b"content-length" in low or b"transfer-encoding" in low:
+            return None
+        body_length = 0
+    return body_length - received if received <= body_length else None
+
+
 class RequestParser:
     """Incremental HTTP/1.1 request parser for one connection (sans-IO).
 
@@ -87,6 +100,8 @@ class RequestParser:
         self._body = bytearray()
         self._remaining = 0
         self._error: HTTPError | None = None
+        self._owed: int | None = None       # see owed_after_error
+        self._head_owes: int | None = None  # the same, for an error in a complete head
 
     # -- public -----------------------------------------------------------------------------
 
@@ -108,6 +123,14 @@ class RequestParser:
         """The head of the request being read, once its header section is complete (kept after
         an :class:`HTTPError` about its body); ``None`` before it and between requests."""
         return self._head
+
+    @property
+    def owed_after_error(self) -> int | None:
+        """After an :class:`HTTPError`: how many more bytes of the refused request the client
+        may still send: the unreceived rest of its declared ``Content-Length`` body (a 413; a
+        refused head: 0 once that body, or none, is in), ``None`` when unknown (a head or a
+        chunked body cut short, a head whose framing is refused) or before an error."""
+        return self._owed if self._error is not None else None
 
     @property
     def buffered(self) -> int:
@@ -147,6 +170,10 @@ class RequestParser:
             raise error from exc
 
     def _fail(self, exc: HTTPError) -> None:
+        if self._state == _HEAD:
+            self._owed = self._head_owes
+        elif self._state == _BODY:
+            self._owed = max(0, self._remaining - len(self._buf))
         self._state = _ERROR
         self._error = exc
         self._buf.clear()
@@ -233,6 +260,7 @@ class RequestParser:
 
     def _parse_head(self) -> RequestHead | None:
         buf = self._buf
+        self._head_owes = None
         # RFC 9112 §2.2: ignore empty lines received before the request-line.
         while True:
             if buf[:2] == b"\r\n":
@@ -261,7 +289,11 @@ class RequestParser:
         raw = bytes(buf[:end])
         del buf[:match.end()]
         self._scan_from = 0
-        return parse_head(raw)
+        try:
+            return parse_head(raw)
+        except HTTPError as exc:
+            self._head_owes = _owed(raw, exc.body_length, len(buf))
+            raise
 
     def _check_request_line(self, end: int) -> None:
         """414 when the request-line in ``self._buf[:end]`` (up to its LF, without a CR before

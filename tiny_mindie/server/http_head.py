@@ -66,15 +66,31 @@ def parse_head(raw: bytes) -> RequestHead:
     without the empty line that ends the section) -> its :class:`RequestHead`.
 
     Raises:
-        HTTPError: 400, 417, 431, 501 or 505, as :meth:`.http.RequestParser.next_event` lists.
+        HTTPError: 400, 417, 431, 501 or 505, as :meth:`.http.RequestParser.next_event` lists;
+            its ``body_length`` set where the fields were read.
     """
     lines = _split_lines(raw)
     method, target, version = _parse_request_line(lines[0])
+    fields = None
     try:
-        return _build_head(method, target, version, parse_fields(lines[1:], "header"))
+        fields = parse_fields(lines[1:], "header")
+        return _build_head(method, target, version, fields)
     except HTTPError as exc:
         exc.request_line = (method, target)
+        exc.body_length = _body_length(fields, version)
         raise
+
+
+def _body_length(fields: list[tuple[str, str]] | None, version: str) -> int | None:
+    """The ``Content-Length`` body's length of a refused head whose fields and framing are
+    valid (0 without a body); ``None`` when unknown (bad fields or framing, or chunked)."""
+    if fields is None:
+        return None
+    try:
+        length, chunked = _body_framing(fields, version)
+    except HTTPError:
+        return None
+    return None if chunked else length or 0
 
 
 def _split_lines(raw: bytes) -> list[bytes]:

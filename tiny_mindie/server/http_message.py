@@ -20,6 +20,8 @@ class HTTPError(Exception):
         limit: For 413, the body limit the request went over, in bytes; else ``None``.
         request_line: ``(method, request-target)`` when the request-line was read before the
             error (for the access record); else ``None``.
+        body_length: For a refused head whose fields and framing were valid, the length of
+            the ``Content-Length`` body it declares (0: none); else ``None``.
     """
 
     def __init__(self, status: int, message: str, limit: int | None = None) -> None:
@@ -28,6 +30,7 @@ class HTTPError(Exception):
         self.message = message
         self.limit = limit
         self.request_line: tuple[str, str] | None = None
+        self.body_length: int | None = None
 
     def __repr__(self) -> str:
         return f"HTTPError({self.status}, {self.message!r})"
