@@ -156,7 +156,7 @@ def _start_load(loop: asyncio.AbstractEventLoop, cfg: Config,
 
     def load_model() -> None:
         try:
-            llm = _load(cfg, log_line)
+            llm = load_llm(cfg, log_line)
         except BaseException as exc:       # noqa: BLE001  handed to the event loop
             loop.call_soon_threadsafe(_settle, load, None, exc)
         else:
@@ -176,10 +176,11 @@ def _settle(fut: asyncio.Future, result, exc: BaseException | None) -> None:
         fut.set_result(result)
 
 
-def _load(cfg: Config, log_line: Callable[[str], None]):
-    """The model of ``cfg``, pulled if needed, loaded, its engine started. The settings that
-    go to the ``LLM`` as they are name their keyword in :data:`~.settings.SETTINGS` (``llm``);
-    the rest are derived here."""
+def load_llm(cfg: Config, log_line: Callable[[str], None]):
+    """The model of ``cfg`` (an :class:`~.llm.LLM`), pulled if needed, loaded, its engine
+    started; progress lines to ``log_line``. The settings that go to the ``LLM`` as they are
+    name their keyword in :data:`~.settings.SETTINGS` (``llm``); the rest are derived here.
+    Raises what :class:`~.llm.LLM` raises."""
     from .engine.scheduler import SchedulerLimits
     from .llm import LLM
     from .settings import SETTINGS
