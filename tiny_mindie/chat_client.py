@@ -52,7 +52,7 @@ class Stats:
             else 0.0
 
     def line(self) -> str:
-        """``prompt 12 tokens (0 cached), 40 tokens, TTFT 85 ms, 31.2 tokens/s``."""
+        """``prompt P tokens (C cached), N tokens, TTFT T ms, R tokens/s``."""
         return (f"prompt {self.prompt_tokens} tokens ({self.cached_tokens} cached), "
                 f"{self.completion_tokens} tokens, TTFT {self.ttft_s * 1000:.0f} ms, "
                 f"{self.tokens_per_s:.1f} tokens/s")

@@ -268,7 +268,18 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
     lines.append("try it:")
     lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
                  f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
-    return "\n".join(lines)
+    return "\n".join(lines + _chat_lines(cfg, url.removesuffix("/infer"), files))
+
+
+def _chat_lines(cfg: Config, base: str, files) -> list[str]:
+    """The banner's lines for the chat page (unless ``--no-webui``) and the chat command."""
+    config = f" --config {cfg.source}" if cfg.source else ""
+    lines = [f"  chat     python -m tiny_mindie chat --url {base}{config}"]
+    if cfg.server.webui:
+        lines.insert(0, f"  page     {base}/" + (
+            "   (a browser needs the client certificate: python -m tiny_mindie certs --p12 "
+            f"FILE{config})" if files else ""))
+    return lines
 
 
 def _draft_lines(draft) -> list[str]:
