@@ -63,6 +63,9 @@ def add_parser(sub, add_serve_options) -> None:
                    help="answer TEXT on stdout and exit (as does text piped on stdin)")
     c.add_argument("--verbose", action="store_true",
                    help="after each answer: prompt and cached tokens, TTFT, tokens/s")
+    for name, (kind, _, allowed) in OPTIONS.items():
+        c.add_argument("--" + name.replace("_", "-"), type=kind, dest=name, metavar="N",
+                       help=f"sampling: {name} ({allowed}; /set changes it)")
     c.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"],
                    help="least severe log records written (default warning)")
@@ -84,10 +87,19 @@ def run(args: argparse.Namespace, config) -> int:
     except ChatError as exc:
         print(f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 1
+    options = {name: getattr(args, name) for name in OPTIONS
+               if getattr(args, name) is not None}
+    for name, value in options.items():
+        if not OPTIONS[name][1](value):
+            print(f"tiny_mindie: error: --{name.replace('_', '-')} must be {OPTIONS[name][2]}",
+                  file=sys.stderr)
+            return 2
     try:
         if scripted:
-            return _one_answer(answerer, text, args.verbose)
-        return Session(answerer, args.verbose).loop()
+            return _one_answer(answerer, text, options, args.verbose)
+        session = Session(answerer, args.verbose)
+        session.options = options
+        return session.loop()
     finally:
         answerer.close()
 
@@ -117,17 +129,20 @@ def _answerer(args: argparse.Namespace, config) -> Answerer:
     return LocalChat(load_llm(config, lambda line: print(line, file=sys.stderr, flush=True)))
 
 
-def _one_answer(answerer: Answerer, text: str, verbose: bool) -> int:
+def _one_answer(answerer: Answerer, text: str, options: dict, verbose: bool) -> int:
     """``--prompt`` / piped text: the answer on stdout, reasoning on stderr."""
+    said = []
+
     def on_piece(kind: str, piece: str) -> None:
         out = sys.stdout if kind == "content" else sys.stderr
         out.write(piece)
         out.flush()
+        said.append(kind)
 
     try:
-        stats = answerer.answer([{"role": "user", "content": text}], {}, on_piece)
+        stats = answerer.answer([{"role": "user", "content": text}], options, on_piece)
     except ChatError as exc:
-        print(f"\ntiny_mindie: error: {exc}", file=sys.stderr)
+        print(("\n" if said else "") + f"tiny_mindie: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
