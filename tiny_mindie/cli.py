@@ -32,7 +32,7 @@ COMMANDS = ("serve", "chat", "pull", "list-models", "watermark-detect", "certs",
             "check-graph")
 # Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
-ENV_COMMANDS = {"serve": True, "health": False}
+ENV_COMMANDS = {"serve": True, "chat": False, "health": False}
 
 
 class _Parser(argparse.ArgumentParser):
