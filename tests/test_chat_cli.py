@@ -90,6 +90,7 @@ def test_the_input_history_outlives_the_session_and_ctrl_d_quits(model_path, tmp
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+    assert os.stat(os.path.join(home, "chat_history")).st_mode & 0o777 == 0o600
     history = open(os.path.join(home, "chat_history")).read().splitlines()
     assert history[-2:] == ["/set top_k 7", "/set top_k -"]
     child = _chat(model_path, home)
@@ -136,3 +137,25 @@ def test_errors_go_to_stderr_with_a_non_zero_exit(server, tmp_path):
     assert out.returncode == 1
     assert "the server answered 400" in out.stderr and "context length" in out.stderr
     assert out.stderr.count("\n") == 1 and out.stdout == ""
+
+
+def test_ctrl_c_stops_a_running_servers_answer_and_the_chat_goes_on(server, tmp_path):
+    child = pexpect.spawn(sys.executable, ["-m", "tiny_mindie", "chat", "--url", server.url,
+                                           "--config", server.config_path, "--temperature", "0",
+                                           "--max-tokens", "200"],
+                          env=_env(str(tmp_path)), encoding="utf-8", timeout=180)
+    child.expect("chatting with smollm2-135m-instruct")
+    child.expect_exact(">>> ")
+    child.sendline(LONG)
+    child.expect(r"2\. 2")
+    child.sendintr()
+    child.expect_exact("(stopped)")
+    child.expect_exact(">>> ")
+    child.sendline(FRANCE)
+    child.expect("Paris")
+    child.expect_exact(">>> ")
+    _command(child, "/stats", r"prompt \d+ tokens \(\d+ cached\), \d+ tokens")
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

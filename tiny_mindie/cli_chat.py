@@ -367,7 +367,7 @@ class _Shown:
 
 class _History:
     """Readline's line editing, with the history in ``chat_history`` under the config home
-    (nothing where Python has no ``readline``)."""
+    (mode 0600; nothing where Python has no ``readline``)."""
 
     LENGTH = 1000
 
@@ -393,6 +393,7 @@ class _History:
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             self.readline.write_history_file(self.path)
+            os.chmod(self.path, 0o600)          # the prompts are the user's business
         except OSError as exc:
             print(f"tiny_mindie: warning: history not saved: {exc.strerror or exc}",
                   file=sys.stderr)
