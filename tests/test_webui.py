@@ -14,7 +14,15 @@ import sys
 import tempfile
 
 import pytest
-from helpers import TEST_CONFIG, debian_binary, request, serving, start_server, wait_until
+from helpers import (
+    TEST_CONFIG,
+    ThreadedServer,
+    debian_binary,
+    request,
+    serving,
+    start_server,
+    wait_until,
+)
 
 from tiny_mindie.api import webui
 from tiny_mindie.config import load_config
@@ -226,3 +234,36 @@ def test_the_page_in_chromium_over_mutual_tls(server, nss_home):
         _chat_in_the_page(browser, server.url + "/")
     finally:
         browser.quit()
+
+
+@pytest.mark.e2e       # a browser process: in CI a missing one fails, not skips (ci_gate.py)
+def test_the_page_shows_the_503_of_a_model_still_loading(tmp_path):
+    """In process, on a real socket: an app whose model is still being pulled serves the page,
+    and the page shows the API's 503 as it says it."""
+    from selenium.webdriver.common.by import By
+
+    from tiny_mindie.app import App
+    from tiny_mindie.server.routing import BUSINESS
+    from tiny_mindie.shutdown import ShutdownControl
+
+    config = load_config(None).with_overrides(**{"server.https_enabled": False})
+    app = App(config, shutdown=ShutdownControl())
+    app.loading.log("pulling smollm2-135m-instruct (98 MB)")
+    handle = app.handler_for(frozenset({BUSINESS}))
+
+    class Business(ThreadedServer):
+        async def handler(self, request, stream):
+            return await handle(request, stream)
+
+    browser = _browser(str(tmp_path))
+    try:
+        with Business(max_body_bytes=1 << 20) as srv:
+            browser.get(f"http://127.0.0.1:{srv.port}/")
+            browser.find_element(By.ID, "input").send_keys("Hello")
+            browser.find_element(By.ID, "send").click()
+            wait_until(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg .error"),
+                       within=30, what="the error")
+            error = browser.find_element(By.CSS_SELECTOR, ".msg .error").text
+    finally:
+        browser.quit()
+    assert error == ("HTTP 503: The model is loading: pulling smollm2-135m-instruct (98 MB)")
