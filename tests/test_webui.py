@@ -179,6 +179,7 @@ def _chat_in_the_page(browser, url: str) -> None:
     assert find(".msg.assistant .content")[0].endswith(answer[-37:])
 
 
+@pytest.mark.e2e
 def test_the_page_in_chromium_over_plain_http(model_path, tmp_path):
     home = str(tmp_path)
     browser = _browser(home)
