@@ -159,3 +159,39 @@ def test_ctrl_c_stops_a_running_servers_answer_and_the_chat_goes_on(server, tmp_
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_a_thinking_models_reasoning_is_shown_apart(vocab_dir, tmp_path):
+    """A scripted tiny Qwen3 (tests/tiny_chat.py) that thinks, then answers: the reasoning goes
+    to stderr in a script and between Thinking... and ...done thinking. in the terminal; only
+    the answer is kept in the conversation."""
+    import dataclasses
+
+    from tiny_arch import CASES
+    from tiny_chat import template_source, vocabulary, write_scripted
+
+    path = str(tmp_path / "tiny-qwen3.gguf")
+    vocab = vocabulary("qwen3", "ggml-vocab-qwen2.gguf", vocab_dir, tool_tokens=True)
+    write_scripted(path, dataclasses.replace(CASES["qwen3"], ctx=512), vocab,
+                   template_source(vocab_dir, "Qwen-Qwen3-0.6B"),
+                   "<think>Checking the weather</think>Sure.", "<|im_end|>")
+    run = [sys.executable, "-m", "tiny_mindie", "chat", "--model", path, "--backend", "numpy",
+           "--temperature", "0"]
+    out = subprocess.run([*run, "--prompt", "Weather?"], capture_output=True, text=True,
+                         env=_env(str(tmp_path)), timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Sure."
+    assert "Checking the weather" in out.stderr
+    saved = str(tmp_path / "chat.json")
+    child = pexpect.spawn(sys.executable, run[1:], env=_env(str(tmp_path)), encoding="utf-8",
+                          timeout=180)
+    child.expect_exact(">>> ")
+    child.sendline("Weather?")
+    child.expect(r"\x1b\[2mThinking\.\.\.\r?\nChecking the weather\s*"
+                 r"\.\.\.done thinking\.\r?\n\x1b\[0m")
+    child.expect_exact("Sure.")
+    child.expect_exact(">>> ")
+    _command(child, f"/save {saved}", "saved 2 messages")
+    assert json.load(open(saved))[1] == {"role": "assistant", "content": "Sure."}
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
