@@ -268,3 +268,23 @@ def test_the_page_shows_the_503_of_a_model_still_loading(tmp_path):
     finally:
         browser.quit()
     assert error == ("HTTP 503: The model is loading: pulling smollm2-135m-instruct (98 MB)")
+
+
+def test_p12_password_is_asked_for_when_not_given(tmp_path):
+    pexpect = pytest.importorskip("pexpect")
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    home, out = str(tmp_path), str(tmp_path / "client.p12")
+    subprocess.run([sys.executable, "-m", "tiny_mindie", "certs", "--dir", home], check=True,
+                   capture_output=True)
+    child = pexpect.spawn(sys.executable, ["-m", "tiny_mindie", "certs", "--dir", home,
+                                           "--p12", out], encoding="utf-8", timeout=60)
+    child.expect_exact("PKCS#12 password: ")
+    child.sendline("typed secret")
+    child.expect_exact("the same again: ")
+    child.sendline("typed secret")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    assert "typed secret" not in child.before          # not echoed
+    assert pkcs12.load_key_and_certificates(open(out, "rb").read(), b"typed secret")[1]
