@@ -212,3 +212,20 @@ def test_the_default_server_speculates_on_extractive_work_and_counts_it(server):
         assert proposed == kept == 0
     else:
         assert proposed >= kept >= 8, (proposed, kept)
+    assert d("spec_decode_draft_model_tokens_total") == 0     # no draft: all prompt lookup
+
+
+def test_the_speculation_series_say_which_is_a_part_of_which(server):
+    """The totals count both sources; the draft model's series say they are a part of the
+    totals (a dashboard adding them would count the draft's tokens twice)."""
+    status, _, body = request(server, "GET", "/metrics")
+    assert status == 200
+    help_of = {f.name: f.documentation for f in text_string_to_metric_families(body.decode())}
+    for total in ("num_draft_tokens", "num_accepted_tokens"):
+        text = help_of[f"{P}spec_decode_{total}"]
+        assert "prompt lookup and the draft model" in text, text
+        assert "(prompt lookup)" not in text
+    for part, total in (("draft_model_tokens", "num_draft_tokens"),
+                        ("draft_model_accepted_tokens", "num_accepted_tokens")):
+        text = help_of[f"{P}spec_decode_{part}"]
+        assert f"a part of {P}spec_decode_{total}_total, not in addition" in text, text
