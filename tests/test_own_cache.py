@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from helpers import TEST_CONFIG, request, serving, start_server
@@ -96,5 +97,5 @@ def test_nothing_is_written_beside_the_gguf_with_a_cache_of_its_own(own):
     assert snapshot(own.models) == own.before
     # the server did use its own cache: the GGUF's identity is recorded there
     index = os.path.join(own.cache, "onnx", "index")
-    recorded = [json.load(open(os.path.join(index, name))) for name in os.listdir(index)]
+    recorded = [json.loads(Path(index, name).read_text()) for name in os.listdir(index)]
     assert [r["path"] for r in recorded] == [os.path.realpath(own.gguf)]
