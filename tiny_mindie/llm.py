@@ -109,6 +109,10 @@ class LLM:
             backend); ``None``: prompt lookup alone.
         log: where progress lines go (``print`` by default; ``None`` for silence).
 
+    Attributes:
+        model_meta: what the model file says of the model, in llama-server's ``meta`` terms
+            (:func:`model_meta`).
+
     Raises:
         ModelFileError: the model file (or the draft's) is missing, a directory, unreadable or
             unsupported, or the draft's vocabulary is not the model's (both found before
@@ -149,6 +153,7 @@ class LLM:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
                 f"{self.backend.max_seq_len}")
         self.model_name = model_name or gguf_file.get("general.name") or model
+        self.model_meta = model_meta(gguf_file, self.config)
         # The reader's parsed metadata (~160 MB for a 49k vocabulary) is not needed any more.
         del gguf_file
         gc.collect()
@@ -423,6 +428,28 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
         f"{time.monotonic() - t0:.1f} s; {backend.num_slots} KV slots, "
         f"{grown / 1e6:.0f} MB more resident memory")
     return DraftModel(backend, max_chunk, path=path, resident_bytes=grown)
+
+
+#: llama.cpp's ``llama_vocab_type`` of each GGUF ``tokenizer.ggml.model``.
+VOCAB_TYPES = {"no_vocab": 0, "llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
+
+
+def model_meta(f, config) -> dict[str, int | None]:
+    """The model's figures as llama-server's ``/v1/models`` ``meta`` gives them: ``vocab_type``
+    (llama.cpp's enum: 1 SentencePiece, 2 byte-level BPE, ...; ``None`` for a tokenizer it does
+    not name), ``n_vocab`` (tokens), ``n_ctx_train`` (the trained context, tokens), ``n_embd``
+    (the hidden size), ``n_params`` (parameters) and ``size`` (bytes of the weights as stored).
+
+    Args:
+        f: the model's :class:`~tiny_mindie.model.gguf.GGUFFile`.
+        config: its :class:`~tiny_mindie.model.config.ModelConfig`.
+    """
+    n_params, size = f.tensor_totals()
+    tokens = f.get("tokenizer.ggml.tokens")
+    return {"vocab_type": VOCAB_TYPES.get(str(f.get("tokenizer.ggml.model", ""))),
+            "n_vocab": len(tokens) if tokens is not None else config.vocab_size,
+            "n_ctx_train": config.context_length,
+            "n_embd": config.hidden_size, "n_params": n_params, "size": size}
 
 
 def _resident_bytes() -> int:

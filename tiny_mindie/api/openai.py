@@ -1,5 +1,6 @@
 """The OpenAI family (spec §4): ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, ``GET /v1/models/{model}``.
+``GET /v1/models``, ``GET /v1/models/{model}`` (the model's card: OpenAI's fields, the
+context in tokens as vLLM's ``max_model_len``, and llama-server's ``meta``).
 
 JSON -> validated :class:`~.openai_request.Parsed` (:mod:`.openai_request`) -> for chat, the
 prompt rendered with the tools and reasoning in (:mod:`.openai_chat`) -> one
@@ -48,8 +49,10 @@ def routes(app) -> list:
     created = int(time.time())
 
     def model_card() -> dict:
-        return {"id": app.llm.model_name, "object": "model", "created": created,
-                "owned_by": OWNED_BY}
+        llm = app.llm
+        return {"id": llm.model_name, "object": "model", "created": created,
+                "owned_by": OWNED_BY, "max_model_len": llm.engine.max_seq_len,
+                "meta": llm.model_meta}
 
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         return await _chat(app, req, stream)
