@@ -196,3 +196,49 @@ def test_fields_without_effect_are_accepted_through_the_sdk(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(**base, metadata="not an object")
     assert err.value.body["param"] == "metadata"
+
+
+def test_min_tokens_holds_back_stop_strings_too(server):
+    status, body = chat(server, stop=[" Paris"])
+    assert status == 200 and content(body) == "The capital of France is"
+    status, body = chat(server, stop=[" Paris"], min_tokens=12, max_tokens=12)
+    assert status == 200 and content(body).startswith("The capital of France is Paris.")
+    assert body["usage"]["completion_tokens"] == 12
+
+
+# ---- the other families: a parameter nothing reads is their 422 naming it --------------------
+PROMPT = "My name is Olivier and I"
+
+
+@pytest.mark.parametrize("path, body, name", [
+    ("/infer", {"inputs": PROMPT, "parameters": {"stop": ["."]}}, "Parameter stop"),
+    ("/infer", {"inputs": PROMPT, "max_new_tokens": 4}, "Field max_new_tokens"),
+    ("/generate", {"inputs": PROMPT, "parameters": {"min_p": 0.1}}, "Parameter min_p"),
+    ("/generate_stream", {"inputs": PROMPT, "max_new_tokens": 4}, "Field max_new_tokens"),
+    ("/generate", {"prompt": PROMPT, "mirostat": 2}, "Parameter mirostat"),
+    ("/generate", {"prompt": PROMPT, "length_penalty": 0.5}, "Parameter length_penalty"),
+    (f"/v2/models/{MODEL}/generate", {"text_input": PROMPT, "parameters": {"stop": ["."]}},
+     "Parameter stop"),
+    (f"/v2/models/{MODEL}/generate", {"text_input": PROMPT, "prompt": "x"}, "Field prompt"),
+])
+def test_other_families_refuse_what_nothing_reads(server, path, body, name):
+    status, _, raw = request(server, "POST", path, body)
+    err = json.loads(raw)
+    assert status == 422 and err["error"] == f"{name} is not supported.", err
+
+
+def test_other_families_take_null_as_not_set(server):
+    status, _, raw = request(server, "POST", "/infer", {
+        "inputs": PROMPT, "parameters": {"max_new_tokens": 2, "stop": None}, "extra": None})
+    assert status == 200, raw
+
+
+def test_vllm_generate_min_p_one_is_greedy(server):
+    body = {"prompt": PROMPT, "max_tokens": 8}
+    greedy = json.loads(request(server, "POST", "/generate", {**body, "temperature": 0})[2])
+    for s in range(3):
+        got = json.loads(request(server, "POST", "/generate",
+                                 {**body, "temperature": 1.5, "seed": s, "min_p": 1.0})[2])
+        assert got == greedy
+    status, _, raw = request(server, "POST", "/generate", {**body, "min_tokens": 9})
+    assert status == 422 and "min_tokens" in json.loads(raw)["error"]
