@@ -242,3 +242,21 @@ def test_vllm_generate_min_p_one_is_greedy(server):
         assert got == greedy
     status, _, raw = request(server, "POST", "/generate", {**body, "min_tokens": 9})
     assert status == 422 and "min_tokens" in json.loads(raw)["error"]
+
+
+def test_every_field_the_openai_sdk_can_send_is_read_accepted_or_refused():
+    """The installed ``openai`` package's create parameters, each placed deliberately: read,
+    accepted without effect, or refused by name (a new SDK field fails here until placed)."""
+    import typing
+
+    from openai.types import completion_create_params as completion
+    from openai.types.chat import completion_create_params as chat_params
+
+    from tiny_mindie.api import openai_fields as f
+    from tiny_mindie.api.openai_request import CHAT_ONLY
+
+    placed = set(f.NO_EFFECT) | set(f.UNSUPPORTED)
+    sent = set(typing.get_type_hints(chat_params.CompletionCreateParamsBase)) | {"stream"}
+    assert sent - (f.CHAT | placed) == set()
+    sent = set(typing.get_type_hints(completion.CompletionCreateParamsBase)) | {"stream"}
+    assert sent - (f.COMPLETION | placed | set(CHAT_ONLY)) == set()
