@@ -53,6 +53,12 @@ def test_min_tokens_holds_back_the_end_until_reached(server):
         assert json.loads(raw)["usage"]["completion_tokens"] >= 40
 
 
+def test_a_complete_grammar_still_ends_the_answer_under_min_tokens(server):
+    status, body = chat(server, guided_choice=["yes", "no"], min_tokens=10, max_tokens=20)
+    assert status == 200 and content(body) in ("yes", "no")
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
 def test_min_tokens_above_max_tokens_is_refused(server):
     status, body = chat(server, max_tokens=4, min_tokens=5)
     assert status == 400 and body["error"]["param"] == "min_tokens"

@@ -45,11 +45,13 @@ UNSUPPORTED = {
     "bad_words": ([],), "truncate_prompt_tokens": (), "logits_processors": (),
     "return_tokens_as_token_ids": (False,), "return_token_ids": (False,),
     "structural_tag": (), "guided_whitespace_pattern": (), "documents": (),
-    "chat_template": (), "mm_processor_kwargs": (), "add_special_tokens": (),
+    "chat_template": (), "mm_processor_kwargs": (), "add_special_tokens": (True,),
     "kv_transfer_params": (), "vllm_xargs": (),
 }
-#: Refused on chat only (``/v1/completions`` reads it).
-CHAT_UNSUPPORTED = {"echo": (False,)}
+#: Chat's own: ``echo`` (``/v1/completions`` reads it); ``add_special_tokens`` is vLLM's
+#: default there when false (the template writes them), on completions when true (BOS as the
+#: model wants it).
+CHAT_UNSUPPORTED = {"echo": (False,), "add_special_tokens": (False,)}
 
 _TYPE_NAMES = {str: "a string", dict: "an object", bool: "a boolean", int: "an integer"}
 
