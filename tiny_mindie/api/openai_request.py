@@ -3,8 +3,9 @@
 
 A bad field is a 400 naming it (the shared validators' 422 is turned into 400 by OpenAI's error
 style, :class:`~.errors.OpenAIStyle`), an unknown model a 404, a body that is no JSON object a
-422. Ranges: temperature >= 0 (0 = greedy), top_p in (0, 1], presence/frequency_penalty in
-[-2, 2], repetition_penalty in (0, 2], n >= 1.
+422. Ranges: temperature >= 0 (0 = greedy), top_p in (0, 1], min_p in [0, 1], typical_p in
+(0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 2], n >= 1,
+0 <= min_tokens <= max_tokens.
 """
 
 from __future__ import annotations
@@ -201,8 +202,9 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
     arguments (``chat_template_kwargs``) and the tools.
 
     Raises:
-        APIError: 400 naming a bad field, 404 for another model, 422 for a body that is no
-            JSON object.
+        APIError: 400 naming a bad field, or one nothing reads (``unknown_parameter``,
+            :func:`~.openai_fields.check_fields`), 404 for another model, 422 for a body that
+            is no JSON object.
     """
     obj = parse_json_object(body)
     common = _common(app.llm, obj, INT32_MAX)  # the engine caps it by maxIterTimes / maxSeqLen
