@@ -257,13 +257,15 @@ class LLM:
                      include_stop_string: bool = False, stop_token_ids: Sequence[int] = (),
                      ignore_eos: bool = False, priority: int = 5,
                      timeout_s: float | None = None, logit_bias: Mapping[int, float] | None = None,
-                     constraint: Constraint | None = None) -> GenerationRequest:
+                     constraint: Constraint | None = None, min_p: float = 0.0,
+                     min_tokens: int = 0) -> GenerationRequest:
         """Build a :class:`GenerationRequest` from keyword parameters.
 
         ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p is set away
         from its neutral value (TGI's rule), else decodes greedily. ``seed=None`` draws one.
         ``logit_bias``: token id -> bias in [-100, 100] added to its logit; ``constraint``: a
-        grammar the output must follow (:class:`~tiny_mindie.engine.request.Constraint`).
+        grammar the output must follow (:class:`~tiny_mindie.engine.request.Constraint`);
+        ``min_p`` and ``min_tokens``: see ``SamplingParams`` and ``StopCriteria``.
 
         Raises:
             ValueError: a parameter out of range.
@@ -277,7 +279,8 @@ class LLM:
                             f"got {type(prompt).__name__}")
         ids = self.prompt_ids(prompt)
         if do_sample is None:
-            do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
+            do_sample = (temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
+                         or min_p > 0)
         if seed is None:
             seed = secrets.randbelow(MAX_SEED + 1)
         return GenerationRequest(
@@ -285,11 +288,12 @@ class LLM:
             sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k,
                                     top_p=top_p, typical_p=typical_p,
                                     repetition_penalty=repetition_penalty, seed=seed,
-                                    watermark=watermark,
+                                    watermark=watermark, min_p=min_p,
                                     logit_bias=tuple(sorted((logit_bias or {}).items()))),
             stop=StopCriteria(max_new_tokens=max_new_tokens, stop_strings=tuple(stop),
                               include_stop_string=include_stop_string,
-                              stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos),
+                              stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos,
+                              min_tokens=min_tokens),
             priority=priority, timeout_s=timeout_s, constraint=constraint)
 
     def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:

@@ -11,7 +11,9 @@ OpenAI's JSON object (:mod:`.openai_answer`) or SSE chunks ending with ``data: [
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``skip_special_tokens``; ``response_format`` and ``logit_bias``
-are enforced (:mod:`.structured`). Errors are OpenAI's ``{"error": {"message", "type", "param",
+are enforced (:mod:`.structured`), and so are vLLM's and llama.cpp's constraint fields
+(:mod:`.guided`); every other top-level field is read, accepted as without effect, or refused
+by name (:mod:`.openai_fields`). Errors are OpenAI's ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a bad field (and for a body nested too deep), 404 for an unknown model, 422
 for a body that is not a JSON object, 400 ``context_length_exceeded`` (``param`` ``messages`` /
 ``prompt``) for a prompt over the context (OpenAI's and vLLM's status, where ``/infer`` says
