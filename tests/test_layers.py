@@ -19,6 +19,7 @@ PACKAGE = "tiny_mindie"
 # model/ reads the version from _version, not from tiny_mindie/__init__)
 ALLOWED = {
     "server": {"server"},
+    "kernels": {"kernels"},
     "model": {"model", "_version"},
     "engine": {"engine", "model", "_version"},
 }
