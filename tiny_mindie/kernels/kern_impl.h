@@ -3,6 +3,7 @@
  *   TM_TARGET     the ISA's target attribute (may be empty)
  *   TM_FN         the attributes of its internal functions (static inline TM_TARGET)
  *   TM_F16(p)     the float value of the little-endian IEEE half at p
+ *   TM_DECODE     optionally, the path's own decode (below)
  *   the dot kernels TM_SFX(dot_u8), TM_SFX(dot_s8), TM_SFX(dot_i16), each
  *     (const void *w, int64_t wstride, const int8_t *const *xp, int mc,
  *      int32_t D[TM_TILE_M][TM_TILE_N]):
@@ -17,7 +18,10 @@
  */
 
 /* A row's blocks b0 .. b0+cnt-1 as integer weights (q: bytes, q16: int16 for Q6_K) with each
- * block's scale dw and minimum mw (w = dw * (q - off) + mw). */
+ * block's scale dw and minimum mw (w = dw * (q - off) + mw). A path may bring its own
+ * (TM_DECODE: the same values, by vector instructions). */
+#ifndef TM_DECODE
+#define TM_DECODE TM_SFX(decode)
 TM_FN void TM_SFX(decode)(int type, const uint8_t *row, int64_t b0, int cnt, uint8_t *q,
                           int16_t *q16, float *dw, float *mw)
 {
@@ -68,9 +72,6 @@ TM_FN void TM_SFX(decode)(int type, const uint8_t *row, int64_t b0, int cnt, uin
         float d = TM_F16(sb), dmin = TM_F16(sb + 2);
         for (c = 0; c < 8; c++) {
             int sc, mn;
-            const uint8_t *qs = sb + 16 + 32 * (c / 2);
-            int sh = 4 * (c & 1);
-            uint8_t *o = q + 32 * c;
             if (c < 4) {
                 sc = s[c] & 63;
                 mn = s[c + 4] & 63;
@@ -80,7 +81,14 @@ TM_FN void TM_SFX(decode)(int type, const uint8_t *row, int64_t b0, int cnt, uin
             }
             dw[c] = d * (float)sc;
             mw[c] = -(dmin * (float)mn);
-            for (i = 0; i < 32; i++) o[i] = (qs[i] >> sh) & 15;
+        }
+        for (c = 0; c < 8; c += 2) {          /* blocks c, c+1: low, high nibbles of 32 bytes */
+            const uint8_t *qs = sb + 16 + 16 * c;
+            uint8_t *o = q + 32 * c;
+            for (i = 0; i < 32; i++) {
+                o[i] = qs[i] & 15;
+                o[i + 32] = qs[i] >> 4;
+            }
         }
         break;
     }
@@ -107,13 +115,15 @@ TM_FN void TM_SFX(decode)(int type, const uint8_t *row, int64_t b0, int cnt, uin
         break;
     }
 }
+#endif
 
 /* Output rows n .. n+R-1 (R <= TM_TILE_N) for activation rows m0 .. m0+mc-1 (mc <= TM_TILE_M). */
 TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
 {
     enum { W = TM_CHUNK * TM_QK };
     float acc[TM_TILE_M][TM_TILE_N];
-    float dw[TM_TILE_N][TM_CHUNK], mw[TM_TILE_N][TM_CHUNK];
+    float dw[TM_CHUNK][TM_TILE_N], mw[TM_CHUNK][TM_TILE_N];   /* [block][row] */
+    float dwr[TM_CHUNK], mwr[TM_CHUNK];
     _Alignas(64) uint8_t q[TM_TILE_N][W];
     _Alignas(64) int16_t q16[TM_TILE_N][W];
     int32_t D[TM_TILE_M][TM_TILE_N];
@@ -129,12 +139,13 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
         for (r = 0; r < TM_TILE_N; r++) acc[m][r] = 0.0f;
     for (r = R; r < TM_TILE_N; r++) {          /* rows past the matrix: zero weights */
         for (c = 0; c < W; c++) { q[r][c] = 0; q16[r][c] = 0; }
-        for (c = 0; c < TM_CHUNK; c++) { dw[r][c] = 0.0f; mw[r][c] = 0.0f; }
+        for (c = 0; c < TM_CHUNK; c++) { dw[c][r] = 0.0f; mw[c][r] = 0.0f; }
     }
     for (b0 = 0; b0 < j->nb; b0 += chunk) {
-        for (r = 0; r < R; r++)
-            TM_SFX(decode)(type, j->w + (n + r) * j->row_bytes, b0, chunk, q[r], q16[r],
-                           dw[r], mw[r]);
+        for (r = 0; r < R; r++) {
+            TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, q[r], q16[r], dwr, mwr);
+            for (c = 0; c < chunk; c++) { dw[c][r] = dwr[c]; mw[c][r] = mwr[c]; }
+        }
         for (c = 0; c < chunk; c++) {
             b = b0 + c;
             for (m = 0; m < mc; m++) xp[m] = j->xq + (m0 + m) * j->K + b * TM_QK;
@@ -147,10 +158,19 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
             for (m = 0; m < mc; m++) {
                 const float dx = j->dx[(m0 + m) * j->nb + b];
                 const int32_t xs = j->xs[(m0 + m) * j->nb + b];
-                for (r = 0; r < TM_TILE_N; r++) {
-                    float t = (dw[r][c] * dx) * (float)(D[m][r] - off * xs);
-                    if (has_min) t = t + (mw[r][c] * dx) * (float)xs;
-                    acc[m][r] = acc[m][r] + t;
+                const float fxs = (float)xs;
+                float *a = acc[m];
+                const int32_t *Dm = D[m];
+                if (has_min) {
+                    for (r = 0; r < TM_TILE_N; r++) {
+                        float t = (dw[c][r] * dx) * (float)Dm[r];
+                        t = t + (mw[c][r] * dx) * fxs;
+                        a[r] = a[r] + t;
+                    }
+                } else {
+                    const int32_t o = off * xs;
+                    for (r = 0; r < TM_TILE_N; r++)
+                        a[r] = a[r] + (dw[c][r] * dx) * (float)(Dm[r] - o);
                 }
             }
         }

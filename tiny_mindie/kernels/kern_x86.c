@@ -102,30 +102,143 @@ TM_F16C_FN(avx2, ATTR_AVX2)
 TM_F16C_FN(avxvnni, ATTR_AVXVNNI)
 TM_F16C_FN(avx512vnni, ATTR_AVX512)
 
+/* The blocks' decode (kern_impl.h's, by AVX2 instructions; every x86 path has them) */
+#define TM_X86_DECODE(SFX, ATTR)                                                             \
+static inline ATTR void decode_##SFX(int type, const uint8_t *row, int64_t b0, int cnt,     \
+                                     uint8_t *q, int16_t *q16, float *dw, float *mw)        \
+{                                                                                            \
+    const __m256i m4 = _mm256_set1_epi8(15);                                                 \
+    const __m128i m4h = _mm_set1_epi8(15);                                                   \
+    int c;                                                                                   \
+    switch (type) {                                                                          \
+    case TM_Q4_0: case TM_Q4_1: {                                                            \
+        const int64_t bb = type == TM_Q4_0 ? 18 : 20, qo = type == TM_Q4_0 ? 2 : 4;         \
+        for (c = 0; c < cnt; c++) {                                                          \
+            const uint8_t *blk = row + (b0 + c) * bb;                                        \
+            __m128i v = _mm_loadu_si128((const __m128i *)(blk + qo));                        \
+            dw[c] = f16_##SFX(blk);                                                          \
+            mw[c] = type == TM_Q4_1 ? f16_##SFX(blk + 2) : 0.0f;                             \
+            _mm_storeu_si128((__m128i *)(q + 32 * c), _mm_and_si128(v, m4h));                \
+            _mm_storeu_si128((__m128i *)(q + 32 * c + 16),                                   \
+                             _mm_and_si128(_mm_srli_epi16(v, 4), m4h));                      \
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    case TM_Q5_0: {                                                                          \
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,\
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);\
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);             \
+        for (c = 0; c < cnt; c++) {                                                          \
+            const uint8_t *blk = row + (b0 + c) * 22;                                        \
+            uint32_t qh;                                                                     \
+            __m128i v = _mm_loadu_si128((const __m128i *)(blk + 6));                         \
+            __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4h),          \
+                                          _mm_and_si128(v, m4h));                            \
+            __m256i h;                                                                       \
+            memcpy(&qh, blk + 2, 4);                                                         \
+            h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);                     \
+            h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);                            \
+            dw[c] = f16_##SFX(blk);                                                          \
+            mw[c] = 0.0f;                                                                    \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c),                                     \
+                                _mm256_or_si256(lo, _mm256_and_si256(h, _mm256_set1_epi8(16))));\
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    case TM_Q8_0:                                                                            \
+        for (c = 0; c < cnt; c++) {                                                          \
+            const uint8_t *blk = row + (b0 + c) * 34;                                        \
+            dw[c] = f16_##SFX(blk);                                                          \
+            mw[c] = 0.0f;                                                                    \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c),                                     \
+                                _mm256_loadu_si256((const __m256i *)(blk + 2)));             \
+        }                                                                                    \
+        break;                                                                               \
+    case TM_Q4_K: {                                                                          \
+        const uint8_t *sb = row + (b0 / 8) * 144, *s = sb + 4;                               \
+        float d = f16_##SFX(sb), dmin = f16_##SFX(sb + 2);                                   \
+        for (c = 0; c < 8; c++) {                                                            \
+            int sc, mn;                                                                      \
+            if (c < 4) {                                                                     \
+                sc = s[c] & 63;                                                              \
+                mn = s[c + 4] & 63;                                                          \
+            } else {                                                                         \
+                sc = (s[c + 4] & 15) | (s[c - 4] >> 6) << 4;                                 \
+                mn = (s[c + 4] >> 4) | (s[c] >> 6) << 4;                                     \
+            }                                                                                \
+            dw[c] = d * (float)sc;                                                           \
+            mw[c] = -(dmin * (float)mn);                                                     \
+        }                                                                                    \
+        for (c = 0; c < 8; c += 2) {                                                         \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 16 * c));             \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c), _mm256_and_si256(v, m4));          \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c + 32),                                \
+                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));              \
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    case TM_Q6_K: {                                                                          \
+        const uint8_t *sb = row + (b0 / 8) * 210;                                            \
+        const int8_t *sc = (const int8_t *)(sb + 192);                                       \
+        float d = f16_##SFX(sb + 208);                                                       \
+        const __m256i m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi16(32);                 \
+        for (c = 0; c < 8; c++) {                                                            \
+            int h = c / 4, g = c % 4;                                                        \
+            __m256i l4 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32 * (g & 1)));  \
+            __m256i h2 = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));           \
+            __m256i v, lo16, hi16;                                                           \
+            if (g >> 1) l4 = _mm256_srli_epi16(l4, 4);                                       \
+            h2 = _mm256_srl_epi16(h2, _mm_cvtsi32_si128(2 * g));                             \
+            v = _mm256_or_si256(_mm256_and_si256(l4, m4),                                    \
+                                _mm256_slli_epi16(_mm256_and_si256(h2, m2), 4));             \
+            lo16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)), k32);   \
+            hi16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), k32);\
+            lo16 = _mm256_mullo_epi16(lo16, _mm256_set1_epi16(sc[8 * h + 2 * g]));           \
+            hi16 = _mm256_mullo_epi16(hi16, _mm256_set1_epi16(sc[8 * h + 2 * g + 1]));       \
+            _mm256_storeu_si256((__m256i *)(q16 + 32 * c), lo16);                            \
+            _mm256_storeu_si256((__m256i *)(q16 + 32 * c + 16), hi16);                       \
+            dw[c] = d;                                                                       \
+            mw[c] = 0.0f;                                                                    \
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    default:                                                                                 \
+        break;                                                                               \
+    }                                                                                        \
+}
+TM_X86_DECODE(avx2, ATTR_AVX2)
+TM_X86_DECODE(avxvnni, ATTR_AVXVNNI)
+TM_X86_DECODE(avx512vnni, ATTR_AVX512)
+
 #define TM_SFX(name) name##_avx2
 #define TM_TARGET ATTR_AVX2
 #define TM_FN static inline ATTR_AVX2
 #define TM_F16(p) f16_avx2(p)
+#define TM_DECODE decode_avx2
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
 #undef TM_FN
 #undef TM_F16
+#undef TM_DECODE
 
 #define TM_SFX(name) name##_avxvnni
 #define TM_TARGET ATTR_AVXVNNI
 #define TM_FN static inline ATTR_AVXVNNI
 #define TM_F16(p) f16_avxvnni(p)
+#define TM_DECODE decode_avxvnni
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
 #undef TM_FN
 #undef TM_F16
+#undef TM_DECODE
 
 #define TM_SFX(name) name##_avx512vnni
 #define TM_TARGET ATTR_AVX512
 #define TM_FN static inline ATTR_AVX512
 #define TM_F16(p) f16_avx512vnni(p)
+#define TM_DECODE decode_avx512vnni
 #include "kern_impl.h"
 
 #else
