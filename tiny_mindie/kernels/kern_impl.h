@@ -4,6 +4,7 @@
  *   TM_FN         the attributes of its internal functions (static inline TM_TARGET)
  *   TM_F16(p)     the float value of the little-endian IEEE half at p
  *   TM_DECODE     optionally, the path's own decode (below)
+ *   TM_TRANSPOSE8 optionally, the path's transpose of float [8][8] (dst, src)
  *   the dot kernels TM_SFX(dot_u8), TM_SFX(dot_s8), TM_SFX(dot_i16), each
  *     (const void *w, int64_t wstride, const int8_t *const *xp, int mc,
  *      int32_t D[TM_TILE_M][TM_TILE_N]):
@@ -123,7 +124,7 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
     enum { W = TM_CHUNK * TM_QK };
     float acc[TM_TILE_M][TM_TILE_N];
     float dw[TM_CHUNK][TM_TILE_N], mw[TM_CHUNK][TM_TILE_N];   /* [block][row] */
-    float dwr[TM_CHUNK], mwr[TM_CHUNK];
+    float dwr[TM_TILE_N][TM_CHUNK], mwr[TM_TILE_N][TM_CHUNK];  /* [row][block] */
     _Alignas(64) uint8_t q[TM_TILE_N][W];
     _Alignas(64) int16_t q16[TM_TILE_N][W];
     int32_t D[TM_TILE_M][TM_TILE_N];
@@ -139,13 +140,20 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
         for (r = 0; r < TM_TILE_N; r++) acc[m][r] = 0.0f;
     for (r = R; r < TM_TILE_N; r++) {          /* rows past the matrix: zero weights */
         for (c = 0; c < W; c++) { q[r][c] = 0; q16[r][c] = 0; }
-        for (c = 0; c < TM_CHUNK; c++) { dw[c][r] = 0.0f; mw[c][r] = 0.0f; }
+        for (c = 0; c < TM_CHUNK; c++) { dwr[r][c] = 0.0f; mwr[r][c] = 0.0f; }
     }
     for (b0 = 0; b0 < j->nb; b0 += chunk) {
-        for (r = 0; r < R; r++) {
-            TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, q[r], q16[r], dwr, mwr);
-            for (c = 0; c < chunk; c++) { dw[c][r] = dwr[c]; mw[c][r] = mwr[c]; }
-        }
+        for (r = 0; r < R; r++)
+            TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, q[r], q16[r], dwr[r],
+                      mwr[r]);
+#ifdef TM_TRANSPOSE8
+        if (chunk == TM_CHUNK) {
+            TM_TRANSPOSE8(dw, dwr);
+            TM_TRANSPOSE8(mw, mwr);
+        } else
+#endif
+        for (r = 0; r < TM_TILE_N; r++)
+            for (c = 0; c < chunk; c++) { dw[c][r] = dwr[r][c]; mw[c][r] = mwr[r][c]; }
         for (c = 0; c < chunk; c++) {
             b = b0 + c;
             for (m = 0; m < mc; m++) xp[m] = j->xq + (m0 + m) * j->K + b * TM_QK;

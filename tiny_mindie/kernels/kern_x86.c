@@ -8,87 +8,117 @@
 #include <immintrin.h>
 #include <string.h>
 
-/* 8 vectors of 8 int32 partial sums -> one vector of their 8 totals (lane r: v_r's total) */
-#define TM_HSUM8(out, v)                                                                     \
+/* The dot kernels work on the 8 rows' blocks transposed: a row's 32 bytes are 8 dwords of 4
+ * weights, and TM_T8 turns the rows r[0..7] into u[k] (k < 4) = [rows 0-3, dword k | rows 0-3,
+ * dword k + 4] and u[k + 4] = the same for rows 4-7. A product with x's dwords k and k + 4 broadcast to
+ * their halves (shuffle_epi32) then gives each row's partial sums in its own lane, and the two
+ * halves of each accumulator added give the 8 rows' totals: no horizontal sums. */
+#define TM_T8(u, r)                                                                          \
     do {                                                                                     \
-        __m256i a0_ = _mm256_hadd_epi32(v[0], v[1]), a1_ = _mm256_hadd_epi32(v[2], v[3]);    \
-        __m256i a2_ = _mm256_hadd_epi32(v[4], v[5]), a3_ = _mm256_hadd_epi32(v[6], v[7]);    \
-        __m256i b0_ = _mm256_hadd_epi32(a0_, a1_), b1_ = _mm256_hadd_epi32(a2_, a3_);        \
-        out = _mm256_add_epi32(_mm256_permute2x128_si256(b0_, b1_, 0x20),                   \
-                               _mm256_permute2x128_si256(b0_, b1_, 0x31));                  \
+        __m256i t0_ = _mm256_unpacklo_epi32(r[0], r[1]), t1_ = _mm256_unpackhi_epi32(r[0], r[1]);\
+        __m256i t2_ = _mm256_unpacklo_epi32(r[2], r[3]), t3_ = _mm256_unpackhi_epi32(r[2], r[3]);\
+        __m256i t4_ = _mm256_unpacklo_epi32(r[4], r[5]), t5_ = _mm256_unpackhi_epi32(r[4], r[5]);\
+        __m256i t6_ = _mm256_unpacklo_epi32(r[6], r[7]), t7_ = _mm256_unpackhi_epi32(r[6], r[7]);\
+        u[0] = _mm256_unpacklo_epi64(t0_, t2_); u[1] = _mm256_unpackhi_epi64(t0_, t2_);       \
+        u[2] = _mm256_unpacklo_epi64(t1_, t3_); u[3] = _mm256_unpackhi_epi64(t1_, t3_);       \
+        u[4] = _mm256_unpacklo_epi64(t4_, t6_); u[5] = _mm256_unpackhi_epi64(t4_, t6_);       \
+        u[6] = _mm256_unpacklo_epi64(t5_, t7_); u[7] = _mm256_unpackhi_epi64(t5_, t7_);       \
     } while (0)
 
+/* accumulators a (rows 0-3), b (rows 4-7), split by halves -> the 8 rows' totals */
+#define TM_JOIN(a, b) \
+    _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31))
+
+/* x's dword k and k + 4 broadcast to the two halves */
+#define TM_XB(X, k) _mm256_shuffle_epi32(X, (k) * 0x55)
+
 /* The three dot kernels of kern_impl.h for one path, from its products:
- * U8(w, x): 8 int32 partials of unsigned w times signed x; S16(wlo, whi, xlo, xhi): of int16. */
+ * U8(acc, w, x): acc + the int32 lane sums of unsigned bytes w times signed bytes x;
+ * S16(acc, w, x): acc + the lane sums of int16 w times int16 x. */
 #define TM_DOTS(SFX, ATTR, U8, S16)                                                          \
 static inline ATTR void dot_u8_##SFX(const void *w, int64_t ws, const int8_t *const *xp,    \
                                      int mc, int32_t D[TM_TILE_M][TM_TILE_N])               \
 {                                                                                            \
-    __m256i wv[TM_TILE_N], p[TM_TILE_N], s;                                                  \
-    int m, r;                                                                                \
-    for (r = 0; r < TM_TILE_N; r++)                                                          \
-        wv[r] = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + r * ws));          \
+    __m256i r[TM_TILE_N], u[8];                                                              \
+    int m, k;                                                                                \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + k * ws));           \
+    TM_T8(u, r);                                                                             \
     for (m = 0; m < mc; m++) {                                                               \
-        __m256i x = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
-        for (r = 0; r < TM_TILE_N; r++) p[r] = U8(wv[r], x);                                 \
-        TM_HSUM8(s, p);                                                                      \
-        _mm256_storeu_si256((__m256i *)D[m], s);                                             \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xb = TM_XB(X, k);                                                        \
+            a = U8(a, u[k], xb);                                                             \
+            b = U8(b, u[k + 4], xb);                                                         \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
     }                                                                                        \
 }                                                                                            \
 static inline ATTR void dot_s8_##SFX(const void *w, int64_t ws, const int8_t *const *xp,    \
                                      int mc, int32_t D[TM_TILE_M][TM_TILE_N])               \
 {                                                                                            \
-    __m256i wv[TM_TILE_N], aw[TM_TILE_N], p[TM_TILE_N], s;                                   \
-    int m, r;                                                                                \
-    for (r = 0; r < TM_TILE_N; r++) {                                                        \
-        wv[r] = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + r * ws));          \
-        aw[r] = _mm256_abs_epi8(wv[r]);                                                      \
-    }                                                                                        \
+    __m256i r[TM_TILE_N], u[8], au[8];                                                       \
+    int m, k;                                                                                \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + k * ws));           \
+    TM_T8(u, r);                                                                             \
+    for (k = 0; k < 8; k++) au[k] = _mm256_abs_epi8(u[k]);                                   \
     for (m = 0; m < mc; m++) {                                                               \
-        __m256i x = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
-        for (r = 0; r < TM_TILE_N; r++) p[r] = U8(aw[r], _mm256_sign_epi8(x, wv[r]));        \
-        TM_HSUM8(s, p);                                                                      \
-        _mm256_storeu_si256((__m256i *)D[m], s);                                             \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xb = TM_XB(X, k);                                                        \
+            a = U8(a, au[k], _mm256_sign_epi8(xb, u[k]));                                    \
+            b = U8(b, au[k + 4], _mm256_sign_epi8(xb, u[k + 4]));                            \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
     }                                                                                        \
 }                                                                                            \
 static inline ATTR void dot_i16_##SFX(const void *w, int64_t ws, const int8_t *const *xp,   \
                                       int mc, int32_t D[TM_TILE_M][TM_TILE_N])              \
 {                                                                                            \
-    __m256i p[TM_TILE_N], s;                                                                 \
-    int m, r;                                                                                \
+    __m256i r[TM_TILE_N], lo[8], hi[8];                                                      \
+    int m, k;                                                                                \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const int16_t *)w + k * ws));           \
+    TM_T8(lo, r);                                                                            \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const int16_t *)w + k * ws + 16));      \
+    TM_T8(hi, r);                                                                            \
     for (m = 0; m < mc; m++) {                                                               \
-        __m256i xl = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xp[m]));          \
-        __m256i xh = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(xp[m] + 16)));   \
-        for (r = 0; r < TM_TILE_N; r++) {                                                    \
-            const int16_t *wr = (const int16_t *)w + r * ws;                                 \
-            p[r] = S16(_mm256_loadu_si256((const __m256i *)wr),                              \
-                       _mm256_loadu_si256((const __m256i *)(wr + 16)), xl, xh);              \
+        __m256i XL = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xp[m]));          \
+        __m256i XH = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(xp[m] + 16)));   \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xl = TM_XB(XL, k), xh = TM_XB(XH, k);                                    \
+            a = S16(a, lo[k], xl);                                                           \
+            b = S16(b, lo[k + 4], xl);                                                       \
+            a = S16(a, hi[k], xh);                                                           \
+            b = S16(b, hi[k + 4], xh);                                                       \
         }                                                                                    \
-        TM_HSUM8(s, p);                                                                      \
-        _mm256_storeu_si256((__m256i *)D[m], s);                                             \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
     }                                                                                        \
 }
 
 /* ---- AVX2 (with FMA and F16C, as every AVX2 CPU has; FMA is not used in the arithmetic) ---- */
 #define ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define U8_AVX2(w, x) _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1))
-#define S16_AVX2(wl, wh, xl, xh) \
-    _mm256_add_epi32(_mm256_madd_epi16(wl, xl), _mm256_madd_epi16(wh, xh))
+#define U8_AVX2(a, w, x) \
+    _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+#define S16_AVX2(a, w, x) _mm256_add_epi32(a, _mm256_madd_epi16(w, x))
 TM_DOTS(avx2, ATTR_AVX2, U8_AVX2, S16_AVX2)
 
 /* ---- AVX-VNNI (VEX-encoded VPDPBUSD/VPDPWSSD) ---- */
 #define ATTR_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
-#define U8_AVXVNNI(w, x) _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x)
-#define S16_AVXVNNI(wl, wh, xl, xh) \
-    _mm256_dpwssd_avx_epi32(_mm256_dpwssd_avx_epi32(_mm256_setzero_si256(), wl, xl), wh, xh)
+#define U8_AVXVNNI(a, w, x) _mm256_dpbusd_avx_epi32(a, w, x)
+#define S16_AVXVNNI(a, w, x) _mm256_dpwssd_avx_epi32(a, w, x)
 TM_DOTS(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI, S16_AVXVNNI)
 
 /* ---- AVX-512 VNNI (its 256-bit forms: AVX-512 VL) ---- */
 #define ATTR_AVX512 \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-#define U8_AVX512(w, x) _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x)
-#define S16_AVX512(wl, wh, xl, xh) \
-    _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), wl, xl), wh, xh)
+#define U8_AVX512(a, w, x) _mm256_dpbusd_epi32(a, w, x)
+#define S16_AVX512(a, w, x) _mm256_dpwssd_epi32(a, w, x)
 TM_DOTS(avx512vnni, ATTR_AVX512, U8_AVX512, S16_AVX512)
 
 #define TM_F16C_FN(SFX, ATTR)                                                                \
@@ -155,20 +185,23 @@ static inline ATTR void decode_##SFX(int type, const uint8_t *row, int64_t b0, i
         }                                                                                    \
         break;                                                                               \
     case TM_Q4_K: {                                                                          \
-        const uint8_t *sb = row + (b0 / 8) * 144, *s = sb + 4;                               \
-        float d = f16_##SFX(sb), dmin = f16_##SFX(sb + 2);                                   \
-        for (c = 0; c < 8; c++) {                                                            \
-            int sc, mn;                                                                      \
-            if (c < 4) {                                                                     \
-                sc = s[c] & 63;                                                              \
-                mn = s[c + 4] & 63;                                                          \
-            } else {                                                                         \
-                sc = (s[c + 4] & 15) | (s[c - 4] >> 6) << 4;                                 \
-                mn = (s[c + 4] >> 4) | (s[c] >> 6) << 4;                                     \
-            }                                                                                \
-            dw[c] = d * (float)sc;                                                           \
-            mw[c] = -(dmin * (float)mn);                                                     \
-        }                                                                                    \
+        /* the 6-bit scales and minima: bytes 0-3 hold scales 0-3 (and the top bits of 4-7),  \
+         * 4-7 minima 0-3 (and the top bits of minima 4-7), 8-11 the low nibbles of both */    \
+        const uint8_t *sb = row + (b0 / 8) * 144;                                            \
+        uint32_t a, b, l;                                                                    \
+        uint64_t sc8, mn8;                                                                   \
+        memcpy(&a, sb + 4, 4);                                                               \
+        memcpy(&b, sb + 8, 4);                                                               \
+        memcpy(&l, sb + 12, 4);                                                              \
+        sc8 = (uint64_t)(a & 0x3f3f3f3fu)                                                    \
+              | (uint64_t)((l & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;              \
+        mn8 = (uint64_t)(b & 0x3f3f3f3fu)                                                    \
+              | (uint64_t)(((l >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;       \
+        _mm256_storeu_ps(dw, _mm256_mul_ps(_mm256_set1_ps(f16_##SFX(sb)), _mm256_cvtepi32_ps( \
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)))));                      \
+        _mm256_storeu_ps(mw, _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(             \
+            _mm256_set1_ps(f16_##SFX(sb + 2)),                                               \
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn8)))))); \
         for (c = 0; c < 8; c += 2) {                                                         \
             __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 16 * c));             \
             _mm256_storeu_si256((__m256i *)(q + 32 * c), _mm256_and_si256(v, m4));          \
@@ -210,35 +243,60 @@ TM_X86_DECODE(avx2, ATTR_AVX2)
 TM_X86_DECODE(avxvnni, ATTR_AVXVNNI)
 TM_X86_DECODE(avx512vnni, ATTR_AVX512)
 
+/* float [8][8]: dst[c][r] = src[r][c] */
+#define TM_X86_TRANSPOSE8(SFX, ATTR)                                                         \
+static inline ATTR void transpose8_##SFX(float dst[TM_CHUNK][TM_TILE_N],                    \
+                                         float src[TM_TILE_N][TM_CHUNK])                    \
+{                                                                                            \
+    __m256i r[8], u[8];                                                                      \
+    int k;                                                                                   \
+    for (k = 0; k < 8; k++) r[k] = _mm256_castps_si256(_mm256_loadu_ps(src[k]));             \
+    TM_T8(u, r);                                                                             \
+    for (k = 0; k < 4; k++) {                                                                \
+        _mm256_storeu_ps(dst[k], _mm256_castsi256_ps(                                        \
+            _mm256_permute2x128_si256(u[k], u[k + 4], 0x20)));                               \
+        _mm256_storeu_ps(dst[k + 4], _mm256_castsi256_ps(                                    \
+            _mm256_permute2x128_si256(u[k], u[k + 4], 0x31)));                               \
+    }                                                                                        \
+}
+TM_X86_TRANSPOSE8(avx2, ATTR_AVX2)
+TM_X86_TRANSPOSE8(avxvnni, ATTR_AVXVNNI)
+TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
+
 #define TM_SFX(name) name##_avx2
 #define TM_TARGET ATTR_AVX2
 #define TM_FN static inline ATTR_AVX2
 #define TM_F16(p) f16_avx2(p)
 #define TM_DECODE decode_avx2
+#define TM_TRANSPOSE8 transpose8_avx2
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
 #undef TM_FN
 #undef TM_F16
 #undef TM_DECODE
+#undef TM_TRANSPOSE8
 
 #define TM_SFX(name) name##_avxvnni
 #define TM_TARGET ATTR_AVXVNNI
 #define TM_FN static inline ATTR_AVXVNNI
 #define TM_F16(p) f16_avxvnni(p)
 #define TM_DECODE decode_avxvnni
+#define TM_TRANSPOSE8 transpose8_avxvnni
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
 #undef TM_FN
 #undef TM_F16
 #undef TM_DECODE
+#undef TM_TRANSPOSE8
 
 #define TM_SFX(name) name##_avx512vnni
 #define TM_TARGET ATTR_AVX512
 #define TM_FN static inline ATTR_AVX512
 #define TM_F16(p) f16_avx512vnni(p)
 #define TM_DECODE decode_avx512vnni
+#define TM_TRANSPOSE8 transpose8_avx512vnni
 #include "kern_impl.h"
 
 #else
