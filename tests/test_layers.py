@@ -20,7 +20,7 @@ PACKAGE = "tiny_mindie"
 ALLOWED = {
     "server": {"server"},
     "kernels": {"kernels"},
-    "model": {"model", "_version"},
+    "model": {"model", "kernels", "_version"},
     "engine": {"engine", "model", "_version"},
 }
 
