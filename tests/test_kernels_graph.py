@@ -9,12 +9,14 @@ Skips where the kernel library was not built (fails in CI, where it is).
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import onnx
 import pytest
 from batching import assert_rows_batch_invariant
+from helpers import TEST_CONFIG, request, serving, start_server
 from hf_math import MIN_MARGIN, greedy_margins
 from test_ort_backend import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, _prefill_and_decode, ids_of
 
@@ -92,3 +94,56 @@ def test_the_greedy_text_is_the_references(custom, reference, gguf):
 
 def test_a_row_gets_the_same_logits_alone_and_in_any_batch(custom):
     assert_rows_batch_invariant(custom, custom.config.vocab_size)
+
+
+# ---- the setting, the banner and /v1/config ---------------------------------------------------
+
+def _config(tmp_path, backend: dict):
+    from tiny_mindie.config import load_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"BackendConfig": backend}))
+    return load_config(str(path))
+
+
+@pytest.mark.parametrize("backend, message", [
+    ({"kernels": "fast"}, 'BackendConfig.kernels must be one of onnxruntime, custom, auto, '
+                          'got "fast"'),
+    ({"kernels": "custom", "backend": "numpy"}, "kernels custom .* needs the onnxruntime"),
+    ({"kernels": "custom", "weights": "compact"}, "kernels custom .* the exact weights"),
+    ({"kernels": "custom", "graph": "standard"}, "kernels custom .* its contrib graph"),
+])
+def test_the_kernels_setting_refuses_what_cannot_run_them(tmp_path, backend, message):
+    from tiny_mindie.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, backend).with_overrides()
+
+
+def test_the_flag_chooses_the_kernels(tmp_path):
+    from tiny_mindie import cli
+
+    assert _config(tmp_path, {}).backend.kernels == "onnxruntime"
+    path = str(tmp_path / "config.json")
+    args = cli.build_parser().parse_args(["serve", "--config", path, "--kernels", "custom"])
+    assert cli._config_from_args(args).backend.kernels == "custom"
+
+
+@pytest.fixture(scope="module")
+def custom_server(gguf, tmp_path_factory):
+    home = str(tmp_path_factory.mktemp("kernels-server"))
+    yield from serving(start_server(home, TEST_CONFIG, ["--kernels", "custom"]))
+
+
+def test_the_banner_and_config_say_which_kernels_run(custom_server):
+    isa = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2",
+           "portable": "portable C"}[kernels.isa()]
+    assert f"  kernels  custom op, {isa}\n" in custom_server.banner
+    status, _, raw = request(custom_server, "GET", "/v1/config")
+    backend = json.loads(raw)["BackendConfig"]
+    assert status == 200
+    assert (backend["kernels"], backend["kernelsRunning"]) == ("custom", f"custom op, {isa}")
+    status, _, raw = request(custom_server, "POST", "/infer", {
+        "inputs": "The capital of France is", "stream": False,
+        "parameters": {"max_new_tokens": 3, "do_sample": False}})
+    assert status == 200 and "Paris" in json.loads(raw)["generated_text"], raw
