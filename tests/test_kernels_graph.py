@@ -96,6 +96,29 @@ def test_a_row_gets_the_same_logits_alone_and_in_any_batch(custom):
     assert_rows_batch_invariant(custom, custom.config.vocab_size)
 
 
+
+def test_gemma3s_k_quants_give_the_references_greedy_answer(gemma_path, tmp_path):
+    """Gemma 3 270M Q4_K_M: Q4_K and Q6_K runs in one fused product, the attention scale in the
+    q norm, the LM head the tied Q8_0 embedding as it is: the reference's greedy tokens where
+    its choice leads by a margin no int8 rounding closes."""
+    from hf_math import QUESTION
+
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
+
+    f = GGUFFile(gemma_path)
+    c = ModelConfig.from_gguf(f)
+    ids = np.array(load_tokenizer(f).encode(QUESTION), dtype=np.int64)
+    be = OrtBackend(f, c, num_slots=3, max_seq_len=MAX_SEQ_LEN, threads=2,
+                    cache_dir=str(tmp_path), graph_options=GraphOptions(kernels="custom"))
+    try:
+        got, _ = greedy_margins(be, ids, 6)
+    finally:
+        be.close()
+    want, margins = greedy_margins(NumpyBackend(f, c, num_slots=1, max_seq_len=MAX_SEQ_LEN),
+                                   ids, 6)
+    sure = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(margins))
+    assert sure >= 1 and got[:sure] == want[:sure], (got, want, margins)
+
 # ---- the setting, the banner and /v1/config ---------------------------------------------------
 
 def _config(tmp_path, backend: dict):
