@@ -170,3 +170,14 @@ def test_the_banner_and_config_say_which_kernels_run(custom_server):
         "inputs": "The capital of France is", "stream": False,
         "parameters": {"max_new_tokens": 3, "do_sample": False}})
     assert status == 200 and "Paris" in json.loads(raw)["generated_text"], raw
+
+
+def test_check_graph_says_which_kernels_run(gguf, model_path, capsys):
+    from tiny_mindie.cli import main
+
+    assert main(["check-graph", "--model", model_path, "--graph", "contrib", "--kernels",
+                 "custom", "--prompts", "1", "--tokens", "4", "--max-seq-len", "300",
+                 "--slots", "2"]) == 0
+    assert "kernels    custom op, " in capsys.readouterr().out
+    assert main(["check-graph", "--model", model_path, "--kernels", "custom"]) == 2
+    assert "--kernels custom needs --graph contrib" in capsys.readouterr().err
