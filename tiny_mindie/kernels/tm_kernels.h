@@ -50,7 +50,8 @@ void tm_rows_avx2(const tm_job *job, int64_t n0, int64_t n1);
 void tm_rows_avxvnni(const tm_job *job, int64_t n0, int64_t n1);
 void tm_rows_avx512vnni(const tm_job *job, int64_t n0, int64_t n1);
 #endif
-#ifdef TM_HAVE_NEON       /* kern_neon.c: not written yet */
+#if defined(__aarch64__) && defined(__GNUC__) && defined(__linux__)
+#define TM_HAVE_NEON 1
 void tm_rows_neon(const tm_job *job, int64_t n0, int64_t n1);
 #endif
 
