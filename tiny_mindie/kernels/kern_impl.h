@@ -122,18 +122,22 @@ TM_FN void TM_SFX(decode)(int type, const uint8_t *row, int64_t b0, int cnt, uin
 TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
 {
     enum { W = TM_CHUNK * TM_QK };
-    float acc[TM_TILE_M][TM_TILE_N];
-    float dw[TM_CHUNK][TM_TILE_N], mw[TM_CHUNK][TM_TILE_N];   /* [block][row] */
+    tm_v8f acc[TM_TILE_M];                                     /* lane r: row n + r */
+    _Alignas(32) float dw[TM_CHUNK][TM_TILE_N], mw[TM_CHUNK][TM_TILE_N];   /* [block][row] */
     float dwr[TM_TILE_N][TM_CHUNK], mwr[TM_TILE_N][TM_CHUNK];  /* [row][block] */
     _Alignas(64) uint8_t q[TM_TILE_N][W];
     _Alignas(64) int16_t q16[TM_TILE_N][W];
-    int32_t D[TM_TILE_M][TM_TILE_N];
+    _Alignas(32) int32_t D[TM_TILE_M][TM_TILE_N];
     const int8_t *xp[TM_TILE_M];
     const int type = j->type;
     const int off = type == TM_Q4_0 ? 8 : type == TM_Q5_0 ? 16 : 0;
     const int has_min = type == TM_Q4_1 || type == TM_Q4_K;
     const int chunk = j->nb % TM_CHUNK == 0 ? TM_CHUNK : 1;
-    int64_t b0, b;
+    /* bytes of a row per chunk, and the next tile's rows (fetched a tile ahead) */
+    const int64_t cb = chunk * TM_QK / tm_block_elems(type) * tm_block_bytes(type);
+    const int64_t ahead = n + TM_TILE_N + TM_TILE_N <= j->N ? TM_TILE_N
+                          : n + TM_TILE_N < j->N ? j->N - n - TM_TILE_N : 0;
+    int64_t b0, b, i;
     int m, r, c;
 
     for (m = 0; m < TM_TILE_M; m++)
@@ -143,6 +147,10 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
         for (c = 0; c < TM_CHUNK; c++) { dwr[r][c] = 0.0f; mwr[r][c] = 0.0f; }
     }
     for (b0 = 0; b0 < j->nb; b0 += chunk) {
+        for (r = 0; r < ahead; r++) {
+            const uint8_t *next = j->w + (n + TM_TILE_N + r) * j->row_bytes + b0 / chunk * cb;
+            for (i = 0; i < cb; i += 64) __builtin_prefetch(next + i);
+        }
         for (r = 0; r < R; r++)
             TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, q[r], q16[r], dwr[r],
                       mwr[r]);
@@ -166,20 +174,19 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
             for (m = 0; m < mc; m++) {
                 const float dx = j->dx[(m0 + m) * j->nb + b];
                 const int32_t xs = j->xs[(m0 + m) * j->nb + b];
-                const float fxs = (float)xs;
-                float *a = acc[m];
-                const int32_t *Dm = D[m];
+                tm_v8f dwv, t;
+                tm_v8i Dv;
+                memcpy(&dwv, dw[c], sizeof dwv);
+                memcpy(&Dv, D[m], sizeof Dv);
                 if (has_min) {
-                    for (r = 0; r < TM_TILE_N; r++) {
-                        float t = (dw[c][r] * dx) * (float)Dm[r];
-                        t = t + (mw[c][r] * dx) * fxs;
-                        a[r] = a[r] + t;
-                    }
+                    tm_v8f mwv;
+                    memcpy(&mwv, mw[c], sizeof mwv);
+                    t = (dwv * dx) * __builtin_convertvector(Dv, tm_v8f);
+                    t = t + (mwv * dx) * (float)xs;
                 } else {
-                    const int32_t o = off * xs;
-                    for (r = 0; r < TM_TILE_N; r++)
-                        a[r] = a[r] + (dw[c][r] * dx) * (float)(Dm[r] - o);
+                    t = (dwv * dx) * __builtin_convertvector(Dv - off * xs, tm_v8f);
                 }
+                acc[m] = acc[m] + t;
             }
         }
     }

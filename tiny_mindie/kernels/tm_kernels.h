@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* GGUF (ggml) type ids of the supported block types */
 enum {
@@ -27,6 +28,11 @@ enum { TM_PORTABLE = 0, TM_AVX2 = 1, TM_AVXVNNI = 2, TM_AVX512VNNI = 3, TM_NEON 
 #define TM_TILE_N 8       /* weight rows computed together */
 #define TM_TILE_M 8       /* activation rows computed together (weights read once for them) */
 #define TM_CHUNK 8        /* 32-blocks decoded at a time (one K-quant super-block) */
+
+/* 8 float32 / int32 lanes (GCC and clang vector extensions): the float32 terms of 8 rows at once,
+ * each lane the same IEEE operations as a scalar */
+typedef float tm_v8f __attribute__((vector_size(32)));
+typedef int32_t tm_v8i __attribute__((vector_size(32)));
 
 /* One product, prepared: the activations already quantized. */
 typedef struct {
