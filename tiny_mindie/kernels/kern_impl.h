@@ -5,6 +5,9 @@
  *   TM_F16(p)     the float value of the little-endian IEEE half at p
  *   TM_DECODE     optionally, the path's own decode (below)
  *   TM_TRANSPOSE8 optionally, the path's transpose of float [8][8] (dst, src)
+ *   TM_DOT_Q4K_PAIR optionally (with TM_TRANSPOSE8, and TM_DECODE skipping Q4_K's nibbles when
+ *                 q is NULL), the dots of a Q4_K block pair read from the 8 rows' 32 bytes
+ *                 (rows, xa, xb, mc, Da, Db: block 2i from the low nibbles, 2i+1 the high)
  *   the dot kernels TM_SFX(dot_u8), TM_SFX(dot_s8), TM_SFX(dot_i16), each
  *     (const void *w, int64_t wstride, const int8_t *const *xp, int mc,
  *      int32_t D[TM_TILE_M][TM_TILE_N]):
@@ -118,6 +121,31 @@ TM_FN void TM_SFX(decode)(int type, const uint8_t *row, int64_t b0, int cnt, uin
 }
 #endif
 
+/* Block b's float32 terms added to the 8 rows' accumulators of each activation row */
+TM_FN void TM_SFX(terms)(const tm_job *j, tm_v8f *acc, const float *dw, const float *mw,
+                         int32_t D[TM_TILE_M][TM_TILE_N], int64_t b, int64_t m0, int mc,
+                         int off, int has_min)
+{
+    int m;
+    tm_v8f dwv, mwv;
+    memcpy(&dwv, dw, sizeof dwv);
+    memcpy(&mwv, mw, sizeof mwv);
+    for (m = 0; m < mc; m++) {
+        const float dx = j->dx[(m0 + m) * j->nb + b];
+        const int32_t xs = j->xs[(m0 + m) * j->nb + b];
+        tm_v8f t;
+        tm_v8i Dv;
+        memcpy(&Dv, D[m], sizeof Dv);
+        if (has_min) {
+            t = (dwv * dx) * __builtin_convertvector(Dv, tm_v8f);
+            t = t + (mwv * dx) * (float)xs;
+        } else {
+            t = (dwv * dx) * __builtin_convertvector(Dv - off * xs, tm_v8f);
+        }
+        acc[m] = acc[m] + t;
+    }
+}
+
 /* Output rows n .. n+R-1 (R <= TM_TILE_N) for activation rows m0 .. m0+mc-1 (mc <= TM_TILE_M). */
 TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
 {
@@ -151,6 +179,32 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
             const uint8_t *next = j->w + (n + TM_TILE_N + r) * j->row_bytes + b0 / chunk * cb;
             for (i = 0; i < cb; i += 64) __builtin_prefetch(next + i);
         }
+#ifdef TM_DOT_Q4K_PAIR
+        if (type == TM_Q4_K) {     /* the nibbles straight from the blocks: scales decoded only */
+            static const uint8_t zeros[32];
+            const uint8_t *qs[TM_TILE_N];
+            for (r = 0; r < R; r++)
+                TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, NULL, NULL, dwr[r],
+                          mwr[r]);
+            TM_TRANSPOSE8(dw, dwr);
+            TM_TRANSPOSE8(mw, mwr);
+            for (c = 0; c < TM_CHUNK; c += 2) {
+                const int8_t *xq2[TM_TILE_M];
+                int32_t D2[TM_TILE_M][TM_TILE_N];
+                for (r = 0; r < TM_TILE_N; r++)
+                    qs[r] = r < R ? j->w + (n + r) * j->row_bytes + b0 / 8 * 144 + 16 + 16 * c
+                                  : zeros;
+                for (m = 0; m < mc; m++) {
+                    xp[m] = j->xq + (m0 + m) * j->K + (b0 + c) * TM_QK;
+                    xq2[m] = xp[m] + TM_QK;
+                }
+                TM_DOT_Q4K_PAIR(qs, xp, xq2, mc, D, D2);
+                TM_SFX(terms)(j, acc, dw[c], mw[c], D, b0 + c, m0, mc, 0, 1);
+                TM_SFX(terms)(j, acc, dw[c + 1], mw[c + 1], D2, b0 + c + 1, m0, mc, 0, 1);
+            }
+            continue;
+        }
+#endif
         for (r = 0; r < R; r++)
             TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, q[r], q16[r], dwr[r],
                       mwr[r]);
@@ -171,23 +225,7 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
                 TM_SFX(dot_s8)(&q[0][c * TM_QK], W, xp, mc, D);
             else
                 TM_SFX(dot_u8)(&q[0][c * TM_QK], W, xp, mc, D);
-            for (m = 0; m < mc; m++) {
-                const float dx = j->dx[(m0 + m) * j->nb + b];
-                const int32_t xs = j->xs[(m0 + m) * j->nb + b];
-                tm_v8f dwv, t;
-                tm_v8i Dv;
-                memcpy(&dwv, dw[c], sizeof dwv);
-                memcpy(&Dv, D[m], sizeof Dv);
-                if (has_min) {
-                    tm_v8f mwv;
-                    memcpy(&mwv, mw[c], sizeof mwv);
-                    t = (dwv * dx) * __builtin_convertvector(Dv, tm_v8f);
-                    t = t + (mwv * dx) * (float)xs;
-                } else {
-                    t = (dwv * dx) * __builtin_convertvector(Dv - off * xs, tm_v8f);
-                }
-                acc[m] = acc[m] + t;
-            }
+            TM_SFX(terms)(j, acc, dw[c], mw[c], D, b, m0, mc, off, has_min);
         }
     }
     for (m = 0; m < mc; m++)

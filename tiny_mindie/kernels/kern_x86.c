@@ -202,7 +202,7 @@ static inline ATTR void decode_##SFX(int type, const uint8_t *row, int64_t b0, i
         _mm256_storeu_ps(mw, _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(             \
             _mm256_set1_ps(f16_##SFX(sb + 2)),                                               \
             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn8)))))); \
-        for (c = 0; c < 8; c += 2) {                                                         \
+        for (c = 0; c < 8 && q; c += 2) {                                                    \
             __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 16 * c));             \
             _mm256_storeu_si256((__m256i *)(q + 32 * c), _mm256_and_si256(v, m4));          \
             _mm256_storeu_si256((__m256i *)(q + 32 * c + 32),                                \
@@ -263,12 +263,49 @@ TM_X86_TRANSPOSE8(avx2, ATTR_AVX2)
 TM_X86_TRANSPOSE8(avxvnni, ATTR_AVXVNNI)
 TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
 
+/* Q4_K's block pair 2i, 2i+1 from 8 rows' 32 bytes: transposed packed, then split by nibbles */
+#define TM_X86_Q4K_PAIR(SFX, ATTR, U8)                                                       \
+static inline ATTR void q4k_pair_##SFX(const uint8_t *const *rows, const int8_t *const *xa, \
+                                       const int8_t *const *xb, int mc,                      \
+                                       int32_t Da[TM_TILE_M][TM_TILE_N],                     \
+                                       int32_t Db[TM_TILE_M][TM_TILE_N])                     \
+{                                                                                            \
+    const __m256i m4 = _mm256_set1_epi8(15);                                                 \
+    __m256i r[8], u[8], lo[8], hi[8];                                                        \
+    int m, k;                                                                                \
+    for (k = 0; k < 8; k++) r[k] = _mm256_loadu_si256((const __m256i *)rows[k]);             \
+    TM_T8(u, r);                                                                             \
+    for (k = 0; k < 8; k++) {                                                                \
+        lo[k] = _mm256_and_si256(u[k], m4);                                                  \
+        hi[k] = _mm256_and_si256(_mm256_srli_epi16(u[k], 4), m4);                            \
+    }                                                                                        \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xa[m]);                              \
+        __m256i Y = _mm256_loadu_si256((const __m256i *)xb[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        __m256i c = _mm256_setzero_si256(), d = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xk = TM_XB(X, k), yk = TM_XB(Y, k);                                      \
+            a = U8(a, lo[k], xk);                                                            \
+            b = U8(b, lo[k + 4], xk);                                                        \
+            c = U8(c, hi[k], yk);                                                            \
+            d = U8(d, hi[k + 4], yk);                                                        \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)Da[m], TM_JOIN(a, b));                                \
+        _mm256_storeu_si256((__m256i *)Db[m], TM_JOIN(c, d));                                \
+    }                                                                                        \
+}
+TM_X86_Q4K_PAIR(avx2, ATTR_AVX2, U8_AVX2)
+TM_X86_Q4K_PAIR(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
+TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
+
 #define TM_SFX(name) name##_avx2
 #define TM_TARGET ATTR_AVX2
 #define TM_FN static inline ATTR_AVX2
 #define TM_F16(p) f16_avx2(p)
 #define TM_DECODE decode_avx2
 #define TM_TRANSPOSE8 transpose8_avx2
+#define TM_DOT_Q4K_PAIR q4k_pair_avx2
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
@@ -276,6 +313,7 @@ TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
 #undef TM_F16
 #undef TM_DECODE
 #undef TM_TRANSPOSE8
+#undef TM_DOT_Q4K_PAIR
 
 #define TM_SFX(name) name##_avxvnni
 #define TM_TARGET ATTR_AVXVNNI
@@ -283,6 +321,7 @@ TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
 #define TM_F16(p) f16_avxvnni(p)
 #define TM_DECODE decode_avxvnni
 #define TM_TRANSPOSE8 transpose8_avxvnni
+#define TM_DOT_Q4K_PAIR q4k_pair_avxvnni
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
@@ -290,6 +329,7 @@ TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
 #undef TM_F16
 #undef TM_DECODE
 #undef TM_TRANSPOSE8
+#undef TM_DOT_Q4K_PAIR
 
 #define TM_SFX(name) name##_avx512vnni
 #define TM_TARGET ATTR_AVX512
@@ -297,6 +337,7 @@ TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
 #define TM_F16(p) f16_avx512vnni(p)
 #define TM_DECODE decode_avx512vnni
 #define TM_TRANSPOSE8 transpose8_avx512vnni
+#define TM_DOT_Q4K_PAIR q4k_pair_avx512vnni
 #include "kern_impl.h"
 
 #else
