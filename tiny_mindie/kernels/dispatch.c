@@ -195,9 +195,10 @@ int tm_check(int type, int64_t N, int64_t K, int64_t w_bytes, const char **why)
     return 0;
 }
 
-/* x [M, K] -> int8 blocks of 32: dx = max|x| / 127, q = round-half-even(x * (1 / dx)) */
+/* x [M, K] -> int8 blocks of 32: dx = max|x| / 127, q = round-half-even(x * (1 / dx)); xs
+ * the sums of q per block, xs16 of its first 16 */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx,
-                          int32_t *xs)
+                          int32_t *xs, int32_t *xs16)
 {
     int64_t nb = K / TM_QK, m, b;
     int i;
@@ -206,7 +207,7 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
             const float *v = x + m * K + b * TM_QK;
             int8_t *q = xq + m * K + b * TM_QK;
             float amax = 0.0f, scale, inv;
-            int32_t s = 0;
+            int32_t s = 0, s16 = 0;
             for (i = 0; i < TM_QK; i++) {
                 float a = fabsf(v[i]);
                 amax = a > amax ? a : amax;
@@ -218,9 +219,11 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
                 r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
                 q[i] = (int8_t)r;
                 s += q[i];
+                if (i == 15) s16 = s;
             }
             dx[m * nb + b] = scale;
             xs[m * nb + b] = s;
+            xs16[m * nb + b] = s16;
         }
 }
 
@@ -276,7 +279,7 @@ int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int
     int64_t nb = K / TM_QK, tiles;
     int8_t *xq;
     float *dx;
-    int32_t *xs;
+    int32_t *xs, *xs16;
     size_t pieces;
     int path = tm_path();
 
@@ -286,13 +289,14 @@ int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int
     xq = (int8_t *)malloc((size_t)(M * K));
     dx = (float *)malloc((size_t)(M * nb) * sizeof(float));
     xs = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
-    if (!xq || !dx || !xs) {
-        free(xq); free(dx); free(xs);
+    xs16 = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
+    if (!xq || !dx || !xs || !xs16) {
+        free(xq); free(dx); free(xs); free(xs16);
         *why = "out of memory";
         return -2;
     }
-    quantize_rows(x, M, K, xq, dx, xs);
-    job.xq = xq; job.dx = dx; job.xs = xs;
+    quantize_rows(x, M, K, xq, dx, xs, xs16);
+    job.xq = xq; job.dx = dx; job.xs = xs; job.xs16 = xs16;
     work.job = &job;
     work.rows = tm_rows_for(path);
     tiles = (N + TM_TILE_N - 1) / TM_TILE_N;
@@ -309,7 +313,7 @@ int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int
         if (pieces > 1) run_threads(&work, pieces);
         else work_piece(&work, 0);
     }
-    free(xq); free(dx); free(xs);
+    free(xq); free(dx); free(xs); free(xs16);
     return 0;
 }
 

@@ -8,6 +8,8 @@
  *   TM_DOT_Q4K_PAIR optionally (with TM_TRANSPOSE8, and TM_DECODE skipping Q4_K's nibbles when
  *                 q is NULL), the dots of a Q4_K block pair read from the 8 rows' 32 bytes
  *                 (rows, xa, xb, mc, Da, Db: block 2i from the low nibbles, 2i+1 the high)
+ *   TM_DOT_Q6K    optionally, the exact block sums of Q6_K's block c read from the 8 rows'
+ *                 super-blocks (sb, c, xp, xs, xs16, xs_stride, mc, D)
  *   the dot kernels TM_SFX(dot_u8), TM_SFX(dot_s8), TM_SFX(dot_i16), each
  *     (const void *w, int64_t wstride, const int8_t *const *xp, int mc,
  *      int32_t D[TM_TILE_M][TM_TILE_N]):
@@ -201,6 +203,24 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
                 TM_DOT_Q4K_PAIR(qs, xp, xq2, mc, D, D2);
                 TM_SFX(terms)(j, acc, dw[c], mw[c], D, b0 + c, m0, mc, 0, 1);
                 TM_SFX(terms)(j, acc, dw[c + 1], mw[c + 1], D2, b0 + c + 1, m0, mc, 0, 1);
+            }
+            continue;
+        }
+#endif
+#ifdef TM_DOT_Q6K
+        if (type == TM_Q6_K) {     /* 6-bit values and scales straight from the blocks */
+            static const uint8_t zeros[210];
+            const uint8_t *sb[TM_TILE_N];
+            for (r = 0; r < TM_TILE_N; r++) {
+                sb[r] = r < R ? j->w + (n + r) * j->row_bytes + b0 / 8 * 210 : zeros;
+                dw[0][r] = r < R ? TM_F16(sb[r] + 208) : 0.0f;
+                mw[0][r] = 0.0f;
+            }
+            for (c = 0; c < TM_CHUNK; c++) {
+                for (m = 0; m < mc; m++) xp[m] = j->xq + (m0 + m) * j->K + (b0 + c) * TM_QK;
+                TM_DOT_Q6K(sb, c, xp, j->xs + m0 * j->nb + b0 + c, j->xs16 + m0 * j->nb + b0 + c,
+                           j->nb, mc, D);
+                TM_SFX(terms)(j, acc, dw[0], mw[0], D, b0 + c, m0, mc, 0, 0);
             }
             continue;
         }

@@ -299,6 +299,53 @@ TM_X86_Q4K_PAIR(avx2, ATTR_AVX2, U8_AVX2)
 TM_X86_Q4K_PAIR(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
 TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
 
+/* Q6_K's block c (of 8 in a super-block) from 8 rows' super-blocks: the 6-bit values (0..63) as
+ * bytes, transposed, dotted as unsigned bytes; each 16-element half's sum, less 32 times the
+ * activations' sum over that half, times its int8 scale: the block's exact integer sum. */
+#define TM_X86_Q6K(SFX, ATTR, U8)                                                            \
+static inline ATTR void q6k_##SFX(const uint8_t *const *sb, int c, const int8_t *const *xp, \
+                                  const int32_t *xs, const int32_t *xs16, int64_t xstride,  \
+                                  int mc, int32_t D[TM_TILE_M][TM_TILE_N])                  \
+{                                                                                            \
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);                       \
+    const int h = c / 4, g = c % 4, s0 = 8 * h + 2 * g;                                      \
+    const __m128i hs = _mm_cvtsi32_si128(2 * g);                                             \
+    __m256i r[8], u[8], sca, scb;                                                            \
+    const int8_t *sc[8];                                                                     \
+    int m, k;                                                                                \
+    for (k = 0; k < 8; k++) {                                                                \
+        __m256i l4 = _mm256_loadu_si256((const __m256i *)(sb[k] + 64 * h + 32 * (g & 1)));   \
+        __m256i h2 = _mm256_loadu_si256((const __m256i *)(sb[k] + 128 + 32 * h));            \
+        if (g >> 1) l4 = _mm256_srli_epi16(l4, 4);                                           \
+        r[k] = _mm256_or_si256(_mm256_and_si256(l4, m4), _mm256_slli_epi16(                  \
+            _mm256_and_si256(_mm256_srl_epi16(h2, hs), m2), 4));                             \
+        sc[k] = (const int8_t *)(sb[k] + 192) + s0;                                          \
+    }                                                                                        \
+    TM_T8(u, r);                                                                             \
+    sca = _mm256_setr_epi32(sc[0][0], sc[1][0], sc[2][0], sc[3][0],                          \
+                            sc[0][1], sc[1][1], sc[2][1], sc[3][1]);                         \
+    scb = _mm256_setr_epi32(sc[4][0], sc[5][0], sc[6][0], sc[7][0],                          \
+                            sc[4][1], sc[5][1], sc[6][1], sc[7][1]);                         \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256(), cx;                  \
+        int32_t x0 = xs16[m * xstride], x1 = xs[m * xstride] - x0;                           \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xk = TM_XB(X, k);                                                        \
+            a = U8(a, u[k], xk);                                                             \
+            b = U8(b, u[k + 4], xk);                                                         \
+        }                                                                                    \
+        cx = _mm256_setr_epi32(32 * x0, 32 * x0, 32 * x0, 32 * x0,                           \
+                               32 * x1, 32 * x1, 32 * x1, 32 * x1);                          \
+        a = _mm256_mullo_epi32(_mm256_sub_epi32(a, cx), sca);                                \
+        b = _mm256_mullo_epi32(_mm256_sub_epi32(b, cx), scb);                                \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
+    }                                                                                        \
+}
+TM_X86_Q6K(avx2, ATTR_AVX2, U8_AVX2)
+TM_X86_Q6K(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
+TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
+
 #define TM_SFX(name) name##_avx2
 #define TM_TARGET ATTR_AVX2
 #define TM_FN static inline ATTR_AVX2
@@ -306,6 +353,7 @@ TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_DECODE decode_avx2
 #define TM_TRANSPOSE8 transpose8_avx2
 #define TM_DOT_Q4K_PAIR q4k_pair_avx2
+#define TM_DOT_Q6K q6k_avx2
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
@@ -314,6 +362,7 @@ TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
 #undef TM_DECODE
 #undef TM_TRANSPOSE8
 #undef TM_DOT_Q4K_PAIR
+#undef TM_DOT_Q6K
 
 #define TM_SFX(name) name##_avxvnni
 #define TM_TARGET ATTR_AVXVNNI
@@ -322,6 +371,7 @@ TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_DECODE decode_avxvnni
 #define TM_TRANSPOSE8 transpose8_avxvnni
 #define TM_DOT_Q4K_PAIR q4k_pair_avxvnni
+#define TM_DOT_Q6K q6k_avxvnni
 #include "kern_impl.h"
 #undef TM_SFX
 #undef TM_TARGET
@@ -330,6 +380,7 @@ TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
 #undef TM_DECODE
 #undef TM_TRANSPOSE8
 #undef TM_DOT_Q4K_PAIR
+#undef TM_DOT_Q6K
 
 #define TM_SFX(name) name##_avx512vnni
 #define TM_TARGET ATTR_AVX512
@@ -338,6 +389,7 @@ TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_DECODE decode_avx512vnni
 #define TM_TRANSPOSE8 transpose8_avx512vnni
 #define TM_DOT_Q4K_PAIR q4k_pair_avx512vnni
+#define TM_DOT_Q6K q6k_avx512vnni
 #include "kern_impl.h"
 
 #else

@@ -43,6 +43,7 @@ typedef struct {
     const int8_t *xq;             /* [M, K] */
     const float *dx;              /* [M, nb] activation scales */
     const int32_t *xs;            /* [M, nb] sums of xq per block */
+    const int32_t *xs16;          /* [M, nb] sums of xq per block's first 16 */
     float *y;                     /* [M, N] */
 } tm_job;
 
