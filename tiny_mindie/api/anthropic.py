@@ -30,6 +30,7 @@ from .validate import read_json_object
 
 #: Chat fields named in an error -> the Messages field that sent them.
 RENAME = {"stop": "stop_sequences", "reasoning_effort": "thinking",
+          "response_format": "output_config.format",
           "chat_template_kwargs": "thinking", "parallel_tool_calls": "tool_choice"}
 
 

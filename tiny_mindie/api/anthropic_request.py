@@ -11,8 +11,9 @@ assistant's call: ``id``, ``name``, ``input``), ``tool_result`` (a user's answer
 ``disable_parallel_tool_use``) are the chat's tools; ``max_tokens`` (required),
 ``stop_sequences``, ``temperature`` (0 to 1), ``top_p``, ``top_k``, ``seed`` (an extension),
 ``thinking`` (``disabled``; ``adaptive`` for a template that thinks; a thinking budget cannot
-be held, so ``enabled`` is refused). ``metadata``, ``service_tier`` and blocks'
-``cache_control`` change nothing and are accepted; any other field is a 400 naming it.
+be held, so ``enabled`` is refused), ``output_config.format`` (a JSON schema the answer is held
+to). ``metadata``, ``service_tier`` and ``cache_control`` (also on blocks) change nothing and
+are accepted; any other field is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .errors import bad
 #: The fields read, and those accepted that change nothing in the answer.
 FIELDS = ("model", "max_tokens", "messages", "system", "stop_sequences", "temperature",
           "top_p", "top_k", "seed", "stream", "tools", "tool_choice", "thinking",
-          "metadata", "service_tier")
+          "output_config", "metadata", "service_tier", "cache_control")
 BLOCK_KEYS = {"text": {"text", "cache_control", "citations"},
               "tool_use": {"id", "name", "input", "cache_control"},
               "tool_result": {"tool_use_id", "content", "is_error", "cache_control"},
@@ -61,6 +62,7 @@ def to_chat(obj: dict) -> dict:
         chat["tools"] = tools(obj["tools"])
     chat.update(tool_choice(obj.get("tool_choice")))
     chat.update(thinking(obj.get("thinking")))
+    chat.update(output_config(obj.get("output_config")))
     return chat
 
 
@@ -211,12 +213,36 @@ def tool_choice(value) -> dict:
     return out
 
 
+def output_config(value) -> dict:
+    """``output_config.format`` (``{"type": "json_schema", "schema"}``) as the chat's
+    ``response_format``, the schema held as under strict mode; ``effort`` is refused."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad("output_config: must be an object.", "output_config")
+    if set(value) - {"format", "effort"}:
+        raise extra_input(f"output_config.{sorted(set(value) - {'format', 'effort'})[0]}")
+    if value.get("effort") is not None:
+        raise bad("output_config.effort: not supported by this server.", "output_config")
+    fmt = value.get("format")
+    if fmt is None:
+        return {}
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" \
+            or set(fmt) != {"type", "schema"}:
+        raise bad("output_config.format: must be {'type': 'json_schema', 'schema': {...}}.",
+                  "output_config")
+    return {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "output", "schema": fmt["schema"], "strict": True}}}
+
+
 def thinking(value) -> dict:
     """``thinking``: ``disabled`` turns a thinking template's thinking off, ``adaptive``
     asks for it (a model that does not think answers 400)."""
     if value is None:
         return {}
     kind = value.get("type") if isinstance(value, dict) else None
+    if kind is not None and set(value) - {"type", "budget_tokens"}:
+        raise extra_input(f"thinking.{sorted(set(value) - {'type', 'budget_tokens'})[0]}")
     if kind == "disabled":
         return {"chat_template_kwargs": {"enable_thinking": False}}
     if kind == "adaptive":
