@@ -61,3 +61,14 @@ def test_special_tokens_add_no_text(tokenizer):
     d = IncrementalDetokenizer(tokenizer.token_bytes)
     (im_end,) = tokenizer.encode("<|im_end|>", parse_special=True)
     assert d.add(im_end) == ""
+
+
+def test_stop_strings_count_only_from_the_text_after_min_tokens():
+    """``add(stops=False)`` (``min_tokens`` not reached): the text goes out whole, unheld, and
+    a stop string that starts in it is never matched later; one that starts after is."""
+    pieces = {0: b"a stop", 1: b" here", 2: b" and stop", 3: b" again"}
+    d = IncrementalDetokenizer(pieces.__getitem__, stop_strings=["stop"])
+    assert d.add(0, stops=False) == "a stop"          # not held back, not matched
+    assert d.add(1) == " here" and not d.stopped
+    assert d.add(2) == " and " and d.stopped
+    assert d.text == "a stop here and "

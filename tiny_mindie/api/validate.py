@@ -206,6 +206,15 @@ def get_stop_list(p: dict, name: str, limit: int) -> list[str]:
     return list(v)
 
 
+def refuse_unknown(d: dict, known, what: str = "Parameter") -> None:
+    """422 ``<what> <name> is not supported.`` naming the first key of ``d`` that is not in
+    ``known`` and not null (null means "not set"): a field nothing reads is never silently
+    ignored."""
+    for name, value in d.items():
+        if name not in known and value is not None:
+            raise invalid(f"{what} {name} is not supported.", name)
+
+
 def refuse_set(p: dict, name: str, neutral=(None,)) -> None:
     """422 ``Parameter <name> is not supported.`` unless ``p[name]`` is one of ``neutral``."""
     if p.get(name) not in neutral:

@@ -30,6 +30,7 @@ class IncrementalDetokenizer:
         self._include_stop = include_stop_string
         self._text = ""        # all decoded text so far (stop-truncated once stopped)
         self._emitted = 0      # characters of _text already returned as deltas
+        self._from = 0         # stop strings are looked for from here on (add(stops=False))
         self.stopped = False   # a stop string matched
 
     @property
@@ -37,15 +38,20 @@ class IncrementalDetokenizer:
         """All output text so far (after a stop match: cut at, or just after, the stop string)."""
         return self._text
 
-    def add(self, token_id: int) -> str:
-        """Append one token; return the text that can be sent now (possibly ``""``)."""
+    def add(self, token_id: int, stops: bool = True) -> str:
+        """Append one token; return the text that can be sent now (possibly ``""``). With
+        ``stops`` false (``min_tokens`` not reached) no stop string is looked for, and none
+        found later starts in the text added so far."""
         if self.stopped:
             return ""
         piece = self._decoder.decode(self._token_bytes(token_id))
         if not piece:
             return ""
-        search_from = max(0, len(self._text) - self._max_stop + 1)
+        search_from = max(self._from, len(self._text) - self._max_stop + 1)
         self._text += piece
+        if self._stops and not stops:
+            self._from = len(self._text)
+            return self._take(len(self._text))
         if self._stops:
             hit = self._find_stop(search_from)
             if hit is not None:
