@@ -60,6 +60,8 @@ def test_vllm_messages_are_the_chats_prompt(server):
     assert status == 200 and got["count"] == chat.usage.prompt_tokens == len(got["tokens"])
     _, text = post(server, "/detokenize", {"tokens": got["tokens"]})
     assert "Be brief." in text["content"] and "<|im_start|>" in text["content"]
+    _, bare = post(server, "/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert got["tokens"][:bare["count"]] == bare["tokens"] and bare["count"] < got["count"]
 
 
 @pytest.mark.parametrize("path, body, param, status", [
@@ -69,7 +71,7 @@ def test_vllm_messages_are_the_chats_prompt(server):
     ("/tokenize", {"text": "x"}, "content", 400),
     ("/tokenize", {"model": "other", "prompt": "x"}, "model", 404),
     ("/tokenize", {"messages": [{"role": "user", "content": "x"}],
-                   "add_generation_prompt": False}, "add_generation_prompt", 400),
+                   "add_special_tokens": True}, "add_special_tokens", 400),
     ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", 400),
     ("/detokenize", {"tokens": [10**9]}, "tokens", 400),
     ("/detokenize", {"tokens": "abc"}, "tokens", 400),

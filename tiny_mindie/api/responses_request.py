@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import json
 
-from .errors import APIError, Kind, bad
+from .errors import APIError, bad
+from .structured import unknown_parameter
 
 #: Fields translated into the chat body, or read by the answer.
 USED = ("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
@@ -46,9 +47,11 @@ ITEM_KEYS = {"message": {"role", "content", "id", "status", "phase"},
 
 
 def unknown(name: str, why: str = "") -> APIError:
-    """400 ``unknown_parameter`` naming ``name``."""
-    return APIError(Kind.BAD_REQUEST, f"Unknown parameter: '{name}'.{why}", param=name,
-                    code="unknown_parameter")
+    """400 ``unknown_parameter`` naming ``name`` (:func:`~.structured.unknown_parameter`),
+    ``why`` after its message."""
+    err = unknown_parameter(name)
+    err.message += why
+    return err
 
 
 def check_fields(obj: dict) -> None:

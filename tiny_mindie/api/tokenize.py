@@ -10,7 +10,8 @@ each, taking either server's body as its clients send it.
   (default true) reads control tokens spelled in the text as themselves.
 * vLLM's ``{"model"?, "prompt", "add_special_tokens"?, "return_token_strs"?}`` (default
   ``add_special_tokens`` true), or ``{"model"?, "messages", "add_generation_prompt"?,
-  "chat_template_kwargs"?, "tools"?}`` (the chat as ``/v1/chat/completions`` renders it) ->
+  "continue_final_message"?, "add_special_tokens"?, "chat_template_kwargs"?, "tools"?}`` (the
+  chat's prompt as ``/v1/chat/completions`` renders it, those fields as it takes them) ->
   ``{"count", "max_model_len", "tokens", "token_strs"}``.
 
 ``/detokenize``: ``{"model"?, "tokens": [id, ...]}`` (both servers' shape) -> ``{"content",
@@ -36,8 +37,8 @@ from .validate import check_token_ids, get_bool, read_json_object
 
 LLAMA_FIELDS = ("content", "add_special", "parse_special", "with_pieces")
 VLLM_PROMPT_FIELDS = ("model", "prompt", "add_special_tokens", "return_token_strs")
-VLLM_CHAT_FIELDS = ("model", "messages", "add_generation_prompt", "add_special_tokens",
-                    "return_token_strs", "chat_template_kwargs", "tools")
+VLLM_CHAT_FIELDS = ("model", "messages", "add_generation_prompt", "continue_final_message",
+                    "add_special_tokens", "return_token_strs", "chat_template_kwargs", "tools")
 
 
 def routes(app) -> list:
@@ -119,13 +120,8 @@ async def _vllm(app, obj: dict) -> Response:
     strs = get_bool(obj, "return_token_strs", False)
     llm = app.llm
     if chat:
-        if get_bool(obj, "add_generation_prompt", True) is not True:
-            raise bad("Parameter add_generation_prompt false is not supported: the chat is "
-                      "rendered as /v1/chat/completions renders it.", "add_generation_prompt")
-        if get_bool(obj, "add_special_tokens", False):
-            raise bad("Parameter add_special_tokens true is not supported with messages: the "
-                      "chat template writes the special tokens.", "add_special_tokens")
-        body = {k: obj[k] for k in ("messages", "chat_template_kwargs", "tools") if k in obj}
+        body = {k: obj[k] for k in VLLM_CHAT_FIELDS
+                if k not in ("model", "return_token_strs") and k in obj}
         if body.get("tools") is not None:
             body["tool_choice"] = "auto"
         p, _ = await chat_requests(app, {"model": llm.model_name, "max_tokens": 1, **body}, {})
