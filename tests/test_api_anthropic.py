@@ -145,6 +145,7 @@ def test_output_config_format_holds_the_answer(client):
     ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "custom tools"),
     ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"stop_sequences": [""]}, "stop"),
+    ({"messages": [{"role": "user", "content": "word " * 2000}]}, "prompt is too long: "),
 ])
 def test_bad_requests_in_anthropics_shape(server, body, words):
     full = {"model": MODEL, "messages": HI, "max_tokens": 8, **body}

@@ -213,6 +213,7 @@ def test_agents_default_model_runs_a_tool_agent(server):
     ({"input": HI, "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format",
      None),
     ({"input": []}, "input", None),
+    ({"input": "word " * 2000}, "input", "context_length_exceeded"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param, code):
     status, _, raw = request(server, "POST", "/v1/responses", {"model": MODEL, **body})

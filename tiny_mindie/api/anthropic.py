@@ -25,7 +25,7 @@ from ..server.routing import BUSINESS
 from .anthropic_request import to_chat
 from .chat_bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .drive import merged, route, send_stream
-from .errors import ANTHROPIC
+from .errors import ANTHROPIC, APIError, Kind
 from .validate import read_json_object
 
 #: Chat fields named in an error -> the Messages field that sent them.
@@ -45,7 +45,15 @@ def routes(app) -> list:
 
 async def _messages(app, req: Request, stream: ResponseStream) -> Response | None:
     obj = await read_json_object(req.body)
-    p, request = await chat_requests(app, to_chat(obj), RENAME)
+    try:
+        p, request = await chat_requests(app, to_chat(obj), RENAME)
+    except APIError as err:
+        cause = err.engine_error
+        if err.kind is Kind.TOO_LONG and cause is not None and cause.limit is not None:
+            # Anthropic's words, which its clients match to compact a conversation
+            err.message = (f"prompt is too long: {'at least ' if cause.at_least else ''}"
+                           f"{cause.length} tokens > {cause.limit} maximum")
+        raise
     shape = _Shape(app.llm, obj)
     if p.stream:
         events = _Events(shape, Blocks(p))

@@ -18,7 +18,7 @@ import json
 from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM
 from .drive import collect
-from .errors import APIError
+from .errors import APIError, Kind
 from .openai_answer import Split, make_requests
 from .openai_chat import prepare_chat
 from .openai_request import Parsed, parse_chat
@@ -48,9 +48,11 @@ async def chat_requests(app, chat: dict,
         await prepare_chat(app.llm, p, messages, extra, tools)
         groups = await make_requests(app.llm, p)
     except APIError as err:
-        head = (err.param or "messages").split("[")[0].split(".")[0]
+        if err.param is None and err.kind is Kind.TOO_LONG:
+            err.param = "messages"
+        head = (err.param or "").split("[")[0].split(".")[0]
         if head in rename:
-            err.param = rename[head] + (err.param or "")[len(head):]
+            err.param = rename[head] + err.param[len(head):]
         raise
     return p, groups[0][0]
 
