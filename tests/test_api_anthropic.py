@@ -100,7 +100,7 @@ def test_tool_use_and_its_result(client):
     (use,) = m.content
     assert use.type == "tool_use" and use.name == "get_weather"
     assert set(use.input) == {"city"} and isinstance(use.input["city"], str)
-    turn = [*WEATHER, {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+    turn = [*WEATHER, {"role": "assistant", "content": m.content},    # the SDK's blocks
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
                                           "content": "Sunny, 22 C"}]}]
     again = client.messages.create(model=MODEL, messages=turn, max_tokens=20,

@@ -107,7 +107,7 @@ def test_required_tool_call_and_its_result_round_trip(client):
     assert r.tools[0].strict is True       # Responses' default
     again = client.responses.create(
         model=MODEL, tools=[CITY_TOOL], temperature=0, max_output_tokens=20,
-        input=[{"role": "user", "content": WEATHER}, call.model_dump(exclude_none=True),
+        input=[{"role": "user", "content": WEATHER}, *r.output,      # the SDK's items
                {"type": "function_call_output", "call_id": call.call_id,
                 "output": "Sunny, 22 C"}])
     assert again.output and again.usage.input_tokens > r.usage.input_tokens

@@ -89,7 +89,7 @@ def _check_block(b, where: str, kinds: tuple[str, ...]) -> str:
     if kind not in kinds:
         raise bad(f"{where}.type: must be one of {', '.join(kinds)} here, got "
                   f"{json.dumps(kind)}.", where)
-    extra = set(b) - BLOCK_KEYS[kind] - {"type"}
+    extra = {k for k, v in b.items() if v is not None} - BLOCK_KEYS[kind] - {"type"}
     if extra:
         raise extra_input(f"{where}.{sorted(extra)[0]}")
     key = {"text": "text", "thinking": "thinking"}.get(kind)

@@ -116,7 +116,7 @@ def messages(value, instructions) -> list[dict]:
         if kind not in ITEM_KEYS:
             raise bad(f"input[{i}].type must be one of {', '.join(ITEM_KEYS)}, got "
                       f"{json.dumps(kind)}.", f"input[{i}].type")
-        extra = set(item) - ITEM_KEYS[kind] - {"type"}
+        extra = _set(item) - ITEM_KEYS[kind] - {"type"}
         if extra:
             raise unknown(f"input[{i}].{sorted(extra)[0]}")
         if kind == "reasoning":
@@ -125,6 +125,11 @@ def messages(value, instructions) -> list[dict]:
         _add_item(out, kind, item, i, thought)
         thought = None
     return out
+
+
+def _set(obj: dict) -> set[str]:
+    """The keys of ``obj`` that are set (not null: a client's model dumped whole)."""
+    return {k for k, v in obj.items() if v is not None}
 
 
 def _add_item(out: list[dict], kind: str, item: dict, i: int, thought: str | None) -> None:
@@ -175,7 +180,7 @@ def _text(content, where: str) -> str:
                 or not isinstance(part.get(key), str):
             raise bad(f"{where}[{k}] must be a text part (input_text, output_text or refusal "
                       f"with its text); got type {json.dumps(kind)}.", where)
-        extra = set(part) - {"type", key, "annotations", "logprobs"}
+        extra = _set(part) - {"type", key, "annotations", "logprobs"}
         if extra:
             raise unknown(f"{where}[{k}].{sorted(extra)[0]}")
         texts.append(part[key])
