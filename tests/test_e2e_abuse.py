@@ -134,3 +134,23 @@ def test_a_huge_object_over_the_key_cap_is_refused_before_parsing(server):
     assert status == 422
     assert json.loads(raw)["error"].startswith(
         "Failed to parse request context to json: an object of more than")
+
+
+@pytest.mark.parametrize("grammar, says", [
+    ({"type": "json", "value": "[" * 100_000}, "grammar.value nests deeper than 64 levels"),
+    ({"type": "regex", "value": "a*" * 5000},
+     "the grammar is too large to enforce: 10000 characters of the regex, at most 8192"),
+    ({"type": "json", "value": {"type": "object", "properties": {
+        f"p{i}": {"type": "string", "pattern": "a*" * 100} for i in range(50)}}},
+     "the grammar is too large to enforce: 10000 characters of regexes in the schema"),
+    ({"type": "json", "value": {"type": "object", "properties": {
+        f"p{i:05d}": {"type": "string"} for i in range(3000)}}},
+     "characters of the json_schema, at most 65536"),
+])
+def test_a_grammar_too_costly_to_compile_is_refused_by_its_size(server, grammar, says):
+    """Compiling a grammar takes time growing faster than its size; past the caps it is a 422
+    at once, and the server answers the next request."""
+    status, _, raw = request(server, "POST", "/generate",
+                             {"inputs": "hi", "parameters": {"grammar": grammar}})
+    assert status == 422 and says in json.loads(raw)["error"], raw
+    assert request(server, "GET", "/health")[0] == 200
