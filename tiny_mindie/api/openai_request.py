@@ -20,7 +20,15 @@ from .errors import APIError, Kind, bad
 from .guided import guided_constraint
 from .openai_fields import check_fields
 from .structured import logit_bias, response_format
-from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+from .validate import (
+    MAX_JSON_DEPTH,
+    check_token_ids,
+    get_bool,
+    get_float,
+    get_int,
+    json_depth,
+    parse_json_object,
+)
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -355,8 +363,9 @@ def _message_tool_calls(calls, i: int) -> list[dict]:
         if not isinstance(args, str):
             raise bad(f"{where}[{k}].function.arguments must be a string (JSON text).",
                       "messages")
-        try:
-            parsed = json.loads(args) if args.strip() else {}
+        try:        # a text nested deeper than a body may be stays text
+            parsed = (json.loads(args) if json_depth(args.encode("utf-8", "surrogatepass"))
+                      <= MAX_JSON_DEPTH else None) if args.strip() else {}
         except (ValueError, RecursionError):
             parsed = None
         out.append({"id": c["id"], "type": "function",
