@@ -349,6 +349,28 @@ def openai_client(server, timeout: float = 120):
         http_client.close()
 
 
+@contextlib.contextmanager
+def anthropic_client(server, timeout: float = 120):
+    """The official ``anthropic`` SDK's client for ``server`` over mutual TLS, no retries;
+    closed on exit."""
+    import anthropic
+    import httpx2
+
+    http_client = httpx2.Client(verify=server.ssl_context(), timeout=timeout)
+    try:
+        yield anthropic.Anthropic(base_url=server.url, api_key="x", http_client=http_client,
+                                  max_retries=0)
+    finally:
+        http_client.close()
+
+
+def access_line(server, request_id: str, within: float = 30) -> str:
+    """The text access log line of ``request_id`` in ``server.log`` (waits for it)."""
+    wait_until(lambda: any(f" id={request_id}" in line for line in server.log), within,
+               f"the access line of {request_id}")
+    return next(line for line in server.log if f" id={request_id}" in line).strip()
+
+
 # ---- a vocabulary of bytes -------------------------------------------------------------------
 def byte_tokenizer():
     """A :class:`~tiny_mindie.model.tokenizer.Tokenizer` of byte tokens 0..255 and ``</s>``

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from helpers import openai_client, request, sse_events
@@ -144,6 +145,33 @@ def test_models_list_and_retrieve(client):
     assert m.id == MODEL and m.owned_by == "MindIE Server"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_the_model_card_gives_the_context_and_llama_servers_meta(server, model_path):
+    """``max_model_len`` is the context a request has (vLLM's field: maxSeqLen, 1024 here);
+    ``meta`` is llama-server's, each figure equal to what gguf-py reads from the file."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(model_path)
+    field = lambda key: reader.fields[key].contents()       # noqa: E731
+    want = {"vocab_type": 2,                        # SmolLM2: gpt2, llama.cpp's BPE
+            "n_vocab": len(field("tokenizer.ggml.tokens")),
+            "n_ctx_train": field("llama.context_length"),
+            "n_embd": field("llama.embedding_length"),
+            "n_params": sum(int(t.n_elements) for t in reader.tensors),
+            "size": sum(int(t.n_bytes) for t in reader.tensors)}
+    status, _, body = request(server, "GET", "/v1/config")
+    max_seq_len = json.loads(body)["BackendConfig"]["ModelDeployConfig"]["maxSeqLen"]
+    assert status == 200 and max_seq_len == 1024
+    status, _, listed = request(server, "GET", "/v1/models")
+    assert status == 200
+    status, _, one = request(server, "GET", f"/v1/models/{MODEL}")
+    assert status == 200
+    for card in (json.loads(listed)["data"][0], json.loads(one)):
+        assert card["max_model_len"] == max_seq_len
+        assert card["meta"] == want, card["meta"]
+    assert want["n_vocab"] == 49152 and want["n_embd"] == 576 and want["n_ctx_train"] == 8192
+    assert 100e6 < want["n_params"] < 200e6 and want["size"] < os.path.getsize(model_path)
 
 
 def test_bad_model_and_ranges_are_errors_in_openai_shape(client, server):

@@ -229,3 +229,31 @@ def test_a_build_killed_halfway_leaves_nothing_behind_after_the_next_build(tmp_p
     path, built = graph_cache.cached_build(gguf, 3, "opts", Builds(), str(cache))
     assert built and os.path.isfile(path)
     assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")] == [other.name]
+
+
+def test_a_cache_of_its_own_keeps_graphs_out_of_the_models_folder(tmp_path, monkeypatch):
+    """With TINY_MINDIE_CACHE set, a GGUF outside it gets its graph (and index entry) there
+    and its own folder stays as it was, even with a graph cache in it; a pulled GGUF (inside
+    the cache) keeps its graphs beside it; unset, beside the GGUF first."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    gguf = _write(shared / "m.gguf", b"weights" * 100)
+    cache = tmp_path / "own"
+    build = Builds()
+    monkeypatch.delenv("TINY_MINDIE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    beside, built = graph_cache.cached_build(gguf, 3, "opts", build)
+    assert built and beside.startswith(str(shared / "onnx-cache"))
+    listing = {str(p): (p.stat().st_ino, p.stat().st_mtime_ns)
+               for p in [shared, *shared.rglob("*")]}
+    monkeypatch.setenv("TINY_MINDIE_CACHE", str(cache))
+    assert graph_cache.cache_roots(gguf) == [str(cache / "onnx")]
+    path, built = graph_cache.cached_build(gguf, 3, "opts", build)
+    assert built and path.startswith(str(cache / "onnx" / "m-"))
+    assert {str(p): (p.stat().st_ino, p.stat().st_mtime_ns)
+            for p in [shared, *shared.rglob("*")]} == listing
+    assert os.listdir(cache / "onnx" / graph_cache.INDEX_DIR)
+    pulled = cache / "models" / "m.gguf"
+    pulled.parent.mkdir()
+    assert graph_cache.cache_roots(str(pulled)) == [str(cache / "models" / "onnx-cache"),
+                                                    str(cache / "onnx")]

@@ -19,7 +19,8 @@ PACKAGE = "tiny_mindie"
 # model/ reads the version from _version, not from tiny_mindie/__init__)
 ALLOWED = {
     "server": {"server"},
-    "model": {"model", "_version"},
+    "kernels": {"kernels"},
+    "model": {"model", "kernels", "_version"},
     "engine": {"engine", "model", "_version"},
 }
 

@@ -192,14 +192,16 @@ def test_non_generation_routes_are_not_counted(server):
 
 def test_the_default_server_speculates_on_extractive_work_and_counts_it(server):
     """Speculative decoding is on by default (onnxruntime backend): a request that copies its
-    prompt, decoding alone, has proposals verified and kept, and /metrics counts them."""
+    prompt, decoding alone, has proposals verified and kept, and /metrics counts them --
+    whatever the host's load (a verification is priced at its rows' decode steps at most)."""
     status, _, body = request(server, "GET", "/v1/config")
     on = json.loads(body)["BackendConfig"]["ScheduleConfig"]["speculativeDecoding"]
     numpy = os.environ.get("TINY_MINDIE_TEST_BACKEND") == "numpy"
     assert status == 200 and on is (not numpy)
     text = ("Edge devices have little memory, so small quantized models are a good fit for "
             "them, and a server that speaks the same API saves rewriting every client.")
-    before = _wait_for(server, idle)
+    before = _wait_for(server, idle, timeout=120)
+    assert idle(before)              # it decodes alone: an earlier test's request has ended
     status, _, body = request(server, "POST", "/infer", {
         "inputs": f"Text:\n{text}\n\nThe same text again:\n{text[:30]}",
         "parameters": {"max_new_tokens": 24, "do_sample": False}})
@@ -212,3 +214,20 @@ def test_the_default_server_speculates_on_extractive_work_and_counts_it(server):
         assert proposed == kept == 0
     else:
         assert proposed >= kept >= 8, (proposed, kept)
+    assert d("spec_decode_draft_model_tokens_total") == 0     # no draft: all prompt lookup
+
+
+def test_the_speculation_series_say_which_is_a_part_of_which(server):
+    """The totals count both sources; the draft model's series say they are a part of the
+    totals (a dashboard adding them would count the draft's tokens twice)."""
+    status, _, body = request(server, "GET", "/metrics")
+    assert status == 200
+    help_of = {f.name: f.documentation for f in text_string_to_metric_families(body.decode())}
+    for total in ("num_draft_tokens", "num_accepted_tokens"):
+        text = help_of[f"{P}spec_decode_{total}"]
+        assert "prompt lookup and the draft model" in text, text
+        assert "(prompt lookup)" not in text
+    for part, total in (("draft_model_tokens", "num_draft_tokens"),
+                        ("draft_model_accepted_tokens", "num_accepted_tokens")):
+        text = help_of[f"{P}spec_decode_{part}"]
+        assert f"a part of {P}spec_decode_{total}_total, not in addition" in text, text

@@ -52,6 +52,7 @@ params_st = st.builds(
     presence_penalty=st.sampled_from([0.0, 0.0, 0.5, -0.4]),
     frequency_penalty=st.sampled_from([0.0, 0.0, 0.3]),
     watermark=st.sampled_from([False, False, False, True]),
+    min_p=st.sampled_from([0.0, 0.0, 0.0, 0.02, 0.3]),
     seed=st.integers(0, 2**63 - 1))
 
 row_st = st.tuples(st.sampled_from(["normal", "zipf", "ties", "peaked"]), st.integers(0, 2**32 - 1),
@@ -88,6 +89,9 @@ def clear_choice(x, params, coin, seen, n_prompt, top_n):
     if params.typical_p < 1:
         variants += [(SamplingParams(**{**vars(params), "typical_p": m}), coin)
                      for m in shifted(params.typical_p)]
+    if params.min_p > 0:
+        variants += [(SamplingParams(**{**vars(params), "min_p": m}), coin)
+                     for m in shifted(params.min_p)]
     for p, c in variants:
         tok, lp, _ = reference.sample(x, p, c, seen, n_prompt, top_n)
         if tok != got[0] or abs(lp - got[1]) > TOL:
@@ -130,7 +134,9 @@ def test_the_batch_sampler_picks_the_reference_token_for_the_same_uniform_number
 
 @pytest.mark.parametrize("params", [SamplingParams(do_sample=True, top_p=0.9),
                                     SamplingParams(do_sample=True, temperature=0.7),
-                                    SamplingParams(do_sample=True, typical_p=0.8, top_k=50)])
+                                    SamplingParams(do_sample=True, typical_p=0.8, top_k=50),
+                                    SamplingParams(do_sample=True, min_p=0.05),
+                                    SamplingParams(do_sample=True, min_p=0.1, top_p=0.8)])
 def test_every_coin_picks_the_reference_token(params):
     """One row, many coins: the fast path's token for the generator's draw is the reference's
     token for that number, whatever the number (the rare boundary coins aside)."""
@@ -143,3 +149,39 @@ def test_every_coin_picks_the_reference_token(params):
             assert_same(sample_with_top(x, p, np.array([], np.int64), make_rng(seed), 2), ref)
             checked += 1
     assert checked >= 190
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(kind=st.sampled_from(["normal", "zipf", "ties", "peaked"]), seed=st.integers(0, 2**32 - 1),
+       min_p=st.floats(0.001, 1.0), temperature=st.floats(0.2, 3.0), top_k=st.sampled_from([0, 40]),
+       seeds=st.lists(st.integers(0, 2**63 - 1), min_size=8, max_size=8))
+def test_min_p_draws_only_tokens_at_least_min_p_times_the_most_likely(kind, seed, min_p,
+                                                                       temperature, top_k, seeds):
+    """A numpy oracle of min-p: after the temperature, an id is kept when its probability is at
+    least ``min_p`` times the largest; every token drawn is kept, its logprob is its share of the
+    kept mass, and a row draws the same token alone or in a batch beside other rows."""
+    x = random_logits(kind, seed, 3000)
+    z = x.astype(np.float64) / temperature
+    prob = np.exp(z - z.max())
+    prob /= prob.sum()
+    ratio = prob / prob.max()
+    kept = ratio >= min_p
+    clear = np.abs(ratio - min_p) > 1e-5              # float32 rounding decides the rest
+    if top_k:                          # the first k by logit descending, ties: the lower id
+        first = np.zeros_like(kept)
+        first[np.argsort(-z, kind="stable")[:top_k]] = True
+        kept &= first
+    others = np.stack([random_logits("normal", seed + 1, 3000), x])
+    for s in seeds:
+        p = SamplingParams(do_sample=True, temperature=temperature, min_p=min_p, top_k=top_k,
+                           seed=s)
+        tok, lp, _ = sample_with_top(x, p, np.array([], np.int64), make_rng(s))
+        if not clear[tok]:
+            continue
+        assert kept[tok]
+        assert lp == pytest.approx(np.log(prob[tok] / prob[kept].sum()), abs=1e-3)
+        other = SamplingParams(do_sample=True, top_p=0.9, seed=7)
+        batch = sample_batch(others, [SampleRow(other, np.array([], np.int64), make_rng(7)),
+                                      SampleRow(p, np.array([], np.int64), make_rng(s))])
+        assert batch[1][0] == tok

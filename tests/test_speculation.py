@@ -112,8 +112,29 @@ def test_cost_model_ignores_steps_slowed_by_another_process():
         c.verify(5, 0.500 if i % 4 == 0 else 0.050)
     assert c(5) == pytest.approx(2.5)
     for _ in range(CostModel.WINDOW):
-        c.verify(5, 0.150)                       # verification became dearer for good
-    assert c(5) == pytest.approx(7.5)
+        c.verify(5, 0.090)                       # verification became dearer for good
+    assert c(5) == pytest.approx(4.5)
+
+
+def test_a_loaded_host_cannot_switch_speculation_off_for_a_copy():
+    """Verifications timed only while other processes held the cores (each slower than
+    decoding its rows one by one) are priced at their rows' decode steps, no more: a sequence
+    whose proposals are all kept goes on proposing; one whose proposals fail still pauses."""
+    c = CostModel()
+    for _ in range(CostModel.WINDOW):
+        c.decode(0.020)
+        for rows in range(2, 6):
+            c.verify(rows, 0.020 * rows * 3)     # three times decoding the rows one by one
+    assert [c(rows) for rows in range(2, 6)] == [2.0, 3.0, 4.0, 5.0]
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8, 1, 2]
+    sp = Speculator(max_proposals=4)
+    sp.cost_model = c
+    p = sp.policies()
+    for _ in range(10):
+        assert sp.proposals(tokens, p, room=10) == ("ngram", [3, 4, 5, 6])
+        sp.verified(p, "ngram", 4, 4)
+    sp.verified(p, "ngram", 4, 0)                # nothing kept: below break-even, it pauses
+    assert [sp.proposals(tokens, p, 10) for _ in range(4)] == [("", [])] * 4
 
 
 # ---- model: the backend --------------------------------------------------------------------

@@ -93,3 +93,23 @@ def write_scripted(path: str, case, vocab: str | dict, template: str, text: str,
     assert len(set(script)) == len(script), [tok.token_text(i) for i in ids]
     write_tiny(path, case, vocab=vocab, template=template, script=script)
     return list(script)
+
+
+def start_scripted_qwen3(vocab_dir: str, home, script: str, model: str = "tiny-qwen3"):
+    """A server (numpy backend) on a tiny Qwen3 -- its vocabulary with the tool tokens, its
+    real chat template, which thinks -- whose greedy answer to any prompt is ``script`` and
+    then ``<|im_end|>`` (:func:`write_scripted`), served as ``model``; the caller stops it."""
+    import copy
+    import dataclasses
+
+    from helpers import TEST_CONFIG, start_server
+    from tiny_arch import CASES
+
+    path = str(home / f"{model}.gguf")
+    vocab = vocabulary("qwen3", "ggml-vocab-qwen2.gguf", vocab_dir, tool_tokens=True)
+    write_scripted(path, dataclasses.replace(CASES["qwen3"], ctx=1024), vocab,
+                   template_source(vocab_dir, "Qwen-Qwen3-0.6B"), script, "<|im_end|>")
+    config = copy.deepcopy(TEST_CONFIG)
+    config["BackendConfig"]["ModelDeployConfig"]["ModelConfig"] = [
+        {"modelName": model, "modelWeightPath": path}]
+    return start_server(str(home), config, ["--backend", "numpy"])

@@ -319,6 +319,25 @@ def check_listen_address(key: str, host: str) -> None:
                       f"hyphens and dots), got {show(host)[:80]}", key=f"ServerConfig.{key}")
 
 
+def _check_backend(b) -> None:
+    """The backend settings that do not go together (weights, graph, kernels); raises
+    :class:`ConfigError`."""
+    if b.weights != "exact" and b.backend != "onnxruntime":
+        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
+                          f"onnxruntime backend; the {b.backend} backend runs the exact weights")
+    if b.graph != "auto" and b.backend != "onnxruntime":
+        raise ConfigError(f"graph {b.graph!r} (--graph, BackendConfig.graph) needs the "
+                          f"onnxruntime backend; the {b.backend} backend builds no graph")
+    if b.kernels == "custom" and (
+            b.backend != "onnxruntime" or b.weights != "exact" or b.graph == "standard"):
+        raise ConfigError("kernels custom (--kernels, BackendConfig.kernels) needs the "
+                          "onnxruntime backend, its contrib graph and the exact weights")
+    if b.graph == "standard" and b.weights != "exact":
+        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
+                          "contrib graph; the standard graph (--graph standard) holds float32 "
+                          "weights")
+
+
 def validate(cfg: Config, *, combinations: bool = True) -> None:
     """Check MindIE's rules (spec §6) and tiny_mindie's own (:data:`RANGES`, listen addresses,
     choices); raises :class:`ConfigError` naming the key and what it may hold. ``combinations``:
@@ -346,17 +365,9 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
         if s.choices and cfg.value(s) not in s.choices:
             raise ConfigError(f"{s.key} must be one of {', '.join(s.choices)}, "
                               f"got {show(cfg.value(s))}", key=s.key)
+    if combinations:
+        _check_backend(cfg.backend)
     b = cfg.backend
-    if combinations and b.weights != "exact" and b.backend != "onnxruntime":
-        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
-                          f"onnxruntime backend; the {b.backend} backend runs the exact weights")
-    if combinations and b.graph != "auto" and b.backend != "onnxruntime":
-        raise ConfigError(f"graph {b.graph!r} (--graph, BackendConfig.graph) needs the "
-                          f"onnxruntime backend; the {b.backend} backend builds no graph")
-    if combinations and b.graph == "standard" and b.weights != "exact":
-        raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
-                          "contrib graph; the standard graph (--graph standard) holds float32 "
-                          "weights")
     if combinations and b.model.draft_model and not (
             b.backend == "onnxruntime" and b.schedule.speculative_decoding):
         raise ConfigError("a draft model (--draft-model, ModelConfig.draftModelPath) needs "

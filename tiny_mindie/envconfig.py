@@ -35,6 +35,9 @@ OTHER_VARIABLES = {
                         "~/.config/tiny_mindie)",
     "TINY_MINDIE_CACHE": "where pulled models and built graphs are kept (default "
                          "$XDG_CACHE_HOME/tiny_mindie, else ~/.cache/tiny_mindie)",
+    "TINY_MINDIE_KERNEL_ISA": "the ISA path of tiny_mindie's own kernels (--kernels): "
+                              "avx512vnni, avxvnni, avx2, neon or portable (default: the best "
+                              "this CPU and its OS run; docs/weights.md)",
 }
 TEST_PREFIX = "TINY_MINDIE_TEST_"
 

@@ -123,6 +123,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph", default="standard", choices=("auto", "contrib", "standard"),
                    help="the graph to check (default standard; auto: standard on the CANN "
                         "execution provider, contrib on the CPU)")
+    p.add_argument("--kernels", default="onnxruntime", choices=("onnxruntime", "custom", "auto"),
+                   help="the contrib graph's matrix-product kernels (default onnxruntime; "
+                        "custom: tiny_mindie's own, BackendConfig.kernels)")
     p.add_argument("--device-id", type=_count(0, 1023), default=0,
                    help="the NPU (CANN) to run on")
     p.add_argument("--slots", type=_count(1, 1024), default=4,
@@ -141,12 +144,15 @@ def run(args: argparse.Namespace, say) -> int:
     from .model.providers import CPU, placement_summary
     from .model.registry import DEFAULT_MODEL, resolve
 
+    if args.kernels == "custom" and args.graph == "standard":
+        print("tiny_mindie: error: --kernels custom needs --graph contrib", file=sys.stderr)
+        return 2
     path = resolve(args.model or DEFAULT_MODEL, log=say)
     n = args.tokens
     say(f"loading {path} on onnxruntime (graph {args.graph}) ...")
     _, _, tok, be = load_model(path, graph=args.graph, device_id=args.device_id,
                                num_slots=args.slots, max_seq_len=args.max_seq_len,
-                               speculation=True)
+                               speculation=True, kernels=args.kernels)
     room = be.max_seq_len - max(len(tok.encode(p)) for p in PROMPTS[:args.prompts])
     if n > room:
         be.close()
@@ -155,6 +161,7 @@ def run(args: argparse.Namespace, say) -> int:
         return 2
     say(f"graph      {be.graph}, on {', '.join(be.providers)}")
     say(f"placement  {placement_summary(be.node_placement, be.placement_ops)}")
+    say(f"kernels    {getattr(be, 'kernels', 'onnxruntime')}")
     if be.graph == "standard":
         t0 = time.perf_counter()
         runs = be.warm_up()

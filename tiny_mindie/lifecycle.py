@@ -255,6 +255,8 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
              f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"
              + (f", {llm.backend.graph} graph, {cfg.backend.weights} weights"
                 if llm.backend.name == "onnxruntime" else ""),
+             *([f"  kernels  {llm.backend.kernels}"] if getattr(llm.backend, "kernels", None)
+               else []),
              *_draft_lines(llm.draft),
              *_listener_lines(listeners, files)]
     business = next(lst for lst in listeners if "business" in lst.planes)

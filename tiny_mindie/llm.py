@@ -98,6 +98,8 @@ class LLM:
             :func:`tiny_mindie.model.loader.load_model`).
         graph: onnxruntime: ``auto``, ``contrib`` or ``standard`` (see
             :func:`tiny_mindie.model.loader.load_model`).
+        kernels: onnxruntime: the matrix products' kernels, ``onnxruntime``, ``custom`` or
+            ``auto`` (see :func:`tiny_mindie.model.loader.load_model`).
         parse_special_tokens: whether control tokens written in a text prompt
             (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
@@ -108,6 +110,10 @@ class LLM:
             (:mod:`tiny_mindie.engine.draft`; needs ``speculation`` and the onnxruntime
             backend); ``None``: prompt lookup alone.
         log: where progress lines go (``print`` by default; ``None`` for silence).
+
+    Attributes:
+        model_meta: what the model file says of the model, in llama-server's ``meta`` terms
+            (:func:`model_meta`).
 
     Raises:
         ModelFileError: the model file (or the draft's) is missing, a directory, unreadable or
@@ -126,9 +132,9 @@ class LLM:
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
                  speculation: bool = True, draft_model: str | None = None, graph: str = "auto",
-                 log=print):
+                 kernels: str = "onnxruntime", log=print):
         say = log or (lambda _msg: None)
-        check_weight_mode(backend, weights, graph)     # before a pull, not after it
+        check_weight_mode(backend, weights, graph, kernels)     # before a pull, not after it
         if draft_model and (backend != "onnxruntime" or not speculation):
             raise ValueError(DRAFT_NEEDS)
         self.parse_special_tokens = parse_special_tokens
@@ -143,12 +149,13 @@ class LLM:
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             parallel_runs=parallel_runs, batch_invariant=batch_invariant, weights=weights,
             device_id=device_id,
-            providers=providers, speculation=speculation, graph=graph)
+            providers=providers, speculation=speculation, graph=graph, kernels=kernels)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
                 f"{self.backend.max_seq_len}")
         self.model_name = model_name or gguf_file.get("general.name") or model
+        self.model_meta = model_meta(gguf_file, self.config)
         # The reader's parsed metadata (~160 MB for a 49k vocabulary) is not needed any more.
         del gguf_file
         gc.collect()
@@ -252,13 +259,15 @@ class LLM:
                      include_stop_string: bool = False, stop_token_ids: Sequence[int] = (),
                      ignore_eos: bool = False, priority: int = 5,
                      timeout_s: float | None = None, logit_bias: Mapping[int, float] | None = None,
-                     constraint: Constraint | None = None) -> GenerationRequest:
+                     constraint: Constraint | None = None, min_p: float = 0.0,
+                     min_tokens: int = 0) -> GenerationRequest:
         """Build a :class:`GenerationRequest` from keyword parameters.
 
         ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p is set away
         from its neutral value (TGI's rule), else decodes greedily. ``seed=None`` draws one.
         ``logit_bias``: token id -> bias in [-100, 100] added to its logit; ``constraint``: a
-        grammar the output must follow (:class:`~tiny_mindie.engine.request.Constraint`).
+        grammar the output must follow (:class:`~tiny_mindie.engine.request.Constraint`);
+        ``min_p`` and ``min_tokens``: see ``SamplingParams`` and ``StopCriteria``.
 
         Raises:
             ValueError: a parameter out of range.
@@ -272,7 +281,8 @@ class LLM:
                             f"got {type(prompt).__name__}")
         ids = self.prompt_ids(prompt)
         if do_sample is None:
-            do_sample = temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
+            do_sample = (temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
+                         or min_p > 0)
         if seed is None:
             seed = secrets.randbelow(MAX_SEED + 1)
         return GenerationRequest(
@@ -280,11 +290,12 @@ class LLM:
             sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k,
                                     top_p=top_p, typical_p=typical_p,
                                     repetition_penalty=repetition_penalty, seed=seed,
-                                    watermark=watermark,
+                                    watermark=watermark, min_p=min_p,
                                     logit_bias=tuple(sorted((logit_bias or {}).items()))),
             stop=StopCriteria(max_new_tokens=max_new_tokens, stop_strings=tuple(stop),
                               include_stop_string=include_stop_string,
-                              stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos),
+                              stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos,
+                              min_tokens=min_tokens),
             priority=priority, timeout_s=timeout_s, constraint=constraint)
 
     def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
@@ -423,6 +434,28 @@ def load_draft(model: str, target: LLM, say, *, max_chunk: int,
         f"{time.monotonic() - t0:.1f} s; {backend.num_slots} KV slots, "
         f"{grown / 1e6:.0f} MB more resident memory")
     return DraftModel(backend, max_chunk, path=path, resident_bytes=grown)
+
+
+#: llama.cpp's ``llama_vocab_type`` of each GGUF ``tokenizer.ggml.model``.
+VOCAB_TYPES = {"no_vocab": 0, "llama": 1, "gpt2": 2, "bert": 3, "t5": 4, "rwkv": 5, "plamo2": 6}
+
+
+def model_meta(f, config) -> dict[str, int | None]:
+    """The model's figures as llama-server's ``/v1/models`` ``meta`` gives them: ``vocab_type``
+    (llama.cpp's enum: 1 SentencePiece, 2 byte-level BPE, ...; ``None`` for a tokenizer it does
+    not name), ``n_vocab`` (tokens), ``n_ctx_train`` (the trained context, tokens), ``n_embd``
+    (the hidden size), ``n_params`` (parameters) and ``size`` (bytes of the weights as stored).
+
+    Args:
+        f: the model's :class:`~tiny_mindie.model.gguf.GGUFFile`.
+        config: its :class:`~tiny_mindie.model.config.ModelConfig`.
+    """
+    n_params, size = f.tensor_totals()
+    tokens = f.get("tokenizer.ggml.tokens")
+    return {"vocab_type": VOCAB_TYPES.get(str(f.get("tokenizer.ggml.model", ""))),
+            "n_vocab": len(tokens) if tokens is not None else config.vocab_size,
+            "n_ctx_train": config.context_length,
+            "n_embd": config.hidden_size, "n_params": n_params, "size": size}
 
 
 def _resident_bytes() -> int:

@@ -5,9 +5,11 @@ access records; off by default: prompts and outputs may hold personal data).
 A JSON record holds ``timestamp`` (ISO 8601, UTC, milliseconds), ``level`` (``INFO``, ...),
 ``logger``, ``message``, then the record's structured fields (a dict passed as
 ``extra={"fields": {...}}``, as the access log ``tiny_mindie.access`` does), and
-``exception`` (the traceback text) when there is one. Records go to standard error; in JSON
-mode the start-up banner and progress lines (:func:`say`) become records too, so that every
-line the process writes is JSON.
+``exception`` (the traceback text) when there is one. A text line is the message, followed,
+for the fields the message does not show (:data:`TEXT_FIELDS`: ``--log-requests``' request body
+and output), by `` name=<the value as JSON>`` -- one line still, whatever the text holds.
+Records go to standard error; in JSON mode the start-up banner and progress lines (:func:`say`)
+become records too, so that every line the process writes is JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from datetime import UTC, datetime
 
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: Structured fields a text line adds after its message, when a record has them.
+TEXT_FIELDS = ("request_body", "output")
+#: What JSON leaves unescaped but a reader may take for a line break.
+_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 _json_handler: logging.Handler | None = None    # set by setup() in JSON mode
 
@@ -31,7 +37,8 @@ def add_log_options(parser: argparse.ArgumentParser) -> None:
                              "(timestamp, level, logger, message and the record's fields)")
     parser.add_argument("--log-requests", action="store_true",
                         help="debugging: also log each request's body and the generated text "
-                             "in its access record (they may hold personal data)")
+                             "in its access record, in either format (they may hold personal "
+                             "data)")
 
 
 class JSONFormatter(logging.Formatter):
@@ -53,6 +60,20 @@ class JSONFormatter(logging.Formatter):
         return json.dumps(obj, ensure_ascii=False, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`, then each of the record's fields named in :data:`TEXT_FIELDS` as
+    `` name=<JSON>`` (escaped: the record stays one line)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = getattr(record, "fields", None)
+        if not isinstance(fields, dict):
+            return line
+        extra = "".join(f" {name}={json.dumps(fields[name], ensure_ascii=False, default=str)}"
+                        for name in TEXT_FIELDS if name in fields)
+        return line + extra.translate(_BREAKS)
+
+
 def setup(level: str, fmt: str = "text") -> None:
     """Configure the root logger: ``level`` (``info``, ...) and ``fmt`` (:data:`FORMATS`), to
     standard error.
@@ -64,7 +85,7 @@ def setup(level: str, fmt: str = "text") -> None:
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JSONFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter(TEXT_FORMAT))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     _json_handler = handler if fmt == "json" else None
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .envconfig import FROM_ENV
-from .model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, WEIGHT_MODES
+from .model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, KERNEL_MODES, WEIGHT_MODES
 
 #: Attribute path in :class:`~.config.Config` of each group of settings.
 GROUPS = {"server": "server", "model": "backend.model", "schedule": "backend.schedule",
@@ -160,8 +160,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("server.e2e_timeout", f"{_S}.e2eTimeout", "float", 600.0,
             "seconds allowed for a whole request", 0.001, 86400, _SEC,
             llm="e2e_timeout_s"),
-    Setting("server.max_request_length", f"{_S}.maxRequestLength", "int", 40,
-            "largest request body, in MB", 1, 100, " MB"),
+    Setting("server.max_request_length", f"{_S}.maxRequestLength", "int", 1,
+            "largest request body, in MB (MindIE's default is 40; see docs/security.md)",
+            1, 100, " MB"),
     Setting("server.tls_handshake_timeout", f"{_S}.tlsHandshakeTimeout", "float", 10.0,
             "seconds a new connection has for its TLS handshake", 0.1, 600, _SEC, ours=True),
     Setting("server.max_stream_backlog_kb", f"{_S}.maxStreamBacklogKB", "int", 64,
@@ -297,6 +298,15 @@ SETTINGS: tuple[Setting, ...] = (
                                    "standard on the CANN execution provider, contrib on the "
                                    "CPU), contrib, or standard (default-domain ONNX operators "
                                    "only; slower on a CPU, docs/models.md)"),)),
+    Setting("backend.kernels", f"{_B}.kernels", "str", "onnxruntime",
+            "onnxruntime matrix-product kernels: onnxruntime (its MatMulNBits), custom "
+            "(tiny_mindie's own on the GGUF's blocks; the contrib graph and exact weights "
+            "only), or auto (custom where the kernel library is built and loads)",
+            choices=KERNEL_MODES, ours=True, llm="kernels",
+            flags=(Flag("--kernels", "onnxruntime matrix-product kernels "
+                                     "(BackendConfig.kernels): onnxruntime (default), custom "
+                                     "(tiny_mindie's own, reading the GGUF's blocks as they "
+                                     "are) or auto (custom where the library was built)"),)),
     Setting("backend.execution_providers", f"{_B}.executionProviders", "providers", (),
             "onnxruntime execution providers: names or [name, {options}] pairs", ours=True),
 )

@@ -112,8 +112,18 @@ def chatml_stops(tok) -> tuple[str, ...]:
     return ("<|im_end|>",)
 
 
-def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = None) -> str:
-    """The prompt text for ``messages`` (generation prompt added).
+#: How a rendered chat ends: with the template's generation prompt (the answer is a new
+#: assistant turn), without it (vLLM's ``add_generation_prompt: false``), or inside the final
+#: assistant message, cut after its content (vLLM's ``continue_final_message``, llama-server's
+#: prefill): rendered without the generation prompt, and cut after the last place its content
+#: appears, so that the template's end of turn is left out.
+ENDS = ("generation", "none", "continue")
+
+
+def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = None,
+                end: str = "generation") -> str:
+    """The prompt text for ``messages``, ending as ``end`` says (:data:`ENDS`; a final
+    message to continue whose content is empty gets the generation prompt).
 
     When the template writes the BOS token itself and the tokenizer adds one too, the written
     one is dropped, so the prompt never starts with two (HF tokenizes the rendered text without
@@ -127,7 +137,9 @@ def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = 
             through ``Tokenizer.shield`` with it first; see :func:`encode_chat`.
 
     Raises:
-        APIError: 400 when the template refuses the conversation or fails to render.
+        APIError: 400 when the template refuses the conversation or fails to render; 400
+            when ``end`` is ``continue`` and the rendered text does not hold the final
+            message's content.
     """
     import jinja2
 
@@ -142,7 +154,9 @@ def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = 
         except ValueError as exc:
             raise bad(f"Cannot keep the messages' text apart from the template: {exc}.",
                       "messages") from None
-    kwargs = {**extra, "messages": messages, "add_generation_prompt": True,
+    if end == "continue" and not messages[-1]["content"]:
+        end = "generation"
+    kwargs = {**extra, "messages": messages, "add_generation_prompt": end == "generation",
               "bos_token": bos, "eos_token": eos}
     kwargs.setdefault("tools", None)
     kwargs.setdefault("documents", None)
@@ -154,10 +168,26 @@ def render_chat(llm: LLM, messages: list[dict], extra: dict, mark: str | None = 
         raise bad(f"Chat template error: {type(exc).__name__}: {exc}", "messages") from None
     if bos and tok.add_bos and text.startswith(bos):
         text = text[len(bos):]
-    return text
+    return _cut_after(text, messages[-1]["content"]) if end == "continue" else text
 
 
-def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
+def _cut_after(text: str, content: str) -> str:
+    """``text`` up to the end of the last place ``content`` (or, for a template that strips
+    it, its stripped form) appears in it.
+
+    Raises:
+        APIError: 400 (``messages``) when it appears in neither form.
+    """
+    for c in (content, content.strip()):
+        at = text.rfind(c) if c else -1
+        if at >= 0:
+            return text[:at + len(c)]
+    raise bad("The chat template does not render the final assistant message's content as "
+              "it is, so the answer cannot continue it.", "messages")
+
+
+def encode_chat(llm: LLM, messages: list[dict], extra: dict,
+                end: str = "generation") -> list[int]:
     """The prompt ids for ``messages``: the template's control tokens (``<|im_start|>``) as
     their ids, the client's text -- contents, names, tool calls and results,
     ``chat_template_kwargs`` -- as plain text even where it spells a control token, so that a
@@ -176,7 +206,7 @@ def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
     """
     tok = llm.tokenizer
     template = tok.chat_template or CHATML
-    text = render_chat(llm, messages, extra)
+    text = render_chat(llm, messages, extra, end=end)
     llm.check_text_length(text)
     strings = [*_strings(messages), *_strings(extra)]
     for marker in tok.plain_text_of(template_markers(template)):
@@ -186,7 +216,7 @@ def encode_chat(llm: LLM, messages: list[dict], extra: dict) -> list[int]:
     mark = _free_mark([*strings, template])
     if not _any_shielded(tok, strings, mark):   # the usual chat: the render above is the one
         return tok.encode(text, parse_special=True)
-    return tok.encode_shielded(render_chat(llm, messages, extra, mark), mark)
+    return tok.encode_shielded(render_chat(llm, messages, extra, mark, end), mark)
 
 
 def _any_shielded(tok, strings: list[str], mark: str) -> bool:

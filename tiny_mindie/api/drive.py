@@ -35,7 +35,7 @@ from ..server.routing import (
     output_in_access_log,
     report_outcome,
 )
-from ..server.sse import utf8
+from ..server.sse import sse_event, utf8
 from .errors import MINDIE, APIError, Style, from_generation_error
 
 SSE = "text/event-stream"
@@ -227,7 +227,7 @@ async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style
                       opening: Iterable[dict] = (),
                       closing: Callable[[], Iterable[dict]] = tuple,
                       done: str | None = None, content_type: str = SSE,
-                      nul_framed: bool = False) -> None:
+                      nul_framed: bool = False, named: bool = False) -> None:
     """Stream ``items`` (an iterator of :func:`merged`) as one answer.
 
     The first item is awaited before the head, so that an error before any token (prompt too
@@ -235,8 +235,9 @@ async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style
     head (200, ``content_type``); the ``opening`` objects; each item's ``render(item)``
     objects; once ``items`` end, the ``closing()`` objects. An engine error after the head is
     sent as the last object, in ``style``; ``done`` (OpenAI's ``[DONE]``) follows in any case.
-    Each object goes as one SSE event, or with ``nul_framed`` as JSON followed by a NUL byte
-    (vLLM 0.2). ``items`` is closed on every way out.
+    Each object goes as one SSE event (with ``named``, its ``event:`` field the object's
+    ``type``, as Anthropic's and OpenAI Responses' streams have it), or with ``nul_framed`` as
+    JSON followed by a NUL byte (vLLM 0.2). ``items`` is closed on every way out.
 
     Raises:
         APIError: an engine error before the first item.
@@ -249,21 +250,27 @@ async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style
             raise from_generation_error(err) from None
         out = await stream.start(200, content_type)   # the client may be gone: ConnectionError
 
-        async def send(text: str) -> None:
-            await (out.send(utf8(text) + b"\0") if nul_framed else out.send_event(text))
+        async def send(obj) -> None:
+            text = obj if isinstance(obj, str) else json_text(obj)
+            if nul_framed:
+                await out.send(utf8(text) + b"\0")
+            elif named and isinstance(obj, dict) and isinstance(obj.get("type"), str):
+                await out.send(utf8(f"event: {obj['type']}\n") + sse_event(text))
+            else:
+                await out.send_event(text)
 
         try:
             for obj in opening:
-                await send(json_text(obj))
+                await send(obj)
             item = first
             while item is not _END:
                 for obj in render(item):
-                    await send(json_text(obj))
+                    await send(obj)
                 item = await anext(items, _END)
             for obj in closing():
-                await send(json_text(obj))
+                await send(obj)
         except GenerationError as err:
-            await send(json_text(style.body(from_generation_error(err))))
+            await send(style.body(from_generation_error(err)))
         if done is not None:
             await send(done)
         await out.end()

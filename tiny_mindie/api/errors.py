@@ -1,7 +1,8 @@
 """One taxonomy of errors: each :class:`Kind` is answered with one HTTP status and counted in
 ``/metrics`` under one failure reason; each API family writes an error in its own
 :class:`Style` (MindIE's ``{"error", "error_type"}``, TGI's type names, OpenAI's
-``{"error": {"message", "type", "param", "code"}}``), spec §3, §4.
+``{"error": {"message", "type", "param", "code"}}``, Anthropic's ``{"type": "error", "error":
+{"type", "message"}}``), spec §3, §4.
 
 =============  ======  ==========  ==========================================================
 kind           status  reason      raised for
@@ -180,4 +181,36 @@ class OpenAIStyle(Style):
                           "param": err.param, "code": code}}
 
 
-MINDIE, TGI, OPENAI = Style(), TGIStyle(), OpenAIStyle()
+class ResponsesEventStyle(OpenAIStyle):
+    """An error in an OpenAI Responses stream (after its head): the ``error`` event,
+    ``{"type": "error", "code", "message", "param", "sequence_number"}``; ``sequence``
+    gives the event's number."""
+
+    def __init__(self, sequence=None):
+        self.sequence = sequence
+
+    def body(self, err: APIError) -> dict:
+        inner = super().body(err)["error"]
+        out = {"type": "error", "code": inner["code"] or inner["type"],
+               "message": inner["message"], "param": inner["param"]}
+        if self.sequence is not None:
+            out["sequence_number"] = self.sequence()
+        return out
+
+
+class AnthropicStyle(OpenAIStyle):
+    """Anthropic's: ``{"type": "error", "error": {"type", "message"}}``, the statuses as
+    OpenAI's (a bad field 400, a prompt too long 400), the error's ``type`` by status
+    (``invalid_request_error``, ``not_found_error``, ``request_too_large``, ``api_error``,
+    ``overloaded_error``), which the ``anthropic`` SDK raises as its typed exceptions."""
+
+    TYPES = {404: "not_found_error", 413: "request_too_large", 503: "overloaded_error"}
+
+    def body(self, err: APIError) -> dict:
+        status = self.status(err)
+        kind = self.TYPES.get(status) or ("invalid_request_error" if status < 500
+                                          else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
+
+
+MINDIE, TGI, OPENAI, ANTHROPIC = Style(), TGIStyle(), OpenAIStyle(), AnthropicStyle()

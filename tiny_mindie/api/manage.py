@@ -92,6 +92,7 @@ def effective_config(app) -> dict:
             "parallelRuns": getattr(llm.backend, "parallel_runs", 1), "kvCacheMB": b.kv_cache_mb,
             "batchInvariant": llm.backend.batch_invariant, "weights": b.weights,
             "graph": getattr(llm.backend, "graph", None),
+            "kernels": b.kernels, "kernelsRunning": getattr(llm.backend, "kernels", None),
             "executionProviders": list(getattr(llm.backend, "providers", [])),
             "device": llm.backend.device, "kvSlots": engine.stats()["total_slots"],
             "ModelDeployConfig": {

@@ -31,12 +31,15 @@ series                                                 type       meaning
 ``tiny_mindie_prefix_cache_hit_tokens_total``          counter    ... those tokens
 ``tiny_mindie_prefix_cache_miss_tokens_total``         counter    ... the prompt tokens prefilled
 ``tiny_mindie_spec_decode_num_draft_tokens_total``     counter    tokens proposed by speculative
-                                                                  decoding and verified
+                                                                  decoding and verified, from
+                                                                  both sources (prompt lookup
+                                                                  and the draft model)
 ``tiny_mindie_spec_decode_num_accepted_tokens_total``  counter    ... those of them kept
-``tiny_mindie_spec_decode_draft_model_tokens_total``   counter    tokens proposed by the draft
-                                                                  model (``--draft-model``) and
-                                                                  verified
-``..._draft_model_accepted_tokens_total``              counter    ... those of them kept
+``tiny_mindie_spec_decode_draft_model_tokens_total``   counter    the draft model's part of
+                                                                  ``..._num_draft_tokens_total``
+                                                                  (``--draft-model``)
+``..._draft_model_accepted_tokens_total``              counter    ... those of them kept (part
+                                                                  of ``..._num_accepted_...``)
 ``..._draft_model_seconds_total``                      counter    seconds the draft model ran
                                                                   (its share of the time: the
                                                                   rate of this series)
@@ -186,15 +189,22 @@ def _caches(out: _Exposition, snap: dict, stats: dict) -> None:
     out.simple("prefix_cache_miss_tokens_total", "counter",
                "Number of prompt tokens prefilled (not in the prefix cache).", misses)
     out.simple("spec_decode_num_draft_tokens_total", "counter",
-               "Number of tokens proposed by speculative decoding (prompt lookup) and verified.",
+               "Number of tokens proposed by speculative decoding and verified, from both "
+               "sources: prompt lookup and the draft model (whose part is "
+               f"{PREFIX}spec_decode_draft_model_tokens_total).",
                snap["spec_proposed_tokens"])
     out.simple("spec_decode_num_accepted_tokens_total", "counter",
-               "Number of proposed tokens that verification kept.", snap["spec_accepted_tokens"])
+               "Number of proposed tokens that verification kept, from both sources: prompt "
+               "lookup and the draft model (whose part is "
+               f"{PREFIX}spec_decode_draft_model_accepted_tokens_total).",
+               snap["spec_accepted_tokens"])
     out.simple("spec_decode_draft_model_tokens_total", "counter",
-               "Number of tokens proposed by the draft model and verified.",
+               "Number of tokens proposed by the draft model and verified: a part of "
+               f"{PREFIX}spec_decode_num_draft_tokens_total, not in addition to it.",
                snap["spec_draft_proposed_tokens"])
     out.simple("spec_decode_draft_model_accepted_tokens_total", "counter",
-               "Number of the draft model's proposed tokens that verification kept.",
+               "Number of the draft model's proposed tokens that verification kept: a part "
+               f"of {PREFIX}spec_decode_num_accepted_tokens_total, not in addition to it.",
                snap["spec_draft_accepted_tokens"])
     out.simple("spec_decode_draft_model_seconds_total", "counter",
                "Seconds spent running the draft model.", stats["draft_seconds"])

@@ -21,10 +21,17 @@ from .validate import (
     get_int,
     parse_json_object,
     read_json_object,
+    refuse_unknown,
 )
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
+#: ``parameters`` of ``/infer`` (spec §2); any other that is not null is a 422 naming it.
+PARAMETERS = frozenset({"temperature", "top_k", "top_p", "typical_p", "do_sample", "seed",
+                        "repetition_penalty", "watermark", "priority", "max_new_tokens",
+                        "timeout", "details"})
+#: The top-level fields of ``/infer`` and ``/infer_token``.
+FIELDS = frozenset({"inputs", "input_id", "stream", "parameters"})
 
 
 def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, bool]:
@@ -34,7 +41,8 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, boo
         ``(prompt, parameters for LLM.make_request, stream, details)``.
 
     Raises:
-        APIError: 422 with MindIE's message for every malformed or out-of-range field.
+        APIError: 422 with MindIE's message for every malformed or out-of-range field, and
+            naming a field or parameter nothing reads (:data:`FIELDS`, :data:`PARAMETERS`).
     """
     obj = parse_json_object(body)
     has_ids = "input_id" in obj and obj["input_id"] is not None
@@ -47,8 +55,10 @@ def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, boo
             range_message="input_id must be token ids in [0,{max_id}]")
     else:
         prompt = read_inputs(obj)
+    refuse_unknown(obj, FIELDS, "Field")
     stream = get_bool(obj, "stream", False, "Field")
     p = read_parameters(obj)
+    refuse_unknown(p, PARAMETERS)
     return prompt, mindie_parameters(p), stream, get_bool(p, "details", False)
 
 

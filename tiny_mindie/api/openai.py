@@ -1,5 +1,6 @@
 """The OpenAI family (spec §4): ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``GET /v1/models``, ``GET /v1/models/{model}``.
+``GET /v1/models``, ``GET /v1/models/{model}`` (the model's card: OpenAI's fields, the
+context in tokens as vLLM's ``max_model_len``, and llama-server's ``meta``).
 
 JSON -> validated :class:`~.openai_request.Parsed` (:mod:`.openai_request`) -> for chat, the
 prompt rendered with the tools and reasoning in (:mod:`.openai_chat`) -> one
@@ -10,7 +11,9 @@ OpenAI's JSON object (:mod:`.openai_answer`) or SSE chunks ending with ``data: [
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``skip_special_tokens``; ``response_format`` and ``logit_bias``
-are enforced (:mod:`.structured`). Errors are OpenAI's ``{"error": {"message", "type", "param",
+are enforced (:mod:`.structured`), and so are vLLM's and llama.cpp's constraint fields
+(:mod:`.guided`); every other top-level field is read, accepted as without effect, or refused
+by name (:mod:`.openai_fields`). Errors are OpenAI's ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a bad field (and for a body nested too deep), 404 for an unknown model, 422
 for a body that is not a JSON object, 400 ``context_length_exceeded`` (``param`` ``messages`` /
 ``prompt``) for a prompt over the context (OpenAI's and vLLM's status, where ``/infer`` says
@@ -48,8 +51,10 @@ def routes(app) -> list:
     created = int(time.time())
 
     def model_card() -> dict:
-        return {"id": app.llm.model_name, "object": "model", "created": created,
-                "owned_by": OWNED_BY}
+        llm = app.llm
+        return {"id": llm.model_name, "object": "model", "created": created,
+                "owned_by": OWNED_BY, "max_model_len": llm.engine.max_seq_len,
+                "meta": llm.model_meta}
 
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         return await _chat(app, req, stream)

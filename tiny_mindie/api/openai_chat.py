@@ -53,7 +53,7 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
     elif fmt is not None and any(t.strict for t in tools.tools):
         p.params["constraint"] = await asyncio.to_thread(_lazy_constraint, llm, tools, fmt)
     try:
-        ids = await asyncio.to_thread(encode_chat, llm, messages, extra)
+        ids = await asyncio.to_thread(encode_chat, llm, messages, extra, p.chat_end)
     except GenerationError as err:
         raise from_generation_error(err) from None
     p.prompts = [ids]

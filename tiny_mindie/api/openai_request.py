@@ -3,8 +3,9 @@
 
 A bad field is a 400 naming it (the shared validators' 422 is turned into 400 by OpenAI's error
 style, :class:`~.errors.OpenAIStyle`), an unknown model a 404, a body that is no JSON object a
-422. Ranges: temperature >= 0 (0 = greedy), top_p in (0, 1], presence/frequency_penalty in
-[-2, 2], repetition_penalty in (0, 2], n >= 1.
+422. Ranges: temperature >= 0 (0 = greedy), top_p in (0, 1], min_p in [0, 1], typical_p in
+(0, 1], presence/frequency_penalty in [-2, 2], repetition_penalty in (0, 2], n >= 1,
+0 <= min_tokens <= max_tokens.
 """
 
 from __future__ import annotations
@@ -16,8 +17,18 @@ from ..llm import LLM, MAX_SEED
 from . import tool_calls as tc
 from . import tool_request as tr
 from .errors import APIError, Kind, bad
+from .guided import guided_constraint
+from .openai_fields import check_fields
 from .structured import logit_bias, response_format
-from .validate import check_token_ids, get_bool, get_float, get_int, parse_json_object
+from .validate import (
+    MAX_JSON_DEPTH,
+    check_token_ids,
+    get_bool,
+    get_float,
+    get_int,
+    json_depth,
+    parse_json_object,
+)
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -76,6 +87,7 @@ class Parsed:
     echo: bool = False
     answer: Answer | None = None             # chat: how to split the output (None: plain text)
     thinking: tuple[str, ...] = ()           # chat: the fields sent that ask the model to think
+    chat_end: str = "generation"             # chat: how the prompt ends (chat_template.ENDS)
 
 
 @dataclasses.dataclass
@@ -140,11 +152,15 @@ def _common(llm: LLM, obj: dict, default_max_tokens: int) -> dict:
     temperature = get_float(obj, "temperature", 1.0, 0.0, INF, lo_open=False, hi_open=True)
     top_k = get_int(obj, "top_k", 0, -1, INT32_MAX)
     best_of = get_int(obj, "best_of", None, 1, MAX_CHOICES)
+    min_tokens = get_int(obj, "min_tokens", 0, 0, INT32_MAX)
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise bad(f"Parameter min_tokens ({min_tokens}) must be at most max_tokens "
+                  f"({max_tokens}).", "min_tokens")
     if best_of is not None and best_of != n:
         raise bad("Parameter best_of is not supported (only best_of == n).", "best_of")
     params = dict(max_new_tokens=max_tokens or default_max_tokens, do_sample=temperature > 0,
                   temperature=temperature if temperature > 0 else 1.0, top_k=max(top_k, 0),
-                  **_more_params(llm, obj))
+                  min_tokens=min_tokens, **_more_params(llm, obj))
     return dict(params=params, n=n, stream=stream, include_usage=include_usage,
                 presence_penalty=get_float(obj, "presence_penalty", 0.0, -2.0, 2.0,
                                            lo_open=False, hi_open=False),
@@ -158,6 +174,8 @@ def _more_params(llm: LLM, obj: dict) -> dict:
     stop_token_ids = obj.get("stop_token_ids")
     return dict(
         top_p=get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False),
+        min_p=get_float(obj, "min_p", 0.0, 0.0, 1.0, lo_open=False, hi_open=False),
+        typical_p=get_float(obj, "typical_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False),
         repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
                                      lo_open=True, hi_open=False),
         seed=get_int(obj, "seed", None, 0, MAX_SEED),
@@ -167,8 +185,25 @@ def _more_params(llm: LLM, obj: dict) -> dict:
             stop_token_ids, "stop_token_ids", llm.tokenizer.vocab_size))),
         ignore_eos=get_bool(obj, "ignore_eos", False),
         logit_bias=logit_bias(llm.tokenizer, obj.get("logit_bias")),
-        constraint=response_format(llm.tokenizer, obj.get("response_format")),
+        constraint=_constraint(llm, obj),
     )
+
+
+def _constraint(llm: LLM, obj: dict):
+    """The output's constraint: ``response_format``'s, or that of one of the other servers'
+    fields (:mod:`.guided`); None when neither is sent.
+
+    Raises:
+        APIError: 400 naming the guided field when both are sent; as their parsers.
+    """
+    constraint = response_format(llm.tokenizer, obj.get("response_format"))
+    guided = guided_constraint(llm.tokenizer, obj)
+    if guided is None:
+        return constraint
+    if constraint is not None:
+        raise bad(f"Parameters response_format and {guided[0]} both constrain the output: "
+                  "send one.", guided[0])
+    return guided[1]
 
 
 # ---- chat --------------------------------------------------------------------------------
@@ -178,8 +213,9 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
     arguments (``chat_template_kwargs``) and the tools.
 
     Raises:
-        APIError: 400 naming a bad field, 404 for another model, 422 for a body that is no
-            JSON object.
+        APIError: 400 naming a bad field, or one nothing reads (``unknown_parameter``,
+            :func:`~.openai_fields.check_fields`), 404 for another model, 422 for a body that
+            is no JSON object.
     """
     obj = parse_json_object(body)
     common = _common(app.llm, obj, INT32_MAX)  # the engine caps it by maxIterTimes / maxSeqLen
@@ -193,8 +229,34 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
         raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
     tools = _chat_tools(obj, common["params"]["constraint"] is not None)
     p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, thinking=_thinking(obj, extra),
-               **common)
+               chat_end=_chat_end(obj, messages), **common)
+    check_fields(obj, chat=True)
     return p, messages, extra, tools
+
+
+def _chat_end(obj: dict, messages: list[dict]) -> str:
+    """How the rendered chat ends (:data:`~.chat_template.ENDS`): ``"continue"`` -- the
+    answer continues the final assistant message -- with vLLM's ``continue_final_message``,
+    or when the last message is the assistant's (llama-server's prefill) and neither field is
+    sent; ``"none"`` with ``add_generation_prompt`` false (vLLM); else ``"generation"``.
+
+    Raises:
+        APIError: 400 (``continue_final_message``) without a final assistant message, or
+            with ``add_generation_prompt`` true.
+    """
+    cont = get_bool(obj, "continue_final_message", None)
+    gen = get_bool(obj, "add_generation_prompt", None)
+    last = messages[-1]
+    final = last["role"] == "assistant" and not last.get("tool_calls")
+    if cont and not final:
+        raise bad("Parameter continue_final_message needs a final assistant message without "
+                  "tool_calls to continue.", "continue_final_message")
+    if cont and gen:
+        raise bad("Parameters continue_final_message and add_generation_prompt cannot both be "
+                  "true.", "continue_final_message")
+    if cont or (cont is None and gen is None and final and last["content"]):
+        return "continue"
+    return "none" if gen is False else "generation"
 
 
 def _thinking(obj: dict, extra: dict) -> tuple[str, ...]:
@@ -301,8 +363,9 @@ def _message_tool_calls(calls, i: int) -> list[dict]:
         if not isinstance(args, str):
             raise bad(f"{where}[{k}].function.arguments must be a string (JSON text).",
                       "messages")
-        try:
-            parsed = json.loads(args) if args.strip() else {}
+        try:        # a text nested deeper than a body may be stays text
+            parsed = (json.loads(args) if json_depth(args.encode("utf-8", "surrogatepass"))
+                      <= MAX_JSON_DEPTH else None) if args.strip() else {}
         except (ValueError, RecursionError):
             parsed = None
         out.append({"id": c["id"], "type": "function",
@@ -363,6 +426,7 @@ def parse_completion(app, body: bytes) -> Parsed:
     echo = get_bool(obj, "echo", False)
     if echo and lp is not None:
         raise bad("Parameter echo together with logprobs is not supported.", "echo")
+    check_fields(obj, chat=False)
     return Parsed(prompts=prompts, logprobs=lp is not None, top_logprobs=lp or 0, echo=echo,
                   **common)
 

@@ -15,6 +15,7 @@ from ..engine.constraint import ConstraintError, compile_constraint
 from ..engine.request import Constraint
 from ..model.tokenizer import Tokenizer
 from .errors import APIError, Kind, bad, invalid
+from .validate import MAX_JSON_DEPTH, json_depth
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BIAS = 100.0                 # OpenAI's range for logit_bias values: [-100, 100]
@@ -411,6 +412,8 @@ def tgi_grammar(tokenizer: Tokenizer, value) -> Constraint | None:
             raise invalid("Parameter grammar.value must be a string (a regex).")
         return compiled(tokenizer, Constraint("regex", spec), fail)
     if isinstance(spec, str):
+        if json_depth(spec.encode("utf-8", "surrogatepass")) > MAX_JSON_DEPTH:
+            raise fail(f"grammar.value nests deeper than {MAX_JSON_DEPTH} levels")
         try:
             spec = json.loads(spec)
         except ValueError as exc:

@@ -51,6 +51,7 @@ from .validate import (
     get_stop_list,
     read_json_object,
     refuse_set,
+    refuse_unknown,
 )
 from .vllm import vllm_generate
 
@@ -58,6 +59,13 @@ INT32_MAX = 2**31 - 1
 MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
 INF = float("inf")
 MAX_STOP_SEQUENCES = 4      # TGI's default --max-stop-sequences
+#: TGI's ``parameters`` (0.9.4's, ``top_n_tokens``, ``grammar``, ``adapter_id`` and
+#: ``frequency_penalty`` of later versions, the last two refused when set); any other that is
+#: not null is a 422 naming it.
+PARAMETERS = frozenset({"best_of", "temperature", "repetition_penalty", "top_k", "top_p",
+                        "typical_p", "do_sample", "max_new_tokens", "return_full_text", "stop",
+                        "truncate", "watermark", "details", "decoder_input_details", "seed",
+                        "top_n_tokens", "grammar", "adapter_id", "frequency_penalty"})
 
 
 def _logprob(x: float | None) -> float | None:
@@ -68,6 +76,7 @@ class TGIParams:
     """A validated TGI ``parameters`` object."""
 
     def __init__(self, p: dict, llm: LLM):
+        refuse_unknown(p, PARAMETERS)
         # TGI 0.9.4 ranges: temperature > 0, top_p and typical_p in (0, 1), top_k > 0,
         # repetition_penalty > 0, max_new_tokens >= 1 (default 20).
         temperature = get_float(p, "temperature", None, 0.0, INF, lo_open=True, hi_open=True)
@@ -105,7 +114,9 @@ class TGIParams:
 
 
 def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
-    """``{"inputs", "parameters"}`` -> (prompt text, parameters); 422 on anything malformed."""
+    """``{"inputs", "parameters"}`` -> (prompt text, parameters); 422 on anything malformed,
+    and naming a field or parameter nothing reads."""
+    refuse_unknown(obj, ("inputs", "parameters", "stream"), "Field")
     return read_inputs(obj), TGIParams(read_parameters(obj), llm)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import secrets
 import string
 
@@ -54,6 +55,7 @@ MARKERS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, PYTHON_TAG,
            "[ARGS]", "[CALL_ID]")
 
 _ALNUM = string.ascii_letters + string.digits
+_SPACE = re.compile(r"\s*")
 
 
 def detect_format(template: str) -> str | None:
@@ -150,11 +152,10 @@ def parse_llama3(text: str) -> tuple[list[ToolCall], str] | None:
             break
         calls.append(call)
         pos = end
-        rest = s[pos:].lstrip()
-        if not rest.startswith(";"):
+        after = _SPACE.match(s, pos).end()     # no copies of the rest: linear in the calls
+        if not s.startswith(";", after):
             break
-        pos = len(s) - len(rest) + 1
-        pos += len(s[pos:]) - len(s[pos:].lstrip())
+        pos = _SPACE.match(s, after + 1).end()
     if not calls:
         return None
     return calls, s[pos:]

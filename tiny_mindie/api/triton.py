@@ -28,18 +28,28 @@ from ..server.routing import BUSINESS
 from .drive import build, collect, merged, route, send_stream
 from .errors import MINDIE, APIError, Kind, invalid
 from .manage import check_model
-from .native import mindie_parameters, read_inputs, read_parameters, speculation_details
-from .validate import check_token_ids, get_bool, get_int, read_json_object
+from .native import (
+    PARAMETERS,
+    mindie_parameters,
+    read_inputs,
+    read_parameters,
+    speculation_details,
+)
+from .validate import check_token_ids, get_bool, get_int, read_json_object, refuse_unknown
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
+#: MindIE's Triton ``parameters``: ``/infer``'s and ``batch_size``, ``perf_stat``; any other
+#: that is not null is a 422 naming it.
+TRITON_PARAMETERS = PARAMETERS | {"batch_size", "perf_stat"}
 
 
 def parse_parameters(obj: dict) -> tuple[dict, bool, bool]:
     """MindIE's Triton ``parameters``: /infer's ranges, but ``top_p`` may be 1.0.
     Returns (make_request parameters, details, perf_stat)."""
     p = read_parameters(obj)
+    refuse_unknown(p, TRITON_PARAMETERS)
     make = mindie_parameters(p, top_p_may_be_one=True, top_k_min=0)
     get_int(p, "batch_size", None, 1, INT32_MAX)   # accepted and ignored, as MindIE does
     return make, get_bool(p, "details", False), get_bool(p, "perf_stat", False)
@@ -126,7 +136,9 @@ class Triton:
 
     # ---- text inference ---------------------------------------------------------------
     def _text_request(self, obj: dict) -> str:
-        return read_inputs(obj, "text_input", "text_input")
+        text = read_inputs(obj, "text_input", "text_input")
+        refuse_unknown(obj, ("id", "text_input", "parameters"), "Field")
+        return text
 
     def _details(self, request, evs: list[TokenEvent], stopped: bool, perf: bool) -> dict:
         last = evs[-1] if evs else None
@@ -219,6 +231,7 @@ class Triton:
         inputs = obj.get("inputs")
         if inputs is None:
             raise invalid("Not found inputs.")
+        refuse_unknown(obj, ("id", "inputs", "outputs", "parameters"), "Field")
         if not isinstance(inputs, list) or len(inputs) != 1 or not isinstance(inputs[0], dict):
             raise invalid("Field inputs must be an array of exactly one input.")
         inp = inputs[0]

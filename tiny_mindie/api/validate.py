@@ -3,6 +3,10 @@
 Messages name the parameter, the accepted range and the value, e.g.
 ``Parameter top_p must be in (0.0,1.0), got 1.0.`` (spec §3). ``null`` means "not set". Each
 field's error names the field as its ``param`` (OpenAI's style answers it 400).
+
+A body's shape (nesting, values, members of one object) is checked on its bytes before
+``json.loads`` sees them (:func:`json_structure`: one vectorized pass, linear in the body's
+size, no regex), since ``json.loads`` holds the GIL for as long as it parses.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 from typing import Any
 
 import numpy as np
@@ -28,9 +31,16 @@ MAX_JSON_DEPTH = 64
 #: while it parses; this bounds both. A token-id prompt of ``maxInputTokenLen``'s top fits.
 MAX_JSON_VALUES = 1 << 21
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
-_DEPTH_CHUNK = 1 << 20
+#: How many members one JSON object of a request body may have (counted as the colons directly
+#: in it, outside strings). The largest objects a request holds -- a tool's parameters, a
+#: ``logit_bias`` -- have hundreds; a distinct key is the costliest thing ``json.loads`` builds.
+MAX_JSON_KEYS = 1 << 16
+
+_CHUNK = 1 << 20                # bytes a vectorized step takes at once (int32 work arrays)
+_STEP = np.zeros(256, np.int32)  # what a structural byte does to the depth
+_STEP[list(b"[{")] = 1
+_STEP[list(b"]}")] = -1
+_BACKSLASH, _QUOTE, _COLON = 0x5C, 0x22, 0x3A
 
 
 class JSONTooDeep(APIError):
@@ -41,26 +51,79 @@ class JSONTooDeep(APIError):
                          f"objects nest deeper than {depth_limit} levels")
 
 
+def json_structure(text: bytes) -> np.ndarray:
+    """The bytes ``[ ] { } , :`` of the JSON ``text`` that are outside its strings, in order,
+    as a uint8 array: one vectorized pass, linear in ``len(text)``, no parsing.
+
+    A quote is escaped when an odd run of backslashes comes right before it; the unescaped
+    quotes open and close the strings. Exact for JSON text and for any prefix of it, so for
+    text that is not JSON it stands for what ``json.loads`` reads before it fails.
+    """
+    parts = []
+    run = inside = 0       # parity of the backslashes ending the bytes so far; in a string
+    for start in range(0, len(text), _CHUNK):
+        a = np.frombuffer(text, np.uint8, min(_CHUNK, len(text) - start), start)
+        quotes = a == _QUOTE
+        backslashes = a == _BACKSLASH
+        if run or backslashes.any():
+            at = np.arange(len(a), dtype=np.int32)
+            plain = np.maximum.accumulate(np.where(backslashes, -1, at))   # last other byte
+            ends = (at - plain) & 1       # parity of the backslash run ending at each byte
+            ends[plain < 0] ^= run
+            quotes[0] &= run == 0
+            quotes[1:] &= ends[:-1] == 0  # ... ending right before each byte
+            run = int(ends[-1])
+        strings = np.bitwise_xor.accumulate(quotes.view(np.uint8)) ^ np.uint8(inside)
+        folded = a | 0x20                 # [ and { as {, ] and } as }
+        structural = (folded == 0x7B) | (folded == 0x7D) | (a == 0x2C) | (a == _COLON)
+        parts.append(a[structural & (strings == 0)])
+        inside = int(strings[-1])
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+
+def _levels(structure: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The depth after each byte of a :func:`json_structure` (int8, clipped to -1..127), the
+    deepest and the lowest depth reached."""
+    levels = np.empty(len(structure), np.int8)
+    depth = deepest = lowest = 0
+    for i in range(0, len(structure), _CHUNK):
+        got = np.cumsum(_STEP[structure[i:i + _CHUNK]], dtype=np.int64) + depth
+        deepest, lowest = max(deepest, int(got.max())), min(lowest, int(got.min()))
+        levels[i:i + _CHUNK] = np.clip(got, -1, 127)
+        depth = int(got[-1])
+    return levels, deepest, lowest
+
+
+def _most_members(structure: np.ndarray, levels: np.ndarray) -> int:
+    """The most colons directly in one array or object of a :func:`json_structure` (the most
+    members of one object, for JSON): each colon belongs to the last opening bracket or brace
+    before it at its own depth, found by a stable (radix) sort of both by depth."""
+    pick = (_STEP[structure] > 0) | (structure == _COLON)
+    order = np.argsort(levels[pick], kind="stable")
+    kinds = structure[pick][order]
+    container = np.cumsum(kinds != _COLON)
+    counts = np.bincount(container[kinds == _COLON])
+    return int(counts.max()) if len(counts) else 0
+
+
 def json_depth(text: bytes) -> int:
     """How deeply arrays and objects nest in the JSON ``text`` (``0`` for a scalar, ``1`` for
     ``[1]``), brackets inside strings not counted; linear time, no recursion, no parsing (for
     text that is not JSON the number means little)."""
-    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_A_BRACKET)
-    depth = deepest = 0
-    for i in range(0, len(brackets), _DEPTH_CHUNK):    # int32 steps: 4 bytes a bracket
-        a = np.frombuffer(brackets, np.uint8, min(_DEPTH_CHUNK, len(brackets) - i), i)
-        steps = np.where((a == ord("[")) | (a == ord("{")), 1, -1).astype(np.int32)
-        levels = np.cumsum(steps)
-        deepest = max(deepest, depth + int(levels.max()))
-        depth += int(levels[-1])
-    return deepest
+    return _levels(json_structure(text))[1]
 
 
 def json_values(text: bytes) -> int:
     """How many values the JSON ``text`` holds, as :data:`MAX_JSON_VALUES` counts them: its
     commas, ``[`` and ``{`` outside strings (``[1,2,3]`` -> 3); linear time, no parsing."""
-    bare = _JSON_STRING.sub(b"", text)
-    return bare.count(b",") + bare.count(b"[") + bare.count(b"{")
+    return _count(json_structure(text), b",[{")
+
+
+def json_keys(text: bytes) -> int:
+    """The most members of one object in the JSON ``text`` (``{"a":1,"b":{"c":2}}`` -> 2), as
+    :data:`MAX_JSON_KEYS` counts them; linear time, no parsing."""
+    s = json_structure(text)
+    return _most_members(s, _levels(s)[0])
 
 
 async def read_json_object(body: bytes) -> dict:
@@ -69,30 +132,55 @@ async def read_json_object(body: bytes) -> dict:
     return await asyncio.to_thread(parse_json_object, body)
 
 
+def _count(structure: np.ndarray, chars: bytes) -> int:
+    return sum(int(np.count_nonzero(structure == c)) for c in chars)
+
+
+def _check_shape(structure: np.ndarray, max_depth: int) -> None:
+    """Refuse a body whose :func:`json_structure` nests deeper than ``max_depth`` or has an
+    object of more than :data:`MAX_JSON_KEYS` members (the values are checked before)."""
+    levels, deepest, lowest = _levels(structure)
+    if deepest > max_depth:
+        raise JSONTooDeep(max_depth)
+    colons = _count(structure, b":")
+    if colons <= MAX_JSON_KEYS:
+        return
+    if lowest < 0 or colons > _count(structure, b",[{"):    # each key follows a { or a ,
+        raise invalid("Failed to parse request context to json")
+    if _most_members(structure, levels) > MAX_JSON_KEYS:
+        raise invalid("Failed to parse request context to json: an object of more than "
+                      f"{MAX_JSON_KEYS} members")
+
+
 def parse_json_object(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
     """The request body as a JSON object.
 
     Raises:
         APIError: 422 ``Failed to parse request context to json`` for invalid UTF-8, invalid
-            JSON, NaN/Infinity, an integer of over 4300 digits, a non-object, or more than
-            :data:`MAX_JSON_VALUES` values (checked on the bytes, before parsing);
+            JSON, NaN/Infinity, an integer of over 4300 digits, a non-object, more than
+            :data:`MAX_JSON_VALUES` values or an object of more than :data:`MAX_JSON_KEYS`
+            members (both checked on the bytes, before parsing);
             :class:`JSONTooDeep` (422) when arrays and objects nest deeper than ``max_depth``
             (checked on the bytes, before anything parses or walks them).
     """
     def no_constants(name: str):
         raise ValueError(name)
     # counts over the raw bytes first (the cheapest checks; strings can only add to them),
-    # the exact ones without strings only where these are over a bound
-    brackets = body.count(b"[") + body.count(b"{")
-    if brackets + body.count(b",") > MAX_JSON_VALUES and json_values(body) > MAX_JSON_VALUES:
-        raise invalid("Failed to parse request context to json: more than "
-                      f"{MAX_JSON_VALUES} values")
+    # the exact ones, outside strings, only where one of these is over its bound
+    openers = body.count(b"[") + body.count(b"{")
+    structure = None
+    if (openers + body.count(b",") > MAX_JSON_VALUES or openers > max_depth
+            or body.count(b":") > MAX_JSON_KEYS):
+        structure = json_structure(body)
+        if _count(structure, b",[{") > MAX_JSON_VALUES:
+            raise invalid("Failed to parse request context to json: more than "
+                          f"{MAX_JSON_VALUES} values")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise invalid("Failed to parse request context to json") from None
-    if brackets > max_depth and json_depth(body) > max_depth:
-        raise JSONTooDeep(max_depth)
+    if structure is not None:
+        _check_shape(structure, max_depth)
     try:
         obj = json.loads(text, parse_constant=no_constants)
     except (ValueError, RecursionError):
@@ -204,6 +292,15 @@ def get_stop_list(p: dict, name: str, limit: int) -> list[str]:
         raise invalid(f"Parameter {name} supports up to {limit} stop sequences. Given: {len(v)}",
                       name)
     return list(v)
+
+
+def refuse_unknown(d: dict, known, what: str = "Parameter") -> None:
+    """422 ``<what> <name> is not supported.`` naming the first key of ``d`` that is not in
+    ``known`` and not null (null means "not set"): a field nothing reads is never silently
+    ignored."""
+    for name, value in d.items():
+        if name not in known and value is not None:
+            raise invalid(f"{what} {name} is not supported.", name)
 
 
 def refuse_set(p: dict, name: str, neutral=(None,)) -> None:

@@ -11,10 +11,28 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from .drive import build, collect, fan_out, merged, send_stream
 from .errors import TGI, invalid
-from .validate import check_token_ids, get_bool, get_float, get_int, get_stop_list, refuse_set
+from .validate import (
+    check_token_ids,
+    get_bool,
+    get_float,
+    get_int,
+    get_stop_list,
+    refuse_set,
+    refuse_unknown,
+)
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
+#: The fields of vLLM 0.2's ``/generate`` read here (its ``SamplingParams`` that the engine
+#: holds; ``use_beam_search``, ``length_penalty``, ``early_stopping`` and the penalties are
+#: refused when set otherwise than neutral; ``skip_special_tokens`` and
+#: ``spaces_between_special_tokens`` change nothing: special tokens never reach the text); any
+#: other that is not null is a 422 naming it.
+FIELDS = frozenset({"prompt", "stream", "n", "best_of", "use_beam_search", "length_penalty",
+                    "early_stopping", "presence_penalty", "frequency_penalty", "temperature",
+                    "top_k", "top_p", "min_p", "seed", "repetition_penalty", "max_tokens",
+                    "min_tokens", "stop", "stop_token_ids", "include_stop_str_in_output",
+                    "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"})
 
 
 def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
@@ -27,10 +45,15 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
         raise invalid("The type of prompt is abnormal")
     if not prompt:
         raise invalid("Prompt must not be empty")
+    refuse_unknown(obj, FIELDS)
     if obj.get("use_beam_search"):
         raise invalid("Parameter use_beam_search is not supported.")
     for name in ("presence_penalty", "frequency_penalty"):
         refuse_set(obj, name, (None, 0, 0.0))
+    refuse_set(obj, "length_penalty", (None, 1, 1.0))
+    refuse_set(obj, "early_stopping", (None, False))
+    for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+        get_bool(obj, name, True)
     n = get_int(obj, "n", 1, 1, 16)
     best_of = get_int(obj, "best_of", None, 1, 16)
     if best_of not in (None, n):
@@ -49,6 +72,8 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
         repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
                                      lo_open=True, hi_open=False),
         max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
+        min_tokens=get_int(obj, "min_tokens", 0, 0, INT32_MAX),
+        min_p=get_float(obj, "min_p", 0.0, 0.0, 1.0, lo_open=False, hi_open=False),
         stop=get_stop_list(obj, "stop", 64),
         include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
         ignore_eos=get_bool(obj, "ignore_eos", False),
@@ -56,6 +81,9 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
     ids = obj.get("stop_token_ids")
     if ids is not None:
         make["stop_token_ids"] = check_token_ids(ids, "stop_token_ids", llm.tokenizer.vocab_size)
+    if make["min_tokens"] > make["max_new_tokens"]:
+        raise invalid(f"Parameter min_tokens must be at most max_tokens ({make['max_new_tokens']}"
+                      f"), got {make['min_tokens']}.", "min_tokens")
     return prompt, make, n, get_bool(obj, "stream", False, "Field")
 
 

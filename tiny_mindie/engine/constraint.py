@@ -36,6 +36,14 @@ _EXECUTOR_THREADS = 1
 #: The classes llguidance keeps ASCII in a JSON schema ``pattern`` (``regex_to_lark``'s flags:
 #: ``\d``, ``\w``), used for plain regex grammars too: one meaning of ``\d`` everywhere.
 JSON_ASCII_CLASSES = "dw"
+#: The longest regex, and the most characters of regexes in one JSON schema
+#: (its ``pattern`` values and ``patternProperties`` names), that a request may have compiled:
+#: the compiler's time grows faster than their length (nested repetitions such as ``a*a*a*``),
+#: so a bound on the length bounds it. It runs in a worker thread without the GIL.
+MAX_REGEX_CHARS = 8192
+#: The longest JSON schema (as JSON text) or Lark grammar a request may have compiled, for the
+#: same reason (objects of thousands of properties); tool sets of dozens of functions fit.
+MAX_SCHEMA_CHARS = 1 << 16
 
 
 class ConstraintError(ValueError):
@@ -118,6 +126,7 @@ def _grammar(c: Constraint) -> str:
             raise ConstraintError(f"the schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict | bool):
             raise ConstraintError("the schema must be a JSON object")
+        _check_size("regexes in the schema", _regex_chars(schema), MAX_REGEX_CHARS)
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except ValueError as exc:
@@ -127,6 +136,29 @@ def _grammar(c: Constraint) -> str:
     if c.kind == "lark":
         return llguidance.LLMatcher.grammar_from_lark(c.spec)
     raise ConstraintError(f"unknown constraint kind {c.kind!r}")
+
+
+def _check_size(what: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise ConstraintError(f"the grammar is too large to enforce: {size} characters of "
+                              f"{what}, at most {limit}")
+
+
+def _regex_chars(schema) -> int:
+    """Characters of the regexes in a JSON schema: its ``pattern`` values and
+    ``patternProperties`` names, at any depth (an iterative walk)."""
+    total, todo = 0, [schema]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, list):
+            todo.extend(node)
+        elif isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                total += len(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                total += sum(len(k) for k in node["patternProperties"])
+            todo.extend(node.values())
+    return total
 
 
 class CompiledConstraint:
@@ -177,6 +209,10 @@ def compile_constraint(tokenizer: Tokenizer, constraint: Constraint) -> Compiled
         if hit is not None:
             cache.move_to_end(key)
             return hit
+    if constraint.kind == "regex":
+        _check_size("the regex", len(constraint.spec), MAX_REGEX_CHARS)
+    elif constraint.kind in ("json_schema", "lark"):    # a lark grammar: of tools' schemas
+        _check_size(f"the {constraint.kind}", len(constraint.spec), MAX_SCHEMA_CHARS)
     grammar = _grammar(constraint)
     matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
     if matcher.is_error():

@@ -455,10 +455,10 @@ class Engine:
             # ends on one of them as any other does; a vocabulary without any ends it here
             grammar_done = seq.matcher.done and not self.tokenizer.eog_ids
         if (not stop.ignore_eos or constrained) and eog or tok in stop.stop_token_ids:
-            finish = "eos_token"
-            text = ""
+            finish = "eos_token"        # a stop token's text only with include_stop_string
+            text = seq.detok.add(tok) if stop.include_stop_string and not eog else ""
         else:
-            text = seq.detok.add(tok)
+            text = seq.detok.add(tok, stops=seq.n_generated >= stop.min_tokens)
             if seq.detok.stopped:
                 finish = "stop_sequence"
             elif grammar_done:          # complete, and nothing may follow but end of text

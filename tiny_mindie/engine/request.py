@@ -35,6 +35,9 @@ class SamplingParams:
             generated (not the prompt): ``logit -= frequency * count + presence``; 0 = off.
         logit_bias: OpenAI's ``logit_bias``: ``(token id, bias)`` pairs, bias in [-100, 100]
             added to that token's logit before sampling (greedy or not); ``()`` = none.
+        min_p: in [0, 1]; after the temperature, tokens whose probability is below ``min_p``
+            times the most likely token's are dropped, before top-k / top-p / typical-p
+            (vLLM's order; Nguyen et al. 2024); 0 = off.
     """
 
     do_sample: bool = False
@@ -48,9 +51,12 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         """Raises ``ValueError`` for a value outside the ranges above."""
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k < 0:
@@ -100,8 +106,13 @@ class StopCriteria:
         max_new_tokens: tokens to generate at most (>= 1).
         stop_strings: text that ends generation (``finish_reason == "stop_sequence"``).
         include_stop_string: keep the matched stop string in the output.
-        stop_token_ids: token ids that end generation like EOS does.
+        stop_token_ids: token ids that end generation like EOS does (even with
+            ``ignore_eos``); the token's text is left out of the output unless
+            ``include_stop_string`` (vLLM's rule).
         ignore_eos: keep going past end-of-generation tokens.
+        min_tokens: the end-of-generation tokens and ``stop_token_ids`` cannot be sampled,
+            and stop strings are not looked for, until this many tokens are generated
+            (vLLM's ``min_tokens``); a complete grammar still ends the output; 0 = off.
     """
 
     max_new_tokens: int = 20
@@ -109,11 +120,14 @@ class StopCriteria:
     include_stop_string: bool = False
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        """Raises ``ValueError`` when ``max_new_tokens < 1``."""
+        """Raises ``ValueError`` when ``max_new_tokens < 1`` or ``min_tokens < 0``."""
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
 
 @dataclass

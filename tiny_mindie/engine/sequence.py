@@ -28,6 +28,9 @@ class Sequence:
         self.matcher = matcher      # the request's place in its grammar (constraint), or None
         self.bias = (np.array([i for i, _ in req.sampling.logit_bias], np.intp),
                      np.array([b for _, b in req.sampling.logit_bias], np.float32))
+        # the ids min_tokens holds back (end of generation, stop_token_ids), or None
+        self.held = (np.array(sorted(set(tokenizer.eog_ids) | set(req.stop.stop_token_ids)),
+                              np.intp) if req.stop.min_tokens else None)
         self.loop = loop
         self.queue = queue
         self.tokens: list[int] = list(req.prompt_ids)
@@ -52,6 +55,13 @@ class Sequence:
     @property
     def n_generated(self) -> int:
         return len(self.tokens) - self.n_prompt
+
+    @property
+    def holds_end(self) -> bool:
+        """Whether ``min_tokens`` still keeps the next token from ending the output (a
+        complete grammar aside: it allows only the end)."""
+        return (self.held is not None and self.n_generated < self.req.stop.min_tokens
+                and not (self.matcher is not None and self.matcher.done))
 
     def sample_row(self) -> SampleRow:
         """What the sampler needs of this sequence for its next token."""
@@ -96,12 +106,15 @@ class Sequence:
 def bias_and_mask(logits: np.ndarray, seqs: list[Sequence], constrained: list[Sequence],
                   bitmask: np.ndarray | None) -> None:
     """Before sampling, in place on float32 ``[len(seqs), V]`` ``logits``: add each row's
-    ``logit_bias``, then set the tokens its grammar does not allow to ``-inf``
+    ``logit_bias``, set the tokens ``min_tokens`` holds back to ``-inf``
+    (:attr:`Sequence.holds_end`), then the tokens its grammar does not allow
     (``bitmask``: :func:`~.constraint.fill_masks` of ``constrained``)."""
     for row, seq in enumerate(seqs):
         ids, bias = seq.bias
         if ids.size:
             logits[row, ids] += bias
+        if seq.holds_end:
+            logits[row, seq.held] = -np.inf
     if bitmask is None:
         return
     at = {id(seq): i for i, seq in enumerate(constrained)}

@@ -85,10 +85,12 @@ class SpeculationPolicy:
     engine: :class:`CostModel`, :meth:`Speculator.cost`) and yields :func:`expected_tokens`
     of the sequence's recent acceptance :attr:`rate` (an exponential average of
     ``accepted / proposed``, starting at 1). The policy proposes the ``k`` that yields the
-    most tokens per decode step's time, if that is more than one; otherwise, or when a
-    verification kept too little, the sequence decodes plainly for a while (4 steps, doubling
-    each time up to :attr:`max_backoff`, back to 4 after a verification that paid), then
-    tries again from the break-even rate.
+    most tokens per decode step's time, if that is at least one (a verification that keeps
+    all its proposals never costs more than decoding them: :class:`CostModel` caps it there,
+    so a sequence whose proposals are all kept keeps proposing whatever the host's load);
+    otherwise, or when a verification kept less than it cost, the sequence decodes plainly
+    for a while (4 steps, doubling each time up to :attr:`max_backoff`, back to 4 after a
+    verification that paid), then tries again from the break-even rate.
 
     Attributes:
         max_proposals: ``k`` at most (the backend's verification rows minus one).
@@ -114,16 +116,17 @@ class SpeculationPolicy:
 
     def best(self, available: int, cost: Callable[[int], float]) -> tuple[int, float]:
         """``(k, yield)``: the ``k`` of at most ``available`` proposals that yields the most
-        tokens per decode step's time, and that yield (more than 1: speculating pays).
-        ``cost(k)``: proposing and verifying ``k`` tokens, in decode steps."""
-        k = max(range(1, available + 1), key=lambda n: expected_tokens(self.rate, n) / cost(n))
+        tokens per decode step's time (the largest such ``k``), and that yield (at least 1:
+        speculating pays). ``cost(k)``: proposing and verifying ``k`` tokens, in decode
+        steps."""
+        k = max(range(available, 0, -1), key=lambda n: expected_tokens(self.rate, n) / cost(n))
         return k, expected_tokens(self.rate, k) / cost(k)
 
     def update(self, proposed: int, accepted: int, cost: float) -> None:
         """Record one verification: ``accepted`` of ``proposed`` kept, at ``cost`` decode
         steps."""
         self.rate = 0.5 * self.rate + 0.5 * (accepted / proposed)
-        if accepted + 1 > cost:
+        if accepted + 1 >= cost:
             self._next_backoff = 4
         elif expected_tokens(self.rate, proposed) <= cost:
             self.back_off()
@@ -155,7 +158,11 @@ class CostModel:
     The shortest, not an average: a step timed while another process held a core is longer,
     never shorter, so the minimum of recent samples is the step's own cost, and a few such
     samples cannot turn speculation off; a lasting change is followed within :attr:`WINDOW`
-    samples."""
+    samples. And never more than ``n`` steps: a verification of ``n`` rows computes in one
+    run what ``n`` decode steps compute one by one (each row's attention as a decode step's,
+    the weights read once for all rows), so a timing above that is the host's load -- other
+    processes holding the cores while the few verifications were timed, not while the many
+    decode steps were -- not the verification's cost."""
 
     WINDOW = 16
     #: Samples of a row count before its time alone is trusted; until then the prior bounds it
@@ -181,12 +188,12 @@ class CostModel:
         self._verify.setdefault(rows, deque(maxlen=self.WINDOW)).append(seconds)
 
     def __call__(self, rows: int) -> float:
-        """A verification of ``rows`` rows, in decode steps."""
+        """A verification of ``rows`` rows, in decode steps (at most ``rows``)."""
         prior = 1.0 + 0.3 * (rows - 1)
         times = self._verify.get(rows)
         if not times or not self.decode_s:
             return prior
-        measured = min(times) / self.decode_s
+        measured = min(min(times) / self.decode_s, float(rows))
         return measured if len(times) >= self.MIN_SAMPLES else min(measured, prior)
 
 
@@ -228,12 +235,12 @@ class Speculator:
     def proposals(self, tokens: Sequence[int], policies: dict[str, SpeculationPolicy],
                   room: int) -> tuple[str, list[int]]:
         """``(source, tokens to verify)`` for a sequence of ``tokens`` now, from the source
-        whose proposals yield the most tokens per decode step's time; ``("", [])``: decode
-        one step as usual. A source that would not pay pauses (:meth:`SpeculationPolicy.
-        back_off`). ``room``: tokens the sequence may still produce after the next one. The
-        draft is asked only while it is no further behind the sequence than that room (its
-        catching up, a prefill of the tokens it has not seen, would not pay off before the
-        sequence ends)."""
+        whose proposals yield the most tokens per decode step's time (at least one);
+        ``("", [])``: decode one step as usual. A source that would not pay pauses
+        (:meth:`SpeculationPolicy.back_off`). ``room``: tokens the sequence may still produce
+        after the next one. The draft is asked only while it is no further behind the
+        sequence than that room (its catching up, a prefill of the tokens it has not seen,
+        would not pay off before the sequence ends)."""
         draft_ok = self.draft is not None and self.draft.behind(tokens) <= room
         room = min(room, self.max_proposals)
         if room < 1:
@@ -246,9 +253,9 @@ class Speculator:
         if draft_ok and policies["draft"].ready():
             options.append(("draft", *policies["draft"].best(room, partial(self.cost, "draft"))))
         for source, _, gain in options:
-            if gain <= 1.0:
+            if gain < 1.0:
                 policies[source].back_off()
-        paying = [o for o in options if o[2] > 1.0]
+        paying = [o for o in options if o[2] >= 1.0]
         if not paying:
             return "", []
         source, k, _ = max(paying, key=lambda o: o[2])

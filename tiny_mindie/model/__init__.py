@@ -15,3 +15,7 @@ WEIGHT_MODES = {"exact": 0, "compact": 64}
 #: the onnxruntime backend's graph choices (``auto``: ``standard`` on the CANN execution
 #: provider, ``contrib`` elsewhere; see :mod:`.graph` and :mod:`.graph_standard`)
 GRAPH_FLAVOURS = ("auto", "contrib", "standard")
+#: the matrix-product kernels of the onnxruntime backend's contrib graph (``--kernels``):
+#: onnxruntime's ``MatMulNBits``, tiny_mindie's own on the GGUF's blocks
+#: (:mod:`tiny_mindie.kernels`), or ``auto`` (the own kernels where the library loads)
+KERNEL_MODES = ("onnxruntime", "custom", "auto")

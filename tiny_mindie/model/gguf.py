@@ -257,6 +257,13 @@ class GGUFFile:
         values = self._gguf.quants.dequantize(t.data, t.tensor_type)
         return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
 
+    def tensor_totals(self) -> tuple[int, int]:
+        """``(values, bytes)`` over all the file's tensors: the model's parameter count and the
+        size of its weights as stored (quantized blocks included), as llama.cpp's
+        ``llama_model_n_params`` and ``llama_model_size`` count them."""
+        values = sum(int(np.prod(t.ne, dtype=np.int64)) for t in self._tensors.values())
+        return values, sum(int(t.data.nbytes) for t in self._tensors.values())
+
     def _tensor(self, name: str):
         try:
             return self._tensors[name]

@@ -99,10 +99,11 @@ from .backend import available_cpus
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .graph_layers import block, lm_head, verify_rows
-from .graph_nodes import MS_DOMAIN, GraphBuilder, Shared, embed, rope_caches, rows_of
+from .graph_nodes import MS_DOMAIN, TM_DOMAIN, GraphBuilder, Shared, embed, rope_caches, rows_of
 from .graph_standard import STANDARD_VERSION, build_standard_model
 from .graph_weights import load_embedding, load_layer, load_lm_head, power_of_two
 from .providers import cpu_info
+from .weights import GGUFMatrix, NBitsWeight
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
@@ -179,6 +180,11 @@ class GraphOptions:
             work; ``"standard"``: default-domain operators only, float32 weights
             (:mod:`.graph_standard`; ``compact``, the accuracy levels, row multiples and
             ``verify_rows`` do not shape it).
+        kernels: ``"onnxruntime"``: the matrix products are onnxruntime's ``MatMulNBits``;
+            ``"custom"``: tiny_mindie's own ``MatMulGGUF`` (:mod:`tiny_mindie.kernels`) on the
+            GGUF's blocks as they are, for every matrix of a type it reads (the LM head
+            included), ``MatMulNBits`` for the others; the session must load the kernel
+            library (``register_custom_ops_library``). Not with ``compact``.
         verify_rows: add the ``verify`` input and each layer's
             :func:`.graph_layers.verify_attention` for chunks of up to this many rows
             (speculative decoding, :data:`VERIFY_ROWS`; costs an ``If`` per layer in every run);
@@ -195,6 +201,7 @@ class GraphOptions:
     verify_rows: int = 0
     compact: int = 0
     flavour: str = "contrib"
+    kernels: str = "onnxruntime"
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -212,7 +219,8 @@ class GraphOptions:
         rows = ".".join(f"{b}b{k}x{m}" for b, k, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
                 f"-p{self.max_positions}-r{rows}-v{self.verify_rows}{extra}"
-                + (f"-c{self.compact}" if self.compact else ""))
+                + (f"-c{self.compact}" if self.compact else "")
+                + (f"-k{self.kernels}" if self.kernels != "onnxruntime" else ""))
 
     def row_multiple(self, bits: int, block: int) -> int:
         """Rows a product with ``bits``-bit weights in blocks of ``block`` is padded to a
@@ -249,8 +257,10 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         # the weights are packed on other cores (numpy releases the GIL) one layer ahead of
         # the nodes written in order, the LM head beside them: the build's peak memory is
         # about two layers' packing plus the head's, not the whole model's
-        head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block, options.compact)
-        layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale, options.compact),
+        gguf = options.kernels == "custom"
+        head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block, options.compact,
+                               gguf)
+        layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale, options.compact, gguf),
                         range(c.num_layers), depth=1)
         rope, rope_local = rope_caches(g, c, options.max_positions or c.context_length)
         h = embed(g, c, emb)                                                # [T, D]
@@ -272,8 +282,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                          "token_embd" if c.tied_embeddings else "output", s)
         g.op("Identity", [logits], outputs=["logits"])                       # [B', V]
         model = _model_proto(g, c, options.verify_rows > 0, {GRAPH_OPTIONS_KEY: options.key(),
-                                    LOGITS_ROWS_KEY: str(options.row_multiple(head.bits,
-                                                                              head.block)),
+                                    LOGITS_ROWS_KEY: str(_head_rows(options, head)),
                                     VERIFY_ROWS_KEY: str(options.verify_rows)})
     finally:
         pool.shutdown(cancel_futures=True)
@@ -283,9 +292,21 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     return model_path
 
 
+def _head_rows(options: GraphOptions, head: NBitsWeight | GGUFMatrix) -> int:
+    """The row multiple the LM head's product pads its rows to (1: none; MatMulGGUF needs
+    none)."""
+    if isinstance(head, GGUFMatrix):
+        return 1
+    return options.row_multiple(head.bits, head.block)
+
+
 def _check_supported(c: ModelConfig, options: GraphOptions) -> None:
     """Raises ``ModelFileError`` for an architecture the graphs do not build, or (the contrib
     graph) a rotary dimension GroupQueryAttention cannot rotate."""
+    if options.kernels not in ("onnxruntime", "custom") or (
+            options.kernels == "custom" and options.compact):
+        raise ValueError(f"kernels {options.kernels!r}: onnxruntime, or custom with the exact "
+                         "weights")
     if c.architecture not in ("llama", "qwen2", "qwen3", "phi3", "smollm3", "gemma3"):
         raise ModelFileError(f"the onnxruntime backend does not support architecture "
                              f"{c.architecture!r} yet; use --backend numpy")
@@ -329,10 +350,11 @@ def _model_proto(g: GraphBuilder, c: ModelConfig, verify: bool, metadata: dict[s
         outputs += [helper.make_tensor_value_info(f"present_key.{i}", F, kv_shape),
                     helper.make_tensor_value_info(f"present_value.{i}", F, kv_shape)]
     graph = helper.make_graph(g.nodes, "tiny_mindie_decoder", inputs, outputs, g.inits)
-    model = helper.make_model(
-        graph, ir_version=IR_VERSION, producer_name="tiny_mindie",
-        producer_version=str(BUILDER_VERSION),
-        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)])
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+    if any(n.domain == TM_DOMAIN for n in g.nodes):
+        opsets.append(helper.make_opsetid(TM_DOMAIN, 1))
+    model = helper.make_model(graph, ir_version=IR_VERSION, producer_name="tiny_mindie",
+                              producer_version=str(BUILDER_VERSION), opset_imports=opsets)
     for key, value in metadata.items():
         meta = model.metadata_props.add()
         meta.key, meta.value = key, value

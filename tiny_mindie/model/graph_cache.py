@@ -3,8 +3,12 @@
 Entries are content-addressed: a directory ``<gguf stem>-<sha256[:16]>-b<BUILDER_VERSION>-
 <GraphOptions.key()>`` holding ``model.onnx``, ``model.onnx.data`` and a ``complete`` marker,
 under ``<dir of the GGUF>/onnx-cache/`` (or ``cache_dir``; when that directory is not writable,
-``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``). An entry is found by its sha256
-whatever the stem, so two paths (or names) of the same file share one graph.
+``$TINY_MINDIE_CACHE/onnx`` or ``~/.cache/tiny_mindie/onnx``). With ``$TINY_MINDIE_CACHE`` set,
+only under ``$TINY_MINDIE_CACHE``: ``$TINY_MINDIE_CACHE/onnx``, or the GGUF's own
+``onnx-cache`` when the GGUF is inside ``$TINY_MINDIE_CACHE`` (a pulled model), so nothing is
+read or written beside a GGUF elsewhere (a shared or read-only models folder stays as it is).
+An entry is found by its sha256 whatever the stem, so two paths (or names) of the same file
+share one graph.
 
 Finding the sha256 without reading the file: the cache directory's ``index/`` folder maps a
 file's identity -- real path, size, modification and change times in ns, inode and device -- to
@@ -63,11 +67,19 @@ def cached_graph(f: GGUFFile, config: ModelConfig, options: GraphOptions = Graph
 
 
 def cache_roots(path: str, cache_dir: str | None = None) -> list[str]:
-    """The cache directories tried for the GGUF at ``path``, in order."""
+    """The cache directories tried for the GGUF at ``path``, in order: ``cache_dir`` alone
+    when given; else the GGUF's ``onnx-cache`` folder, then tiny_mindie's cache's ``onnx``
+    folder -- but with ``$TINY_MINDIE_CACHE`` set, the GGUF's folder only when it is inside
+    that cache (see the module docstring)."""
     if cache_dir:
         return [cache_dir]
-    return [os.path.join(os.path.dirname(os.path.abspath(path)), "onnx-cache"),
-            os.path.join(cache_root(), "onnx")]
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), "onnx-cache")
+    shared = os.path.join(cache_root(), "onnx")
+    if os.environ.get("TINY_MINDIE_CACHE"):
+        root = os.path.realpath(cache_root())
+        if os.path.commonpath([root, os.path.realpath(beside)]) != root:
+            return [shared]
+    return [beside, shared]
 
 
 def cached_build(path: str, version: int, options_key: str, build: Callable[[str], object],

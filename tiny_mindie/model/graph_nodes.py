@@ -19,13 +19,17 @@ import numpy as np
 
 from .config import ModelConfig
 from .reference_layers import rope_frequencies, rope_table
-from .weights import BLOCK, NBitsWeight, concat_weights
+from .weights import BLOCK, GGUFMatrix, NBitsWeight, concat_weights
 
 if TYPE_CHECKING:                   # annotations only: both modules import this one
     from .graph import GraphOptions
     from .graph_layers import VerifyRows
 
 MS_DOMAIN = "com.microsoft"
+#: the domain of tiny_mindie's own operators (:mod:`tiny_mindie.kernels`)
+TM_DOMAIN = "tiny_mindie"
+#: ggml type ids, the ``type`` attribute of ``MatMulGGUF``
+GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _ALIGN = 4096
 
 
@@ -197,45 +201,83 @@ def add_rms_norm(g: GraphBuilder, h: str, y: str, w: np.ndarray, name: str, eps:
     return x, h
 
 
-def linear(g: GraphBuilder, x: str, ws: Sequence[NBitsWeight], prefix: str, s: Shared, kind: str,
-           rows: str | None = None, *, keep_padding: bool = False) -> str:
-    """``x @ [W_0; W_1; ...].T``: float32 ``x [T, K]`` -> ``[T, sum(N)]`` with MatMulNBits (one
-    per run of matrices of the same form, :func:`.weights.concat_weights`), plus
-    ``blocksum(x) @ mins.T`` for the residual of a ``w = d * q + m`` type (Q4_1, Q5_1, Q4_K,
-    Q5_K: :func:`.weights._affine`).
+def linear(g: GraphBuilder, x: str, ws: Sequence[NBitsWeight | GGUFMatrix], prefix: str,
+           s: Shared, kind: str, rows: str | None = None, *, keep_padding: bool = False) -> str:
+    """``x @ [W_0; W_1; ...].T``: float32 ``x [T, K]`` -> ``[T, sum(N)]``, one node per run of
+    matrices of the same form: ``tiny_mindie::MatMulGGUF`` on a run of :class:`.GGUFMatrix` of
+    one type (:func:`_gguf_product`), else MatMulNBits (:func:`_nbits_product`).
 
     ``rows`` holds ``T`` (default ``s.tokens``); MatMulNBits runs on ``x`` padded to the row
     multiple of its weights' bits (:func:`_pad_rows`), and its output is cut back to ``T`` rows
-    unless ``keep_padding`` (then every weight must have the same multiple). ``kind`` names the
-    matrices for ``GraphOptions.level``. The block sums ``[T, K/32]`` are a ``ReduceSum`` over
-    ``x`` viewed as ``[T, K/32, 32]`` (a Reshape: no copy); the correction and the addition are
-    one Gemm (cheaper than a MatMul with a 0/1 block-indicator matrix).
+    unless ``keep_padding`` (then every weight must have the same multiple; MatMulGGUF needs
+    none: a row's arithmetic is the same in any batch). ``kind`` names the matrices for
+    ``GraphOptions.level``.
     """
     rows = s.tokens if rows is None else rows
-    outs = []
-    for j, w in enumerate(concat_weights(ws)):
-        p = f"{prefix}.{j}" if len(ws) > 1 else prefix
-        m = s.options.row_multiple(w.bits, w.block)
-        inputs = [_pad_rows(g, x, rows, m), g.init(p + ".qweight", w.data),
-                  g.init(p + ".scales", w.scales.reshape(-1))]
-        if w.zero_points is not None:
-            inputs.append(g.init(p + ".qzeros", w.zero_points.reshape(-1)))
-        y = g.op1("MatMulNBits", inputs, domain=MS_DOMAIN, name=p + "/MatMulNBits",
-                  K=w.k, N=w.n, bits=w.bits, block_size=w.block,
-                  accuracy_level=s.options.level(kind))                     # [T', N]
-        if m > 1 and not keep_padding:
-            y = g.op1("Slice", [y, g.const([0]), rows, g.const([0])])           # [T, N]
-        if w.mins is not None:
-            xb = g.op1("Reshape", [inputs[0] if keep_padding else x,
-                                   g.const([-1, w.k // BLOCK, BLOCK])], name=p + "/blocks")
-            bs = g.op1("ReduceSum", [xb, g.const([-1])], name=p + "/blocksum",
-                       keepdims=0)                                              # [T, K/32]
-            y = g.op1("Gemm", [bs, g.init(p + ".mins_t", np.ascontiguousarray(w.mins.T)), y],
-                      name=p + "/add_mins")                                     # [T, N]
-        outs.append(y)
+    runs: list[list] = []
+    for w in ws:
+        if (runs and isinstance(w, GGUFMatrix) and isinstance(runs[-1][0], GGUFMatrix)
+                and runs[-1][0].qtype == w.qtype):
+            runs[-1].append(w)
+        elif runs and not isinstance(w, GGUFMatrix) and not isinstance(runs[-1][0], GGUFMatrix):
+            runs[-1].append(w)
+        else:
+            runs.append([w])
+    outs, j = [], 0
+    for run in runs:
+        if isinstance(run[0], GGUFMatrix):
+            p = f"{prefix}.{j}" if len(ws) > 1 else prefix
+            outs.append(_gguf_product(g, x, run, p))
+            j += 1
+        else:
+            for w in concat_weights(run):
+                p = f"{prefix}.{j}" if len(ws) > 1 else prefix
+                outs.append(_nbits_product(g, x, w, p, s, kind, rows, keep_padding))
+                j += 1
     if len(outs) == 1:
         return outs[0]
     return g.op1("Concat", outs, axis=-1)
+
+
+def _gguf_product(g: GraphBuilder, x: str, run: Sequence[GGUFMatrix], p: str) -> str:
+    """``x [T, K] @ [W_0; W_1; ...].T`` -> ``[T, sum(N)]`` by ``tiny_mindie::MatMulGGUF`` on the
+    matrices' GGUF blocks (one type), times their ``scale`` where one is not 1 (a power of
+    two per output: exact)."""
+    data = run[0].data if len(run) == 1 else np.concatenate([w.data for w in run])
+    n, k = sum(w.n for w in run), run[0].k
+    y = g.op1("MatMulGGUF", [x, g.init(p + ".gguf", data)], domain=TM_DOMAIN,
+              name=p + "/MatMulGGUF", type=GGML_TYPE_IDS[run[0].qtype], N=n, K=k)   # [T, N]
+    if any(w.scale != 1.0 for w in run):
+        scale = np.concatenate([np.full(w.n, w.scale, np.float32) for w in run])
+        y = g.op1("Mul", [y, g.init(p + ".out_scale", scale)], name=p + "/scale")
+    return y
+
+
+def _nbits_product(g: GraphBuilder, x: str, w: NBitsWeight, p: str, s: Shared, kind: str,
+                   rows: str, keep_padding: bool) -> str:
+    """``x @ w.T`` by MatMulNBits, plus ``blocksum(x) @ mins.T`` for the residual of a
+    ``w = d * q + m`` type (Q4_1, Q5_1, Q4_K, Q5_K: :func:`.weights._affine`). The block sums
+    ``[T, K/32]`` are a ``ReduceSum`` over ``x`` viewed as ``[T, K/32, 32]`` (a Reshape: no
+    copy); the correction and the addition are one Gemm (cheaper than a MatMul with a 0/1
+    block-indicator matrix)."""
+    m = s.options.row_multiple(w.bits, w.block)
+    inputs = [_pad_rows(g, x, rows, m), g.init(p + ".qweight", w.data),
+              g.init(p + ".scales", w.scales.reshape(-1))]
+    if w.zero_points is not None:
+        inputs.append(g.init(p + ".qzeros", w.zero_points.reshape(-1)))
+    y = g.op1("MatMulNBits", inputs, domain=MS_DOMAIN, name=p + "/MatMulNBits",
+              K=w.k, N=w.n, bits=w.bits, block_size=w.block,
+              accuracy_level=s.options.level(kind))                             # [T', N]
+    if m > 1 and not keep_padding:
+        y = g.op1("Slice", [y, g.const([0]), rows, g.const([0])])               # [T, N]
+    if w.mins is not None:
+        xb = g.op1("Reshape", [inputs[0] if keep_padding else x,
+                               g.const([-1, w.k // BLOCK, BLOCK])], name=p + "/blocks")
+        bs = g.op1("ReduceSum", [xb, g.const([-1])], name=p + "/blocksum",
+                   keepdims=0)                                                  # [T, K/32]
+        y = g.op1("Gemm", [bs, g.init(p + ".mins_t", np.ascontiguousarray(w.mins.T)), y],
+                  name=p + "/add_mins")                                         # [T, N]
+    return y
 
 
 def _row_pads(g: GraphBuilder, rows: str, multiple: int) -> str:

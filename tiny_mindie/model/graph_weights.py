@@ -12,7 +12,15 @@ import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .weights import NBitsWeight, lm_head_weight, pack_weight, quantize_8bit, row_slice
+from .weights import (
+    GGUF_KERNEL_TYPES,
+    GGUFMatrix,
+    NBitsWeight,
+    lm_head_weight,
+    pack_weight,
+    quantize_8bit,
+    row_slice,
+)
 
 
 def power_of_two(s: float) -> float | None:
@@ -21,9 +29,12 @@ def power_of_two(s: float) -> float | None:
     return s if m == 0.5 else None
 
 
-def _scaled(w: NBitsWeight, factor: float) -> NBitsWeight:
+def _scaled(w: NBitsWeight | GGUFMatrix, factor: float) -> NBitsWeight | GGUFMatrix:
     """``w * factor`` for a power-of-two ``factor``: scales and residuals multiplied, which is
-    exact in float32 (barring under/overflow), so the weight stays bit-exact up to that factor."""
+    exact in float32 (barring under/overflow), so the weight stays bit-exact up to that factor;
+    a :class:`GGUFMatrix` keeps its blocks and the factor multiplies its product (as exact)."""
+    if isinstance(w, GGUFMatrix):
+        return GGUFMatrix(w.qtype, w.n, w.k, w.data, w.scale * factor)
     f = np.float32(factor)
     return NBitsWeight(w.bits, w.n, w.k, w.data, w.scales * f, w.zero_points,
                        None if w.mins is None else w.mins * f, w.exact, w.block)
@@ -37,11 +48,12 @@ class LayerWeights:
     width."""
 
     attn_norm: np.ndarray            # [D]
-    w_qkv: list[NBitsWeight]         # Wq [Nq H, D] (times the folded scale), Wk, Wv [Nkv H, D]
-    w_o: NBitsWeight                 # [D, Nq H]
+    # Wq [Nq H, D] (times the folded scale), Wk, Wv [Nkv H, D]
+    w_qkv: list[NBitsWeight | GGUFMatrix]
+    w_o: NBitsWeight | GGUFMatrix    # [D, Nq H]
     ffn_norm: np.ndarray             # [D]
-    w_gate_up: list[NBitsWeight]     # Wgate, Wup [I, D]
-    w_down: NBitsWeight              # [D, I]
+    w_gate_up: list[NBitsWeight | GGUFMatrix]  # Wgate, Wup [I, D]
+    w_down: NBitsWeight | GGUFMatrix  # [D, I]
     # Gemma 3 only (None otherwise):
     q_norm: np.ndarray | None = None          # [H], per query head (times the folded scale)
     k_norm: np.ndarray | None = None          # [H], per key head
@@ -60,14 +72,15 @@ def load_embedding(f: GGUFFile) -> NBitsWeight:
 
 
 def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
-               compact: int = 0) -> LayerWeights:
+               compact: int = 0, gguf: bool = False) -> LayerWeights:
     """Layer ``i``'s weights; ``q_scale`` (a power of two, or ``None``) is folded into the
     queries, exactly: into Wq and the q bias, or, with q/k norms (Gemma 3), into the q norm's
-    weights (a factor on Wq would be normalized away). ``compact``: as for :func:`pack_weight`."""
+    weights (a factor on Wq would be normalized away). ``compact``, ``gguf``: as for
+    :func:`pack_weight`."""
     p = f"blk.{i}"
 
-    def pack(name: str) -> NBitsWeight:
-        return pack_weight(f, name, compact)
+    def pack(name: str) -> NBitsWeight | GGUFMatrix:
+        return pack_weight(f, name, compact, gguf)
 
     if f.has_tensor(p + ".attn_qkv.weight"):       # Phi-3: one [(Nq + 2 Nkv) H, D] matrix
         wqkv = pack(p + ".attn_qkv.weight")
@@ -107,10 +120,14 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
 
 
 def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight,
-                 block: int, compact: int = 0) -> NBitsWeight:
+                 block: int, compact: int = 0, gguf: bool = False) -> NBitsWeight | GGUFMatrix:
     """The LM head ``[V, D]``: ``output.weight``, or the packed ``embedding`` when tied, through
     :func:`lm_head_weight` with ``block``; with ``compact`` > 0, that GGUF matrix in 4-bit
-    blocks (:func:`pack_weight`)."""
+    blocks (:func:`pack_weight`); with ``gguf``, that GGUF matrix as it is where its type is one
+    of :data:`GGUF_KERNEL_TYPES`."""
+    name = "token_embd.weight" if config.tied_embeddings else "output.weight"
+    if gguf and not compact and f.raw(name).qtype in GGUF_KERNEL_TYPES:
+        return pack_weight(f, name, gguf=True)
     if compact:
         return pack_weight(f, "token_embd.weight" if config.tied_embeddings else "output.weight",
                            compact)

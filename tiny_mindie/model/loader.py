@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from . import GRAPH_FLAVOURS, WEIGHT_MODES
+from . import GRAPH_FLAVOURS, KERNEL_MODES, WEIGHT_MODES
 from .backend import BACKENDS, DEFAULT_BACKEND, Backend
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
@@ -24,11 +24,17 @@ def slots_for_budget(cfg: ModelConfig, max_seq_len: int, budget_mb: int, max_bat
     return max(1, min(max_batch, (budget_mb << 20) // per))
 
 
-def check_weight_mode(backend: str, weights: str, graph: str = "auto") -> None:
-    """Raises ``ValueError`` unless ``backend`` takes the weight mode ``weights`` and the
-    graph ``graph`` (:data:`~tiny_mindie.model.WEIGHT_MODES` and
-    :data:`~tiny_mindie.model.GRAPH_FLAVOURS` on onnxruntime, ``exact`` and ``auto`` on numpy;
-    the standard graph holds exact weights only)."""
+def check_weight_mode(backend: str, weights: str, graph: str = "auto",
+                      kernels: str = "onnxruntime") -> None:
+    """Raises ``ValueError`` unless ``backend`` takes the weight mode ``weights``, the
+    graph ``graph`` and the kernels ``kernels`` (:data:`~tiny_mindie.model.WEIGHT_MODES`,
+    :data:`~tiny_mindie.model.GRAPH_FLAVOURS` and :data:`~tiny_mindie.model.KERNEL_MODES` on
+    onnxruntime; ``exact``, ``auto`` and ``onnxruntime`` on numpy; the standard graph holds
+    exact weights only; ``custom`` kernels read the exact weights)."""
+    if kernels not in KERNEL_MODES or (kernels == "custom" and (
+            backend != "onnxruntime" or weights != "exact" or graph == "standard")):
+        raise ValueError(f"kernels {kernels!r}: one of {', '.join(KERNEL_MODES)}; custom needs "
+                         "the onnxruntime backend, its contrib graph and the exact weights")
     if weights not in WEIGHT_MODES or (weights != "exact" and backend != "onnxruntime"):
         raise ValueError(f"weights {weights!r}: the onnxruntime backend takes "
                          f"{', '.join(WEIGHT_MODES)}, the numpy backend exact only")
@@ -45,7 +51,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
                weights: str = "exact", device_id: int = 0, providers: list | None = None,
                speculation: bool = False, spinning: bool = True, graph: str = "auto",
-               ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
+               kernels: str = "onnxruntime") -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
     Args:
@@ -71,6 +77,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
             skips an ``If`` per layer.
         graph: onnxruntime: ``auto`` (``standard`` on the CANN provider, else ``contrib``),
             ``contrib`` or ``standard`` (:data:`~tiny_mindie.model.GRAPH_FLAVOURS`).
+        kernels: onnxruntime: the products' kernels (:func:`.ort_session.resolve_kernels`).
         spinning: onnxruntime: idle intra-op threads spin between runs (lower latency); off
             for a session whose runs alternate with another's (a draft model), whose threads
             would otherwise take the cores from the other's.
@@ -81,19 +88,16 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     """
     f = GGUFFile(path)
     cfg = ModelConfig.from_gguf(f)
-    if backend != "onnxruntime":
-        return f, cfg, load_tokenizer(f), _load_backend(
-            f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
+    args = (f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
             parallel_runs, batch_invariant, device_id, providers, speculation, weights, spinning,
-            graph)
-    # The tokenizer is read while the session is created (which releases the GIL), so building
-    # a large vocabulary adds nothing to the start. Its errors are raised once the backend has
-    # loaded.
+            graph, kernels)
+    if backend != "onnxruntime":
+        return f, cfg, load_tokenizer(f), _load_backend(*args)
+    # The tokenizer is read while the session is created (which releases the GIL): a large
+    # vocabulary adds nothing to the start. Its errors are raised once the backend has loaded.
     with ThreadPoolExecutor(1, thread_name_prefix="tiny_mindie-tokenizer") as pool:
         tok_job = pool.submit(load_tokenizer, f)
-        be = _load_backend(f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len,
-                           threads, parallel_runs, batch_invariant, device_id, providers,
-                           speculation, weights, spinning, graph)
+        be = _load_backend(*args)
         try:
             tok = tok_job.result()
         except BaseException:
@@ -106,10 +110,10 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                   kv_cache_mb: int, max_batch: int, max_seq_len: int, threads: int,
                   parallel_runs: int, batch_invariant: bool, device_id: int,
                   providers: list | None, speculation: bool = False,
-                  weights: str = "exact", spinning: bool = True, graph: str = "auto"
-                  ) -> Backend:
+                  weights: str = "exact", spinning: bool = True, graph: str = "auto",
+                  kernels: str = "onnxruntime") -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
-    check_weight_mode(backend, weights, graph)
+    check_weight_mode(backend, weights, graph, kernels)
     max_seq_len = min(max_seq_len, cfg.context_length)
     if num_slots is None:
         num_slots = slots_for_budget(cfg, max_seq_len, kv_cache_mb, max_batch)
@@ -120,6 +124,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
         try:
             from .graph import VERIFY_ROWS, GraphOptions
             from .ort_backend import OrtBackend
+            from .ort_session import resolve_kernels
             from .ort_standard import StandardOrtBackend
             from .providers import graph_flavour, select_providers
             chosen = select_providers(list(providers) if providers else None, device_id)
@@ -129,12 +134,13 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                                      "execution provider gets the standard graph (float32 "
                                      "weights): use weights exact, or graph contrib")
             cls = StandardOrtBackend if flavour == "standard" else OrtBackend
+            kernels = resolve_kernels(kernels, flavour, WEIGHT_MODES[weights])
             be = cls(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
                      threads=threads, parallel_runs=parallel_runs, device_id=device_id,
                      providers=chosen,
                      graph_options=GraphOptions(
                          verify_rows=VERIFY_ROWS if speculation else 0,
-                         compact=WEIGHT_MODES[weights], flavour=flavour,
+                         compact=WEIGHT_MODES[weights], flavour=flavour, kernels=kernels,
                          **({} if batch_invariant else {"row_multiples": ()})),
                      check_batching=batch_invariant, spinning=spinning)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment

@@ -87,7 +87,14 @@ from .gguf import GGUFFile
 from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions
 from .graph_cache import cached_graph
 from .kv_layout import KVLayout
-from .ort_session import HugePageMove, for_provider, open_session, with_rotary_table
+from .ort_session import (
+    HugePageMove,
+    describe_kernels,
+    for_provider,
+    kernel_library,
+    open_session,
+    with_rotary_table,
+)
 from .providers import (
     CPU,
     default_threads,
@@ -186,7 +193,8 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
             release.append(f.path)
         self._session, before = open_session(
             self.graph_path,
-            session_options(self.threads, spinning=spinning, config=session_config),
+            session_options(self.threads, spinning=spinning, config=session_config,
+                            custom_ops=kernel_library(graph_options.kernels)),
             chosen, release=release, huge_pages=huge_pages)
         self._huge_pages = HugePageMove(before) if before is not None else None
         if self._huge_pages is not None:
@@ -219,6 +227,7 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         self._verify_input = self.max_verify_rows > 0       # the graph has the verify input
         self.fast_verify = self._verify_input
         self.graph = self._graph_options.flavour
+        self.kernels = describe_kernels(self._graph_options.kernels, self.graph)
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
         self.placement_ops = ops_by_provider(self._session)

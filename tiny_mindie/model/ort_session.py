@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from .config import ModelConfig
+from .gguf import ModelFileError
 from .graph import GraphOptions
 from .memory import populated_pieces, release_file_pages, trim_heap, use_huge_pages
 from .progress import slow_step
@@ -37,6 +38,60 @@ def with_rotary_table(options: GraphOptions, config: ModelConfig, max_seq_len: i
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the graph's rotary table "
                          f"({options.max_positions or config.context_length})")
     return options
+
+
+#: the kernel library's ISA paths, as the banner says them
+_ISA_NAMES = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2",
+              "neon": "NEON dot product", "portable": "portable C"}
+
+
+def resolve_kernels(kernels: str, flavour: str, compact: int) -> str:
+    """The graph's kernels (``GraphOptions.kernels``) for the setting ``kernels``: ``auto`` is
+    ``custom`` where the kernel library is built and loads, the graph is ``contrib`` and the
+    weights exact (``compact`` 0), else ``onnxruntime``.
+
+    Raises:
+        ModelFileError: ``custom`` where the library is not built, does not load, refuses its
+            ISA path (``TINY_MINDIE_KERNEL_ISA``), or the graph or weights cannot take it.
+    """
+    import tiny_mindie.kernels as lib
+
+    if kernels == "onnxruntime":
+        return kernels
+    fits = flavour == "contrib" and not compact
+    if kernels == "auto":
+        try:
+            return "custom" if fits and lib.available() and lib.isa() else "onnxruntime"
+        except lib.KernelError:
+            return "onnxruntime"
+    if not fits:
+        raise ModelFileError("kernels custom need the contrib graph and the exact weights")
+    try:
+        lib.isa()
+    except lib.KernelError as exc:
+        raise ModelFileError(f"kernels custom: {exc}") from None
+    return "custom"
+
+
+def kernel_library(kernels: str) -> str | None:
+    """The path of the kernel library the session registers for ``GraphOptions.kernels``
+    (``None`` for onnxruntime's own)."""
+    if kernels != "custom":
+        return None
+    import tiny_mindie.kernels as lib
+
+    return lib.library_path()
+
+
+def describe_kernels(kernels: str, flavour: str) -> str:
+    """Which kernels run the matrix products, as the banner and ``/v1/config`` say it."""
+    if flavour == "standard":
+        return "onnxruntime MatMul (float32)"
+    if kernels != "custom":
+        return "onnxruntime MatMulNBits"
+    import tiny_mindie.kernels as lib
+
+    return f"custom op, {_ISA_NAMES.get(lib.isa(), lib.isa())}"
 
 
 def for_provider(options: GraphOptions, chosen: list) -> GraphOptions:

@@ -117,12 +117,14 @@ def default_threads() -> int:
     return available_cpus()
 
 
-def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None):
+def session_options(threads: int, *, spinning: bool, config: dict[str, str] | None = None,
+                    custom_ops: str | None = None):
     """``onnxruntime.SessionOptions`` for the decoder: all graph optimizations, ``threads``
     intra-op threads (sequential execution, one inter-op thread), idle threads spinning or not,
     errors-only logging (no banners, no warnings), the nodes' placement on execution providers
     recorded (:func:`node_placement`), plus the session config entries ``config``
-    (``add_session_config_entry``)."""
+    (``add_session_config_entry``) and the custom operator library at ``custom_ops``
+    (``register_custom_ops_library``: :mod:`tiny_mindie.kernels`)."""
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
@@ -136,6 +138,8 @@ def session_options(threads: int, *, spinning: bool, config: dict[str, str] | No
     so.add_session_config_entry(RECORD_PLACEMENT, "1")
     for key, value in (config or {}).items():
         so.add_session_config_entry(key, str(value))
+    if custom_ops:
+        so.register_custom_ops_library(custom_ops)
     return so
 
 

@@ -230,6 +230,39 @@ def pack_q5_k(raw: RawTensor) -> NBitsWeight:
     return _affine(raw, 8, q, *_k_scales(b), 31)
 
 
+#: GGUF types the project's own kernels read as they are (:mod:`tiny_mindie.kernels`).
+GGUF_KERNEL_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+
+
+@dataclass
+class GGUFMatrix:
+    """A matrix ``W [N, K]`` as the GGUF holds it, for the custom operator
+    ``tiny_mindie::MatMulGGUF`` (:mod:`tiny_mindie.kernels`): ``data`` uint8
+    ``[N, bytes_per_row]``, the file's rows of ``qtype`` blocks (a memory map, not a copy);
+    ``scale``: a power of two the product is multiplied by (an attention scale folded in,
+    exactly: :func:`.graph_weights._scaled`)."""
+
+    qtype: str
+    n: int
+    k: int
+    data: np.ndarray
+    scale: float = 1.0
+
+
+def gguf_matrix(raw: RawTensor) -> GGUFMatrix:
+    """``raw`` (a matrix of one of :data:`GGUF_KERNEL_TYPES`) as a :class:`GGUFMatrix`.
+
+    Raises:
+        ModelFileError: its rows are not whole blocks.
+    """
+    n, k = raw.shape
+    elements = QK_K if raw.qtype.endswith("_K") else BLOCK
+    if k % elements:
+        raise ModelFileError(f"{raw.name}: row length {k} is not a multiple of {elements} "
+                             f"({raw.qtype} blocks)")
+    return GGUFMatrix(raw.qtype, n, k, np.asarray(raw.data).reshape(n, -1))
+
+
 def quantize_8bit(w: np.ndarray, block: int = BLOCK) -> NBitsWeight:
     """Float ``w [N, K]`` -> symmetric 8-bit blocks of ``block`` (a power of two dividing
     ``K``; error <= absmax/254 per block)."""
@@ -324,11 +357,13 @@ PACKERS = {"Q4_0": pack_q4_0, "Q4_1": pack_q4_1, "Q5_0": pack_q5_0, "Q5_1": pack
            "Q8_0": pack_q8_0, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k}
 
 
-def pack_weight(f: GGUFFile, name: str, compact: int = 0) -> NBitsWeight:
+def pack_weight(f: GGUFFile, name: str, compact: int = 0, gguf: bool = False
+                ) -> NBitsWeight | GGUFMatrix:
     """The matrix ``name`` of ``f`` in MatMulNBits form: exactly for the types of
     :data:`PACKERS`, else requantized to symmetric 8-bit blocks of 32 (:func:`quantize_8bit`);
     with ``compact`` > 0 every type is requantized to 4-bit blocks of that size
-    (:func:`quantize_4bit`, :func:`compact_block`).
+    (:func:`quantize_4bit`, :func:`compact_block`); with ``gguf``, the types of
+    :data:`GGUF_KERNEL_TYPES` stay the file's blocks (:class:`GGUFMatrix`).
 
     Raises:
         ModelFileError: ``name`` is missing, not a matrix, its rows are not whole blocks, or
@@ -337,6 +372,8 @@ def pack_weight(f: GGUFFile, name: str, compact: int = 0) -> NBitsWeight:
     raw = f.raw(name)
     if len(raw.shape) != 2:
         raise ModelFileError(f"{name}: expected a matrix, got shape {raw.shape}")
+    if gguf and not compact and raw.qtype in GGUF_KERNEL_TYPES:
+        return gguf_matrix(raw)
     if compact:
         try:
             return quantize_4bit(f.dequantize(name), compact_block(raw.shape[1], compact))
@@ -394,8 +431,10 @@ def concat_weights(ws: Sequence[NBitsWeight]) -> list[NBitsWeight]:
     return out
 
 
-def row_slice(w: NBitsWeight, a: int, b: int) -> NBitsWeight:
+def row_slice(w: NBitsWeight | GGUFMatrix, a: int, b: int) -> NBitsWeight | GGUFMatrix:
     """Rows ``a:b`` of ``w`` (outputs ``a..b-1``; blocks run along ``K``, so rows split whole)."""
+    if isinstance(w, GGUFMatrix):
+        return GGUFMatrix(w.qtype, b - a, w.k, w.data[a:b], w.scale)
     zp = None if w.zero_points is None else w.zero_points[a:b]
     mins = None if w.mins is None else w.mins[a:b]
     return NBitsWeight(w.bits, b - a, w.k, w.data[a:b], w.scales[a:b], zp, mins, w.exact, w.block)

@@ -191,9 +191,14 @@ class ChunkedStream:
         self._ended = True
         await self._write(LAST_CHUNK if self._chunked else b"")
 
+    @property
+    def backlog(self) -> int:
+        """Bytes written to this stream that the client has not read yet (:func:`unsent_bytes`)."""
+        return unsent_bytes(self._writer.transport)
+
     def _check_backlog(self) -> None:
         """Abort the connection when the client has left more than ``max_backlog`` unread."""
-        behind = unsent_bytes(self._writer.transport)
+        behind = self.backlog
         if behind > self._max_backlog:
             log.info("%s: cut off a client that left %d bytes unread (limit %d)",
                      self._writer.get_extra_info("peername"), behind, self._max_backlog)

@@ -2,8 +2,9 @@
 
 Order of the processors is Hugging Face's / TGI's: repetition penalty (then OpenAI's presence
 and frequency penalties), the watermark bias when asked (:mod:`..watermark`), then temperature,
-top-k, top-p (Holtzman et al. 2020), typical-p (Meister et al. 2022), each working on the
-distribution the previous one left.
+min-p (in vLLM's place: the ids below ``min_p`` times the largest probability dropped), top-k,
+top-p (Holtzman et al. 2020), typical-p (Meister et al. 2022), each working on the distribution
+the previous one left.
 
 One implementation, batch first: :func:`sample_batch` takes a decode step's ``[B, V]`` logits
 and one :class:`SampleRow` per row; :func:`sample` and :func:`sample_with_top` are the same call

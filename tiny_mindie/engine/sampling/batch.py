@@ -172,10 +172,22 @@ def _sample_rows(logits: np.ndarray, rows: Sequence[SampleRow], overwrite: bool,
             np.subtract(e[g], shift[g], out=e[g])
         np.exp2(e[g], out=e[g])
         sums[g] = block_sums(e[g])
+    for i in full:
+        if rows[i].params.min_p > 0 and samples(rows[i].params):
+            sums[i] = _min_p_weights(e[i:i + 1], int(best[i]), rows[i].params.min_p)
     z = sums.sum(axis=1)
     sets = row_sets(x, e, best, z, rows)
     return [_sample_row(x[i], temp[i], e[i], int(best[i]), sums[i], float(z[i]), row, sets.get(i))
             for i, row in enumerate(rows)]
+
+
+def _min_p_weights(w: np.ndarray, best: int, min_p: float) -> np.ndarray:
+    """Min-p on one row's weights ``w`` (float32 ``[1, V]``, in place): the weights below
+    ``min_p`` times the largest (``w[0, best]``) set to 0; returns the row's new block sums.
+    An elementwise compare on the row's own weights: the same in any batch."""
+    row = w[0]
+    np.putmask(row, row < np.float32(min_p) * row[best], np.float32(0))
+    return block_sums(w)[0]
 
 
 def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np.ndarray,
@@ -193,6 +205,9 @@ def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np
     if p.top_k > 0:
         ids = top_k_candidates(x, p.top_k)
         pool = x[ids] / t                                # by logit descending, like ids
+        if p.min_p > 0:                                  # a prefix of the pool: min-p first
+            m = np.count_nonzero(np.exp(pool.astype(np.float64) - pool[0]) >= p.min_p)
+            ids, pool = ids[:max(m, 1)], pool[:max(m, 1)]
         pos = typical_candidates(pool, nucleus_candidates(pool, np.arange(ids.shape[0]), p.top_p),
                                  p.typical_p)
         return draw(ids[pos], np.exp(pool[pos].astype(np.float64) - pool[pos[0]]),
@@ -203,6 +218,8 @@ def _sample_row(x: np.ndarray, t: np.float32, w: np.ndarray, best: int, sums: np
             ids = ids[typical_candidates(x[ids] / t, np.arange(ids.shape[0]), p.typical_p)]
     elif p.typical_p < 1.0:
         ids = sort_desc(x, vocab_set)
+    elif p.min_p > 0:       # min-p alone: its set (the weights left), drawn in logit order
+        ids = sort_desc(x, np.flatnonzero(w))
     else:   # plain sampling from the whole distribution: inverse CDF in vocabulary order
         j = inverse_cdf(w, sums, row.rng.random())
         return j, float(np.log(np.float64(w[j]) / z)), top_of_vocab(x, w, z, n)

@@ -15,10 +15,11 @@ choice that moving them by a few times that rounding changes). The conventions b
 
 - greedy (no ``do_sample``, or a temperature below ``MIN_TEMPERATURE``): the argmax (lowest
   id on ties), no coin; the logprob is at temperature 1;
-- candidates are ordered by logit descending, ties by the lower id; top-k keeps the first
-  ``k``; top-p the shortest prefix whose mass reaches ``top_p`` (``>=``; llama2.c: ``>``);
-  typical-p the ids by ``|-log p - H|`` (ties: the earlier in logit order) until their mass
-  reaches ``typical_p``, then back in logit order;
+- candidates are ordered by logit descending, ties by the lower id; min-p (first, after the
+  temperature) keeps the ids whose probability is at least ``min_p`` times the largest;
+  top-k keeps the first ``k``; top-p the shortest prefix whose mass reaches ``top_p``
+  (``>=``; llama2.c: ``>``); typical-p the ids by ``|-log p - H|`` (ties: the earlier in
+  logit order) until their mass reaches ``typical_p``, then back in logit order;
 - the token is the first whose running probability exceeds ``coin`` (llama2.c's
   ``coin < cdf``): over the candidates in logit order when a filter is on (llama2.c's
   ``sample_topp``), over the vocabulary in id order when none is (``sample_mult``).
@@ -82,7 +83,11 @@ def sample(logits: np.ndarray, params: SamplingParams, coin: float, seen=(), n_p
     if not greedy:
         x = x / params.temperature
     order = np.argsort(-x, kind="stable")                # logit descending, ties: lower id
-    filtered = not greedy and (params.top_k > 0 or params.top_p < 1 or params.typical_p < 1)
+    filtered = not greedy and (params.top_k > 0 or params.top_p < 1 or params.typical_p < 1
+                               or params.min_p > 0)
+    if filtered and params.min_p > 0:                    # min-p first, as vLLM
+        p = softmax(x)
+        order = order[p[order] >= params.min_p * p.max()]
     cand = order[:params.top_k] if params.top_k > 0 else order
     if filtered and params.top_p < 1:
         cand = cand[:_reaching(softmax(x[cand]), params.top_p)]

@@ -47,6 +47,16 @@ def dot(a: np.ndarray, b: np.ndarray, width: int = 256) -> float:
     return float(total + np.dot(a[n:].astype(np.float64), b[n:]) if n < a.shape[0] else total)
 
 
+def mean_logit(w: np.ndarray, x: np.ndarray, z: float) -> float:
+    """``E_p[x]`` for ``p = w / z`` (float32 ``[V]`` each): :func:`dot` over ``z``. Ids of
+    weight 0 count for nothing, even at a logit of ``-inf`` (a grammar's mask), where the
+    product alone would be NaN: such a row is summed again without them."""
+    total = dot(w, x)
+    if not np.isfinite(total):
+        total = dot(w, np.where(w > 0, x, np.float32(0)))
+    return total / z
+
+
 def _weighted(cand: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``cand`` without its ids of weight 0, and their weights ``w[cand]``."""
     wc = w[cand]
@@ -217,7 +227,7 @@ def row_sets(x: np.ndarray, w: np.ndarray, best: np.ndarray, z: np.ndarray,
             else:
                 todo.append((i, p.top_p * z[i], np.nan))
         elif p.typical_p < 1.0:
-            todo.append((i, p.typical_p * z[i], dot(w[i], x[i]) / z[i]))
+            todo.append((i, p.typical_p * z[i], mean_logit(w[i], x[i], z[i])))
     if todo:
         sel, target, center = (np.array(a) for a in zip(*todo, strict=True))
         out.update(zip(sel.tolist(), vocab_sets(x, w, sel, target, center), strict=True))
@@ -256,4 +266,4 @@ def typical_of_vocab(logits: np.ndarray, w: np.ndarray, z: float, mass: float) -
     """
     x, w = np.ascontiguousarray(logits), np.ascontiguousarray(w)
     return sort_desc(x, vocab_sets(x[None], w[None], np.zeros(1, np.intp), np.array([mass * z]),
-                                   np.array([dot(w, x) / z]))[0])
+                                   np.array([mean_logit(w, x, z)]))[0])

@@ -1,0 +1,183 @@
+"""The exact graph with tiny_mindie's own kernels (``GraphOptions.kernels = "custom"``,
+``--kernels custom``) on SmolLM2-135M-Instruct Q4_1: every matrix product is a
+``tiny_mindie::MatMulGGUF`` on the GGUF's blocks; its logits are as close to the numpy
+reference as onnxruntime's own int8 kernels are (tests/test_ort_backend.py), its greedy answer
+is the reference's, and a row's logits are the same alone and in any batch.
+
+Skips where the kernel library was not built (fails in CI, where it is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import onnx
+import pytest
+from batching import assert_rows_batch_invariant
+from helpers import TEST_CONFIG, request, serving, start_server
+from hf_math import MIN_MARGIN, greedy_margins
+from test_ort_backend import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, _prefill_and_decode, ids_of
+
+from tiny_mindie import kernels
+from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.gguf import GGUFFile
+from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.ort_backend import OrtBackend
+from tiny_mindie.model.reference import NumpyBackend
+
+MAX_SEQ_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def gguf(model_path) -> GGUFFile:
+    if not kernels.available():
+        why = "the kernel library was not built (no C compiler when the package was installed)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return GGUFFile(model_path)
+
+
+@pytest.fixture(scope="module")
+def custom(gguf, tmp_path_factory) -> OrtBackend:
+    """The exact graph on the custom kernels, built into a fresh cache, 9 slots."""
+    be = OrtBackend(gguf, ModelConfig.from_gguf(gguf), num_slots=9, max_seq_len=MAX_SEQ_LEN,
+                    threads=2, cache_dir=str(tmp_path_factory.mktemp("onnx-kernels")),
+                    graph_options=GraphOptions(kernels="custom"))
+    yield be
+    be.close()
+
+
+@pytest.fixture(scope="module")
+def reference(gguf) -> NumpyBackend:
+    return NumpyBackend(gguf, ModelConfig.from_gguf(gguf), num_slots=2, max_seq_len=MAX_SEQ_LEN)
+
+
+def test_every_matrix_product_is_the_custom_operator(custom):
+    model = onnx.load(custom.graph_path, load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert "MatMulNBits" not in ops
+    # per layer: QKV, output, gate/up, down; and the LM head (the tied embedding's blocks)
+    assert ops.count("MatMulGGUF") == 4 * custom.config.num_layers + 1
+    names = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2",
+             "portable": "portable C"}
+    assert custom.kernels == f"custom op, {names[kernels.isa()]}"
+    assert custom.batch_invariant
+
+
+def test_logits_are_as_close_to_the_reference_as_onnxruntimes_kernels(custom, reference, gguf):
+    for words in (CHAT, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]):
+        p = ids_of(gguf, words)
+        a = _prefill_and_decode(custom, 0, p, FOLLOW)
+        b = _prefill_and_decode(reference, 0, p, FOLLOW)
+        for row_a, row_b in zip(a, b, strict=True):
+            assert np.abs(row_a - row_b).max() < MAX_ABS_INT8
+            rel = np.linalg.norm(row_a - row_b) / np.linalg.norm(row_b - row_b.mean())
+            assert rel < REL_INT8, rel
+            assert row_a.argmax() == row_b.argmax()
+
+
+def test_the_greedy_text_is_the_references(custom, reference, gguf):
+    """The chat prompt's greedy answer, token for token, where the reference's choice leads by
+    a margin no int8 rounding closes."""
+    p = ids_of(gguf, CHAT)
+    want, margins = greedy_margins(reference, p, 12)
+    got, _ = greedy_margins(custom, p, 12, slot=1)
+    sure = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(margins))
+    assert sure >= 6, margins
+    assert got[:sure] == want[:sure]
+    vocab = gguf.get("tokenizer.ggml.tokens")
+    assert "".join(vocab[t] for t in got[:6]).replace("Ġ", " ") == "The capital of France is Paris"
+
+
+def test_a_row_gets_the_same_logits_alone_and_in_any_batch(custom):
+    assert_rows_batch_invariant(custom, custom.config.vocab_size)
+
+
+
+def test_gemma3s_k_quants_give_the_references_greedy_answer(gemma_path, tmp_path):
+    """Gemma 3 270M Q4_K_M: Q4_K and Q6_K runs in one fused product, the attention scale in the
+    q norm, the LM head the tied Q8_0 embedding as it is: the reference's greedy tokens where
+    its choice leads by a margin no int8 rounding closes."""
+    from hf_math import QUESTION
+
+    from tiny_mindie.model.tokenizer_load import load_tokenizer
+
+    f = GGUFFile(gemma_path)
+    c = ModelConfig.from_gguf(f)
+    ids = np.array(load_tokenizer(f).encode(QUESTION), dtype=np.int64)
+    be = OrtBackend(f, c, num_slots=3, max_seq_len=MAX_SEQ_LEN, threads=2,
+                    cache_dir=str(tmp_path), graph_options=GraphOptions(kernels="custom"))
+    try:
+        got, _ = greedy_margins(be, ids, 6)
+    finally:
+        be.close()
+    want, margins = greedy_margins(NumpyBackend(f, c, num_slots=1, max_seq_len=MAX_SEQ_LEN),
+                                   ids, 6)
+    sure = next((i for i, m in enumerate(margins) if m < MIN_MARGIN), len(margins))
+    assert sure >= 1 and got[:sure] == want[:sure], (got, want, margins)
+
+# ---- the setting, the banner and /v1/config ---------------------------------------------------
+
+def _config(tmp_path, backend: dict):
+    from tiny_mindie.config import load_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"BackendConfig": backend}))
+    return load_config(str(path))
+
+
+@pytest.mark.parametrize("backend, message", [
+    ({"kernels": "fast"}, 'BackendConfig.kernels must be one of onnxruntime, custom, auto, '
+                          'got "fast"'),
+    ({"kernels": "custom", "backend": "numpy"}, "kernels custom .* needs the onnxruntime"),
+    ({"kernels": "custom", "weights": "compact"}, "kernels custom .* the exact weights"),
+    ({"kernels": "custom", "graph": "standard"}, "kernels custom .* its contrib graph"),
+])
+def test_the_kernels_setting_refuses_what_cannot_run_them(tmp_path, backend, message):
+    from tiny_mindie.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        _config(tmp_path, backend).with_overrides()
+
+
+def test_the_flag_chooses_the_kernels(tmp_path):
+    from tiny_mindie import cli
+
+    assert _config(tmp_path, {}).backend.kernels == "onnxruntime"
+    path = str(tmp_path / "config.json")
+    args = cli.build_parser().parse_args(["serve", "--config", path, "--kernels", "custom"])
+    assert cli._config_from_args(args).backend.kernels == "custom"
+
+
+@pytest.fixture(scope="module")
+def custom_server(gguf, tmp_path_factory):
+    home = str(tmp_path_factory.mktemp("kernels-server"))
+    yield from serving(start_server(home, TEST_CONFIG, ["--kernels", "custom"]))
+
+
+def test_the_banner_and_config_say_which_kernels_run(custom_server):
+    isa = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2",
+           "portable": "portable C"}[kernels.isa()]
+    assert f"  kernels  custom op, {isa}\n" in custom_server.banner
+    status, _, raw = request(custom_server, "GET", "/v1/config")
+    backend = json.loads(raw)["BackendConfig"]
+    assert status == 200
+    assert (backend["kernels"], backend["kernelsRunning"]) == ("custom", f"custom op, {isa}")
+    status, _, raw = request(custom_server, "POST", "/infer", {
+        "inputs": "The capital of France is", "stream": False,
+        "parameters": {"max_new_tokens": 3, "do_sample": False}})
+    assert status == 200 and "Paris" in json.loads(raw)["generated_text"], raw
+
+
+def test_check_graph_says_which_kernels_run(gguf, model_path, capsys):
+    from tiny_mindie.cli import main
+
+    assert main(["check-graph", "--model", model_path, "--graph", "contrib", "--kernels",
+                 "custom", "--prompts", "1", "--tokens", "4", "--max-seq-len", "300",
+                 "--slots", "2"]) == 0
+    assert "kernels    custom op, " in capsys.readouterr().out
+    assert main(["check-graph", "--model", model_path, "--kernels", "custom"]) == 2
+    assert "--kernels custom needs --graph contrib" in capsys.readouterr().err

@@ -1,0 +1,159 @@
+"""tiny_mindie's own matrix-product kernels on GGUF blocks, a C library built with the package
+(``setup.py``: an optional extension; where no compiler is present the package installs
+without it and :func:`available` is false).
+
+The library holds the onnxruntime custom operator ``tiny_mindie::MatMulGGUF`` (loaded by
+``SessionOptions.register_custom_ops_library(library_path())``) and a direct entry for ctypes,
+:func:`matmul`, which computes the same numbers:
+
+    y [M, N] = x [M, K] @ W [N, K]^T
+
+with ``W`` the GGUF tensor's own bytes (``N`` rows of blocks; :data:`TYPES`), ``x`` float32. The
+activations are quantized to int8 per block of 32 (``scale = max|x| / 127``, round half to even),
+each block's product is an exact int32 sum, and a row's blocks are added in float32 in block
+order: a row's output depends on no other row, thread split or ISA path (``kern_impl.h``).
+
+ISA paths (:func:`isa`): ``avx512vnni``, ``avxvnni``, ``avx2``, ``neon`` (aarch64 with the dot
+product extension) and ``portable``; the best one the CPU and its OS enable runs, unless the
+environment variable ``TINY_MINDIE_KERNEL_ISA`` (or :func:`set_isa`) names one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+import threading
+
+import numpy as np
+
+#: GGUF type name -> ggml type id (the operator's ``type`` attribute).
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+#: GGUF type name -> (elements, bytes) per block.
+BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q8_0": (32, 34),
+          "Q4_K": (256, 144), "Q6_K": (256, 210)}
+#: The ISA path names, best first.
+PATHS = ("avx512vnni", "avxvnni", "avx2", "neon", "portable")
+#: The custom operator's domain and name.
+DOMAIN, OP = "tiny_mindie", "MatMulGGUF"
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+
+
+class KernelError(RuntimeError):
+    """The kernel library refused a call (bad arguments, or a refused ISA path)."""
+
+
+def library_path() -> str | None:
+    """The built library's path (``_tm_kernels`` with the interpreter's extension suffix), or
+    ``None`` where it was not built."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = os.path.join(_HERE, "_tm_kernels" + suffix)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            if path is None:
+                raise KernelError("the kernel library was not built (no C compiler at install)")
+            lib = ctypes.CDLL(path)
+            lib.tm_isa.restype = ctypes.c_char_p
+            lib.tm_isa_error.restype = ctypes.c_char_p
+            lib.tm_isa_supported.argtypes = [ctypes.c_char_p]
+            lib.tm_set_isa.argtypes = [ctypes.c_char_p]
+            i64 = ctypes.c_int64
+            lib.tm_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, i64, ctypes.c_void_p,
+                                      i64, i64, ctypes.c_void_p, ctypes.c_int]
+            _lib = lib
+        return _lib
+
+
+def available() -> bool:
+    """True where the library was built and loads."""
+    try:
+        _load()
+    except (KernelError, OSError):
+        return False
+    return True
+
+
+def isa() -> str:
+    """The name of the ISA path in use (one of :data:`PATHS`).
+
+    Raises:
+        KernelError: the library is not built, or ``TINY_MINDIE_KERNEL_ISA`` names a path that
+            does not exist or that this CPU (with what its OS enables) cannot run.
+    """
+    lib = _load()
+    err = lib.tm_isa_error()
+    if err:
+        raise KernelError(err.decode())
+    return lib.tm_isa().decode()
+
+
+def supported(name: str) -> bool:
+    """True when this CPU (and this build) can run the ISA path ``name``.
+
+    Raises:
+        ValueError: ``name`` is none of :data:`PATHS`.
+    """
+    r = _load().tm_isa_supported(name.encode())
+    if r < 0:
+        raise ValueError(f"no kernel ISA path {name!r}: one of {', '.join(PATHS)}")
+    return bool(r)
+
+
+def set_isa(name: str) -> None:
+    """Run the ISA path ``name`` from now on, in this process (for tests and benchmarks).
+
+    Raises:
+        ValueError: ``name`` is none of :data:`PATHS`, or this CPU cannot run it.
+    """
+    r = _load().tm_set_isa(name.encode())
+    if r == -1:
+        raise ValueError(f"no kernel ISA path {name!r}: one of {', '.join(PATHS)}")
+    if r == -2:
+        raise ValueError(f"this CPU (or its OS) cannot run the kernel ISA path {name!r}")
+
+
+def matmul(qtype: str, x: np.ndarray, w: np.ndarray, n: int, k: int, threads: int = 1
+           ) -> np.ndarray:
+    """``x @ W.T`` on the GGUF blocks ``w``.
+
+    Args:
+        qtype: the GGUF type of ``w``, a key of :data:`TYPES`.
+        x: float32 ``[M, K]`` activations (converted to C-contiguous float32).
+        w: uint8, the ``N`` rows of ``K / block`` blocks as in the GGUF file (any shape).
+        n, k: ``N`` and ``K``.
+        threads: threads splitting the ``N`` outputs (each row's arithmetic is the same for any).
+
+    Returns:
+        float32 ``[M, N]``.
+
+    Raises:
+        ValueError: an unknown type, or shapes that do not match.
+        KernelError: the library is not built, or its ISA path was refused.
+    """
+    if qtype not in TYPES:
+        raise ValueError(f"unsupported GGUF type {qtype!r}: one of {', '.join(TYPES)}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    if x.ndim != 2 or x.shape[1] != k:
+        raise ValueError(f"x must be [M, {k}], not {list(x.shape)}")
+    y = np.empty((x.shape[0], n), np.float32)
+    r = _load().tm_matmul(TYPES[qtype], x.ctypes.data, x.shape[0], k, w.ctypes.data, w.nbytes,
+                          n, y.ctypes.data, threads)
+    if r == -1:
+        raise ValueError(f"{qtype} weight of {w.nbytes} bytes is not {n} rows of {k} elements")
+    if r == -3:
+        isa()                                   # raises with the reason
+    if r:
+        raise KernelError(f"tm_matmul failed ({r})")
+    return y

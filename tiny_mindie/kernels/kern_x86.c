@@ -1,0 +1,397 @@
+/* The x86-64 paths: AVX2, AVX-VNNI and AVX-512 VNNI, each compiled for its ISA by a target
+ * attribute (the library itself is built for the baseline x86-64: dispatch.c picks a path by
+ * what the CPU and the OS enable). The integer dot products differ; the float32 arithmetic is
+ * kern_impl.h's, the same as the portable path's. */
+#include "tm_kernels.h"
+
+#ifdef TM_HAVE_X86
+#include <immintrin.h>
+#include <string.h>
+
+/* The dot kernels work on the 8 rows' blocks transposed: a row's 32 bytes are 8 dwords of 4
+ * weights, and TM_T8 turns the rows r[0..7] into u[k] (k < 4) = [rows 0-3, dword k | rows 0-3,
+ * dword k + 4] and u[k + 4] = the same for rows 4-7. A product with x's dwords k and k + 4 broadcast to
+ * their halves (shuffle_epi32) then gives each row's partial sums in its own lane, and the two
+ * halves of each accumulator added give the 8 rows' totals: no horizontal sums. */
+#define TM_T8(u, r)                                                                          \
+    do {                                                                                     \
+        __m256i t0_ = _mm256_unpacklo_epi32(r[0], r[1]), t1_ = _mm256_unpackhi_epi32(r[0], r[1]);\
+        __m256i t2_ = _mm256_unpacklo_epi32(r[2], r[3]), t3_ = _mm256_unpackhi_epi32(r[2], r[3]);\
+        __m256i t4_ = _mm256_unpacklo_epi32(r[4], r[5]), t5_ = _mm256_unpackhi_epi32(r[4], r[5]);\
+        __m256i t6_ = _mm256_unpacklo_epi32(r[6], r[7]), t7_ = _mm256_unpackhi_epi32(r[6], r[7]);\
+        u[0] = _mm256_unpacklo_epi64(t0_, t2_); u[1] = _mm256_unpackhi_epi64(t0_, t2_);       \
+        u[2] = _mm256_unpacklo_epi64(t1_, t3_); u[3] = _mm256_unpackhi_epi64(t1_, t3_);       \
+        u[4] = _mm256_unpacklo_epi64(t4_, t6_); u[5] = _mm256_unpackhi_epi64(t4_, t6_);       \
+        u[6] = _mm256_unpacklo_epi64(t5_, t7_); u[7] = _mm256_unpackhi_epi64(t5_, t7_);       \
+    } while (0)
+
+/* accumulators a (rows 0-3), b (rows 4-7), split by halves -> the 8 rows' totals */
+#define TM_JOIN(a, b) \
+    _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31))
+
+/* x's dword k and k + 4 broadcast to the two halves */
+#define TM_XB(X, k) _mm256_shuffle_epi32(X, (k) * 0x55)
+
+/* The three dot kernels of kern_impl.h for one path, from its products:
+ * U8(acc, w, x): acc + the int32 lane sums of unsigned bytes w times signed bytes x;
+ * S16(acc, w, x): acc + the lane sums of int16 w times int16 x. */
+#define TM_DOTS(SFX, ATTR, U8, S16)                                                          \
+static inline ATTR void dot_u8_##SFX(const void *w, int64_t ws, const int8_t *const *xp,    \
+                                     int mc, int32_t D[TM_TILE_M][TM_TILE_N])               \
+{                                                                                            \
+    __m256i r[TM_TILE_N], u[8];                                                              \
+    int m, k;                                                                                \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + k * ws));           \
+    TM_T8(u, r);                                                                             \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xb = TM_XB(X, k);                                                        \
+            a = U8(a, u[k], xb);                                                             \
+            b = U8(b, u[k + 4], xb);                                                         \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
+    }                                                                                        \
+}                                                                                            \
+static inline ATTR void dot_s8_##SFX(const void *w, int64_t ws, const int8_t *const *xp,    \
+                                     int mc, int32_t D[TM_TILE_M][TM_TILE_N])               \
+{                                                                                            \
+    __m256i r[TM_TILE_N], u[8], au[8];                                                       \
+    int m, k;                                                                                \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const uint8_t *)w + k * ws));           \
+    TM_T8(u, r);                                                                             \
+    for (k = 0; k < 8; k++) au[k] = _mm256_abs_epi8(u[k]);                                   \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xb = TM_XB(X, k);                                                        \
+            a = U8(a, au[k], _mm256_sign_epi8(xb, u[k]));                                    \
+            b = U8(b, au[k + 4], _mm256_sign_epi8(xb, u[k + 4]));                            \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
+    }                                                                                        \
+}                                                                                            \
+static inline ATTR void dot_i16_##SFX(const void *w, int64_t ws, const int8_t *const *xp,   \
+                                      int mc, int32_t D[TM_TILE_M][TM_TILE_N])              \
+{                                                                                            \
+    __m256i r[TM_TILE_N], lo[8], hi[8];                                                      \
+    int m, k;                                                                                \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const int16_t *)w + k * ws));           \
+    TM_T8(lo, r);                                                                            \
+    for (k = 0; k < TM_TILE_N; k++)                                                          \
+        r[k] = _mm256_loadu_si256((const __m256i *)((const int16_t *)w + k * ws + 16));      \
+    TM_T8(hi, r);                                                                            \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i XL = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)xp[m]));          \
+        __m256i XH = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(xp[m] + 16)));   \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xl = TM_XB(XL, k), xh = TM_XB(XH, k);                                    \
+            a = S16(a, lo[k], xl);                                                           \
+            b = S16(b, lo[k + 4], xl);                                                       \
+            a = S16(a, hi[k], xh);                                                           \
+            b = S16(b, hi[k + 4], xh);                                                       \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
+    }                                                                                        \
+}
+
+/* ---- AVX2 (with FMA and F16C, as every AVX2 CPU has; FMA is not used in the arithmetic) ---- */
+#define ATTR_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define U8_AVX2(a, w, x) \
+    _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+#define S16_AVX2(a, w, x) _mm256_add_epi32(a, _mm256_madd_epi16(w, x))
+TM_DOTS(avx2, ATTR_AVX2, U8_AVX2, S16_AVX2)
+
+/* ---- AVX-VNNI (VEX-encoded VPDPBUSD/VPDPWSSD) ---- */
+#define ATTR_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define U8_AVXVNNI(a, w, x) _mm256_dpbusd_avx_epi32(a, w, x)
+#define S16_AVXVNNI(a, w, x) _mm256_dpwssd_avx_epi32(a, w, x)
+TM_DOTS(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI, S16_AVXVNNI)
+
+/* ---- AVX-512 VNNI (its 256-bit forms: AVX-512 VL) ---- */
+#define ATTR_AVX512 \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define U8_AVX512(a, w, x) _mm256_dpbusd_epi32(a, w, x)
+#define S16_AVX512(a, w, x) _mm256_dpwssd_epi32(a, w, x)
+TM_DOTS(avx512vnni, ATTR_AVX512, U8_AVX512, S16_AVX512)
+
+#define TM_F16C_FN(SFX, ATTR)                                                                \
+static inline ATTR float f16_##SFX(const uint8_t *p)                                         \
+{                                                                                            \
+    unsigned short h;                                                                        \
+    memcpy(&h, p, 2);                                                                        \
+    return _cvtsh_ss(h);                                                                     \
+}
+TM_F16C_FN(avx2, ATTR_AVX2)
+TM_F16C_FN(avxvnni, ATTR_AVXVNNI)
+TM_F16C_FN(avx512vnni, ATTR_AVX512)
+
+/* The blocks' decode (kern_impl.h's, by AVX2 instructions; every x86 path has them) */
+#define TM_X86_DECODE(SFX, ATTR)                                                             \
+static inline ATTR void decode_##SFX(int type, const uint8_t *row, int64_t b0, int cnt,     \
+                                     uint8_t *q, int16_t *q16, float *dw, float *mw)        \
+{                                                                                            \
+    const __m256i m4 = _mm256_set1_epi8(15);                                                 \
+    const __m128i m4h = _mm_set1_epi8(15);                                                   \
+    int c;                                                                                   \
+    switch (type) {                                                                          \
+    case TM_Q4_0: case TM_Q4_1: {                                                            \
+        const int64_t bb = type == TM_Q4_0 ? 18 : 20, qo = type == TM_Q4_0 ? 2 : 4;         \
+        for (c = 0; c < cnt; c++) {                                                          \
+            const uint8_t *blk = row + (b0 + c) * bb;                                        \
+            __m128i v = _mm_loadu_si128((const __m128i *)(blk + qo));                        \
+            dw[c] = f16_##SFX(blk);                                                          \
+            mw[c] = type == TM_Q4_1 ? f16_##SFX(blk + 2) : 0.0f;                             \
+            _mm_storeu_si128((__m128i *)(q + 32 * c), _mm_and_si128(v, m4h));                \
+            _mm_storeu_si128((__m128i *)(q + 32 * c + 16),                                   \
+                             _mm_and_si128(_mm_srli_epi16(v, 4), m4h));                      \
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    case TM_Q5_0: {                                                                          \
+        const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,\
+                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);\
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);             \
+        for (c = 0; c < cnt; c++) {                                                          \
+            const uint8_t *blk = row + (b0 + c) * 22;                                        \
+            uint32_t qh;                                                                     \
+            __m128i v = _mm_loadu_si128((const __m128i *)(blk + 6));                         \
+            __m256i lo = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4h),          \
+                                          _mm_and_si128(v, m4h));                            \
+            __m256i h;                                                                       \
+            memcpy(&qh, blk + 2, 4);                                                         \
+            h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);                     \
+            h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);                            \
+            dw[c] = f16_##SFX(blk);                                                          \
+            mw[c] = 0.0f;                                                                    \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c),                                     \
+                                _mm256_or_si256(lo, _mm256_and_si256(h, _mm256_set1_epi8(16))));\
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    case TM_Q8_0:                                                                            \
+        for (c = 0; c < cnt; c++) {                                                          \
+            const uint8_t *blk = row + (b0 + c) * 34;                                        \
+            dw[c] = f16_##SFX(blk);                                                          \
+            mw[c] = 0.0f;                                                                    \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c),                                     \
+                                _mm256_loadu_si256((const __m256i *)(blk + 2)));             \
+        }                                                                                    \
+        break;                                                                               \
+    case TM_Q4_K: {                                                                          \
+        /* the 6-bit scales and minima: bytes 0-3 hold scales 0-3 (and the top bits of 4-7),  \
+         * 4-7 minima 0-3 (and the top bits of minima 4-7), 8-11 the low nibbles of both */    \
+        const uint8_t *sb = row + (b0 / 8) * 144;                                            \
+        uint32_t a, b, l;                                                                    \
+        uint64_t sc8, mn8;                                                                   \
+        memcpy(&a, sb + 4, 4);                                                               \
+        memcpy(&b, sb + 8, 4);                                                               \
+        memcpy(&l, sb + 12, 4);                                                              \
+        sc8 = (uint64_t)(a & 0x3f3f3f3fu)                                                    \
+              | (uint64_t)((l & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;              \
+        mn8 = (uint64_t)(b & 0x3f3f3f3fu)                                                    \
+              | (uint64_t)(((l >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;       \
+        _mm256_storeu_ps(dw, _mm256_mul_ps(_mm256_set1_ps(f16_##SFX(sb)), _mm256_cvtepi32_ps( \
+            _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc8)))));                      \
+        _mm256_storeu_ps(mw, _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(             \
+            _mm256_set1_ps(f16_##SFX(sb + 2)),                                               \
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn8)))))); \
+        for (c = 0; c < 8 && q; c += 2) {                                                    \
+            __m256i v = _mm256_loadu_si256((const __m256i *)(sb + 16 + 16 * c));             \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c), _mm256_and_si256(v, m4));          \
+            _mm256_storeu_si256((__m256i *)(q + 32 * c + 32),                                \
+                                _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));              \
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    case TM_Q6_K: {                                                                          \
+        const uint8_t *sb = row + (b0 / 8) * 210;                                            \
+        const int8_t *sc = (const int8_t *)(sb + 192);                                       \
+        float d = f16_##SFX(sb + 208);                                                       \
+        const __m256i m2 = _mm256_set1_epi8(3), k32 = _mm256_set1_epi16(32);                 \
+        for (c = 0; c < 8; c++) {                                                            \
+            int h = c / 4, g = c % 4;                                                        \
+            __m256i l4 = _mm256_loadu_si256((const __m256i *)(sb + 64 * h + 32 * (g & 1)));  \
+            __m256i h2 = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * h));           \
+            __m256i v, lo16, hi16;                                                           \
+            if (g >> 1) l4 = _mm256_srli_epi16(l4, 4);                                       \
+            h2 = _mm256_srl_epi16(h2, _mm_cvtsi32_si128(2 * g));                             \
+            v = _mm256_or_si256(_mm256_and_si256(l4, m4),                                    \
+                                _mm256_slli_epi16(_mm256_and_si256(h2, m2), 4));             \
+            lo16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)), k32);   \
+            hi16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)), k32);\
+            lo16 = _mm256_mullo_epi16(lo16, _mm256_set1_epi16(sc[8 * h + 2 * g]));           \
+            hi16 = _mm256_mullo_epi16(hi16, _mm256_set1_epi16(sc[8 * h + 2 * g + 1]));       \
+            _mm256_storeu_si256((__m256i *)(q16 + 32 * c), lo16);                            \
+            _mm256_storeu_si256((__m256i *)(q16 + 32 * c + 16), hi16);                       \
+            dw[c] = d;                                                                       \
+            mw[c] = 0.0f;                                                                    \
+        }                                                                                    \
+        break;                                                                               \
+    }                                                                                        \
+    default:                                                                                 \
+        break;                                                                               \
+    }                                                                                        \
+}
+TM_X86_DECODE(avx2, ATTR_AVX2)
+TM_X86_DECODE(avxvnni, ATTR_AVXVNNI)
+TM_X86_DECODE(avx512vnni, ATTR_AVX512)
+
+/* float [8][8]: dst[c][r] = src[r][c] */
+#define TM_X86_TRANSPOSE8(SFX, ATTR)                                                         \
+static inline ATTR void transpose8_##SFX(float dst[TM_CHUNK][TM_TILE_N],                    \
+                                         float src[TM_TILE_N][TM_CHUNK])                    \
+{                                                                                            \
+    __m256i r[8], u[8];                                                                      \
+    int k;                                                                                   \
+    for (k = 0; k < 8; k++) r[k] = _mm256_castps_si256(_mm256_loadu_ps(src[k]));             \
+    TM_T8(u, r);                                                                             \
+    for (k = 0; k < 4; k++) {                                                                \
+        _mm256_storeu_ps(dst[k], _mm256_castsi256_ps(                                        \
+            _mm256_permute2x128_si256(u[k], u[k + 4], 0x20)));                               \
+        _mm256_storeu_ps(dst[k + 4], _mm256_castsi256_ps(                                    \
+            _mm256_permute2x128_si256(u[k], u[k + 4], 0x31)));                               \
+    }                                                                                        \
+}
+TM_X86_TRANSPOSE8(avx2, ATTR_AVX2)
+TM_X86_TRANSPOSE8(avxvnni, ATTR_AVXVNNI)
+TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
+
+/* Q4_K's block pair 2i, 2i+1 from 8 rows' 32 bytes: transposed packed, then split by nibbles */
+#define TM_X86_Q4K_PAIR(SFX, ATTR, U8)                                                       \
+static inline ATTR void q4k_pair_##SFX(const uint8_t *const *rows, const int8_t *const *xa, \
+                                       const int8_t *const *xb, int mc,                      \
+                                       int32_t Da[TM_TILE_M][TM_TILE_N],                     \
+                                       int32_t Db[TM_TILE_M][TM_TILE_N])                     \
+{                                                                                            \
+    const __m256i m4 = _mm256_set1_epi8(15);                                                 \
+    __m256i r[8], u[8], lo[8], hi[8];                                                        \
+    int m, k;                                                                                \
+    for (k = 0; k < 8; k++) r[k] = _mm256_loadu_si256((const __m256i *)rows[k]);             \
+    TM_T8(u, r);                                                                             \
+    for (k = 0; k < 8; k++) {                                                                \
+        lo[k] = _mm256_and_si256(u[k], m4);                                                  \
+        hi[k] = _mm256_and_si256(_mm256_srli_epi16(u[k], 4), m4);                            \
+    }                                                                                        \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xa[m]);                              \
+        __m256i Y = _mm256_loadu_si256((const __m256i *)xb[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
+        __m256i c = _mm256_setzero_si256(), d = _mm256_setzero_si256();                      \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xk = TM_XB(X, k), yk = TM_XB(Y, k);                                      \
+            a = U8(a, lo[k], xk);                                                            \
+            b = U8(b, lo[k + 4], xk);                                                        \
+            c = U8(c, hi[k], yk);                                                            \
+            d = U8(d, hi[k + 4], yk);                                                        \
+        }                                                                                    \
+        _mm256_storeu_si256((__m256i *)Da[m], TM_JOIN(a, b));                                \
+        _mm256_storeu_si256((__m256i *)Db[m], TM_JOIN(c, d));                                \
+    }                                                                                        \
+}
+TM_X86_Q4K_PAIR(avx2, ATTR_AVX2, U8_AVX2)
+TM_X86_Q4K_PAIR(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
+TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
+
+/* Q6_K's block c (of 8 in a super-block) from 8 rows' super-blocks: the 6-bit values (0..63) as
+ * bytes, transposed, dotted as unsigned bytes; each 16-element half's sum, less 32 times the
+ * activations' sum over that half, times its int8 scale: the block's exact integer sum. */
+#define TM_X86_Q6K(SFX, ATTR, U8)                                                            \
+static inline ATTR void q6k_##SFX(const uint8_t *const *sb, int c, const int8_t *const *xp, \
+                                  const int32_t *xs, const int32_t *xs16, int64_t xstride,  \
+                                  int mc, int32_t D[TM_TILE_M][TM_TILE_N])                  \
+{                                                                                            \
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);                       \
+    const int h = c / 4, g = c % 4, s0 = 8 * h + 2 * g;                                      \
+    const __m128i hs = _mm_cvtsi32_si128(2 * g);                                             \
+    __m256i r[8], u[8], sca, scb;                                                            \
+    const int8_t *sc[8];                                                                     \
+    int m, k;                                                                                \
+    for (k = 0; k < 8; k++) {                                                                \
+        __m256i l4 = _mm256_loadu_si256((const __m256i *)(sb[k] + 64 * h + 32 * (g & 1)));   \
+        __m256i h2 = _mm256_loadu_si256((const __m256i *)(sb[k] + 128 + 32 * h));            \
+        if (g >> 1) l4 = _mm256_srli_epi16(l4, 4);                                           \
+        r[k] = _mm256_or_si256(_mm256_and_si256(l4, m4), _mm256_slli_epi16(                  \
+            _mm256_and_si256(_mm256_srl_epi16(h2, hs), m2), 4));                             \
+        sc[k] = (const int8_t *)(sb[k] + 192) + s0;                                          \
+    }                                                                                        \
+    TM_T8(u, r);                                                                             \
+    sca = _mm256_setr_epi32(sc[0][0], sc[1][0], sc[2][0], sc[3][0],                          \
+                            sc[0][1], sc[1][1], sc[2][1], sc[3][1]);                         \
+    scb = _mm256_setr_epi32(sc[4][0], sc[5][0], sc[6][0], sc[7][0],                          \
+                            sc[4][1], sc[5][1], sc[6][1], sc[7][1]);                         \
+    for (m = 0; m < mc; m++) {                                                               \
+        __m256i X = _mm256_loadu_si256((const __m256i *)xp[m]);                              \
+        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256(), cx;                  \
+        int32_t x0 = xs16[m * xstride], x1 = xs[m * xstride] - x0;                           \
+        for (k = 0; k < 4; k++) {                                                            \
+            __m256i xk = TM_XB(X, k);                                                        \
+            a = U8(a, u[k], xk);                                                             \
+            b = U8(b, u[k + 4], xk);                                                         \
+        }                                                                                    \
+        cx = _mm256_setr_epi32(32 * x0, 32 * x0, 32 * x0, 32 * x0,                           \
+                               32 * x1, 32 * x1, 32 * x1, 32 * x1);                          \
+        a = _mm256_mullo_epi32(_mm256_sub_epi32(a, cx), sca);                                \
+        b = _mm256_mullo_epi32(_mm256_sub_epi32(b, cx), scb);                                \
+        _mm256_storeu_si256((__m256i *)D[m], TM_JOIN(a, b));                                 \
+    }                                                                                        \
+}
+TM_X86_Q6K(avx2, ATTR_AVX2, U8_AVX2)
+TM_X86_Q6K(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
+TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
+
+#define TM_SFX(name) name##_avx2
+#define TM_TARGET ATTR_AVX2
+#define TM_FN static inline ATTR_AVX2
+#define TM_F16(p) f16_avx2(p)
+#define TM_DECODE decode_avx2
+#define TM_TRANSPOSE8 transpose8_avx2
+#define TM_DOT_Q4K_PAIR q4k_pair_avx2
+#define TM_DOT_Q6K q6k_avx2
+#include "kern_impl.h"
+#undef TM_SFX
+#undef TM_TARGET
+#undef TM_FN
+#undef TM_F16
+#undef TM_DECODE
+#undef TM_TRANSPOSE8
+#undef TM_DOT_Q4K_PAIR
+#undef TM_DOT_Q6K
+
+#define TM_SFX(name) name##_avxvnni
+#define TM_TARGET ATTR_AVXVNNI
+#define TM_FN static inline ATTR_AVXVNNI
+#define TM_F16(p) f16_avxvnni(p)
+#define TM_DECODE decode_avxvnni
+#define TM_TRANSPOSE8 transpose8_avxvnni
+#define TM_DOT_Q4K_PAIR q4k_pair_avxvnni
+#define TM_DOT_Q6K q6k_avxvnni
+#include "kern_impl.h"
+#undef TM_SFX
+#undef TM_TARGET
+#undef TM_FN
+#undef TM_F16
+#undef TM_DECODE
+#undef TM_TRANSPOSE8
+#undef TM_DOT_Q4K_PAIR
+#undef TM_DOT_Q6K
+
+#define TM_SFX(name) name##_avx512vnni
+#define TM_TARGET ATTR_AVX512
+#define TM_FN static inline ATTR_AVX512
+#define TM_F16(p) f16_avx512vnni(p)
+#define TM_DECODE decode_avx512vnni
+#define TM_TRANSPOSE8 transpose8_avx512vnni
+#define TM_DOT_Q4K_PAIR q4k_pair_avx512vnni
+#define TM_DOT_Q6K q6k_avx512vnni
+#include "kern_impl.h"
+
+#else
+typedef int tm_no_x86;   /* ISO C: a translation unit is not empty */
+#endif
