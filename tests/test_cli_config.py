@@ -782,7 +782,7 @@ def test_each_setting_has_one_key_one_field_and_its_own_flags():
 
 def test_the_settings_passed_to_the_llm_are_its_keywords():
     """Each ``llm`` name of the table is a keyword of LLM; every keyword is fed by the table or
-    derived in lifecycle._load."""
+    derived in lifecycle.load_llm."""
     import inspect
 
     from tiny_mindie.llm import LLM

@@ -52,3 +52,16 @@ def test_everywhere_else_gets_plain_onnxruntime(system, machine, python):
 def test_both_are_the_same_version():
     pins = {str(r.specifier) for r in _requirements() if r.name in ORT}
     assert pins == {"==1.24.4"}
+
+
+def test_a_non_editable_install_ships_the_chat_page(tmp_path):
+    """setuptools' ``build_py`` (what ``pip install .`` copies into site-packages) takes the
+    chat page along: it is package data, not a module."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q",
+                    "build_py", "-d", str(tmp_path)], cwd=REPO, check=True, capture_output=True)
+    page = tmp_path / "tiny_mindie" / "api" / "webui.html"
+    assert page.read_bytes() == open(os.path.join(REPO, "tiny_mindie", "api", "webui.html"),
+                                     "rb").read()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import ssl
 
-from .api import anthropic, manage, metrics, native, openai, responses, tgi, tokenize, triton
+from .api import anthropic, manage, metrics, native, openai, responses, tgi, tokenize, triton, webui
 from .api.errors import MINDIE, APIError, Kind, error_body
 from .api.server_errors import ANSWERS
 from .config import Config
@@ -92,7 +92,7 @@ class App:
         # that generate (``Route.generation``) are counted in /metrics.
         counted = metrics.count_requests(
             [r for family in (native, manage, metrics, tgi, triton, openai,
-                                           responses, anthropic, tokenize)
+                                           responses, anthropic, tokenize, webui)
              for r in family.routes(self)], lambda: self.llm.engine.metrics)
         self.routes: list[Route] = [self._served(r) for r in counted]
         self.routes += [dataclasses.replace(r, plane=HEALTH) for r in self.routes

@@ -5,6 +5,7 @@
     python -m tiny_mindie certs [--dir DIR | --config FILE] --client NAME     # another client
     python -m tiny_mindie certs [--dir DIR | --config FILE] --revoke CERT.pem # add it to the CRL
     python -m tiny_mindie certs [--dir DIR | --config FILE] --crl             # re-sign the CRL
+    python -m tiny_mindie certs [--dir DIR | --config FILE] --p12 FILE [--p12-password PW]
 
 The first form makes a CA (and keeps its key), a server certificate for localhost, 127.0.0.1,
 127.0.0.2, ::1 and every ``--host`` (DNS names and IP addresses become subjectAltNames), a client
@@ -18,6 +19,9 @@ curl, nginx and a Kubernetes Secret. The certificates are made by
 ``--client NAME`` issues another client certificate (``certs/NAME.pem``, ``keys/NAME.key.pem``)
 with the kept CA key; ``--revoke`` re-signs the CRL with CERT's serial added (the entries already
 there are kept); ``--crl`` re-signs it as it is. A server reads its CRL at start-up: restart it.
+``--p12 FILE`` exports the client certificate, its key and the CA as a password-protected
+PKCS#12 file for a browser's certificate store (:mod:`.p12`; the password is asked for when
+``--p12-password`` is not given).
 """
 
 from __future__ import annotations
@@ -68,6 +72,11 @@ def add_parser(sub) -> None:
                    help="revoke this certificate (PEM file): add it to the CRL")
     c.add_argument("--crl", action="store_true",
                    help="write the CRL again, signed by the CA key, keeping its entries")
+    c.add_argument("--p12", metavar="FILE",
+                   help="export the client certificate, its key and the CA as a "
+                        "password-protected PKCS#12 file (for a browser)")
+    c.add_argument("--p12-password", metavar="PW",
+                   help="the PKCS#12 file's password (default: asked for)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
             cfg = replace(load_config(None), home=os.path.abspath(args.dir or config_home()))
             hosts = tuple(args.host)
         files = tls_files(cfg)
+        if args.p12:
+            from .p12 import run as export_p12
+            return export_p12(args.p12, args.p12_password, files, force=args.force)
         if args.client or args.revoke or args.crl:
             return _more(args, files)
     except (ConfigError, TLSConfigError) as exc:

@@ -1,5 +1,5 @@
-"""Command line: ``python -m tiny_mindie [serve] ...``, ``pull NAME``, ``list-models``, ``certs``,
-``health``, ``watermark-detect``, ``check-graph``.
+"""Command line: ``python -m tiny_mindie [serve] ...``, ``chat``, ``pull NAME``,
+``list-models``, ``certs``, ``health``, ``watermark-detect``, ``check-graph``.
 
 Bad configuration, a missing model file or a busy port end with one line on stderr and a
 non-zero exit status; never a traceback.
@@ -28,11 +28,11 @@ from .settings import add_flags, with_flags
 # on stderr and exit status 2.
 CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
-COMMANDS = ("serve", "pull", "list-models", "watermark-detect", "certs", "health",
+COMMANDS = ("serve", "chat", "pull", "list-models", "watermark-detect", "certs", "health",
             "check-graph")
 # Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
-ENV_COMMANDS = {"serve": True, "health": False}
+ENV_COMMANDS = {"serve": True, "chat": False, "health": False}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,9 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="The server's options: python -m tiny_mindie serve --help")
     p.add_argument("--version", action="version", version=f"tiny_mindie {__version__}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser,
-                           metavar="{serve,pull,list-models,watermark-detect,certs,health,"
+                           metavar="{serve,chat,pull,list-models,watermark-detect,certs,health,"
                                    "check-graph}")
     _add_serve(sub.add_parser("serve", help="serve the HTTP API (the default)"))
+    from .cli_chat import add_parser as add_chat
+    add_chat(sub, _add_config_and_flags)
     pl = sub.add_parser("pull", help="fetch a registry model into the cache")
     pl.add_argument("name", help="registry model name (see list-models)")
     pl.add_argument("--force", action="store_true", help="download again even if present")
@@ -81,13 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_serve(s: argparse.ArgumentParser) -> None:
     """``serve``'s options: ``--config``, the settings' flags (:mod:`.settings`), logging."""
+    _add_config_and_flags(s)
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe log records written")
+    add_log_options(s)
+
+
+def _add_config_and_flags(s: argparse.ArgumentParser) -> None:
+    """``--config`` and the settings' flags (``serve``'s and ``chat``'s)."""
     s.add_argument("--config", metavar="FILE",
                    help="MindIE-style config.json; relative paths in it (TLS files) are resolved "
                         "against its folder (default: none, the built-in settings)")
     add_flags(s)
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                   help="least severe log records written")
-    add_log_options(s)
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -195,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "certs":
             from .certs import run as certs
             return certs(args)
+        if args.command == "chat":
+            from .cli_chat import run as chat
+            setup_logging(args.log_level)
+            return chat(args, _config_from_args(args))
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect,
                 "check-graph": lambda a: graph_check.run(a, _say),

@@ -156,7 +156,7 @@ def _start_load(loop: asyncio.AbstractEventLoop, cfg: Config,
 
     def load_model() -> None:
         try:
-            llm = _load(cfg, log_line)
+            llm = load_llm(cfg, log_line)
         except BaseException as exc:       # noqa: BLE001  handed to the event loop
             loop.call_soon_threadsafe(_settle, load, None, exc)
         else:
@@ -176,10 +176,11 @@ def _settle(fut: asyncio.Future, result, exc: BaseException | None) -> None:
         fut.set_result(result)
 
 
-def _load(cfg: Config, log_line: Callable[[str], None]):
-    """The model of ``cfg``, pulled if needed, loaded, its engine started. The settings that
-    go to the ``LLM`` as they are name their keyword in :data:`~.settings.SETTINGS` (``llm``);
-    the rest are derived here."""
+def load_llm(cfg: Config, log_line: Callable[[str], None]):
+    """The model of ``cfg`` (an :class:`~.llm.LLM`), pulled if needed, loaded, its engine
+    started; progress lines to ``log_line``. The settings that go to the ``LLM`` as they are
+    name their keyword in :data:`~.settings.SETTINGS` (``llm``); the rest are derived here.
+    Raises what :class:`~.llm.LLM` raises."""
     from .engine.scheduler import SchedulerLimits
     from .llm import LLM
     from .settings import SETTINGS
@@ -269,7 +270,18 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
     lines.append("try it:")
     lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
                  f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
-    return "\n".join(lines)
+    return "\n".join(lines + _chat_lines(cfg, url.removesuffix("/infer"), files))
+
+
+def _chat_lines(cfg: Config, base: str, files) -> list[str]:
+    """The banner's lines for the chat page (unless ``--no-webui``) and the chat command."""
+    config = f" --config {cfg.source}" if cfg.source else ""
+    lines = [f"  chat     python -m tiny_mindie chat --url {base}{config}"]
+    if cfg.server.webui:
+        lines.insert(0, f"  page     {base}/" + (
+            "   (a browser needs the client certificate: python -m tiny_mindie certs --p12 "
+            f"FILE{config})" if files else ""))
+    return lines
 
 
 def _draft_lines(draft) -> list[str]:

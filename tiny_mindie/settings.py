@@ -186,6 +186,10 @@ SETTINGS: tuple[Setting, ...] = (
                                          "(ServerConfig.healthPort; default 0 = none)"),)),
     Setting("server.health_ip_address", f"{_S}.healthIpAddress", "host", "127.0.0.1",
             "listen address of the health listener", ours=True),
+    Setting("server.webui", f"{_S}.webUI", "bool", True,
+            "the chat page at GET / of the business port (docs/chat.md)", ours=True,
+            flags=(Flag("--no-webui", "no chat page at GET / (ServerConfig.webUI: false)",
+                        sets=False),)),
     # ---- BackendConfig.ModelDeployConfig: sequence limits (tokens) and the model
     Setting("model.max_seq_len", f"{_MD}.maxSeqLen", "int", 2560,
             "prompt + output tokens per sequence", 2, 1 << 20, " tokens", llm="max_seq_len",
