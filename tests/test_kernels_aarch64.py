@@ -17,11 +17,12 @@ import subprocess
 
 import numpy as np
 import pytest
+from gguf_blocks import assert_close_to_oracle, random_blocks
 from helpers import debian_binary
-from test_kernels import ROOT, assert_close_to_oracle, random_blocks
 
 from tiny_mindie import kernels
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNELS = os.path.join(ROOT, "tiny_mindie", "kernels")
 
 

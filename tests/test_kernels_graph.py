@@ -18,7 +18,7 @@ import pytest
 from batching import assert_rows_batch_invariant
 from helpers import TEST_CONFIG, request, serving, start_server
 from hf_math import MIN_MARGIN, greedy_margins
-from test_ort_backend import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, _prefill_and_decode, ids_of
+from smollm2_prompts import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, ids_of, prefill_and_decode
 
 from tiny_mindie import kernels
 from tiny_mindie.model.config import ModelConfig
@@ -70,8 +70,8 @@ def test_every_matrix_product_is_the_custom_operator(custom):
 def test_logits_are_as_close_to_the_reference_as_onnxruntimes_kernels(custom, reference, gguf):
     for words in (CHAT, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]):
         p = ids_of(gguf, words)
-        a = _prefill_and_decode(custom, 0, p, FOLLOW)
-        b = _prefill_and_decode(reference, 0, p, FOLLOW)
+        a = prefill_and_decode(custom, 0, p, FOLLOW)
+        b = prefill_and_decode(reference, 0, p, FOLLOW)
         for row_a, row_b in zip(a, b, strict=True):
             assert np.abs(row_a - row_b).max() < MAX_ABS_INT8
             rel = np.linalg.norm(row_a - row_b) / np.linalg.norm(row_b - row_b.mean())

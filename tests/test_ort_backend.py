@@ -28,6 +28,17 @@ import pytest
 from batching import assert_rows_batch_invariant
 from hf_math import MIN_MARGIN, greedy_margins
 from huge_pages import needs_collapse
+from smollm2_prompts import (
+    CHAT,
+    FOLLOW,
+    FRANCE,
+    MAX_ABS_INT8,
+    REL_INT8,
+    SHORT,
+    STORY,
+    ids_of,
+    prefill_and_decode,
+)
 
 from tiny_mindie.model import graph as graph_mod
 from tiny_mindie.model import providers
@@ -40,8 +51,6 @@ from tiny_mindie.model.reference import NumpyBackend
 
 MAX_SEQ_LEN = 256
 ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)
-MAX_ABS_INT8 = 1.5       # default graph vs reference, max |logit diff| (measured <= 1.0)
-REL_INT8 = 0.25          # ... ||diff|| / ||ref - mean(ref)|| (measured 0.03 .. 0.15)
 GREEDY_STEPS = 64
 
 
@@ -83,20 +92,6 @@ def ort_float(gguf, config, float_cache) -> OrtBackend:
     be.close()
 
 
-def ids_of(gguf: GGUFFile, pieces: list[str]) -> np.ndarray:
-    vocab = gguf.get("tokenizer.ggml.tokens")
-    return np.array([vocab.index(p) for p in pieces], dtype=np.int64)
-
-
-NL = "Ċ"
-CHAT = (["<|im_start|>", "user", NL, "What", "Ġis", "Ġthe", "Ġcapital", "Ġof", "ĠFrance", "?",
-         "<|im_end|>", NL, "<|im_start|>", "ass", "istant", NL])
-STORY = ["Once", "Ġupon", "Ġa", "Ġtime", ",", "Ġthere", "Ġwas", "Ġa", "Ġlittle", "Ġgirl",
-         "Ġwho", "Ġlived", "Ġin", "Ġa", "Ġvillage", "Ġnear", "Ġthe", "Ġforest", "."]
-FRANCE = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
-SHORT = ["Hello"]
-
-
 @pytest.fixture(scope="module")
 def prompts(gguf) -> list[np.ndarray]:
     """Four prompts of different lengths (16, 19, 5, 1 tokens)."""
@@ -105,29 +100,18 @@ def prompts(gguf) -> list[np.ndarray]:
 
 # ---- logits parity with the reference ----------------------------------------------------------
 
-def _prefill_and_decode(be, slot: int, prompt: np.ndarray, follow: list[int]) -> np.ndarray:
-    """Logits after the prompt, then after each teacher-forced token of ``follow``."""
-    out = [be.forward([SeqChunk(slot, 0, prompt)])[0]]
-    for j, tok in enumerate(follow):
-        out.append(be.forward([SeqChunk(slot, len(prompt) + j, np.array([tok]))])[0])
-    return np.array(out)
-
-
-FOLLOW = [504, 3575, 282, 4649]       # "The capital of France" -- teacher-forced decode steps
-
-
 def test_float_graph_matches_reference(ort_float, reference, prompts):
     for i, p in enumerate(prompts[:3]):
-        a = _prefill_and_decode(ort_float, 0, p, FOLLOW[:2])
-        b = _prefill_and_decode(reference, 0, p, FOLLOW[:2])
+        a = prefill_and_decode(ort_float, 0, p, FOLLOW[:2])
+        b = prefill_and_decode(reference, 0, p, FOLLOW[:2])
         assert np.abs(a - b).max() < ATOL_FLOAT, i
         assert (a.argmax(-1) == b.argmax(-1)).all()
 
 
 def test_default_graph_matches_reference_within_int8_tolerance(ort, reference, prompts):
     for i, p in enumerate(prompts):
-        a = _prefill_and_decode(ort, 0, p, FOLLOW)
-        b = _prefill_and_decode(reference, 0, p, FOLLOW)
+        a = prefill_and_decode(ort, 0, p, FOLLOW)
+        b = prefill_and_decode(reference, 0, p, FOLLOW)
         for row_a, row_b in zip(a, b, strict=True):
             assert np.abs(row_a - row_b).max() < MAX_ABS_INT8, i
             rel = np.linalg.norm(row_a - row_b) / np.linalg.norm(row_b - row_b.mean())
