@@ -263,41 +263,91 @@ TM_X86_TRANSPOSE8(avx2, ATTR_AVX2)
 TM_X86_TRANSPOSE8(avxvnni, ATTR_AVXVNNI)
 TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
 
-/* Q4_K's block pair 2i, 2i+1 from 8 rows' 32 bytes: transposed packed, then split by nibbles */
-#define TM_X86_Q4K_PAIR(SFX, ATTR, U8)                                                       \
-static inline ATTR void q4k_pair_##SFX(const uint8_t *const *rows, const int8_t *const *xa, \
-                                       const int8_t *const *xb, int mc,                      \
-                                       int32_t Da[TM_TILE_M][TM_TILE_N],                     \
-                                       int32_t Db[TM_TILE_M][TM_TILE_N])                     \
+/* A Q4_K super-block (blocks b0 .. b0+7) of the 8 rows at n for activation rows m0 .. m0+mc-1,
+ * read straight from the rows: the rows' scale bytes transposed (lanes = rows) and the 6-bit
+ * scales and minima unpacked for all 8 rows at once; each 32-byte run of packed nibbles
+ * (blocks 2i, 2i+1: low, high nibbles) transposed once for all activation rows; each block's
+ * float32 terms added to acc[m] as kern_impl.h's terms() does, in block order. */
+#define TM_X86_Q4K_SB(SFX, ATTR, U8)                                                         \
+static inline ATTR void q4k_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t b0,         \
+                                     int64_t m0, int mc, tm_v8f *acc)                        \
 {                                                                                            \
-    const __m256i m4 = _mm256_set1_epi8(15);                                                 \
-    __m256i r[8], u[8], lo[8], hi[8];                                                        \
-    int m, k;                                                                                \
-    for (k = 0; k < 8; k++) r[k] = _mm256_loadu_si256((const __m256i *)rows[k]);             \
-    TM_T8(u, r);                                                                             \
-    for (k = 0; k < 8; k++) {                                                                \
-        lo[k] = _mm256_and_si256(u[k], m4);                                                  \
-        hi[k] = _mm256_and_si256(_mm256_srli_epi16(u[k], 4), m4);                            \
+    static const uint8_t zeros[144];                                                         \
+    const __m256i m4 = _mm256_set1_epi8(15), m6 = _mm256_set1_epi32(0x3f3f3f3f);             \
+    const __m256i m4d = _mm256_set1_epi32(0x0f0f0f0f), m2h = _mm256_set1_epi32(0x30303030);   \
+    const __m256i ff = _mm256_set1_epi32(255);                                               \
+    const __m256i hsplit = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,\
+                                            0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);\
+    const uint8_t *sb[8];                                                                    \
+    __m256 dw[8], mw[8], d, dmin;                                                            \
+    __m256i r[8], u[8], lo[8], hi[8], t0, t1, t2, t3, A, B, L, SC[2], MN[2], H;              \
+    int64_t nb = j->nb;                                                                      \
+    int k, c, m;                                                                             \
+    for (k = 0; k < 8; k++)                                                                  \
+        sb[k] = k < R ? j->w + (n + k) * j->row_bytes + b0 / 8 * 144 : zeros;                \
+    for (k = 0; k < 4; k++)                                                                  \
+        r[k] = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)sb[k + 4]),                 \
+                                _mm_loadu_si128((const __m128i *)sb[k]));                    \
+    t0 = _mm256_unpacklo_epi32(r[0], r[1]); t1 = _mm256_unpackhi_epi32(r[0], r[1]);          \
+    t2 = _mm256_unpacklo_epi32(r[2], r[3]); t3 = _mm256_unpackhi_epi32(r[2], r[3]);          \
+    H = _mm256_unpacklo_epi64(t0, t2);           /* bytes 0-3 of rows 0-7: d, dmin */        \
+    A = _mm256_unpackhi_epi64(t0, t2);           /* bytes 4-7, 8-11, 12-15 */                \
+    B = _mm256_unpacklo_epi64(t1, t3);                                                       \
+    L = _mm256_unpackhi_epi64(t1, t3);                                                       \
+    H = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(H, hsplit), 0xD8);                      \
+    d = _mm256_cvtph_ps(_mm256_castsi256_si128(H));                                          \
+    dmin = _mm256_cvtph_ps(_mm256_extracti128_si256(H, 1));                                  \
+    SC[0] = _mm256_and_si256(A, m6);                                                         \
+    SC[1] = _mm256_or_si256(_mm256_and_si256(L, m4d),                                        \
+                            _mm256_and_si256(_mm256_srli_epi32(A, 2), m2h));                 \
+    MN[0] = _mm256_and_si256(B, m6);                                                         \
+    MN[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(L, 4), m4d),                  \
+                            _mm256_and_si256(_mm256_srli_epi32(B, 2), m2h));                 \
+    for (c = 0; c < 8; c++) {                                                                \
+        const __m128i sh = _mm_cvtsi32_si128(8 * (c & 3));                                   \
+        __m256i sc = _mm256_and_si256(_mm256_srl_epi32(SC[c >> 2], sh), ff);                 \
+        __m256i mn = _mm256_and_si256(_mm256_srl_epi32(MN[c >> 2], sh), ff);                 \
+        dw[c] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));                                    \
+        mw[c] = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));\
     }                                                                                        \
-    for (m = 0; m < mc; m++) {                                                               \
-        __m256i X = _mm256_loadu_si256((const __m256i *)xa[m]);                              \
-        __m256i Y = _mm256_loadu_si256((const __m256i *)xb[m]);                              \
-        __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                      \
-        __m256i c = _mm256_setzero_si256(), d = _mm256_setzero_si256();                      \
-        for (k = 0; k < 4; k++) {                                                            \
-            __m256i xk = TM_XB(X, k), yk = TM_XB(Y, k);                                      \
-            a = U8(a, lo[k], xk);                                                            \
-            b = U8(b, lo[k + 4], xk);                                                        \
-            c = U8(c, hi[k], yk);                                                            \
-            d = U8(d, hi[k + 4], yk);                                                        \
+    for (c = 0; c < 8; c += 2) {                                                             \
+        const int64_t ba = b0 + c;                                                           \
+        for (k = 0; k < 8; k++) r[k] = _mm256_loadu_si256((const __m256i *)(sb[k] + 16 + 16 * c));\
+        TM_T8(u, r);                                                                         \
+        for (k = 0; k < 8; k++) {                                                            \
+            lo[k] = _mm256_and_si256(u[k], m4);                                              \
+            hi[k] = _mm256_and_si256(_mm256_srli_epi16(u[k], 4), m4);                        \
         }                                                                                    \
-        _mm256_storeu_si256((__m256i *)Da[m], TM_JOIN(a, b));                                \
-        _mm256_storeu_si256((__m256i *)Db[m], TM_JOIN(c, d));                                \
+        for (m = 0; m < mc; m++) {                                                           \
+            const int8_t *xa = j->xq + (m0 + m) * j->K + ba * TM_QK;                         \
+            const int64_t ia = (m0 + m) * nb + ba;                                           \
+            __m256i X = _mm256_loadu_si256((const __m256i *)xa);                             \
+            __m256i Y = _mm256_loadu_si256((const __m256i *)(xa + TM_QK));                   \
+            __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();                  \
+            __m256i e = _mm256_setzero_si256(), f = _mm256_setzero_si256();                  \
+            __m256 dxa = _mm256_set1_ps(j->dx[ia]), dxb = _mm256_set1_ps(j->dx[ia + 1]);     \
+            __m256 t, s = acc[m];                                                            \
+            for (k = 0; k < 4; k++) {                                                        \
+                __m256i xk = TM_XB(X, k), yk = TM_XB(Y, k);                                  \
+                a = U8(a, lo[k], xk);                                                        \
+                b = U8(b, lo[k + 4], xk);                                                    \
+                e = U8(e, hi[k], yk);                                                        \
+                f = U8(f, hi[k + 4], yk);                                                    \
+            }                                                                                \
+            t = _mm256_mul_ps(_mm256_mul_ps(dw[c], dxa), _mm256_cvtepi32_ps(TM_JOIN(a, b)));  \
+            t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(mw[c], dxa),                    \
+                                               _mm256_set1_ps((float)j->xs[ia])));          \
+            s = _mm256_add_ps(s, t);                                                         \
+            t = _mm256_mul_ps(_mm256_mul_ps(dw[c + 1], dxb), _mm256_cvtepi32_ps(TM_JOIN(e, f)));\
+            t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(mw[c + 1], dxb),                \
+                                               _mm256_set1_ps((float)j->xs[ia + 1])));      \
+            acc[m] = _mm256_add_ps(s, t);                                                    \
+        }                                                                                    \
     }                                                                                        \
 }
-TM_X86_Q4K_PAIR(avx2, ATTR_AVX2, U8_AVX2)
-TM_X86_Q4K_PAIR(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
-TM_X86_Q4K_PAIR(avx512vnni, ATTR_AVX512, U8_AVX512)
+TM_X86_Q4K_SB(avx2, ATTR_AVX2, U8_AVX2)
+TM_X86_Q4K_SB(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
+TM_X86_Q4K_SB(avx512vnni, ATTR_AVX512, U8_AVX512)
 
 /* Q6_K's block c (of 8 in a super-block) from 8 rows' super-blocks: the 6-bit values (0..63) as
  * bytes, transposed, dotted as unsigned bytes; each 16-element half's sum, less 32 times the
@@ -352,7 +402,7 @@ TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_F16(p) f16_avx2(p)
 #define TM_DECODE decode_avx2
 #define TM_TRANSPOSE8 transpose8_avx2
-#define TM_DOT_Q4K_PAIR q4k_pair_avx2
+#define TM_Q4K_SB q4k_sb_avx2
 #define TM_DOT_Q6K q6k_avx2
 #include "kern_impl.h"
 #undef TM_SFX
@@ -361,7 +411,7 @@ TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
 #undef TM_F16
 #undef TM_DECODE
 #undef TM_TRANSPOSE8
-#undef TM_DOT_Q4K_PAIR
+#undef TM_Q4K_SB
 #undef TM_DOT_Q6K
 
 #define TM_SFX(name) name##_avxvnni
@@ -370,7 +420,7 @@ TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_F16(p) f16_avxvnni(p)
 #define TM_DECODE decode_avxvnni
 #define TM_TRANSPOSE8 transpose8_avxvnni
-#define TM_DOT_Q4K_PAIR q4k_pair_avxvnni
+#define TM_Q4K_SB q4k_sb_avxvnni
 #define TM_DOT_Q6K q6k_avxvnni
 #include "kern_impl.h"
 #undef TM_SFX
@@ -379,7 +429,7 @@ TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
 #undef TM_F16
 #undef TM_DECODE
 #undef TM_TRANSPOSE8
-#undef TM_DOT_Q4K_PAIR
+#undef TM_Q4K_SB
 #undef TM_DOT_Q6K
 
 #define TM_SFX(name) name##_avx512vnni
@@ -388,7 +438,7 @@ TM_X86_Q6K(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_F16(p) f16_avx512vnni(p)
 #define TM_DECODE decode_avx512vnni
 #define TM_TRANSPOSE8 transpose8_avx512vnni
-#define TM_DOT_Q4K_PAIR q4k_pair_avx512vnni
+#define TM_Q4K_SB q4k_sb_avx512vnni
 #define TM_DOT_Q6K q6k_avx512vnni
 #include "kern_impl.h"
 

@@ -26,7 +26,8 @@ enum { TM_PORTABLE = 0, TM_AVX2 = 1, TM_AVXVNNI = 2, TM_AVX512VNNI = 3, TM_NEON 
 #define TM_QK 32          /* elements per block (a K-quant's sub-block) */
 #define TM_QKK 256        /* elements per K-quant super-block */
 #define TM_TILE_N 8       /* weight rows computed together */
-#define TM_TILE_M 8       /* activation rows computed together (weights read once for them) */
+#define TM_TILE_M 8       /* activation rows of one dot kernel call */
+#define TM_GROUP_M 64     /* activation rows computed together (weights decoded once for them) */
 #define TM_CHUNK 8        /* 32-blocks decoded at a time (one K-quant super-block) */
 
 /* 8 float32 / int32 lanes (GCC and clang vector extensions): the float32 terms of 8 rows at once,
