@@ -8,8 +8,8 @@
  *   TM_Q4K_SB     optionally, a whole Q4_K super-block of the 8 rows for activation rows
  *                 m0 .. m0+mc-1 (j, n, R, b0, m0, mc, acc), read straight from the rows, its
  *                 terms added to acc[0..mc-1] as terms() below does
- *   TM_DOT_Q6K    optionally, the exact block sums of Q6_K's block c read from the 8 rows'
- *                 super-blocks (sb, c, xp, xs, xs16, xs_stride, mc, D)
+ *   TM_Q6K_SB     optionally, the same for a Q6_K super-block
+ *   TM_Q32_SB     optionally, the same for 8 blocks of a type of blocks of 32
  *   the dot kernels TM_SFX(dot_u8), TM_SFX(dot_s8), TM_SFX(dot_i16), each
  *     (const void *w, int64_t wstride, const int8_t *const *xp, int mc,
  *      int32_t D[TM_TILE_M][TM_TILE_N]):
@@ -188,24 +188,15 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
             continue;
         }
 #endif
-#ifdef TM_DOT_Q6K
-        if (type == TM_Q6_K) {     /* 6-bit values and scales straight from the blocks */
-            static const uint8_t zeros[210];
-            const uint8_t *sb[TM_TILE_N];
-            for (r = 0; r < TM_TILE_N; r++) {
-                sb[r] = r < R ? j->w + (n + r) * j->row_bytes + b0 / 8 * 210 : zeros;
-                dw[0][r] = r < R ? TM_F16(sb[r] + 208) : 0.0f;
-                mw[0][r] = 0.0f;
-            }
-            for (c = 0; c < TM_CHUNK; c++)
-                for (s = 0; s < mc; s += TM_TILE_M) {
-                    sc = mc - s < TM_TILE_M ? mc - s : TM_TILE_M;
-                    for (m = 0; m < sc; m++)
-                        xp[m] = j->xq + (m0 + s + m) * j->K + (b0 + c) * TM_QK;
-                    TM_DOT_Q6K(sb, c, xp, j->xs + (m0 + s) * j->nb + b0 + c,
-                               j->xs16 + (m0 + s) * j->nb + b0 + c, j->nb, sc, D);
-                    TM_SFX(terms)(j, acc + s, dw[0], mw[0], D, b0 + c, m0 + s, sc, 0, 0);
-                }
+#ifdef TM_Q32_SB
+        if (chunk == TM_CHUNK && type != TM_Q4_K && type != TM_Q6_K) {  /* blocks of 32 */
+            TM_Q32_SB(j, n, R, b0, m0, mc, acc);
+            continue;
+        }
+#endif
+#ifdef TM_Q6K_SB
+        if (type == TM_Q6_K) {     /* a path's own: the super-block straight from the rows */
+            TM_Q6K_SB(j, n, R, b0, m0, mc, acc);
             continue;
         }
 #endif
