@@ -269,22 +269,17 @@ TM_X86_TRANSPOSE8(avx512vnni, ATTR_AVX512)
  * (blocks 2i, 2i+1: low, high nibbles) transposed once for all activation rows; each block's
  * float32 terms added to acc[m] as kern_impl.h's terms() does, in block order. */
 #define TM_X86_Q4K_SB(SFX, ATTR, U8)                                                         \
-static inline ATTR void q4k_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t b0,         \
-                                     int64_t m0, int mc, tm_v8f *acc)                        \
+/* the 8 rows' super-blocks at sb[k]: each block c's scale dw[c] = d * sc and minimum        \
+ * mw[c] = -(dmin * m) (lanes = rows), from the rows' first 16 bytes transposed */           \
+static inline ATTR void q4k_scales_##SFX(const uint8_t *const *sb, __m256 *dw, __m256 *mw)   \
 {                                                                                            \
-    static const uint8_t zeros[144];                                                         \
-    const __m256i m4 = _mm256_set1_epi8(15), m6 = _mm256_set1_epi32(0x3f3f3f3f);             \
-    const __m256i m4d = _mm256_set1_epi32(0x0f0f0f0f), m2h = _mm256_set1_epi32(0x30303030);   \
-    const __m256i ff = _mm256_set1_epi32(255);                                               \
+    const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4d = _mm256_set1_epi32(0x0f0f0f0f);   \
+    const __m256i m2h = _mm256_set1_epi32(0x30303030), ff = _mm256_set1_epi32(255);          \
     const __m256i hsplit = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,\
                                             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);\
-    const uint8_t *sb[8];                                                                    \
-    __m256 dw[8], mw[8], d, dmin;                                                            \
-    __m256i r[8], u[8], lo[8], hi[8], t0, t1, t2, t3, A, B, L, SC[2], MN[2], H;              \
-    int64_t nb = j->nb;                                                                      \
-    int k, c, m;                                                                             \
-    for (k = 0; k < 8; k++)                                                                  \
-        sb[k] = k < R ? j->w + (n + k) * j->row_bytes + b0 / 8 * 144 : zeros;                \
+    __m256i r[4], t0, t1, t2, t3, A, B, L, SC[2], MN[2], H;                                  \
+    __m256 d, dmin;                                                                          \
+    int k, c;                                                                                \
     for (k = 0; k < 4; k++)                                                                  \
         r[k] = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)sb[k + 4]),                 \
                                 _mm_loadu_si128((const __m128i *)sb[k]));                    \
@@ -310,6 +305,20 @@ static inline ATTR void q4k_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t 
         dw[c] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));                                    \
         mw[c] = _mm256_xor_ps(_mm256_set1_ps(-0.0f), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(mn)));\
     }                                                                                        \
+}                                                                                            \
+static inline ATTR void q4k_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t b0,         \
+                                     int64_t m0, int mc, tm_v8f *acc)                        \
+{                                                                                            \
+    static const uint8_t zeros[144];                                                         \
+    const __m256i m4 = _mm256_set1_epi8(15);                                                 \
+    const uint8_t *sb[8];                                                                    \
+    __m256 dw[8], mw[8];                                                                     \
+    __m256i r[8], u[8], lo[8], hi[8];                                                        \
+    int64_t nb = j->nb;                                                                      \
+    int k, c, m;                                                                             \
+    for (k = 0; k < 8; k++)                                                                  \
+        sb[k] = k < R ? j->w + (n + k) * j->row_bytes + b0 / 8 * 144 : zeros;                \
+    q4k_scales_##SFX(sb, dw, mw);                                                            \
     for (c = 0; c < 8; c += 2) {                                                             \
         const int64_t ba = b0 + c;                                                           \
         for (k = 0; k < 8; k++) r[k] = _mm256_loadu_si256((const __m256i *)(sb[k] + 16 + 16 * c));\
@@ -348,6 +357,81 @@ static inline ATTR void q4k_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t 
 TM_X86_Q4K_SB(avx2, ATTR_AVX2, U8_AVX2)
 TM_X86_Q4K_SB(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
 TM_X86_Q4K_SB(avx512vnni, ATTR_AVX512, U8_AVX512)
+
+/* AVX-512: the Q4_K super-block as above, two runs of 32 bytes (blocks 4p .. 4p+3) per 512-bit
+ * vector: each 128-bit lane of the transposed vectors holds what a 256-bit half holds above */
+static inline ATTR_AVX512 void q4k_sb_zmm(const tm_job *j, int64_t n, int R, int64_t b0,
+                                          int64_t m0, int mc, tm_v8f *acc)
+{
+    static const uint8_t zeros[144];
+    const __m512i m4 = _mm512_set1_epi8(15);
+    const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    const __m512i ib = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    const uint8_t *sb[8];
+    __m256 dw[8], mw[8];
+    __m512i r[8], u[8], lo[8], hi[8];
+    int64_t nb = j->nb;
+    int k, p, m;
+    for (k = 0; k < 8; k++)
+        sb[k] = k < R ? j->w + (n + k) * j->row_bytes + b0 / 8 * 144 : zeros;
+    q4k_scales_avx512vnni(sb, dw, mw);
+    for (p = 0; p < 2; p++) {
+        const int c = 4 * p;
+        for (k = 0; k < 8; k++) r[k] = _mm512_loadu_si512((const void *)(sb[k] + 16 + 64 * p));
+        {
+            __m512i t0 = _mm512_unpacklo_epi32(r[0], r[1]), t1 = _mm512_unpackhi_epi32(r[0], r[1]);
+            __m512i t2 = _mm512_unpacklo_epi32(r[2], r[3]), t3 = _mm512_unpackhi_epi32(r[2], r[3]);
+            __m512i t4 = _mm512_unpacklo_epi32(r[4], r[5]), t5 = _mm512_unpackhi_epi32(r[4], r[5]);
+            __m512i t6 = _mm512_unpacklo_epi32(r[6], r[7]), t7 = _mm512_unpackhi_epi32(r[6], r[7]);
+            u[0] = _mm512_unpacklo_epi64(t0, t2); u[1] = _mm512_unpackhi_epi64(t0, t2);
+            u[2] = _mm512_unpacklo_epi64(t1, t3); u[3] = _mm512_unpackhi_epi64(t1, t3);
+            u[4] = _mm512_unpacklo_epi64(t4, t6); u[5] = _mm512_unpackhi_epi64(t4, t6);
+            u[6] = _mm512_unpacklo_epi64(t5, t7); u[7] = _mm512_unpackhi_epi64(t5, t7);
+        }
+        for (k = 0; k < 8; k++) {
+            lo[k] = _mm512_and_si512(u[k], m4);
+            hi[k] = _mm512_and_si512(_mm512_srli_epi16(u[k], 4), m4);
+        }
+        for (m = 0; m < mc; m++) {
+            const int8_t *xa = j->xq + (m0 + m) * j->K + (b0 + c) * TM_QK;
+            const int64_t i0 = (m0 + m) * nb + b0 + c;
+            /* X: blocks c, c+2 (low nibbles); Y: blocks c+1, c+3 (high nibbles) */
+            __m512i X = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)xa)), _mm256_loadu_si256((const __m256i *)(xa + 64)), 1);
+            __m512i Y = _mm512_inserti64x4(_mm512_castsi256_si512(
+                _mm256_loadu_si256((const __m256i *)(xa + 32))), _mm256_loadu_si256((const __m256i *)(xa + 96)), 1);
+            __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
+            __m512i e = _mm512_setzero_si512(), f = _mm512_setzero_si512(), DL, DH;
+            __m256i D[4];
+            __m256 s = acc[m];
+            int q;
+            for (k = 0; k < 4; k++) {
+                __m512i xk = _mm512_shuffle_epi32(X, (_MM_PERM_ENUM)(k * 0x55));
+                __m512i yk = _mm512_shuffle_epi32(Y, (_MM_PERM_ENUM)(k * 0x55));
+                a = _mm512_dpbusd_epi32(a, lo[k], xk);
+                b = _mm512_dpbusd_epi32(b, lo[k + 4], xk);
+                e = _mm512_dpbusd_epi32(e, hi[k], yk);
+                f = _mm512_dpbusd_epi32(f, hi[k + 4], yk);
+            }
+            DL = _mm512_add_epi32(_mm512_permutex2var_epi64(a, ia, b),
+                                  _mm512_permutex2var_epi64(a, ib, b));   /* blocks c, c+2 */
+            DH = _mm512_add_epi32(_mm512_permutex2var_epi64(e, ia, f),
+                                  _mm512_permutex2var_epi64(e, ib, f));   /* blocks c+1, c+3 */
+            D[0] = _mm512_castsi512_si256(DL);
+            D[1] = _mm512_castsi512_si256(DH);
+            D[2] = _mm512_extracti64x4_epi64(DL, 1);
+            D[3] = _mm512_extracti64x4_epi64(DH, 1);
+            for (q = 0; q < 4; q++) {
+                const __m256 dx = _mm256_set1_ps(j->dx[i0 + q]);
+                __m256 t = _mm256_mul_ps(_mm256_mul_ps(dw[c + q], dx), _mm256_cvtepi32_ps(D[q]));
+                t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(mw[c + q], dx),
+                                                   _mm256_set1_ps((float)j->xs[i0 + q])));
+                s = _mm256_add_ps(s, t);
+            }
+            acc[m] = s;
+        }
+    }
+}
 
 /* A chunk of 8 blocks of 32 (Q4_0, Q4_1, Q5_0, Q8_0: blocks b0 .. b0+7) of the 8 rows at n for
  * activation rows m0 .. m0+mc-1, read straight from the rows: per block, the 8 rows' float16
@@ -598,7 +682,7 @@ TM_X86_Q6K_SB(avx512vnni, ATTR_AVX512, U8_AVX512)
 #define TM_F16(p) f16_avx512vnni(p)
 #define TM_DECODE decode_avx512vnni
 #define TM_TRANSPOSE8 transpose8_avx512vnni
-#define TM_Q4K_SB q4k_sb_avx512vnni
+#define TM_Q4K_SB q4k_sb_zmm
 #define TM_Q6K_SB q6k_sb_avx512vnni
 #define TM_Q32_SB q32_sb_avx512vnni
 #include "kern_impl.h"
