@@ -6,6 +6,7 @@
 
 #ifdef TM_HAVE_X86
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* The dot kernels work on the 8 rows' blocks transposed: a row's 32 bytes are 8 dwords of 4
@@ -396,6 +397,7 @@ static inline ATTR_AVX512 void q4k_sb_zmm(const tm_job *j, int64_t n, int R, int
             const int8_t *xa = j->xq + (m0 + m) * j->K + (b0 + c) * TM_QK;
             const int64_t i0 = (m0 + m) * nb + b0 + c;
             /* X: blocks c, c+2 (low nibbles); Y: blocks c+1, c+3 (high nibbles) */
+            const int8_t *xp = j->xpat ? j->xpat + (((m0 + m) * nb + b0 + c) / 4) * 512 : NULL;
             __m512i X = _mm512_inserti64x4(_mm512_castsi256_si512(
                 _mm256_loadu_si256((const __m256i *)xa)), _mm256_loadu_si256((const __m256i *)(xa + 64)), 1);
             __m512i Y = _mm512_inserti64x4(_mm512_castsi256_si512(
@@ -406,8 +408,10 @@ static inline ATTR_AVX512 void q4k_sb_zmm(const tm_job *j, int64_t n, int R, int
             __m256 s = acc[m];
             int q;
             for (k = 0; k < 4; k++) {
-                __m512i xk = _mm512_shuffle_epi32(X, (_MM_PERM_ENUM)(k * 0x55));
-                __m512i yk = _mm512_shuffle_epi32(Y, (_MM_PERM_ENUM)(k * 0x55));
+                __m512i xk = xp ? _mm512_load_si512((const void *)(xp + 64 * k))
+                                : _mm512_shuffle_epi32(X, (_MM_PERM_ENUM)(k * 0x55));
+                __m512i yk = xp ? _mm512_load_si512((const void *)(xp + 256 + 64 * k))
+                                : _mm512_shuffle_epi32(Y, (_MM_PERM_ENUM)(k * 0x55));
                 a = _mm512_dpbusd_epi32(a, lo[k], xk);
                 b = _mm512_dpbusd_epi32(b, lo[k + 4], xk);
                 e = _mm512_dpbusd_epi32(e, hi[k], yk);
@@ -431,6 +435,34 @@ static inline ATTR_AVX512 void q4k_sb_zmm(const tm_job *j, int64_t n, int R, int
             acc[m] = s;
         }
     }
+}
+
+/* xq arranged for q4k_sb_zmm: per activation row and 4 blocks 4q .. 4q+3, the 8 vectors it
+ * dots with (blocks 4q, 4q+2, then 4q+1, 4q+3; dword k of each block's halves broadcast) */
+ATTR_AVX512 int8_t *tm_xpat_avx512vnni(const tm_job *j)
+{
+    int64_t quads = j->nb / 4, m, q;
+    int8_t *buf;
+    int k;
+    if (j->type != TM_Q4_K) return NULL;
+    buf = (int8_t *)aligned_alloc(64, (size_t)(j->M * quads * 512));
+    if (!buf) return NULL;
+    for (m = 0; m < j->M; m++)
+        for (q = 0; q < quads; q++) {
+            const int8_t *xa = j->xq + m * j->K + q * 4 * TM_QK;
+            int8_t *o = buf + (m * quads + q) * 512;
+            __m512i X = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(
+                (const __m256i *)xa)), _mm256_loadu_si256((const __m256i *)(xa + 64)), 1);
+            __m512i Y = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(
+                (const __m256i *)(xa + 32))), _mm256_loadu_si256((const __m256i *)(xa + 96)), 1);
+            for (k = 0; k < 4; k++) {
+                _mm512_store_si512((void *)(o + 64 * k),
+                                   _mm512_shuffle_epi32(X, (_MM_PERM_ENUM)(k * 0x55)));
+                _mm512_store_si512((void *)(o + 256 + 64 * k),
+                                   _mm512_shuffle_epi32(Y, (_MM_PERM_ENUM)(k * 0x55)));
+            }
+        }
+    return buf;
 }
 
 /* A chunk of 8 blocks of 32 (Q4_0, Q4_1, Q5_0, Q8_0: blocks b0 .. b0+7) of the 8 rows at n for
