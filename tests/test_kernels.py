@@ -89,6 +89,22 @@ def test_a_row_is_the_same_in_any_batch_position_and_thread_split(lib, qtype):
                                       err_msg=f"{threads} threads")
 
 
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q5_0", "Q6_K"])
+def test_a_row_is_the_same_past_a_group_of_rows(lib, qtype):
+    """Rows decoded once for a group of activation rows: 70 rows (past a group of 64) give
+    each row's numbers alone, on every path this CPU runs."""
+    rng = np.random.default_rng(13)
+    n, k = 20, 512
+    w = random_blocks(qtype, n, k, rng)
+    x = rng.standard_normal((70, k)).astype(np.float32)
+    for path in X86_PATHS:
+        if lib.supported(path):
+            lib.set_isa(path)
+            alone = np.stack([lib.matmul(qtype, x[i:i + 1], w, n, k)[0] for i in (0, 63, 64, 69)])
+            np.testing.assert_array_equal(lib.matmul(qtype, x, w, n, k)[[0, 63, 64, 69]], alone,
+                                          err_msg=path)
+
+
 def _real_matrices(path: str, rows: int = 96) -> dict[str, tuple[np.ndarray, int, int]]:
     """The first matrix of each supported type in the GGUF at ``path`` (its first ``rows``
     rows): type -> (raw bytes, N, K)."""

@@ -296,7 +296,10 @@ int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int
         return -2;
     }
     quantize_rows(x, M, K, xq, dx, xs, xs16);
-    job.xq = xq; job.dx = dx; job.xs = xs; job.xs16 = xs16;
+    job.xq = xq; job.dx = dx; job.xs = xs; job.xs16 = xs16; job.xpat = NULL;
+#ifdef TM_HAVE_X86
+    if (path == TM_AVX512VNNI && M <= TM_TILE_M) job.xpat = tm_xpat_avx512vnni(&job);
+#endif
     work.job = &job;
     work.rows = tm_rows_for(path);
     tiles = (N + TM_TILE_N - 1) / TM_TILE_N;
@@ -313,7 +316,7 @@ int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int
         if (pieces > 1) run_threads(&work, pieces);
         else work_piece(&work, 0);
     }
-    free(xq); free(dx); free(xs); free(xs16);
+    free(xq); free(dx); free(xs); free(xs16); free((void *)job.xpat);
     return 0;
 }
 

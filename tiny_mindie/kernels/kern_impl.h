@@ -5,11 +5,11 @@
  *   TM_F16(p)     the float value of the little-endian IEEE half at p
  *   TM_DECODE     optionally, the path's own decode (below)
  *   TM_TRANSPOSE8 optionally, the path's transpose of float [8][8] (dst, src)
- *   TM_DOT_Q4K_PAIR optionally (with TM_TRANSPOSE8, and TM_DECODE skipping Q4_K's nibbles when
- *                 q is NULL), the dots of a Q4_K block pair read from the 8 rows' 32 bytes
- *                 (rows, xa, xb, mc, Da, Db: block 2i from the low nibbles, 2i+1 the high)
- *   TM_DOT_Q6K    optionally, the exact block sums of Q6_K's block c read from the 8 rows'
- *                 super-blocks (sb, c, xp, xs, xs16, xs_stride, mc, D)
+ *   TM_Q4K_SB     optionally, a whole Q4_K super-block of the 8 rows for activation rows
+ *                 m0 .. m0+mc-1 (j, n, R, b0, m0, mc, acc), read straight from the rows, its
+ *                 terms added to acc[0..mc-1] as terms() below does
+ *   TM_Q6K_SB     optionally, the same for a Q6_K super-block
+ *   TM_Q32_SB     optionally, the same for 8 blocks of a type of blocks of 32
  *   the dot kernels TM_SFX(dot_u8), TM_SFX(dot_s8), TM_SFX(dot_i16), each
  *     (const void *w, int64_t wstride, const int8_t *const *xp, int mc,
  *      int32_t D[TM_TILE_M][TM_TILE_N]):
@@ -148,11 +148,12 @@ TM_FN void TM_SFX(terms)(const tm_job *j, tm_v8f *acc, const float *dw, const fl
     }
 }
 
-/* Output rows n .. n+R-1 (R <= TM_TILE_N) for activation rows m0 .. m0+mc-1 (mc <= TM_TILE_M). */
+/* Output rows n .. n+R-1 (R <= TM_TILE_N) for activation rows m0 .. m0+mc-1 (mc <= TM_GROUP_M):
+ * each chunk of the 8 weight rows is decoded once for all mc rows. */
 TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
 {
     enum { W = TM_CHUNK * TM_QK };
-    tm_v8f acc[TM_TILE_M];                                     /* lane r: row n + r */
+    tm_v8f acc[TM_GROUP_M];                                    /* lane r: row n + r */
     _Alignas(32) float dw[TM_CHUNK][TM_TILE_N], mw[TM_CHUNK][TM_TILE_N];   /* [block][row] */
     float dwr[TM_TILE_N][TM_CHUNK], mwr[TM_TILE_N][TM_CHUNK];  /* [row][block] */
     _Alignas(64) uint8_t q[TM_TILE_N][W];
@@ -168,9 +169,9 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
     const int64_t ahead = n + TM_TILE_N + TM_TILE_N <= j->N ? TM_TILE_N
                           : n + TM_TILE_N < j->N ? j->N - n - TM_TILE_N : 0;
     int64_t b0, b, i;
-    int m, r, c;
+    int m, r, c, s, sc;
 
-    for (m = 0; m < TM_TILE_M; m++)
+    for (m = 0; m < mc; m++)
         for (r = 0; r < TM_TILE_N; r++) acc[m][r] = 0.0f;
     for (r = R; r < TM_TILE_N; r++) {          /* rows past the matrix: zero weights */
         for (c = 0; c < W; c++) { q[r][c] = 0; q16[r][c] = 0; }
@@ -181,47 +182,21 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
             const uint8_t *next = j->w + (n + TM_TILE_N + r) * j->row_bytes + b0 / chunk * cb;
             for (i = 0; i < cb; i += 64) __builtin_prefetch(next + i);
         }
-#ifdef TM_DOT_Q4K_PAIR
-        if (type == TM_Q4_K) {     /* the nibbles straight from the blocks: scales decoded only */
-            static const uint8_t zeros[32];
-            const uint8_t *qs[TM_TILE_N];
-            for (r = 0; r < R; r++)
-                TM_DECODE(type, j->w + (n + r) * j->row_bytes, b0, chunk, NULL, NULL, dwr[r],
-                          mwr[r]);
-            TM_TRANSPOSE8(dw, dwr);
-            TM_TRANSPOSE8(mw, mwr);
-            for (c = 0; c < TM_CHUNK; c += 2) {
-                const int8_t *xq2[TM_TILE_M];
-                int32_t D2[TM_TILE_M][TM_TILE_N];
-                for (r = 0; r < TM_TILE_N; r++)
-                    qs[r] = r < R ? j->w + (n + r) * j->row_bytes + b0 / 8 * 144 + 16 + 16 * c
-                                  : zeros;
-                for (m = 0; m < mc; m++) {
-                    xp[m] = j->xq + (m0 + m) * j->K + (b0 + c) * TM_QK;
-                    xq2[m] = xp[m] + TM_QK;
-                }
-                TM_DOT_Q4K_PAIR(qs, xp, xq2, mc, D, D2);
-                TM_SFX(terms)(j, acc, dw[c], mw[c], D, b0 + c, m0, mc, 0, 1);
-                TM_SFX(terms)(j, acc, dw[c + 1], mw[c + 1], D2, b0 + c + 1, m0, mc, 0, 1);
-            }
+#ifdef TM_Q4K_SB
+        if (type == TM_Q4_K) {     /* a path's own: the super-block straight from the rows */
+            TM_Q4K_SB(j, n, R, b0, m0, mc, acc);
             continue;
         }
 #endif
-#ifdef TM_DOT_Q6K
-        if (type == TM_Q6_K) {     /* 6-bit values and scales straight from the blocks */
-            static const uint8_t zeros[210];
-            const uint8_t *sb[TM_TILE_N];
-            for (r = 0; r < TM_TILE_N; r++) {
-                sb[r] = r < R ? j->w + (n + r) * j->row_bytes + b0 / 8 * 210 : zeros;
-                dw[0][r] = r < R ? TM_F16(sb[r] + 208) : 0.0f;
-                mw[0][r] = 0.0f;
-            }
-            for (c = 0; c < TM_CHUNK; c++) {
-                for (m = 0; m < mc; m++) xp[m] = j->xq + (m0 + m) * j->K + (b0 + c) * TM_QK;
-                TM_DOT_Q6K(sb, c, xp, j->xs + m0 * j->nb + b0 + c, j->xs16 + m0 * j->nb + b0 + c,
-                           j->nb, mc, D);
-                TM_SFX(terms)(j, acc, dw[0], mw[0], D, b0 + c, m0, mc, 0, 0);
-            }
+#ifdef TM_Q32_SB
+        if (chunk == TM_CHUNK && type != TM_Q4_K && type != TM_Q6_K) {  /* blocks of 32 */
+            TM_Q32_SB(j, n, R, b0, m0, mc, acc);
+            continue;
+        }
+#endif
+#ifdef TM_Q6K_SB
+        if (type == TM_Q6_K) {     /* a path's own: the super-block straight from the rows */
+            TM_Q6K_SB(j, n, R, b0, m0, mc, acc);
             continue;
         }
 #endif
@@ -238,14 +213,17 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
             for (c = 0; c < chunk; c++) { dw[c][r] = dwr[r][c]; mw[c][r] = mwr[r][c]; }
         for (c = 0; c < chunk; c++) {
             b = b0 + c;
-            for (m = 0; m < mc; m++) xp[m] = j->xq + (m0 + m) * j->K + b * TM_QK;
-            if (type == TM_Q6_K)
-                TM_SFX(dot_i16)(&q16[0][c * TM_QK], W, xp, mc, D);
-            else if (type == TM_Q8_0)
-                TM_SFX(dot_s8)(&q[0][c * TM_QK], W, xp, mc, D);
-            else
-                TM_SFX(dot_u8)(&q[0][c * TM_QK], W, xp, mc, D);
-            TM_SFX(terms)(j, acc, dw[c], mw[c], D, b, m0, mc, off, has_min);
+            for (s = 0; s < mc; s += TM_TILE_M) {
+                sc = mc - s < TM_TILE_M ? mc - s : TM_TILE_M;
+                for (m = 0; m < sc; m++) xp[m] = j->xq + (m0 + s + m) * j->K + b * TM_QK;
+                if (type == TM_Q6_K)
+                    TM_SFX(dot_i16)(&q16[0][c * TM_QK], W, xp, sc, D);
+                else if (type == TM_Q8_0)
+                    TM_SFX(dot_s8)(&q[0][c * TM_QK], W, xp, sc, D);
+                else
+                    TM_SFX(dot_u8)(&q[0][c * TM_QK], W, xp, sc, D);
+                TM_SFX(terms)(j, acc + s, dw[c], mw[c], D, b, m0 + s, sc, off, has_min);
+            }
         }
     }
     for (m = 0; m < mc; m++)
@@ -257,7 +235,7 @@ TM_TARGET void TM_SFX(tm_rows)(const tm_job *j, int64_t n0, int64_t n1)
     int64_t n, m0;
     for (n = n0; n < n1; n += TM_TILE_N) {
         int R = (int)(n1 - n < TM_TILE_N ? n1 - n : TM_TILE_N);
-        for (m0 = 0; m0 < j->M; m0 += TM_TILE_M)
-            TM_SFX(tile)(j, n, R, m0, (int)(j->M - m0 < TM_TILE_M ? j->M - m0 : TM_TILE_M));
+        for (m0 = 0; m0 < j->M; m0 += TM_GROUP_M)
+            TM_SFX(tile)(j, n, R, m0, (int)(j->M - m0 < TM_GROUP_M ? j->M - m0 : TM_GROUP_M));
     }
 }

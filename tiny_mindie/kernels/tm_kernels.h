@@ -26,7 +26,8 @@ enum { TM_PORTABLE = 0, TM_AVX2 = 1, TM_AVXVNNI = 2, TM_AVX512VNNI = 3, TM_NEON 
 #define TM_QK 32          /* elements per block (a K-quant's sub-block) */
 #define TM_QKK 256        /* elements per K-quant super-block */
 #define TM_TILE_N 8       /* weight rows computed together */
-#define TM_TILE_M 8       /* activation rows computed together (weights read once for them) */
+#define TM_TILE_M 8       /* activation rows of one dot kernel call */
+#define TM_GROUP_M 64     /* activation rows computed together (weights decoded once for them) */
 #define TM_CHUNK 8        /* 32-blocks decoded at a time (one K-quant super-block) */
 
 /* 8 float32 / int32 lanes (GCC and clang vector extensions): the float32 terms of 8 rows at once,
@@ -44,6 +45,7 @@ typedef struct {
     const float *dx;              /* [M, nb] activation scales */
     const int32_t *xs;            /* [M, nb] sums of xq per block */
     const int32_t *xs16;          /* [M, nb] sums of xq per block's first 16 */
+    const int8_t *xpat;           /* NULL, or xq arranged for a path's own kernel (tm_xpat_...) */
     float *y;                     /* [M, N] */
 } tm_job;
 
@@ -56,6 +58,9 @@ void tm_rows_portable(const tm_job *job, int64_t n0, int64_t n1);
 void tm_rows_avx2(const tm_job *job, int64_t n0, int64_t n1);
 void tm_rows_avxvnni(const tm_job *job, int64_t n0, int64_t n1);
 void tm_rows_avx512vnni(const tm_job *job, int64_t n0, int64_t n1);
+/* xq of a Q4_K job arranged for the AVX-512 Q4_K kernel (malloc'd: the caller frees it), or
+ * NULL (another type, or out of memory: the kernel then arranges xq itself) */
+int8_t *tm_xpat_avx512vnni(const tm_job *job);
 #endif
 #if defined(__aarch64__) && defined(__GNUC__) && defined(__linux__)
 #define TM_HAVE_NEON 1
