@@ -145,6 +145,7 @@ def test_output_config_format_holds_the_answer(client):
     ({"tools": [{"type": "web_search_20250305", "name": "w"}]}, "custom tools"),
     ({"tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"stop_sequences": [""]}, "stop"),
+    ({"stop_sequences": "e"}, "stop_sequences: Input should be a valid list"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, "prompt is too long: "),
 ])
 def test_bad_requests_in_anthropics_shape(server, body, words):

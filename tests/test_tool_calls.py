@@ -302,3 +302,37 @@ def test_many_llama3_calls_are_parsed_in_time_linear_in_their_number():
         return time.thread_time() - start
 
     assert cpu(40_000) / max(cpu(2_000), 1e-4) < 60
+
+
+NESTED = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+    "$defs": {"Addr": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"], "additionalProperties": False}},
+    "type": "object", "properties": {"addr": {"$ref": "#/$defs/Addr"}},
+    "required": ["addr"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "auto"])
+def test_parameters_with_defs_and_refs_are_held(choice):
+    """A tool whose parameters refer to their own ``$defs`` (pydantic's nested models) is held
+    under required, a named function and a strict tool's lazy grammar: the references resolve
+    in the call's schema, and the nested object is held to its definition."""
+    from helpers import byte_tokenizer
+
+    from tiny_mindie.engine.constraint import compile_constraint
+    from tiny_mindie.engine.request import Constraint
+
+    tools = tr.parse_tools([NESTED, TIME])
+    if choice == "auto":
+        spec = tr.lazy_call_grammar(tools, tc.HERMES, {}, {"whitespace_flexible": False})
+        constraint, start = Constraint("lark", spec), '<tool_call>\n'
+    else:
+        named = tr.Choice("function", "f") if choice == "named" else tr.Choice("required")
+        schema = tr.call_schema(tools, named, parallel=False)
+        constraint, start = Constraint("json_schema", json.dumps(schema)), ""
+    tok = byte_tokenizer()
+    good = compile_constraint(tok, constraint).matcher()
+    assert all(good.consume(b) for b in f'{start}{{"name":"f","arguments":'
+                                      f'{{"addr":{{"city":"Paris"}}}}}}'.encode())
+    bad = compile_constraint(tok, constraint).matcher()
+    assert not all(bad.consume(b) for b in f'{start}{{"name":"f","arguments":'
+                                         f'{{"addr":{{"town"'.encode())

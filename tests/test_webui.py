@@ -288,3 +288,14 @@ def test_p12_password_is_asked_for_when_not_given(tmp_path):
     assert child.exitstatus == 0
     assert "typed secret" not in child.before          # not echoed
     assert pkcs12.load_key_and_certificates(open(out, "rb").read(), b"typed secret")[1]
+
+
+def test_p12_password_prompt_at_the_end_of_input_is_one_line(tmp_path):
+    home, out = str(tmp_path), str(tmp_path / "client.p12")
+    run = [sys.executable, "-m", "tiny_mindie", "certs", "--dir", home]
+    subprocess.run(run, check=True, capture_output=True)
+    done = subprocess.run([*run, "--p12", out], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "no password given" in done.stderr
+    assert not os.path.exists(out)

@@ -57,13 +57,17 @@ def run(path: str, password: str | None, files: TLSFiles, *, force: bool = False
 
     Returns:
         0 written; 1 ``path`` exists (no ``--force``) or the files cannot be read; 2 a
-        password too short or not confirmed.
+        password too short, not confirmed, or not given (standard input ended).
     """
     if os.path.exists(path) and not force:
         return _error(f"{path} exists; use --force to replace", 1)
     if password is None:
-        password = getpass.getpass("PKCS#12 password: ")
-        if getpass.getpass("the same again: ") != password:
+        try:
+            password = getpass.getpass("PKCS#12 password: ")
+            again = getpass.getpass("the same again: ")
+        except (EOFError, KeyboardInterrupt):
+            return _error("no password given (--p12-password PW, or type it when asked)", 2)
+        if again != password:
             return _error("the passwords differ", 2)
     if len(password) < MIN_PASSWORD:
         return _error(f"the password needs at least {MIN_PASSWORD} characters", 2)

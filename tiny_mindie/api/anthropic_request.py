@@ -57,6 +57,8 @@ def to_chat(obj: dict) -> dict:
                                 "stream") if obj.get(k) is not None}
     chat["messages"] = _system(obj.get("system")) + messages(obj["messages"])
     if obj.get("stop_sequences") is not None:
+        if not isinstance(obj["stop_sequences"], list):
+            raise bad("stop_sequences: Input should be a valid list.", "stop_sequences")
         chat["stop"] = obj["stop_sequences"]
     if obj.get("tools") is not None:
         chat["tools"] = tools(obj["tools"])

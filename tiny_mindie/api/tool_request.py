@@ -148,25 +148,63 @@ def call_schema(tools: list[Tool], choice: Choice, parallel: bool) -> dict:
     otherwise. The parameters are as under OpenAI's strict mode
     (:func:`~.structured.grammar_schema`: objects closed, integers bounded): what is generated
     still validates against the client's schema."""
+    defs: dict = {}
     if choice.mode == "function":
-        return _one_call(next(t for t in tools if t.name == choice.name), "arguments", True)
-    item = _any_call(tools, "arguments", True)
-    return {"type": "array", "items": item, "minItems": 1} if parallel else item
+        return _rooted(_one_call(next(t for t in tools if t.name == choice.name), "arguments",
+                                 True, defs), defs)
+    item = _any_call(tools, "arguments", True, defs)
+    return _rooted({"type": "array", "items": item, "minItems": 1} if parallel else item, defs)
 
 
-def _one_call(t: Tool, key: str, held: bool) -> dict:
+def _one_call(t: Tool, key: str, held: bool, defs: dict | None = None) -> dict:
     """The schema of a call of ``t``: ``{"name": <const>, key: <arguments>}``; the arguments
-    held to ``t``'s parameters (as under strict mode) when ``held``, else any object."""
+    held to ``t``'s parameters (as under strict mode) when ``held``, else any object.
+    Parameters with local references (``#/$defs/...``, ``#``: pydantic's nested models) go
+    into ``defs`` as ``tool_<n>``, their references rebased there, and the call refers to
+    them: the caller puts ``defs`` at the root (:func:`_rooted`), where they resolve."""
     args = grammar_schema(t.parameters, strict=True) if held else {"type": "object"}
+    if held and defs is not None and _has_local_ref(args):
+        name = f"tool_{len(defs)}"
+        defs[name] = _rebased(args, f"#/$defs/{name}")
+        args = {"$ref": f"#/$defs/{name}"}
     return {"type": "object", "properties": {"name": {"const": t.name}, key: args},
             "required": ["name", key], "additionalProperties": False}
 
 
-def _any_call(tools: list[Tool], key: str, held: bool | None) -> dict:
+def _any_call(tools: list[Tool], key: str, held: bool | None, defs: dict | None = None) -> dict:
     """A call of any of ``tools`` (:func:`_one_call`; ``held`` ``None``: each tool's own
     ``strict``)."""
-    calls = [_one_call(t, key, t.strict if held is None else held) for t in tools]
+    calls = [_one_call(t, key, t.strict if held is None else held, defs) for t in tools]
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def _any_call_rooted(tools: list[Tool], key: str) -> dict:
+    """:func:`_any_call` with each tool's own ``strict``, its ``defs`` at its root."""
+    defs: dict = {}
+    return _rooted(_any_call(tools, key, None, defs), defs)
+
+
+def _rooted(schema: dict, defs: dict) -> dict:
+    """``schema`` with ``defs`` (:func:`_one_call`'s) as its root ``$defs``."""
+    return {**schema, "$defs": defs} if defs else schema
+
+
+def _has_local_ref(x) -> bool:
+    """Whether a schema holds a ``$ref`` into its own document (``#...``)."""
+    if isinstance(x, dict):
+        return any((k == "$ref" and isinstance(v, str) and v.startswith("#"))
+                   or _has_local_ref(v) for k, v in x.items())
+    return isinstance(x, list) and any(_has_local_ref(v) for v in x)
+
+
+def _rebased(x, root: str):
+    """A schema with its local references (``#/a/b``, ``#``) made relative to ``root``."""
+    if isinstance(x, dict):
+        return {k: (root + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#")
+                    else _rebased(v, root)) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rebased(v, root) for v in x]
+    return x
 
 
 #: What a lazy grammar's free text may be: anything (Hermes: a call opens at its marker), or
@@ -204,7 +242,7 @@ def lazy_call_grammar(tools: list[Tool], fmt: str, control: dict[str, int],
 
     if fmt == tc.HERMES:
         return (f"%llguidance {{}}\nstart: call* TEXT\n"
-                f'call: call_open "\\n"? {schema(_any_call(tools, "arguments", None))} '
+                f'call: call_open "\\n"? {schema(_any_call_rooted(tools, "arguments"))} '
                 f'"\\n"? {marker(tc.TOOL_CALL_CLOSE)}\n'
                 f"call_open[lazy]: TEXT {marker(tc.TOOL_CALL_OPEN)}\n"
                 f"TEXT: /{_ANY_TEXT}/\n")
@@ -212,7 +250,7 @@ def lazy_call_grammar(tools: list[Tool], fmt: str, control: dict[str, int],
         more = ' (";" WS? call)*' if several else ""
         return (f"%llguidance {{}}\n"
                 f'start: TEXT | WS? {marker(tc.PYTHON_TAG)}? call{more}\n'
-                f'call: {schema(_any_call(tools, "parameters", None))}\n'
+                f'call: {schema(_any_call_rooted(tools, "parameters"))}\n'
                 f"TEXT: /{_NOT_A_CALL}/\nWS: /\\s+/\n")
     return _mistral_grammar(tools, marker, schema, several)
 
@@ -236,7 +274,7 @@ def _mistral_grammar(tools: list[Tool], marker, schema, several: bool) -> str:
         start = f"start: TEXT | calls_open WS? calls\ncalls_open[lazy]: TEXT {opener}\n"
     return (f"%llguidance {{}}\n{start}"
             f'calls: "[" WS? call{listed} WS? "]" | named{more}\n'
-            f'call: {schema(_any_call(tools, "arguments", None))}\n'
+            f'call: {schema(_any_call_rooted(tools, "arguments"))}\n'
             f"named: {named}\n"
             f"TEXT: /{_ANY_TEXT}/\nWS: /\\s+/\n")
 
