@@ -98,6 +98,26 @@ def test_body_over_max_request_length_is_413(server):
     assert json.loads(body) == {"message": "Request body too large. Maximum allowed size is 1MB."}
 
 
+@pytest.mark.parametrize("path, want", [
+    ("/v1/chat/completions", {"error": {
+        "message": "Request body too large. Maximum allowed size is 1MB.",
+        "type": "invalid_request_error", "param": None, "code": None}}),
+    ("/v1/responses?x=1", {"error": {
+        "message": "Request body too large. Maximum allowed size is 1MB.",
+        "type": "invalid_request_error", "param": None, "code": None}}),
+    ("/v1/messages", {"type": "error", "error": {
+        "type": "request_too_large",
+        "message": "Request body too large. Maximum allowed size is 1MB."}}),
+    ("/generate", {"message": "Request body too large. Maximum allowed size is 1MB."}),
+])
+def test_a_body_over_the_limit_is_refused_in_its_familys_shape(server, path, want):
+    """The parser refuses it before any route runs; the body is the error shape of the family
+    whose route the request-line names (MindIE's and TGI's routes: MindIE's 413 body)."""
+    big = json.dumps({"model": "m", "prompt": "x" * (1024 * 1024 + 10)}).encode()
+    status, _, body = request(server, "POST", path, big)
+    assert (status, json.loads(body)) == (413, want)
+
+
 def test_server_still_serves_after_bad_input(server):
     status, _, body = request(server, "POST", "/infer", {"inputs": "One, two,",
                                                          "parameters": {"max_new_tokens": 3}})

@@ -22,7 +22,7 @@ import ssl
 
 from .api import anthropic, manage, metrics, native, openai, responses, tgi, tokenize, triton, webui
 from .api.errors import MINDIE, APIError, Kind, error_body
-from .api.server_errors import ANSWERS
+from .api.server_errors import answers
 from .config import Config
 from .llm import LLM
 from .server import listen
@@ -193,14 +193,14 @@ async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None)
     app.max_link_num = limits.max_connections
     busy = json_response(503, error_body(503, "Too many connections, try again later."))
     listeners = await listen.start_listeners(plan_listeners(cfg), app.handler_for, limits,
-                                             ssl_ctx, busy, ANSWERS)
+                                             ssl_ctx, busy, answers(app.routes))
     if s.health_port:
         try:
             # slots of its own, so that probes still get in when maxLinkNum clients are in
             listeners += await listen.start_listeners(
                 [Listener(s.health_ip_address, s.health_port, frozenset({HEALTH}))],
                 app.handler_for, dataclasses.replace(limits, max_connections=HEALTH_CONNECTIONS),
-                None, busy, ANSWERS)
+                None, busy, answers(app.routes))
         except BaseException:
             for lst in listeners:
                 lst.server.close()

@@ -12,6 +12,9 @@ NOT_FOUND      404     validation  an unknown model, request id or route
 INVALID        422     validation  a bad field (the shared validators, naming it: OpenAI 400);
                                    a body not JSON
 TOO_DEEP       422     validation  a body nested deeper than ``MAX_JSON_DEPTH`` (OpenAI: 400)
+TOO_LARGE      413     validation  a body over ``maxRequestLength``, on a route whose family has
+                                   its own body for it (the parser refuses it; MindIE's routes
+                                   answer MindIE's 413 body, :mod:`.server_errors`)
 EMPTY          422     validation  an empty prompt (engine)
 TOO_LONG       424     too_long    a prompt longer than ``maxInputTokenLen`` (engine; OpenAI:
                                    400 ``context_length_exceeded``)
@@ -53,6 +56,7 @@ class Kind(enum.Enum):
     NOT_FOUND = "not_found"
     INVALID = "invalid"
     TOO_DEEP = "too_deep"
+    TOO_LARGE = "too_large"
     EMPTY = "empty"
     TOO_LONG = "too_long"
     TIMEOUT = "timeout"
@@ -74,6 +78,7 @@ class Kind(enum.Enum):
 
 _ANSWERS = {Kind.BAD_REQUEST: (400, "validation"), Kind.NOT_FOUND: (404, "validation"),
             Kind.INVALID: (422, "validation"), Kind.TOO_DEEP: (422, "validation"),
+            Kind.TOO_LARGE: (413, "validation"),
             Kind.EMPTY: (422, "validation"), Kind.TOO_LONG: (424, "too_long"),
             Kind.TIMEOUT: (500, "timeout"), Kind.CANCELLED: (500, "cancelled"),
             Kind.INTERNAL: (500, "internal"), Kind.STOPPED: (503, "stopped"),

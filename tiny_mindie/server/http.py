@@ -188,8 +188,10 @@ class RequestParser:
         return self._chunked_event()
 
     def _too_large(self) -> HTTPError:
-        return HTTPError(413, f"Request body over the limit of {self.max_body_bytes} bytes",
-                         limit=self.max_body_bytes)
+        exc = HTTPError(413, f"Request body over the limit of {self.max_body_bytes} bytes",
+                        limit=self.max_body_bytes)
+        exc.request_line = (self._head.method, self._head.target)
+        return exc
 
     def _head_event(self) -> Event:
         head = self._parse_head()
