@@ -147,6 +147,11 @@ def test_output_config_format_holds_the_answer(client):
     ({"stop_sequences": [""]}, "stop"),
     ({"stop_sequences": "e"}, "stop_sequences: Input should be a valid list"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, "prompt is too long: "),
+    ({"system": "Be brief.", "messages": [
+        {"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                      "content": "Sunny"}]}]},
+     'messages.2.content.0.tool_use_id "toolu_9" answers no tool call'),
 ])
 def test_bad_requests_in_anthropics_shape(server, body, words):
     full = {"model": MODEL, "messages": HI, "max_tokens": 8, **body}

@@ -222,6 +222,24 @@ def test_bad_requests_are_400_naming_the_field(server, body, param, code):
     assert err["param"] == param and err["code"] == code, raw
 
 
+@pytest.mark.parametrize("body, param, said", [
+    ({"input": HI, "max_output_tokens": 0}, "max_output_tokens",
+     "Parameter max_output_tokens must be in [1,"),
+    ({"input": HI, "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "text.format", "text.format.name must be"),
+    ({"instructions": "Be brief.", "input": [
+        {"role": "user", "content": HI},
+        {"type": "function_call_output", "call_id": "call_9", "output": "Sunny"}]},
+     "input", 'input[1].call_id "call_9" answers no tool call'),
+])
+def test_error_messages_name_the_fields_sent(server, body, param, said):
+    """The chat pipeline's errors name the Responses fields, in ``param`` and the message."""
+    status, _, raw = request(server, "POST", "/v1/responses", {"model": MODEL, **body})
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["param"] == param and said in err["message"], raw
+    assert not re.search(r"max_tokens|response_format|tool_call|messages", err["message"]), raw
+
+
 def test_store_false_and_metadata_change_nothing(client):
     r = client.responses.create(model=MODEL, input=HI, temperature=0, max_output_tokens=12,
                                 store=False, metadata={"k": "v"}, truncation="disabled")

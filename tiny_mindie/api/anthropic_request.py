@@ -38,8 +38,9 @@ def extra_input(name: str):
     return bad(f"{name}: Extra inputs are not permitted", name)
 
 
-def to_chat(obj: dict) -> dict:
-    """The chat completions body of a Messages body.
+def to_chat(obj: dict) -> tuple[dict, list[str]]:
+    """The chat completions body of a Messages body, and per chat message the field that
+    sent it (``system``, ``messages.2``).
 
     Raises:
         APIError: 400 naming an unknown or bad field, block, tool or ``tool_choice``.
@@ -56,6 +57,13 @@ def to_chat(obj: dict) -> dict:
     chat = {k: obj[k] for k in ("model", "max_tokens", "temperature", "top_p", "top_k", "seed",
                                 "stream") if obj.get(k) is not None}
     chat["messages"] = _system(obj.get("system")) + messages(obj["messages"])
+    origins = ["system"] * (obj.get("system") is not None)
+    for i, m in enumerate(obj["messages"]):
+        content = m["content"] if isinstance(m["content"], list) else ()
+        results = [k for k, b in enumerate(content) if b["type"] == "tool_result"]
+        origins += [f"messages.{i}.content.{k}" for k in results]
+        texts = len(results) < len(content) or not results
+        origins += [f"messages.{i}"] * (m["role"] == "assistant" or texts)
     if obj.get("stop_sequences") is not None:
         if not isinstance(obj["stop_sequences"], list):
             raise bad("stop_sequences: Input should be a valid list.", "stop_sequences")
@@ -65,7 +73,7 @@ def to_chat(obj: dict) -> dict:
     chat.update(tool_choice(obj.get("tool_choice")))
     chat.update(thinking(obj.get("thinking")))
     chat.update(output_config(obj.get("output_config")))
-    return chat
+    return chat, origins
 
 
 def _system(value) -> list[dict]:

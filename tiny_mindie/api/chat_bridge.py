@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 
 from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM
@@ -27,20 +28,21 @@ from .openai_request import Parsed, parse_chat
 REASONING, TEXT, CALL = "reasoning", "text", "call"
 
 
-async def chat_requests(app, chat: dict,
-                        rename: dict[str, str]) -> tuple[Parsed, GenerationRequest]:
+async def chat_requests(app, chat: dict, rename: dict[str, str],
+                        origins: list[str] = ()) -> tuple[Parsed, GenerationRequest]:
     """The engine request of ``chat`` (a chat completions body) for ``app``'s model.
 
     Args:
         chat: the translated body (one choice: no ``n``).
-        rename: chat field -> the family's field, for the ``param`` of an error about it
-            (``messages`` -> ``input``); a ``param`` ``messages[2].content`` is renamed by its
-            head.
+        rename: chat field -> the family's field, for an error about it (its ``param`` and
+            the field names in its message, :func:`rename_fields`).
+        origins: per chat message, where the client sent it (``input[3]``), for an error
+            naming ``messages[i]``.
 
     Raises:
         APIError: as :func:`~.openai_request.parse_chat` and
-            :func:`~.openai_chat.prepare_chat`; a prompt too long (``TOO_LONG``) names the
-            field ``rename["messages"]``.
+            :func:`~.openai_chat.prepare_chat`, the fields it names the family's; a prompt
+            too long (``TOO_LONG``) names the field ``rename["messages"]``.
     """
     body = json.dumps(chat).encode()
     try:
@@ -50,11 +52,30 @@ async def chat_requests(app, chat: dict,
     except APIError as err:
         if err.param is None and err.kind is Kind.TOO_LONG:
             err.param = "messages"
-        head = (err.param or "").split("[")[0].split(".")[0]
-        if head in rename:
-            err.param = rename[head] + err.param[len(head):]
+        if err.param is not None:
+            err.param = rename_fields(err.param, rename, origins)
+        err.message = rename_fields(err.message, rename, origins)
+        err.args = (err.message,)
         raise
     return p, groups[0][0]
+
+
+def rename_fields(text: str, rename: dict[str, str], origins: list[str] = ()) -> str:
+    """``text`` (an error's message or ``param``) with each chat field of ``rename`` (whole
+    words, the longest first: ``response_format.json_schema`` before ``response_format``)
+    the family's, and ``messages[i]`` ``origins[i]`` (else ``rename["messages"]``'s
+    ``[i]``). One pass, linear in ``len(text)``."""
+    keys = sorted(rename, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w\[])(?:messages\[(?P<i>\d{1,9})\]|"
+                         + "|".join(map(re.escape, keys)) + r")(?![\w\[])"
+                         if keys else r"(?<![\w\[])messages\[(?P<i>\d{1,9})\](?![\w\[])")
+
+    def one(m: re.Match) -> str:
+        if m.group("i") is None:
+            return rename[m.group(0)]
+        i = int(m.group("i"))
+        return origins[i] if i < len(origins) else f"{rename.get('messages', 'messages')}[{i}]"
+    return pattern.sub(one, text)
 
 
 @dataclasses.dataclass

@@ -31,8 +31,9 @@ from .validate import read_json_object
 
 #: Chat fields named in an error -> the Responses field that sent them.
 RENAME = {"messages": "input", "max_tokens": "max_output_tokens",
-          "response_format": "text.format", "reasoning_effort": "reasoning",
-          "chat_template_kwargs": "reasoning"}
+          "response_format.json_schema": "text.format", "response_format": "text.format",
+          "reasoning_effort": "reasoning", "chat_template_kwargs": "reasoning",
+          "tool_call_id": "call_id", "tool_calls[].id": "function_call items' call_id"}
 
 
 def routes(app) -> list:
@@ -47,7 +48,8 @@ def routes(app) -> list:
 async def _responses(app, req: Request, stream: ResponseStream) -> Response | None:
     obj = await read_json_object(req.body)
     check_fields(obj)
-    p, request = await chat_requests(app, to_chat(obj), RENAME)
+    chat, origins = to_chat(obj)
+    p, request = await chat_requests(app, chat, RENAME, origins)
     shape = _Shape(obj, app.llm.model_name)
     if p.stream:
         events = _Events(shape, Blocks(p))
