@@ -59,11 +59,18 @@ def test_cut_off_at_max_output_tokens_is_incomplete(client, server):
     r = client.responses.create(model=MODEL, input=HI, temperature=0, max_output_tokens=5)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 5
+    assert [item.status for item in r.output] == ["incomplete"]
     status, _, body = request(server, "POST", "/v1/responses",
                               {"model": MODEL, "input": HI, "temperature": 0,
                                "max_output_tokens": 5, "stream": True})
     assert status == 200
-    assert sse_events(_data_only(body))[-1]["type"] == "response.incomplete"
+    events = sse_events(_data_only(body))
+    assert events[-1]["type"] == "response.incomplete"
+    assert [i["status"] for i in events[-1]["response"]["output"]] == ["incomplete"]
+    (done,) = [e for e in events if e["type"] == "response.output_item.done"]
+    assert done["item"]["status"] == "incomplete"
+    (added,) = [e for e in events if e["type"] == "response.output_item.added"]
+    assert added["item"]["status"] == "in_progress"
 
 
 def _data_only(raw: bytes) -> bytes:
