@@ -141,6 +141,29 @@ def test_stream_of_a_function_call(client):
     assert json.loads(call.arguments).keys() == {"city"}
 
 
+def test_function_call_cut_off_is_an_incomplete_function_call(client):
+    """A forced call cut off by ``max_output_tokens`` is a ``function_call`` item, status
+    ``incomplete``, with the arguments written so far -- streamed as the call's events."""
+    ask = dict(model=MODEL, input=WEATHER, tools=[CITY_TOOL], temperature=0,
+               tool_choice={"type": "function", "name": "get_weather"})
+    whole = client.responses.create(**ask, max_output_tokens=64)
+    cap = whole.usage.output_tokens - 4
+    r = client.responses.create(**ask, max_output_tokens=cap)
+    (call,) = r.output
+    assert r.status == "incomplete" and r.usage.output_tokens == cap
+    assert call.type == "function_call" and call.status == "incomplete", r
+    assert call.name == "get_weather" and call.arguments.startswith("{")
+    assert len(call.arguments) < len(whole.output[0].arguments), (call, whole)
+    with client.responses.stream(**ask, max_output_tokens=cap) as stream:
+        events = list(stream)
+    kinds = {e.type for e in events}
+    assert "response.output_text.delta" not in kinds and kinds >= {
+        "response.function_call_arguments.delta", "response.incomplete"}
+    (done,) = [e for e in events if e.type == "response.output_item.done"]
+    assert done.item.type == "function_call" and done.item.status == "incomplete"
+    assert done.item.arguments == call.arguments
+
+
 def test_text_format_json_schema_holds_the_answer(client):
     jsonschema = pytest.importorskip("jsonschema")
     schema = {"type": "object", "properties": {"name": {"type": "string"},

@@ -18,6 +18,7 @@ import re
 
 from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM
+from . import tool_calls as tc
 from .drive import collect
 from .errors import APIError, Kind
 from .openai_answer import Split, make_requests
@@ -26,6 +27,10 @@ from .openai_request import Parsed, parse_chat
 
 #: What a block holds: the model's reasoning, answer text, or a tool call.
 REASONING, TEXT, CALL = "reasoning", "text", "call"
+
+#: A call's name and where its arguments start, in the JSON text of a call cut off.
+_CALL_NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,256})"')
+_CALL_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
 
 async def chat_requests(app, chat: dict, rename: dict[str, str],
@@ -95,10 +100,14 @@ class Blocks:
     """One answer's token events as blocks: :meth:`feed` returns what each event does --
     ``("open", block, "")``, ``("delta", block, text)``, ``("close", block, "")`` -- and the
     counts both families' ``usage`` need. An answer with no text and no call is one empty
-    text block."""
+    text block.
 
-    def __init__(self, p: Parsed):
+    ``cut_call``: a tool call cut off by the token cap (the answer ends inside it) is a
+    :data:`CALL` block of the arguments written so far, not text (:meth:`_cut_call`)."""
+
+    def __init__(self, p: Parsed, cut_call: bool = False):
         self.split = Split(p.answer) if p.answer is not None else None
+        self.cut_call = cut_call
         self.blocks: list[Block] = []
         self.open: Block | None = None
         self.output_tokens = 0
@@ -126,7 +135,10 @@ class Blocks:
             if ev.text:
                 self._add(out, TEXT, ev.text)
         else:
-            for delta in self.split.feed(ev):
+            deltas = self.split.feed(ev)
+            if ev.is_last and ev.finish_reason == "length" and self.cut_call:
+                deltas = self._cut_call(deltas)
+            for delta in deltas:
                 self._delta(out, delta)
         if ev.is_last:
             self.finish, self.generated_text = ev.finish_reason, ev.generated_text or ""
@@ -134,6 +146,25 @@ class Blocks:
                 self._open(out, Block(TEXT, 0))
             self._close(out)
         return out
+
+    def _cut_call(self, deltas: list[dict]) -> list[dict]:
+        """``deltas`` with the text of a call cut off (the parser ends inside one, the last
+        delta its text) as that call's deltas: its name read from the text, its arguments
+        the text after ``"arguments":``; unchanged when the name is not there yet or is no
+        offered tool's."""
+        parser = self.split.parser
+        if not deltas or not parser.in_call or parser.in_call == tc.FENCE_OPEN:
+            return deltas
+        text = deltas[-1].get("content") or ""
+        name, args = _CALL_NAME.search(text), _CALL_ARGS.search(text)
+        if name is None or args is None or args.start() < name.end() or (
+                parser.names is not None and name.group(1) not in parser.names):
+            return deltas
+        call = {"index": len(self.split.calls), "id": tc.call_id(self.split.answer.fmt),
+                "type": "function", "function": {"name": name.group(1), "arguments": ""}}
+        return [*deltas[:-1], {"tool_calls": [call]},
+                {"tool_calls": [{"index": call["index"],
+                                 "function": {"arguments": text[args.end():]}}]}]
 
     def _delta(self, out: list, delta: dict) -> None:
         """A chat delta (:class:`~.openai_answer.Split`'s) as blocks."""
@@ -179,8 +210,10 @@ class Blocks:
         return stops[min(found)[1]] if found else None
 
 
-async def run_blocks(llm: LLM, request: GenerationRequest, p: Parsed, stream) -> Blocks | None:
-    """``request`` run to its end, as :class:`Blocks`; ``None`` when the client left.
+async def run_blocks(llm: LLM, request: GenerationRequest, p: Parsed, stream,
+                     cut_call: bool = False) -> Blocks | None:
+    """``request`` run to its end, as :class:`Blocks` (``cut_call`` as theirs); ``None``
+    when the client left.
 
     Raises:
         APIError: the engine's error.
@@ -188,7 +221,7 @@ async def run_blocks(llm: LLM, request: GenerationRequest, p: Parsed, stream) ->
     done = await collect(llm, [request], stream)
     if done is None:
         return None
-    blocks = Blocks(p)
+    blocks = Blocks(p, cut_call)
     for ev in done[0]:
         blocks.feed(ev)
     return blocks

@@ -53,12 +53,12 @@ async def _responses(app, req: Request, stream: ResponseStream) -> Response | No
     p, request = await chat_requests(app, chat, RENAME, origins)
     shape = _Shape(obj, app.llm.model_name)
     if p.stream:
-        events = _Events(shape, Blocks(p))
+        events = _Events(shape, Blocks(p, cut_call=True))
         await send_stream(stream, merged(app.llm, [request]),
                           ResponsesEventStyle(events.number), events.render,
                           closing=events.closing, named=True)
         return None
-    blocks = await run_blocks(app.llm, request, p, stream)
+    blocks = await run_blocks(app.llm, request, p, stream, cut_call=True)
     if blocks is None:
         return None
     return json_response(200, shape.response(blocks))
