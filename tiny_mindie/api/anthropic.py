@@ -22,7 +22,7 @@ import uuid
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS
-from .anthropic_request import to_chat
+from .anthropic_request import to_chat, tool_use_id
 from .chat_bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .drive import merged, route, send_stream
 from .errors import ANTHROPIC, APIError, Kind
@@ -82,7 +82,7 @@ class _Shape:
     def block(block: Block, done: bool) -> dict:
         """A content block (``done``: complete, else as it starts)."""
         if block.kind == CALL:
-            return {"type": "tool_use", "id": block.call_id, "name": block.name,
+            return {"type": "tool_use", "id": tool_use_id(block.call_id), "name": block.name,
                     "input": json.loads(block.text or "{}") if done else {}}
         if block.kind == REASONING:
             return {"type": "thinking", "thinking": block.text if done else "", "signature": ""}

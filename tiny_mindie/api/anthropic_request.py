@@ -5,7 +5,8 @@ completions body (:func:`to_chat`), which the chat pipeline validates further an
 ``system`` (a string or text blocks) is the first, system message; ``messages`` alternate
 ``user`` and ``assistant``, their content a string or blocks: ``text``, ``tool_use`` (an
 assistant's call: ``id``, ``name``, ``input``), ``tool_result`` (a user's answer to one:
-``tool_use_id``, ``content``, ``is_error``, which writes ``Error: `` before the result),
+``tool_use_id``, ``content``, ``is_error``, which writes ``Error: `` before the result; ids as
+:func:`chat_call_id`),
 ``thinking`` (an assistant's reasoning). ``tools`` (``name``, ``description``,
 ``input_schema``, ``strict``) and ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``;
 ``disable_parallel_tool_use``) are the chat's tools; ``max_tokens`` (required),
@@ -31,6 +32,20 @@ BLOCK_KEYS = {"text": {"text", "cache_control", "citations"},
               "tool_result": {"tool_use_id", "content", "is_error", "cache_control"},
               "thinking": {"thinking", "signature"}}
 TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict"}
+
+
+def tool_use_id(call_id: str) -> str:
+    """The ``tool_use`` id of a chat call id (``call_<hex>``, or Mistral's 9 letters and
+    digits): ``toolu_`` and the id past its ``call_``."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def chat_call_id(use_id: str) -> str:
+    """The chat call id of a ``tool_use`` id: :func:`tool_use_id`'s Mistral-shaped id
+    (``toolu_`` and 9 letters and digits, which Mistral's template requires) without its
+    ``toolu_``; any other unchanged."""
+    rest = use_id.removeprefix("toolu_")
+    return rest if len(rest) == 9 and rest.isascii() and rest.isalnum() else use_id
 
 
 def extra_input(name: str):
@@ -144,7 +159,8 @@ def _user(blocks: list, where: str) -> list[dict]:
         result = _text_blocks(b.get("content") or "", f"{where}.content.{k}.content")
         if b.get("is_error") is True:
             result = "Error: " + result
-        out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
+        out.append({"role": "tool", "tool_call_id": chat_call_id(b["tool_use_id"]),
+                    "content": result})
     if texts or not out:
         out.append({"role": "user", "content": "".join(texts)})
     return out
@@ -163,7 +179,7 @@ def _assistant(blocks: list, where: str) -> dict:
                     or not isinstance(b.get("input"), dict):
                 raise bad(f"{where}.content.{k}: a tool_use block needs a string id and name "
                           "and an object input.", where)
-            calls.append({"id": b["id"], "type": "function",
+            calls.append({"id": chat_call_id(b["id"]), "type": "function",
                           "function": {"name": b["name"],
                                        "arguments": json.dumps(b["input"], ensure_ascii=False)}})
     out = {"role": "assistant", "content": "".join(texts)}
