@@ -98,7 +98,7 @@ def test_tool_use_and_its_result(client):
                                tool_choice={"type": "any"}, extra_body=GREEDY)
     assert m.stop_reason == "tool_use"
     (use,) = m.content
-    assert use.type == "tool_use" and use.name == "get_weather"
+    assert use.type == "tool_use" and use.name == "get_weather" and use.id.startswith("toolu_")
     assert set(use.input) == {"city"} and isinstance(use.input["city"], str)
     turn = [*WEATHER, {"role": "assistant", "content": m.content},    # the SDK's blocks
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
@@ -120,6 +120,8 @@ def test_stream_of_a_tool_use(client):
                       if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
     (use,) = final.content
     assert final.stop_reason == "tool_use" and use.type == "tool_use"
+    starts = [e.content_block for e in events if e.type == "content_block_start"]
+    assert [b.id for b in starts] == [use.id] and use.id.startswith("toolu_")
     assert json.loads(partial) == use.input and set(use.input) == {"city"}
 
 
@@ -147,6 +149,11 @@ def test_output_config_format_holds_the_answer(client):
     ({"stop_sequences": [""]}, "stop"),
     ({"stop_sequences": "e"}, "stop_sequences: Input should be a valid list"),
     ({"messages": [{"role": "user", "content": "word " * 2000}]}, "prompt is too long: "),
+    ({"system": "Be brief.", "messages": [
+        {"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                      "content": "Sunny"}]}]},
+     'messages.2.content.0.tool_use_id "toolu_9" answers no tool call'),
 ])
 def test_bad_requests_in_anthropics_shape(server, body, words):
     full = {"model": MODEL, "messages": HI, "max_tokens": 8, **body}

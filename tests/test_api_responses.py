@@ -59,11 +59,18 @@ def test_cut_off_at_max_output_tokens_is_incomplete(client, server):
     r = client.responses.create(model=MODEL, input=HI, temperature=0, max_output_tokens=5)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     assert r.usage.output_tokens == 5
+    assert [item.status for item in r.output] == ["incomplete"]
     status, _, body = request(server, "POST", "/v1/responses",
                               {"model": MODEL, "input": HI, "temperature": 0,
                                "max_output_tokens": 5, "stream": True})
     assert status == 200
-    assert sse_events(_data_only(body))[-1]["type"] == "response.incomplete"
+    events = sse_events(_data_only(body))
+    assert events[-1]["type"] == "response.incomplete"
+    assert [i["status"] for i in events[-1]["response"]["output"]] == ["incomplete"]
+    (done,) = [e for e in events if e["type"] == "response.output_item.done"]
+    assert done["item"]["status"] == "incomplete"
+    (added,) = [e for e in events if e["type"] == "response.output_item.added"]
+    assert added["item"]["status"] == "in_progress"
 
 
 def _data_only(raw: bytes) -> bytes:
@@ -132,6 +139,29 @@ def test_stream_of_a_function_call(client):
     (call,) = final.output
     assert call.type == "function_call" and deltas == done.arguments == call.arguments
     assert json.loads(call.arguments).keys() == {"city"}
+
+
+def test_function_call_cut_off_is_an_incomplete_function_call(client):
+    """A forced call cut off by ``max_output_tokens`` is a ``function_call`` item, status
+    ``incomplete``, with the arguments written so far -- streamed as the call's events."""
+    ask = dict(model=MODEL, input=WEATHER, tools=[CITY_TOOL], temperature=0,
+               tool_choice={"type": "function", "name": "get_weather"})
+    whole = client.responses.create(**ask, max_output_tokens=64)
+    cap = whole.usage.output_tokens - 4
+    r = client.responses.create(**ask, max_output_tokens=cap)
+    (call,) = r.output
+    assert r.status == "incomplete" and r.usage.output_tokens == cap
+    assert call.type == "function_call" and call.status == "incomplete", r
+    assert call.name == "get_weather" and call.arguments.startswith("{")
+    assert len(call.arguments) < len(whole.output[0].arguments), (call, whole)
+    with client.responses.stream(**ask, max_output_tokens=cap) as stream:
+        events = list(stream)
+    kinds = {e.type for e in events}
+    assert "response.output_text.delta" not in kinds and kinds >= {
+        "response.function_call_arguments.delta", "response.incomplete"}
+    (done,) = [e for e in events if e.type == "response.output_item.done"]
+    assert done.item.type == "function_call" and done.item.status == "incomplete"
+    assert done.item.arguments == call.arguments
 
 
 def test_text_format_json_schema_holds_the_answer(client):
@@ -220,6 +250,24 @@ def test_bad_requests_are_400_naming_the_field(server, body, param, code):
     err = json.loads(raw)["error"]
     assert status == 400 and err["type"] == "invalid_request_error", raw
     assert err["param"] == param and err["code"] == code, raw
+
+
+@pytest.mark.parametrize("body, param, said", [
+    ({"input": HI, "max_output_tokens": 0}, "max_output_tokens",
+     "Parameter max_output_tokens must be in [1,"),
+    ({"input": HI, "text": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+     "text.format", "text.format.name must be"),
+    ({"instructions": "Be brief.", "input": [
+        {"role": "user", "content": HI},
+        {"type": "function_call_output", "call_id": "call_9", "output": "Sunny"}]},
+     "input", 'input[1].call_id "call_9" answers no tool call'),
+])
+def test_error_messages_name_the_fields_sent(server, body, param, said):
+    """The chat pipeline's errors name the Responses fields, in ``param`` and the message."""
+    status, _, raw = request(server, "POST", "/v1/responses", {"model": MODEL, **body})
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["param"] == param and said in err["message"], raw
+    assert not re.search(r"max_tokens|response_format|tool_call|messages", err["message"]), raw
 
 
 def test_store_false_and_metadata_change_nothing(client):

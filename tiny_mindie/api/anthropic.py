@@ -22,7 +22,7 @@ import uuid
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS
-from .anthropic_request import to_chat
+from .anthropic_request import to_chat, tool_use_id
 from .chat_bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .drive import merged, route, send_stream
 from .errors import ANTHROPIC, APIError, Kind
@@ -31,7 +31,8 @@ from .validate import read_json_object
 #: Chat fields named in an error -> the Messages field that sent them.
 RENAME = {"stop": "stop_sequences", "reasoning_effort": "thinking",
           "response_format": "output_config.format",
-          "chat_template_kwargs": "thinking", "parallel_tool_calls": "tool_choice"}
+          "chat_template_kwargs": "thinking", "parallel_tool_calls": "tool_choice",
+          "tool_call_id": "tool_use_id", "tool_calls[].id": "tool_use blocks' id"}
 
 
 def routes(app) -> list:
@@ -46,7 +47,8 @@ def routes(app) -> list:
 async def _messages(app, req: Request, stream: ResponseStream) -> Response | None:
     obj = await read_json_object(req.body)
     try:
-        p, request = await chat_requests(app, to_chat(obj), RENAME)
+        chat, origins = to_chat(obj)
+        p, request = await chat_requests(app, chat, RENAME, origins)
     except APIError as err:
         cause = err.engine_error
         if err.kind is Kind.TOO_LONG and cause is not None and cause.limit is not None:
@@ -80,7 +82,7 @@ class _Shape:
     def block(block: Block, done: bool) -> dict:
         """A content block (``done``: complete, else as it starts)."""
         if block.kind == CALL:
-            return {"type": "tool_use", "id": block.call_id, "name": block.name,
+            return {"type": "tool_use", "id": tool_use_id(block.call_id), "name": block.name,
                     "input": json.loads(block.text or "{}") if done else {}}
         if block.kind == REASONING:
             return {"type": "thinking", "thinking": block.text if done else "", "signature": ""}

@@ -5,7 +5,8 @@ completions body (:func:`to_chat`), which the chat pipeline validates further an
 ``system`` (a string or text blocks) is the first, system message; ``messages`` alternate
 ``user`` and ``assistant``, their content a string or blocks: ``text``, ``tool_use`` (an
 assistant's call: ``id``, ``name``, ``input``), ``tool_result`` (a user's answer to one:
-``tool_use_id``, ``content``, ``is_error``, which writes ``Error: `` before the result),
+``tool_use_id``, ``content``, ``is_error``, which writes ``Error: `` before the result; ids as
+:func:`chat_call_id`),
 ``thinking`` (an assistant's reasoning). ``tools`` (``name``, ``description``,
 ``input_schema``, ``strict``) and ``tool_choice`` (``auto``, ``any``, ``tool``, ``none``;
 ``disable_parallel_tool_use``) are the chat's tools; ``max_tokens`` (required),
@@ -33,13 +34,28 @@ BLOCK_KEYS = {"text": {"text", "cache_control", "citations"},
 TOOL_KEYS = {"name", "description", "input_schema", "type", "cache_control", "strict"}
 
 
+def tool_use_id(call_id: str) -> str:
+    """The ``tool_use`` id of a chat call id (``call_<hex>``, or Mistral's 9 letters and
+    digits): ``toolu_`` and the id past its ``call_``."""
+    return "toolu_" + call_id.removeprefix("call_")
+
+
+def chat_call_id(use_id: str) -> str:
+    """The chat call id of a ``tool_use`` id: :func:`tool_use_id`'s Mistral-shaped id
+    (``toolu_`` and 9 letters and digits, which Mistral's template requires) without its
+    ``toolu_``; any other unchanged."""
+    rest = use_id.removeprefix("toolu_")
+    return rest if len(rest) == 9 and rest.isascii() and rest.isalnum() else use_id
+
+
 def extra_input(name: str):
     """400 for a field this route does not know, in Anthropic's words."""
     return bad(f"{name}: Extra inputs are not permitted", name)
 
 
-def to_chat(obj: dict) -> dict:
-    """The chat completions body of a Messages body.
+def to_chat(obj: dict) -> tuple[dict, list[str]]:
+    """The chat completions body of a Messages body, and per chat message the field that
+    sent it (``system``, ``messages.2``).
 
     Raises:
         APIError: 400 naming an unknown or bad field, block, tool or ``tool_choice``.
@@ -56,6 +72,13 @@ def to_chat(obj: dict) -> dict:
     chat = {k: obj[k] for k in ("model", "max_tokens", "temperature", "top_p", "top_k", "seed",
                                 "stream") if obj.get(k) is not None}
     chat["messages"] = _system(obj.get("system")) + messages(obj["messages"])
+    origins = ["system"] * (obj.get("system") is not None)
+    for i, m in enumerate(obj["messages"]):
+        content = m["content"] if isinstance(m["content"], list) else ()
+        results = [k for k, b in enumerate(content) if b["type"] == "tool_result"]
+        origins += [f"messages.{i}.content.{k}" for k in results]
+        texts = len(results) < len(content) or not results
+        origins += [f"messages.{i}"] * (m["role"] == "assistant" or texts)
     if obj.get("stop_sequences") is not None:
         if not isinstance(obj["stop_sequences"], list):
             raise bad("stop_sequences: Input should be a valid list.", "stop_sequences")
@@ -65,7 +88,7 @@ def to_chat(obj: dict) -> dict:
     chat.update(tool_choice(obj.get("tool_choice")))
     chat.update(thinking(obj.get("thinking")))
     chat.update(output_config(obj.get("output_config")))
-    return chat
+    return chat, origins
 
 
 def _system(value) -> list[dict]:
@@ -136,7 +159,8 @@ def _user(blocks: list, where: str) -> list[dict]:
         result = _text_blocks(b.get("content") or "", f"{where}.content.{k}.content")
         if b.get("is_error") is True:
             result = "Error: " + result
-        out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": result})
+        out.append({"role": "tool", "tool_call_id": chat_call_id(b["tool_use_id"]),
+                    "content": result})
     if texts or not out:
         out.append({"role": "user", "content": "".join(texts)})
     return out
@@ -155,7 +179,7 @@ def _assistant(blocks: list, where: str) -> dict:
                     or not isinstance(b.get("input"), dict):
                 raise bad(f"{where}.content.{k}: a tool_use block needs a string id and name "
                           "and an object input.", where)
-            calls.append({"id": b["id"], "type": "function",
+            calls.append({"id": chat_call_id(b["id"]), "type": "function",
                           "function": {"name": b["name"],
                                        "arguments": json.dumps(b["input"], ensure_ascii=False)}})
     out = {"role": "assistant", "content": "".join(texts)}

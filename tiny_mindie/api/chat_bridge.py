@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 
 from ..engine.request import GenerationRequest, TokenEvent
 from ..llm import LLM
+from . import tool_calls as tc
 from .drive import collect
 from .errors import APIError, Kind
 from .openai_answer import Split, make_requests
@@ -26,21 +28,26 @@ from .openai_request import Parsed, parse_chat
 #: What a block holds: the model's reasoning, answer text, or a tool call.
 REASONING, TEXT, CALL = "reasoning", "text", "call"
 
+#: A call's name and where its arguments start, in the JSON text of a call cut off.
+_CALL_NAME = re.compile(r'"name"\s*:\s*"([^"\\]{1,256})"')
+_CALL_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*')
 
-async def chat_requests(app, chat: dict,
-                        rename: dict[str, str]) -> tuple[Parsed, GenerationRequest]:
+
+async def chat_requests(app, chat: dict, rename: dict[str, str],
+                        origins: list[str] = ()) -> tuple[Parsed, GenerationRequest]:
     """The engine request of ``chat`` (a chat completions body) for ``app``'s model.
 
     Args:
         chat: the translated body (one choice: no ``n``).
-        rename: chat field -> the family's field, for the ``param`` of an error about it
-            (``messages`` -> ``input``); a ``param`` ``messages[2].content`` is renamed by its
-            head.
+        rename: chat field -> the family's field, for an error about it (its ``param`` and
+            the field names in its message, :func:`rename_fields`).
+        origins: per chat message, where the client sent it (``input[3]``), for an error
+            naming ``messages[i]``.
 
     Raises:
         APIError: as :func:`~.openai_request.parse_chat` and
-            :func:`~.openai_chat.prepare_chat`; a prompt too long (``TOO_LONG``) names the
-            field ``rename["messages"]``.
+            :func:`~.openai_chat.prepare_chat`, the fields it names the family's; a prompt
+            too long (``TOO_LONG``) names the field ``rename["messages"]``.
     """
     body = json.dumps(chat).encode()
     try:
@@ -50,11 +57,30 @@ async def chat_requests(app, chat: dict,
     except APIError as err:
         if err.param is None and err.kind is Kind.TOO_LONG:
             err.param = "messages"
-        head = (err.param or "").split("[")[0].split(".")[0]
-        if head in rename:
-            err.param = rename[head] + err.param[len(head):]
+        if err.param is not None:
+            err.param = rename_fields(err.param, rename, origins)
+        err.message = rename_fields(err.message, rename, origins)
+        err.args = (err.message,)
         raise
     return p, groups[0][0]
+
+
+def rename_fields(text: str, rename: dict[str, str], origins: list[str] = ()) -> str:
+    """``text`` (an error's message or ``param``) with each chat field of ``rename`` (whole
+    words, the longest first: ``response_format.json_schema`` before ``response_format``)
+    the family's, and ``messages[i]`` ``origins[i]`` (else ``rename["messages"]``'s
+    ``[i]``). One pass, linear in ``len(text)``."""
+    keys = sorted(rename, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w\[])(?:messages\[(?P<i>\d{1,9})\]|"
+                         + "|".join(map(re.escape, keys)) + r")(?![\w\[])"
+                         if keys else r"(?<![\w\[])messages\[(?P<i>\d{1,9})\](?![\w\[])")
+
+    def one(m: re.Match) -> str:
+        if m.group("i") is None:
+            return rename[m.group(0)]
+        i = int(m.group("i"))
+        return origins[i] if i < len(origins) else f"{rename.get('messages', 'messages')}[{i}]"
+    return pattern.sub(one, text)
 
 
 @dataclasses.dataclass
@@ -74,10 +100,14 @@ class Blocks:
     """One answer's token events as blocks: :meth:`feed` returns what each event does --
     ``("open", block, "")``, ``("delta", block, text)``, ``("close", block, "")`` -- and the
     counts both families' ``usage`` need. An answer with no text and no call is one empty
-    text block."""
+    text block.
 
-    def __init__(self, p: Parsed):
+    ``cut_call``: a tool call cut off by the token cap (the answer ends inside it) is a
+    :data:`CALL` block of the arguments written so far, not text (:meth:`_cut_call`)."""
+
+    def __init__(self, p: Parsed, cut_call: bool = False):
         self.split = Split(p.answer) if p.answer is not None else None
+        self.cut_call = cut_call
         self.blocks: list[Block] = []
         self.open: Block | None = None
         self.output_tokens = 0
@@ -105,7 +135,10 @@ class Blocks:
             if ev.text:
                 self._add(out, TEXT, ev.text)
         else:
-            for delta in self.split.feed(ev):
+            deltas = self.split.feed(ev)
+            if ev.is_last and ev.finish_reason == "length" and self.cut_call:
+                deltas = self._cut_call(deltas)
+            for delta in deltas:
                 self._delta(out, delta)
         if ev.is_last:
             self.finish, self.generated_text = ev.finish_reason, ev.generated_text or ""
@@ -113,6 +146,25 @@ class Blocks:
                 self._open(out, Block(TEXT, 0))
             self._close(out)
         return out
+
+    def _cut_call(self, deltas: list[dict]) -> list[dict]:
+        """``deltas`` with the text of a call cut off (the parser ends inside one, the last
+        delta its text) as that call's deltas: its name read from the text, its arguments
+        the text after ``"arguments":``; unchanged when the name is not there yet or is no
+        offered tool's."""
+        parser = self.split.parser
+        if not deltas or not parser.in_call or parser.in_call == tc.FENCE_OPEN:
+            return deltas
+        text = deltas[-1].get("content") or ""
+        name, args = _CALL_NAME.search(text), _CALL_ARGS.search(text)
+        if name is None or args is None or args.start() < name.end() or (
+                parser.names is not None and name.group(1) not in parser.names):
+            return deltas
+        call = {"index": len(self.split.calls), "id": tc.call_id(self.split.answer.fmt),
+                "type": "function", "function": {"name": name.group(1), "arguments": ""}}
+        return [*deltas[:-1], {"tool_calls": [call]},
+                {"tool_calls": [{"index": call["index"],
+                                 "function": {"arguments": text[args.end():]}}]}]
 
     def _delta(self, out: list, delta: dict) -> None:
         """A chat delta (:class:`~.openai_answer.Split`'s) as blocks."""
@@ -158,8 +210,10 @@ class Blocks:
         return stops[min(found)[1]] if found else None
 
 
-async def run_blocks(llm: LLM, request: GenerationRequest, p: Parsed, stream) -> Blocks | None:
-    """``request`` run to its end, as :class:`Blocks`; ``None`` when the client left.
+async def run_blocks(llm: LLM, request: GenerationRequest, p: Parsed, stream,
+                     cut_call: bool = False) -> Blocks | None:
+    """``request`` run to its end, as :class:`Blocks` (``cut_call`` as theirs); ``None``
+    when the client left.
 
     Raises:
         APIError: the engine's error.
@@ -167,7 +221,7 @@ async def run_blocks(llm: LLM, request: GenerationRequest, p: Parsed, stream) ->
     done = await collect(llm, [request], stream)
     if done is None:
         return None
-    blocks = Blocks(p)
+    blocks = Blocks(p, cut_call)
     for ev in done[0]:
         blocks.feed(ev)
     return blocks

@@ -5,8 +5,9 @@ The body is checked and translated into a chat completions body
 answer given as a ``response`` object: its ``output`` items -- ``reasoning`` (for a template
 that thinks), ``message`` (one ``output_text`` part), ``function_call`` -- in the order the
 model wrote them, ``status`` ``completed`` (``incomplete`` with ``incomplete_details.reason``
-``max_output_tokens`` when cut off), ``usage``. Streamed (``stream: true``), it is the
-Responses event sequence, each event numbered (``sequence_number``) and named (SSE ``event:``):
+``max_output_tokens`` when cut off, and so is the status of the item cut off), ``usage``.
+Streamed (``stream: true``), it is the Responses event sequence, each event numbered
+(``sequence_number``) and named (SSE ``event:``):
 ``response.created``, ``response.in_progress``, then per item ``response.output_item.added``,
 its content (``response.content_part.added``, ``response.output_text.delta`` ...
 ``.done``, ``response.content_part.done``; ``response.reasoning_text.delta`` / ``.done``;
@@ -31,8 +32,9 @@ from .validate import read_json_object
 
 #: Chat fields named in an error -> the Responses field that sent them.
 RENAME = {"messages": "input", "max_tokens": "max_output_tokens",
-          "response_format": "text.format", "reasoning_effort": "reasoning",
-          "chat_template_kwargs": "reasoning"}
+          "response_format.json_schema": "text.format", "response_format": "text.format",
+          "reasoning_effort": "reasoning", "chat_template_kwargs": "reasoning",
+          "tool_call_id": "call_id", "tool_calls[].id": "function_call items' call_id"}
 
 
 def routes(app) -> list:
@@ -47,15 +49,16 @@ def routes(app) -> list:
 async def _responses(app, req: Request, stream: ResponseStream) -> Response | None:
     obj = await read_json_object(req.body)
     check_fields(obj)
-    p, request = await chat_requests(app, to_chat(obj), RENAME)
+    chat, origins = to_chat(obj)
+    p, request = await chat_requests(app, chat, RENAME, origins)
     shape = _Shape(obj, app.llm.model_name)
     if p.stream:
-        events = _Events(shape, Blocks(p))
+        events = _Events(shape, Blocks(p, cut_call=True))
         await send_stream(stream, merged(app.llm, [request]),
                           ResponsesEventStyle(events.number), events.render,
                           closing=events.closing, named=True)
         return None
-    blocks = await run_blocks(app.llm, request, p, stream)
+    blocks = await run_blocks(app.llm, request, p, stream, cut_call=True)
     if blocks is None:
         return None
     return json_response(200, shape.response(blocks))
@@ -92,9 +95,10 @@ class _Shape:
         prefix = {REASONING: "rs_", CALL: "fc_"}.get(block.kind, "msg_")
         return self.item_ids.setdefault(block.index, prefix + uuid.uuid4().hex)
 
-    def item(self, block: Block, done: bool) -> dict:
-        """The output item of ``block`` (``done``: complete, else as it opens)."""
-        status = "completed" if done else "in_progress"
+    def item(self, block: Block, done: bool, cut: bool = False) -> dict:
+        """The output item of ``block`` (``done``: complete, else as it opens; ``cut``: the
+        one ``max_output_tokens`` cut off, status ``incomplete``)."""
+        status = "incomplete" if cut else "completed" if done else "in_progress"
         if block.kind == CALL:
             return {"id": self.item_id(block), "type": "function_call", "status": status,
                     "call_id": block.call_id, "name": block.name,
@@ -119,7 +123,8 @@ class _Shape:
         cut = blocks.finish == "length"
         out.update(status="incomplete" if cut else "completed",
                    incomplete_details={"reason": "max_output_tokens"} if cut else None,
-                   output=[self.item(b, True) for b in blocks.blocks],
+                   output=[self.item(b, True, cut and b is blocks.blocks[-1])
+                           for b in blocks.blocks],
                    usage={"input_tokens": blocks.prompt_tokens,
                           "input_tokens_details": {"cached_tokens": blocks.cached_tokens},
                           "output_tokens": blocks.output_tokens,
@@ -185,8 +190,9 @@ class _Events:
                               logprobs=[]),
                    self.event("content_part.done", **where, content_index=0,
                               part=self.shape.part(block))]
+        cut = self.blocks.finish == "length"      # set by the last event, which closes
         return out + [self.event("output_item.done", output_index=block.index,
-                                 item=self.shape.item(block, True))]
+                                 item=self.shape.item(block, True, cut))]
 
     def closing(self) -> list[dict]:
         """``response.completed`` (``response.incomplete`` when cut off)."""

@@ -75,8 +75,9 @@ def check_fields(obj: dict) -> None:
         raise bad("Parameter metadata must be an object.", "metadata")
 
 
-def to_chat(obj: dict) -> dict:
-    """The chat completions body of a Responses body (checked by :func:`check_fields`).
+def to_chat(obj: dict) -> tuple[dict, list[str]]:
+    """The chat completions body of a Responses body (checked by :func:`check_fields`), and
+    per chat message the field that sent it (``instructions``, ``input[3]``).
 
     Raises:
         APIError: 400 naming a bad ``input`` item, tool, ``tool_choice``, ``text`` or
@@ -84,7 +85,8 @@ def to_chat(obj: dict) -> dict:
     """
     chat = {k: obj[k] for k in ("model", "temperature", "top_p", "seed", "stream",
                                 "parallel_tool_calls") if obj.get(k) is not None}
-    chat["messages"] = messages(obj.get("input"), obj.get("instructions"))
+    origins: list[str] = []
+    chat["messages"] = messages(obj.get("input"), obj.get("instructions"), origins)
     if obj.get("max_output_tokens") is not None:
         chat["max_tokens"] = obj["max_output_tokens"]
     if obj.get("tools") is not None:
@@ -95,17 +97,20 @@ def to_chat(obj: dict) -> dict:
     if fmt is not None:
         chat["response_format"] = fmt
     chat.update(reasoning(obj.get("reasoning")))
-    return chat
+    return chat, origins
 
 
-def messages(value, instructions) -> list[dict]:
-    """``instructions`` and ``input`` as chat messages."""
+def messages(value, instructions, origins: list[str]) -> list[dict]:
+    """``instructions`` and ``input`` as chat messages; appends to ``origins`` the field
+    each came from."""
     out = []
     if instructions is not None:
         if not isinstance(instructions, str):
             raise bad("Parameter instructions must be a string.", "instructions")
         out.append({"role": "system", "content": instructions})
+        origins.append("instructions")
     if isinstance(value, str):
+        origins.append("input")
         return [*out, {"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise bad("Parameter input must be a string or a non-empty list of input items.",
@@ -123,6 +128,7 @@ def messages(value, instructions) -> list[dict]:
             thought = _reasoning_text(item, i)
             continue
         _add_item(out, kind, item, i, thought)
+        origins += [f"input[{i}]"] * (len(out) - len(origins))
         thought = None
     return out
 
