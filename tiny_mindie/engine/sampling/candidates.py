@@ -81,7 +81,8 @@ def typical_candidates(logits: np.ndarray, ids: np.ndarray, mass: float) -> np.n
         return ids
     logp = log_softmax(logits[ids])
     p = np.exp(logp)
-    entropy = -np.sum(np.where(p > 0, p * logp, 0.0))
+    live = p > 0                    # a masked id (logit -inf) adds nothing, and no 0 * -inf
+    entropy = -np.sum(p[live] * logp[live])
     order = np.argsort(np.abs(-logp - entropy), kind="stable")
     kept = ids[order[:int(np.sum(np.cumsum(p[order]) < mass)) + 1]]
     return sort_desc(logits, kept)
