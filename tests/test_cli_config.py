@@ -756,7 +756,7 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
 def test_the_committed_configuration_reference_is_the_generated_one():
     """docs/configuration.md is made by ``python -m tiny_mindie.settings --markdown``."""
     from tiny_mindie.cli import serve_parser
-    from tiny_mindie.settings import markdown
+    from tiny_mindie.settings_doc import markdown
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "docs", "configuration.md"), encoding="utf-8") as fh:
         committed = fh.read()
