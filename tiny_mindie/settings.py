@@ -111,6 +111,12 @@ def _model_name_of(cfg, model: str) -> dict:
             os.path.splitext(os.path.basename(model))[0]}
 
 
+def _embedding_alone(cfg, model: str) -> dict:
+    """Without a config file, ``--embedding-model`` alone serves no chat model (``--model``
+    given too serves both)."""
+    return {"model.model_weight_path": ""} if cfg.source is None and model else {}
+
+
 _S, _MD, _MC, _SC, _B = ("ServerConfig", "BackendConfig.ModelDeployConfig",
                     "BackendConfig.ModelDeployConfig.ModelConfig[0]",
                     "BackendConfig.ScheduleConfig", "BackendConfig")
@@ -210,7 +216,8 @@ SETTINGS: tuple[Setting, ...] = (
             flags=(Flag("--model-name", "name clients use for the model (ModelConfig.modelName; "
                                         "default: the registry name or the file name)"),)),
     Setting("model.model_weight_path", f"{_MC}.modelWeightPath", "str", "smollm2-135m-instruct",
-            "a .gguf file or a registry name (python -m tiny_mindie list-models)",
+            "a .gguf file or a registry name (python -m tiny_mindie list-models); empty: no "
+            "chat model (with embeddingModelPath only)",
             flags=(Flag("--model", "a .gguf file or a registry name (see list-models); default "
                                    "smollm2-135m-instruct, pulled on first start",
                         also=_model_name_of),)),
@@ -222,6 +229,16 @@ SETTINGS: tuple[Setting, ...] = (
                                          "the model's vocabulary, proposing tokens the model "
                                          "verifies; the answers stay the same (ModelConfig."
                                          "draftModelPath; default none)"),)),
+    Setting("model.embedding_model", f"{_MC}.embeddingModelPath", "str", "",
+            "an embedding model served beside the chat model (a .gguf file, a "
+            "sentence-transformers folder or a registry name; docs/embeddings.md); empty: none. "
+            "With one, modelWeightPath may be empty: no chat model", ours=True,
+            flags=(Flag("--embedding-model", "an embedding model (a .gguf file, a "
+                                             "sentence-transformers folder or a registry name) "
+                                             "served on /v1/embeddings, /embed and /embedding "
+                                             "(ModelConfig.embeddingModelPath); without --model "
+                                             "or a config file it is served alone",
+                        also=_embedding_alone),)),
     # ---- BackendConfig.ScheduleConfig: continuous-batching limits (sequences, tokens)
     Setting("schedule.cache_block_size", f"{_SC}.cacheBlockSize", "int", 128,
             "tokens per KV-cache block, as the management API counts blocks", 1, 4096, " tokens"),

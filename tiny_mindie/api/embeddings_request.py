@@ -5,7 +5,8 @@
   ``dimensions`` (Matryoshka models only), ``user`` (read, without effect).
 * TEI ``POST /embed``: ``inputs`` (a string or a list of strings), ``normalize``, ``truncate``,
   ``truncation_direction`` (``Right`` or ``Left``), ``prompt_name``.
-* llama-server ``POST /embedding``: ``content`` (a string or a list of strings).
+* llama-server ``POST /embedding``: ``content`` (a string or a list of strings),
+  ``embd_normalize`` (-1 none, 0 max absolute, 1 taxicab, 2 Euclidean: the default, p > 2).
 
 Texts get the model's ``[CLS] ... [SEP]``; token lists are taken as given. An input longer than
 the model's context is a 4xx naming the limit unless truncation is asked for (TEI's
@@ -16,14 +17,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import invalid
+from .errors import APIError, Kind, invalid
 from .validate import check_token_ids, get_bool, get_int, refuse_unknown
 
 #: the most inputs one request may hold (OpenAI's limit)
 MAX_INPUTS = 2048
 OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 TEI_FIELDS = ("inputs", "normalize", "truncate", "truncation_direction", "prompt_name")
-LLAMA_FIELDS = ("content",)
+LLAMA_FIELDS = ("content", "embd_normalize")
+
+
+def _empty(message: str, name: str) -> APIError:
+    """An empty input: 422 naming ``name`` (OpenAI: 400; TEI: 400 ``Empty``)."""
+    err = invalid(message, name)
+    err.tei_type = "Empty"
+    return err
+
+
+def _too_long(message: str, name: str) -> APIError:
+    """An input over the context: 424 (OpenAI: 400 ``context_length_exceeded``; TEI: 413)."""
+    return APIError(Kind.TOO_LONG, message, param=name)
 
 
 @dataclass
@@ -34,6 +47,9 @@ class EmbedJob:
     normalize: bool = True
     dimensions: int | None = None
     base64: bool = False
+    #: llama-server's ``embd_normalize``: -1 none, 0 max absolute (scaled to int16's range),
+    #: 1 taxicab, 2 Euclidean, p > 2 the p-norm; ``None``: ``normalize`` says
+    p_norm: int | None = None
 
     @property
     def tokens(self) -> int:
@@ -43,7 +59,9 @@ class EmbedJob:
 def _texts(value, name: str) -> list[str]:
     """A string or a non-empty list of strings (at most :data:`MAX_INPUTS`), as a list."""
     items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not items or not all(isinstance(t, str) for t in items):
+    if isinstance(items, list) and not items:
+        raise _empty(f"{name} is an empty list; give at least one string.", name)
+    if not isinstance(items, list) or not all(isinstance(t, str) for t in items):
         raise invalid(f"{name} must be a string or a non-empty list of strings.", name)
     if len(items) > MAX_INPUTS:
         raise invalid(f"{name} holds {len(items)} inputs; at most {MAX_INPUTS} per request.",
@@ -57,17 +75,18 @@ def encode_texts(texts: list[str], name: str, tokenizer, context: int, *,
     (keeping both special tokens) when ``truncate``, else refused.
 
     Raises:
-        APIError: 422 (OpenAI: 400) for an empty text, or one over the context.
+        APIError: 422 (OpenAI and TEI: 400) for an empty text; 424 (OpenAI: 400, TEI: 413)
+            for one over the context.
     """
     out = []
     for i, enc in enumerate(tokenizer.encode_batch(texts, add_special_tokens=True)):
         ids = list(enc.ids)
         if not texts[i]:
-            raise invalid(f"{name}[{i}] is empty; give a non-empty string.", name)
+            raise _empty(f"{name}[{i}] is empty; give a non-empty string.", name)
         if len(ids) > context:
             if not truncate:
-                raise invalid(f"{name}[{i}] has {len(ids)} tokens; this model takes at most "
-                              f"{context} (or ask for truncation).", name)
+                raise _too_long(f"{name}[{i}] has {len(ids)} tokens; this model takes at most "
+                                f"{context} tokens per input (or ask for truncation).", name)
             body = ids[1:-1]
             keep = context - 2
             body = body[len(body) - keep:] if left else body[:keep]
@@ -87,8 +106,8 @@ def _openai_input(value, tokenizer, cfg) -> list[list[int]]:
         ids = [check_token_ids(v, "input", cfg.vocab, non_empty=True) for v in value]
         for i, v in enumerate(ids):
             if len(v) > cfg.context:
-                raise invalid(f"input[{i}] has {len(v)} tokens; this model takes at most "
-                              f"{cfg.context}.", "input")
+                raise _too_long(f"input[{i}] has {len(v)} tokens; this model takes at most "
+                                f"{cfg.context} tokens per input.", "input")
         return ids
     return encode_texts(_texts(value, "input"), "input", tokenizer, cfg.context)
 
@@ -152,5 +171,6 @@ def parse_llama(obj: dict, tokenizer, cfg) -> EmbedJob:
     refuse_unknown(obj, LLAMA_FIELDS)
     if "content" not in obj:
         raise invalid("content is required.", "content")
+    p_norm = get_int(obj, "embd_normalize", 2, -1, 1 << 20)
     return EmbedJob(encode_texts(_texts(obj["content"], "content"), "content", tokenizer,
-                                 cfg.context))
+                                 cfg.context), normalize=False, p_norm=p_norm)

@@ -8,17 +8,22 @@ vectors. The chat model's engine runs on its own thread and is never held by it.
 
 from __future__ import annotations
 
+import bisect
 import queue
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+#: The upper bounds of the batch-size histogram (inputs per encoder run).
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
 
 @dataclass
 class EmbedderStats:
-    """Totals since start: jobs, inputs, tokens, encoder runs, seconds encoding, and how many
-    inputs each run held (a list, newest last, at most 1,000 kept)."""
+    """Totals since start: jobs, inputs, tokens, encoder runs, seconds encoding; how many
+    inputs each run held (``batch_sizes``: a list, newest last, at most 1,000 kept;
+    ``size_counts``: runs per bucket of :data:`BATCH_BUCKETS`, the last one for bigger runs)."""
 
     requests: int = 0
     inputs: int = 0
@@ -26,6 +31,16 @@ class EmbedderStats:
     batches: int = 0
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)
+    size_counts: list[int] = field(default_factory=lambda: [0] * (len(BATCH_BUCKETS) + 1))
+
+    def histogram(self) -> tuple[list[tuple[float, int]], int, int]:
+        """The batch sizes as a Prometheus histogram: ``([(le, cumulative count), ...,
+        (inf, batches)], sum of sizes, batches)``."""
+        out, total = [], 0
+        for bound, n in zip((*BATCH_BUCKETS, float("inf")), self.size_counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out, self.inputs, self.batches
 
 
 class Embedder:
@@ -40,6 +55,8 @@ class Embedder:
     def __init__(self, session, max_batch_tokens: int = 16384) -> None:
         self.session, self.max_batch_tokens = session, max_batch_tokens
         self.stats = EmbedderStats()
+        self._pending = 0                    # jobs submitted and not answered yet
+        self._lock = threading.Lock()
         self._jobs: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="embedder", daemon=True)
         self._thread.start()
@@ -48,8 +65,39 @@ class Embedder:
         """A future of the pooled vectors (float32 ``[len(ids), hidden]``) of the texts' ids;
         its exception is the encoder's ``ValueError`` for ids it refuses."""
         fut: Future = Future()
+        with self._lock:
+            self._pending += 1
+        fut.add_done_callback(self._answered)
         self._jobs.put((ids, fut))
         return fut
+
+    def _answered(self, fut: Future) -> None:
+        with self._lock:
+            self._pending -= 1
+
+    @property
+    def model(self):
+        """The :class:`~tiny_mindie.model.encoder_load.EncoderModel` the session runs."""
+        return self.session.model
+
+    @property
+    def name(self) -> str:
+        """The model's name (``/v1/models``, the ``model`` field)."""
+        return self.session.model.config.name
+
+    @property
+    def alive(self) -> bool:
+        """The batching thread is running."""
+        return self._thread.is_alive()
+
+    @property
+    def pending(self) -> int:
+        """Jobs waiting or running."""
+        return self._pending
+
+    def idle(self) -> bool:
+        """No job waiting or running."""
+        return self._pending == 0
 
     def close(self) -> None:
         """Stop the thread once the jobs queued are done."""
@@ -83,6 +131,10 @@ class Embedder:
                 for job, fut in jobs:
                     self._one(job, fut)
                 continue
+            except Exception as exc:              # noqa: BLE001  the clients get it; go on
+                for _, fut in jobs:
+                    fut.set_exception(exc)
+                continue
             self._count(jobs, texts, time.perf_counter() - t0)
             start = 0
             for job, fut in jobs:
@@ -106,3 +158,4 @@ class Embedder:
         s.batches += 1
         s.seconds += seconds
         s.batch_sizes = (s.batch_sizes + [len(texts)])[-1000:]
+        s.size_counts[bisect.bisect_left(BATCH_BUCKETS, len(texts))] += 1
