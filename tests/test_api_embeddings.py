@@ -15,7 +15,15 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import TEST_CONFIG, access_line, openai_client, request, serving, start_server
+from helpers import (
+    TEST_CONFIG,
+    access_line,
+    debian_binary,
+    openai_client,
+    request,
+    serving,
+    start_server,
+)
 
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.encoder_pool import finish
@@ -206,6 +214,18 @@ def test_alone_the_generation_routes_answer_404_in_their_family_shape(alone):
     assert f'tiny_mindie_embedding_requests_total{{model_name="{NOMIC}"}}' in text
 
 
+def test_alone_stop_service_drains_and_exits_0(tmp_path, minilm_path):
+    cfg = copy.deepcopy(TEST_CONFIG)
+    cfg["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"] = ""
+    srv = start_server(str(tmp_path), cfg, ["--embedding-model", MINILM])
+    try:
+        assert post(srv, "/embed", {"inputs": "x"})[0] == 200
+        assert request(srv, "GET", "/stopService")[0] == 200
+        assert srv.proc.wait(timeout=60) == 0
+    finally:
+        srv.proc.kill()
+
+
 # ---- beside a chat model -------------------------------------------------------------------
 
 def test_beside_the_chat_model(both):
@@ -248,6 +268,16 @@ def test_metrics_and_the_access_log_count_embeddings(both):
     assert '"POST /v1/embeddings" 200' in line and f"prompt_tokens={tokens}" in line
     assert 'tiny_mindie_request_received_total{model_name="smollm2-135m-instruct"}' in \
         request(both, "GET", "/metrics")[2].decode()
+
+
+def test_promtool_accepts_the_embedding_series(both):
+    promtool = debian_binary("promtool", "prometheus")
+    post(both, "/embed", {"inputs": "x"})
+    status, _, body = request(both, "GET", "/metrics")
+    assert status == 200 and b"tiny_mindie_embedding_batch_size_bucket" in body
+    r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                       timeout=30)
+    assert r.returncode == 0 and not r.stdout + r.stderr, (r.stdout + r.stderr).decode()
 
 
 # ---- the clients of other ecosystems ---------------------------------------------------------

@@ -94,3 +94,7 @@ def test_the_embedder_batches_and_keeps_each_vector(minilm):
     s = emb.stats
     assert s.requests == 5 and s.inputs == 7 and s.batches >= 1
     assert sum(s.batch_sizes) == s.inputs
+    buckets, total, runs = s.histogram()
+    assert buckets[-1] == (float("inf"), s.batches) and (total, runs) == (s.inputs, s.batches)
+    assert buckets[0][1] == sum(1 for n in s.batch_sizes if n == 1)
+    assert emb.idle() and emb.pending == 0 and not emb.alive
