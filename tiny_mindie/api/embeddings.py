@@ -15,7 +15,8 @@ model (``--embedding-model``) through its batching thread
   the pooled vector as a one-row matrix, as llama-server answers it for a pooling model.
   Errors are OpenAI's shape, as llama-server's.
 
-Nothing generates, so ``/metrics``' request counters leave these out; the embedding series count
+Bodies are parsed and answers written in worker threads, off the event loop. Nothing generates,
+so ``/metrics``' request counters leave these out; the embedding series count
 them (:mod:`.metrics`), and each request has its access log line (``prompt_tokens``: the
 tokens encoded). A server without an embedding model answers them 404; a stopping one 503.
 """
@@ -51,25 +52,29 @@ def routes(app) -> list:
                            code="model_not_found")
         job = await asyncio.to_thread(parse_openai, obj, emb.model.tokenizer, emb.model.config)
         vectors = await _encode(emb, job)
-        data = [{"object": "embedding", "index": i,
-                 "embedding": (base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
-                               if job.base64 else v.tolist())}
-                for i, v in enumerate(vectors)]
-        return json_response(200, {"object": "list", "data": data, "model": emb.name,
-                                   "usage": {"prompt_tokens": job.tokens,
-                                             "total_tokens": job.tokens}})
+
+        def answer() -> Response:
+            data = [{"object": "embedding", "index": i,
+                     "embedding": (base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+                                   if job.base64 else v.tolist())}
+                    for i, v in enumerate(vectors)]
+            return json_response(200, {"object": "list", "data": data, "model": emb.name,
+                                       "usage": {"prompt_tokens": job.tokens,
+                                                 "total_tokens": job.tokens}})
+        return await asyncio.to_thread(answer)
 
     async def tei_route(req: Request, stream: ResponseStream, params: dict) -> Response:
         emb, obj = await _body(app, req)
         job = await asyncio.to_thread(parse_tei, obj, emb.model.tokenizer, emb.model.config)
-        return json_response(200, (await _encode(emb, job)).tolist())
+        vectors = await _encode(emb, job)
+        return await asyncio.to_thread(lambda: json_response(200, vectors.tolist()))
 
     async def llama_route(req: Request, stream: ResponseStream, params: dict) -> Response:
         emb, obj = await _body(app, req)
         job = await asyncio.to_thread(parse_llama, obj, emb.model.tokenizer, emb.model.config)
         vectors = await _encode(emb, job)
-        return json_response(200, [{"index": i, "embedding": [v.tolist()]}
-                                   for i, v in enumerate(vectors)])
+        return await asyncio.to_thread(lambda: json_response(
+            200, [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]))
 
     return [route("POST", "/v1/embeddings", BUSINESS, openai_route, style=OPENAI),
             route("POST", "/embed", BUSINESS, tei_route, style=TEI),
