@@ -236,8 +236,9 @@ SETTINGS: tuple[Setting, ...] = (
             flags=(Flag("--embedding-model", "an embedding model (a .gguf file, a "
                                              "sentence-transformers folder or a registry name) "
                                              "served on /v1/embeddings, /embed and /embedding "
-                                             "(ModelConfig.embeddingModelPath); without --model "
-                                             "or a config file it is served alone",
+                                             "(ModelConfig.embeddingModelPath; default none); "
+                                             "without --model or a config file it is served "
+                                             "alone",
                         also=_embedding_alone),)),
     # ---- BackendConfig.ScheduleConfig: continuous-batching limits (sequences, tokens)
     Setting("schedule.cache_block_size", f"{_SC}.cacheBlockSize", "int", 128,
