@@ -238,6 +238,9 @@ def test_beside_the_chat_model(both):
                                               messages=[{"role": "user", "content": "Hi"}])
         emb = client.embeddings.create(model=MINILM, input=["a cat", "a dog"])
     assert chat.choices[0].message.content and len(emb.data[1].embedding) == 384
+    status, _, raw = request(both, "GET", "/v1/config")
+    model_cfg = json.loads(raw)["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]
+    assert status == 200 and model_cfg["embeddingModelPath"].endswith("all-MiniLM-L6-v2")
     status, err = post(both, "/v1/embeddings", {"input": "x", "dimensions": 128})
     assert status == 400 and err["error"]["param"] == "dimensions"
     status, err = post(both, "/v1/embeddings", {"input": "x", "model": "smollm2-135m-instruct"})

@@ -103,7 +103,9 @@ def effective_config(app) -> dict:
                 "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,
                 "truncation": b.model.truncation, "parseSpecialTokens": llm.parse_special_tokens,
                 "ModelConfig": [{"modelName": llm.model_name, "modelWeightPath": llm.model_path,
-                                 "worldSize": 1}],
+                                 "worldSize": 1,
+                                 "embeddingModelPath": app.embedder.model.path
+                                 if app.embedder is not None else ""}],
             },
             "ScheduleConfig": {
                 "cacheBlockSize": sc.cache_block_size,
