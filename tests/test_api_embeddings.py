@@ -157,6 +157,7 @@ def test_llama_server_embedding_shape(alone):
     ("/v1/embeddings", {"input": "x", "model": "other"}, 404, "other"),
     ("/v1/embeddings", {"input": "word " * 3000}, 400, "at most 2048 tokens"),
     ("/v1/embeddings", b'{"input": "\xff\xfe"}', 422, "json"),
+    ("/v1/embeddings", b'{"input": "\\ud800 lone"}', 400, "lone surrogate"),
     ("/embed", {"inputs": ""}, 400, "empty"),
     ("/embed", {"inputs": ["x"] * 10_000}, 413, "at most 2048"),
     ("/embed", {"inputs": "x", "prompt_name": "query"}, 413, "search_query"),

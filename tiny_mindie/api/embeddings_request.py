@@ -66,6 +66,12 @@ def _texts(value, name: str) -> list[str]:
     if len(items) > MAX_INPUTS:
         raise invalid(f"{name} holds {len(items)} inputs; at most {MAX_INPUTS} per request.",
                       name)
+    for i, t in enumerate(items):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:          # a lone surrogate (\ud800) from a JSON escape
+            raise invalid(f"{name}[{i}] is not valid Unicode text (a lone surrogate).",
+                          name) from None
     return items
 
 
