@@ -98,3 +98,20 @@ def test_the_embedder_batches_and_keeps_each_vector(minilm):
     assert buckets[-1] == (float("inf"), s.batches) and (total, runs) == (s.inputs, s.batches)
     assert buckets[0][1] == sum(1 for n in s.batch_sizes if n == 1)
     assert emb.idle() and emb.pending == 0 and not emb.alive
+
+
+def test_long_texts_run_fewer_rows_at_a_time_with_the_same_vectors(minilm, monkeypatch):
+    """The rows of one run are capped by their attention scores (``MAX_SCORES``): a cap of one
+    row per run gives the vectors of the default batching."""
+    from tiny_mindie.model import encoder_ort
+
+    session = EncoderSession(minilm, threads=1)
+    texts = [minilm.tokenizer.encode(f"text {i} " * 40).ids for i in range(3)]
+    runs = []
+    real = session._run
+    monkeypatch.setattr(session, "_run", lambda t, w: runs.append(len(t)) or real(t, w))
+    batched = session.encode(texts)
+    monkeypatch.setattr(encoder_ort, "MAX_SCORES", 1)
+    single = session.encode(texts)
+    assert runs == [3, 1, 1, 1]
+    assert np.array_equal(batched, single)

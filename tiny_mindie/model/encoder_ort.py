@@ -10,13 +10,20 @@ from .encoder_load import EncoderModel
 from .encoder_pool import bucket, pool_weights
 
 
+#: The most attention scores (float32 ``rows x heads x width x width``) one run may hold: long
+#: texts run fewer rows at a time (one at least), so memory stays bounded whatever the batch.
+MAX_SCORES = 1 << 27
+
+
 class EncoderSession:
     """An embedding model's onnxruntime session.
 
     Args:
         model: the loaded model.
         threads: intra-op threads (0: onnxruntime's default).
-        max_rows: at most this many texts per run (a bigger bucket group is run in pieces).
+        max_rows: at most this many texts per run (a bigger bucket group is run in pieces);
+            fewer for long texts, so that a run holds at most :data:`MAX_SCORES` attention
+            scores.
     """
 
     def __init__(self, model: EncoderModel, threads: int = 0, max_rows: int = 64) -> None:
@@ -48,8 +55,9 @@ class EncoderSession:
                                  f"{cfg.vocab - 1})")
             groups.setdefault(min(bucket(len(ids)), cfg.context), []).append(i)
         for width, rows in groups.items():
-            for start in range(0, len(rows), self.max_rows):
-                part = rows[start:start + self.max_rows]
+            step = max(1, min(self.max_rows, MAX_SCORES // (cfg.heads * width * width)))
+            for start in range(0, len(rows), step):
+                part = rows[start:start + step]
                 out[part] = self._run([batch[i] for i in part], width)
         return out
 
