@@ -9,7 +9,6 @@ import numpy as np
 from .encoder_load import EncoderModel
 from .encoder_pool import bucket, pool_weights
 
-
 #: The most attention scores (float32 ``rows x heads x width x width``) one run may hold: long
 #: texts run fewer rows at a time (one at least), so memory stays bounded whatever the batch.
 MAX_SCORES = 1 << 27
