@@ -50,7 +50,8 @@ TIERS = ("unit", "model", "e2e")            # lightest first
 #: does not count.
 TIER_OF_FIXTURE = {"server": "e2e", "model_path": "model", "tokenizer": "model",
                    "gemma_path": "model", "vocab_dir": "model", "qwen_coder_path": "model",
-                   "qwen_coder_15b_path": "model"}
+                   "qwen_coder_15b_path": "model", "minilm_path": "model",
+                   "nomic_path": "model"}
 #: The fixtures of this file that mark every test using them ``realsize`` as well.
 REALSIZE_FIXTURES = {"qwen_coder_path", "qwen_coder_15b_path"}
 
@@ -131,6 +132,18 @@ def qwen_coder_15b_path() -> str:
     """Path of Qwen2.5-Coder-1.5B-Instruct's GGUF (Q4_K_M, 1,117 MB), pulled on first use; a
     test using it is ``realsize``."""
     return _pulled("qwen2.5-coder-1.5b-instruct")
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """Folder of all-MiniLM-L6-v2 (sentence-transformers, 91 MB), pulled on first use."""
+    return _pulled("all-minilm-l6-v2")
+
+
+@pytest.fixture(scope="session")
+def nomic_path() -> str:
+    """Path of nomic-embed-text-v1.5's GGUF (F16, 274 MB), pulled on first use."""
+    return _pulled("nomic-embed-text-v1.5")
 
 
 def _pulled(name: str) -> str:

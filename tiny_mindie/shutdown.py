@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -70,19 +71,22 @@ class ShutdownControl:
         return self.force
 
     async def drain(self, poll_s: float = 0.05, force_wait_s: float = 10.0,
-                    graceful_s: float | None = None) -> None:
-        """Return when no request is left: graceful -- the engine is idle and every counted
-        HTTP request has been answered; forced -- the engine is stopped (its requests end with
-        ``The service has been stopped.``) and their handlers have returned, or after
-        ``force_wait_s``. A forced stop asked for meanwhile cuts a graceful drain short, and so
-        does ``graceful_s`` seconds passing (``None``: no limit): what is left is cancelled as
-        by a forced stop. Call it once :meth:`serving` has been told the engine.
+                    graceful_s: float | None = None,
+                    idle: Callable[[], bool] | None = None) -> None:
+        """Return when no request is left: graceful -- the engine is idle, every counted
+        HTTP request has been answered and ``idle()`` (the embedding jobs: none waiting or
+        running) holds; forced -- the engine is stopped (its requests end with ``The service
+        has been stopped.``) and their handlers have returned, or after ``force_wait_s``. A
+        forced stop asked for meanwhile cuts a graceful drain short, and so does
+        ``graceful_s`` seconds passing (``None``: no limit): what is left is cancelled as by
+        a forced stop. Call it once :meth:`serving` has been told the engine, if the server
+        has one (a server of an embedding model alone has none).
 
         Raises:
-            RuntimeError: no engine yet.
+            RuntimeError: no engine and no ``idle``.
         """
         engine = self.engine
-        if engine is None:
+        if engine is None and idle is None:
             raise RuntimeError("nothing to drain: the model is not loaded")
         loop = asyncio.get_running_loop()
         deadline = None
@@ -94,12 +98,22 @@ class ShutdownControl:
                             graceful_s)
             if self.force and deadline is None:
                 deadline = loop.time() + force_wait_s
-                await asyncio.to_thread(engine.stop)
-            st = engine.stats()
-            if engine.metrics.in_flight == 0 and (
-                    deadline is not None or (st["running"] == 0 and st["waiting"] == 0)):
+                if engine is not None:
+                    await asyncio.to_thread(engine.stop)
+            if _engine_idle(engine, forced=deadline is not None) and (
+                    idle is None or deadline is not None or idle()):
                 break
             if deadline is not None and loop.time() > deadline:
                 break
             await asyncio.sleep(poll_s)
         self.drained.set()
+
+
+def _engine_idle(engine, forced: bool) -> bool:
+    """No counted HTTP request in flight and, unless ``forced``, nothing running or waiting
+    (no engine: true)."""
+    if engine is None:
+        return True
+    st = engine.stats()
+    return engine.metrics.in_flight == 0 and (
+        forced or (st["running"] == 0 and st["waiting"] == 0))

@@ -218,4 +218,27 @@ class AnthropicStyle(OpenAIStyle):
         return {"type": "error", "error": {"type": kind, "message": err.message}}
 
 
+class TEIStyle(Style):
+    """Text Embeddings Inference's (``POST /embed``): ``{"error", "error_type"}`` with its
+    statuses and type names: an empty input 400 ``Empty`` (an error whose ``tei_type``
+    attribute says so), a bad field, too many inputs or an input over the context 413
+    ``Validation``, a body that is no JSON object 422 ``Validation``, 503 ``Unhealthy``; the
+    rest as MindIE's."""
+
+    TYPES = {400: "Empty", 413: "Validation", 422: "Validation", 503: "Unhealthy"}
+
+    def status(self, err: APIError) -> int:
+        if getattr(err, "tei_type", None) == "Empty":
+            return 400
+        if err.kind in (Kind.INVALID, Kind.BAD_REQUEST, Kind.TOO_DEEP, Kind.EMPTY):
+            return 413 if err.param is not None else 422
+        return 413 if err.kind is Kind.TOO_LONG else err.kind.status
+
+    def body(self, err: APIError) -> dict:
+        status = self.status(err)
+        return {"error": err.message,
+                "error_type": self.TYPES.get(status) or ERROR_TYPES.get(status, "Bad Request")}
+
+
 MINDIE, TGI, OPENAI, ANTHROPIC = Style(), TGIStyle(), OpenAIStyle(), AnthropicStyle()
+TEI = TEIStyle()

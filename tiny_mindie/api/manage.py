@@ -11,7 +11,7 @@ route                                  answer
 ``GET /v2/health/ready``               200 empty; 503 ``{"message"}`` when loading, busy (no
                                        free KV slot and requests waiting), stopping or down
 ``GET /v2/models/{m}/ready``           200 empty; 503 ``{"message"}`` when loading, stopping
-                                       or down
+                                       or down (``m``: the chat or the embedding model)
 ``GET /health/timed-{N}``              a one-token greedy generation at priority 1 within N s
                                        (1..600): 200 ``{"status": "healthy"}``, else 503
 ``GET /v2/models/{m}/getSlotCount``    ``{"total_slots", "free_slots", "available_tokens_length"}``
@@ -47,9 +47,13 @@ STOPPED = "The service has been stopped."
 MAX_TIMED_S = 600
 
 
-def check_model(app, name: str) -> None:
-    """404 ``Model <name> not found`` unless ``name`` is the served model's name."""
-    if name != app.llm.model_name:
+def check_model(app, name: str, *, embedding: bool = False) -> None:
+    """404 ``Model <name> not found`` unless ``name`` is the served chat model's name (or,
+    with ``embedding``, the embedding model's)."""
+    names = [app.chat_model.model_name] if app.chat_model is not None else []
+    if embedding and app.embedder is not None:
+        names.append(app.embedder.name)
+    if name not in names:
         raise APIError(Kind.NOT_FOUND, f"Model {name} not found")
 
 
@@ -99,7 +103,9 @@ def effective_config(app) -> dict:
                 "maxSeqLen": engine.max_seq_len, "maxInputTokenLen": engine.max_input_len,
                 "truncation": b.model.truncation, "parseSpecialTokens": llm.parse_special_tokens,
                 "ModelConfig": [{"modelName": llm.model_name, "modelWeightPath": llm.model_path,
-                                 "worldSize": 1}],
+                                 "worldSize": 1,
+                                 "embeddingModelPath": app.embedder.model.path
+                                 if app.embedder is not None else ""}],
             },
             "ScheduleConfig": {
                 "cacheBlockSize": sc.cache_block_size,
@@ -120,11 +126,13 @@ def unavailable(app) -> str | None:
     """Why the service cannot take requests now, or ``None``."""
     if app.loading is not None:
         return app.loading.message
-    engine = app.llm.engine
-    if app.shutdown.stopping or not engine.accepting:
+    engine = app.chat_model.engine if app.chat_model is not None else None
+    if app.shutdown.stopping or (engine is not None and not engine.accepting):
         return STOPPED
-    if not engine.alive:
+    if engine is not None and not engine.alive:
         return "The inference engine is not running."
+    if app.embedder is not None and not app.embedder.alive:
+        return "The embedding thread is not running."
     return None
 
 
@@ -143,13 +151,18 @@ async def health(app, req: Request, stream: ResponseStream, params: dict) -> Res
 
 
 async def live(app, req: Request, stream: ResponseStream, params: dict) -> Response:
-    return _empty(200 if app.loading is not None or app.llm.engine.alive else 503)
+    alive = app.loading is not None or (
+        (app.chat_model is None or app.chat_model.engine.alive)
+        and (app.embedder is None or app.embedder.alive))
+    return _empty(200 if alive else 503)
 
 
 async def ready(app, req: Request, stream: ResponseStream, params: dict) -> Response:
     why = unavailable(app)
     if why:
         return _message_503(why)
+    if app.chat_model is None:
+        return _empty()
     st = app.llm.engine.stats()
     if st["free_slots"] == 0 and st["waiting"] > 0:
         return _message_503(f"The service is busy: no free KV slot, {st['waiting']} "
@@ -159,7 +172,7 @@ async def ready(app, req: Request, stream: ResponseStream, params: dict) -> Resp
 
 async def model_ready(app, req: Request, stream: ResponseStream, params: dict) -> Response:
     if app.loading is None:
-        check_model(app, params["model"])
+        check_model(app, params["model"], embedding=True)
     why = unavailable(app)
     return _message_503(why) if why else _empty()
 

