@@ -202,6 +202,13 @@ tile16(const tm_job *j, int64_t n, int R, int64_t m0, int mc, const int type)
         cnt = nb - b0 < TM_CHUNK ? (int)(nb - b0) : TM_CHUNK;
         for (k = 0; k < TM_TILE16; k++)      /* the chunk's first block (super-block) */
             rp[k] = k < R ? j->w + (n + k) * j->row_bytes + b0 / per * bb : zeros;
+        if (TM_PREFETCH && n + 2 * TM_TILE16 <= j->N) {    /* the next tile's chunk */
+            const int64_t cb = cnt / per * bb;
+            int64_t i;
+            for (k = 0; k < TM_TILE16; k++)
+                for (i = 0; i < cb; i += 64)
+                    _mm_prefetch((const char *)rp[k] + TM_TILE16 * j->row_bytes + i, _MM_HINT_T0);
+        }
         if (type == TM_Q4_K) {
             q4k_decode16(rp, U, DW, MW);
         } else if (type == TM_Q6_K) {
@@ -282,8 +289,17 @@ void tm_rows_avx512vnni16(const tm_job *j, int64_t n0, int64_t n1)
     case TM_Q4_1: rows16(j, n0, n1, TM_Q4_1); break;
     case TM_Q5_0: rows16(j, n0, n1, TM_Q5_0); break;
     case TM_Q8_0: rows16(j, n0, n1, TM_Q8_0); break;
-    case TM_Q4_K: rows16(j, n0, n1, TM_Q4_K); break;
-    case TM_Q6_K: rows16(j, n0, n1, TM_Q6_K); break;
+    /* the K-quants for one activation row (decode: weights streamed from memory) on the 8-row
+     * tiles of kern_x86.c, which keep fewer rows in flight between prefetches; for more rows
+     * here, where fewer instructions per weight count. The same bits either way. */
+    case TM_Q4_K:
+        if (j->M == 1) tm_rows_avx512vnni(j, n0, n1);
+        else rows16(j, n0, n1, TM_Q4_K);
+        break;
+    case TM_Q6_K:
+        if (j->M == 1) tm_rows_avx512vnni(j, n0, n1);
+        else rows16(j, n0, n1, TM_Q6_K);
+        break;
     default: tm_rows_avx512vnni(j, n0, n1); break;
     }
 }
