@@ -187,6 +187,9 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
             from tiny_mindie.model.graph import GraphOptions
             from tiny_mindie.model.ort_standard import StandardOrtBackend as OrtBackend
             kw["graph_options"] = GraphOptions(flavour="standard")
+        elif mode == "custom":             # the GGUF-block kernels (tiny_mindie/kernels)
+            from tiny_mindie.model.graph import GraphOptions
+            kw["graph_options"] = GraphOptions(kernels="custom")
         elif mode:                         # (a tree older than the weight modes takes none)
             from tiny_mindie.model import WEIGHT_MODES
             from tiny_mindie.model.graph import GraphOptions
@@ -1039,8 +1042,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="decode tokens a backend runs before the next one takes its turn")
     ap.add_argument("--backends", default="onnxruntime,numpy,llama-bench",
                     help="comma-separated; 'onnxruntime:MODE' with a weight mode (exact, compact) "
-                         "or a block size of 4-bit requantized weights (64, 128), or "
-                         "'onnxruntime:standard' for the standard graph; "
+                         "or a block size of 4-bit requantized weights (64, 128), "
+                         "'onnxruntime:standard' for the standard graph, or "
+                         "'onnxruntime:custom' for the GGUF-block kernels; "
                          "'onnxruntime@DIR' runs the tiny_mindie source tree in "
                          "DIR (e.g. an older commit unpacked with git archive) for an A/B")
     ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"),
@@ -1118,9 +1122,10 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.backends.split(","):
             kind, _, mode = name.partition("@")[0].partition(":")
             if mode and (kind != "onnxruntime" or not (
-                    mode in ("exact", "compact", "standard") or mode.isdigit())):
+                    mode in ("exact", "compact", "standard", "custom") or mode.isdigit())):
                 raise SystemExit(f"--backends: {name!r}: only onnxruntime takes ':MODE' (exact, "
-                                 f"compact, a block size, or standard: the standard graph)")
+                                 f"compact, a block size, standard: the standard graph, or "
+                                 f"custom: the GGUF-block kernels)")
             if name == "llama.cpp":
                 python = find_llama_python(args.llama_python)
                 if python is None:

@@ -96,7 +96,7 @@ tm_rows_fn tm_rows_for(int path)
 #ifdef TM_HAVE_X86
     case TM_AVX2: return tm_rows_avx2;
     case TM_AVXVNNI: return tm_rows_avxvnni;
-    case TM_AVX512VNNI: return tm_rows_avx512vnni;
+    case TM_AVX512VNNI: return tm_rows_avx512vnni16;
 #endif
 #ifdef TM_HAVE_NEON
     case TM_NEON: return tm_rows_neon;
@@ -295,6 +295,11 @@ int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int
         *why = "out of memory";
         return -2;
     }
+#ifdef TM_HAVE_X86
+    if (path == TM_AVX2 || path == TM_AVXVNNI || path == TM_AVX512VNNI)
+        tm_quantize_avx2(x, M, K, xq, dx, xs, xs16);
+    else
+#endif
     quantize_rows(x, M, K, xq, dx, xs, xs16);
     job.xq = xq; job.dx = dx; job.xs = xs; job.xs16 = xs16; job.xpat = NULL;
 #ifdef TM_HAVE_X86

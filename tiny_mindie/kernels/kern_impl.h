@@ -180,7 +180,7 @@ TM_FN void TM_SFX(tile)(const tm_job *j, int64_t n, int R, int64_t m0, int mc)
     for (b0 = 0; b0 < j->nb; b0 += chunk) {
         for (r = 0; r < ahead; r++) {
             const uint8_t *next = j->w + (n + TM_TILE_N + r) * j->row_bytes + b0 / chunk * cb;
-            for (i = 0; i < cb; i += 64) __builtin_prefetch(next + i);
+            for (i = 0; i < cb && TM_PREFETCH; i += 64) __builtin_prefetch(next + i);
         }
 #ifdef TM_Q4K_SB
         if (type == TM_Q4_K) {     /* a path's own: the super-block straight from the rows */

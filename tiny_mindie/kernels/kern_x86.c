@@ -33,6 +33,9 @@
 /* x's dword k and k + 4 broadcast to the two halves */
 #define TM_XB(X, k) _mm256_shuffle_epi32(X, (k) * 0x55)
 
+/* a constant one ISA variant of a body does not use */
+#define TM_UNUSED __attribute__((unused))
+
 /* The three dot kernels of kern_impl.h for one path, from its products:
  * U8(acc, w, x): acc + the int32 lane sums of unsigned bytes w times signed bytes x;
  * S16(acc, w, x): acc + the lane sums of int16 w times int16 x. */
@@ -472,7 +475,7 @@ ATTR_AVX512 int8_t *tm_xpat_avx512vnni(const tm_job *j)
  * sign), transposed, dotted; the block's exact integer sum less the offset times
  * the activations' sum (8, 16, 128; Q4_1 none), its float32 term added to acc[m] as terms()
  * does. */
-#define TM_X86_Q32_SB(SFX, ATTR, U8, Q8U)                                                         \
+#define TM_X86_Q32_SB(SFX, ATTR, U8, Q8U, Q5H)                                                \
 static inline __attribute__((always_inline)) ATTR void                                      \
 q32_body_##SFX(const tm_job *j, int64_t n, int R, int64_t b0, int64_t m0, int mc,           \
                tm_v8f *acc, const int type)                                                  \
@@ -483,21 +486,20 @@ q32_body_##SFX(const tm_job *j, int64_t n, int R, int64_t b0, int64_t m0, int mc
     const __m256i m4 = _mm256_set1_epi8(15), sh04 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);\
     const __m256i hsplit = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,\
                                             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);\
-    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,   \
+    const __m256i TM_UNUSED spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,   \
                                             2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);  \
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);                 \
+    const __m256i TM_UNUSED bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);                 \
     const __m256i k16 = _mm256_set1_epi8(16), k80 = _mm256_set1_epi8((char)0x80);             \
     const uint8_t *rp[8];                                                                    \
-    __m256i r[8], u[8], au[8];                                                               \
+    __m256i r[8], U[8][8];                                                                   \
+    __m256 DW[8], MW[8];                                                                     \
     int64_t nb = j->nb;                                                                      \
     int k, c, m;                                                                             \
     for (k = 0; k < 8; k++)                                                                  \
         rp[k] = k < R ? j->w + (n + k) * j->row_bytes + b0 * bb : zeros;                     \
-    for (c = 0; c < 8; c++) {                                                                \
-        const int64_t bc = b0 + c;                                                           \
+    for (c = 0; c < 8; c++) {      /* the 8 blocks decoded and transposed, then dotted below */ \
         uint32_t hw[8];                                                                      \
         __m256i H;                                                                           \
-        __m256 dw, mw;                                                                       \
         for (k = 0; k < 8; k++) {                                                            \
             const uint8_t *p = rp[k] + c * bb;                                               \
             memcpy(&hw[k], p, 4);                                                            \
@@ -506,54 +508,53 @@ q32_body_##SFX(const tm_job *j, int64_t n, int R, int64_t b0, int64_t m0, int mc
                 if (Q8U) r[k] = _mm256_xor_si256(r[k], k80);                                 \
             } else {                                                                         \
                 const int qo = type == TM_Q4_0 ? 2 : type == TM_Q4_1 ? 4 : 6;                \
-                __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo)));\
+                __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + qo))); \
                 r[k] = _mm256_and_si256(_mm256_srlv_epi32(v, sh04), m4);                     \
                 if (type == TM_Q5_0) {                                                       \
                     uint32_t qh;                                                             \
-                    __m256i h;                                                               \
                     memcpy(&qh, p + 2, 4);                                                   \
-                    h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);             \
-                    h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);                    \
-                    r[k] = _mm256_or_si256(r[k], _mm256_and_si256(h, k16));                  \
+                    r[k] = Q5H(r[k], qh);                                                    \
                 }                                                                            \
             }                                                                                \
         }                                                                                    \
         H = _mm256_loadu_si256((const __m256i *)hw);                                         \
         H = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(H, hsplit), 0xD8);                  \
-        dw = _mm256_cvtph_ps(_mm256_castsi256_si128(H));                                     \
-        mw = _mm256_cvtph_ps(_mm256_extracti128_si256(H, 1));                                \
-        TM_T8(u, r);                                                                         \
-        if (type == TM_Q8_0 && !Q8U)  /* signed weights: |w| times x with w's sign */        \
-            for (k = 0; k < 8; k++) au[k] = _mm256_abs_epi8(u[k]);                           \
-        for (m = 0; m < mc; m++) {                                                           \
-            const int64_t ia = (m0 + m) * nb + bc;                                           \
-            __m256i X = _mm256_loadu_si256((const __m256i *)(j->xq + (m0 + m) * j->K         \
-                                                             + bc * TM_QK));                 \
+        DW[c] = _mm256_cvtph_ps(_mm256_castsi256_si128(H));                                  \
+        MW[c] = _mm256_cvtph_ps(_mm256_extracti128_si256(H, 1));                             \
+        TM_T8(U[c], r);                                                                      \
+    }                                                                                        \
+    for (m = 0; m < mc; m++) {     /* a row's terms in block order, its sum in a register */ \
+        const int64_t i0 = (m0 + m) * nb + b0;                                               \
+        const int8_t *xa = j->xq + (m0 + m) * j->K + b0 * TM_QK;                             \
+        __m256 s = acc[m];                                                                   \
+        for (c = 0; c < 8; c++) {                                                            \
+            __m256i X = _mm256_loadu_si256((const __m256i *)(xa + c * TM_QK));               \
             __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256(), D;               \
-            const __m256 dx = _mm256_set1_ps(j->dx[ia]);                                     \
-            const int32_t xs = j->xs[ia];                                                    \
+            const __m256 dx = _mm256_set1_ps(j->dx[i0 + c]);                                 \
+            const int32_t xs = j->xs[i0 + c];                                                \
             __m256 t;                                                                        \
             for (k = 0; k < 4; k++) {                                                        \
                 __m256i xk = TM_XB(X, k);                                                    \
-                if (type == TM_Q8_0 && !Q8U) {                                               \
-                    a = U8(a, au[k], _mm256_sign_epi8(xk, u[k]));                            \
-                    b = U8(b, au[k + 4], _mm256_sign_epi8(xk, u[k + 4]));                    \
+                if (type == TM_Q8_0 && !Q8U) {  /* signed weights: |w| times x with w's sign */ \
+                    a = U8(a, _mm256_abs_epi8(U[c][k]), _mm256_sign_epi8(xk, U[c][k]));      \
+                    b = U8(b, _mm256_abs_epi8(U[c][k + 4]), _mm256_sign_epi8(xk, U[c][k + 4])); \
                 } else {                                                                     \
-                    a = U8(a, u[k], xk);                                                     \
-                    b = U8(b, u[k + 4], xk);                                                 \
+                    a = U8(a, U[c][k], xk);                                                  \
+                    b = U8(b, U[c][k + 4], xk);                                              \
                 }                                                                            \
             }                                                                                \
             D = TM_JOIN(a, b);                                                               \
             if (type == TM_Q4_1) {                                                           \
-                t = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(D));             \
-                t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(mw, dx),                    \
-                                                   _mm256_set1_ps((float)xs)));             \
+                t = _mm256_mul_ps(_mm256_mul_ps(DW[c], dx), _mm256_cvtepi32_ps(D));          \
+                t = _mm256_add_ps(t, _mm256_mul_ps(_mm256_mul_ps(MW[c], dx),                 \
+                                                   _mm256_set1_ps((float)xs)));              \
             } else {                                                                         \
                 D = _mm256_sub_epi32(D, _mm256_set1_epi32(off * xs));                        \
-                t = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(D));             \
+                t = _mm256_mul_ps(_mm256_mul_ps(DW[c], dx), _mm256_cvtepi32_ps(D));          \
             }                                                                                \
-            acc[m] = _mm256_add_ps(acc[m], t);                                               \
+            s = _mm256_add_ps(s, t);                                                         \
         }                                                                                    \
+        acc[m] = s;                                                                          \
     }                                                                                        \
 }                                                                                            \
 /* the body above compiled for each type */                                                 \
@@ -567,9 +568,14 @@ static inline ATTR void q32_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t 
     default: q32_body_##SFX(j, n, R, b0, m0, mc, acc, TM_Q8_0); break;                       \
     }                                                                                        \
 }
-TM_X86_Q32_SB(avx2, ATTR_AVX2, U8_AVX2, 0)
-TM_X86_Q32_SB(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI, 1)
-TM_X86_Q32_SB(avx512vnni, ATTR_AVX512, U8_AVX512, 1)
+/* Q5H(r, qh): the bytes r with 16 added where bit i of qh is set (byte i): by a byte mask made
+ * from qh (AVX2), or with qh itself as the mask register (AVX-512 BW) */
+#define Q5H_AVX2(r, qh) _mm256_or_si256(r, _mm256_and_si256(k16, _mm256_cmpeq_epi8(         \
+    _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)(qh)), spread), bit), bit)))
+#define Q5H_AVX512(r, qh) _mm256_mask_add_epi8(r, (__mmask32)(qh), r, k16)
+TM_X86_Q32_SB(avx2, ATTR_AVX2, U8_AVX2, 0, Q5H_AVX2)
+TM_X86_Q32_SB(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI, 1, Q5H_AVX2)
+TM_X86_Q32_SB(avx512vnni, ATTR_AVX512, U8_AVX512, 1, Q5H_AVX512)
 
 /* 8 rows' 16 bytes at p[k] + off as 4 vectors of their dwords 0-3 (lanes = rows 0-7) */
 #define TM_T4x8(S, p, off)                                                                   \
@@ -667,6 +673,63 @@ static inline ATTR void q6k_sb_##SFX(const tm_job *j, int64_t n, int R, int64_t 
 TM_X86_Q6K_SB(avx2, ATTR_AVX2, U8_AVX2)
 TM_X86_Q6K_SB(avxvnni, ATTR_AVXVNNI, U8_AVXVNNI)
 TM_X86_Q6K_SB(avx512vnni, ATTR_AVX512, U8_AVX512)
+
+
+/* the sum of the 8 int32 lanes */
+static inline ATTR_AVX2 int32_t hsum8(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_srli_si128(s, 8));
+    s = _mm_add_epi32(s, _mm_srli_si128(s, 4));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* dispatch.c's quantize_rows by AVX2 instructions, the same values: amax is exact in any
+ * order, x * inv is one float32 multiply per element either way, the rounding is to nearest
+ * even (the default mode nearbyintf uses), and the sums are exact integers. */
+ATTR_AVX2 void tm_quantize_avx2(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx,
+                                int32_t *xs, int32_t *xs16)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f), lim = _mm256_set1_ps(127.0f);
+    int64_t nb = K / TM_QK, m, b;
+    int i;
+    for (m = 0; m < M; m++)
+        for (b = 0; b < nb; b++) {
+            const float *v = x + m * K + b * TM_QK;
+            __m256 f[4], mx;
+            __m256i q[4], s16, s32;
+            __m128i h;
+            float amax, scale, inv;
+            for (i = 0; i < 4; i++) f[i] = _mm256_loadu_ps(v + 8 * i);
+            mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, f[0]), _mm256_andnot_ps(sign, f[1])),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, f[2]), _mm256_andnot_ps(sign, f[3])));
+            h = _mm_castps_si128(_mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1)));
+            h = _mm_castps_si128(_mm_max_ps(_mm_castsi128_ps(h), _mm_castsi128_ps(_mm_srli_si128(h, 8))));
+            h = _mm_castps_si128(_mm_max_ps(_mm_castsi128_ps(h), _mm_castsi128_ps(_mm_srli_si128(h, 4))));
+            amax = _mm_cvtss_f32(_mm_castsi128_ps(h));
+            scale = amax / 127.0f;
+            inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+            for (i = 0; i < 4; i++) {
+                __m256 r = _mm256_round_ps(_mm256_mul_ps(f[i], _mm256_set1_ps(inv)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                r = _mm256_max_ps(_mm256_min_ps(r, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+                q[i] = _mm256_cvtps_epi32(r);
+            }
+            /* int32 -> int8 in element order: packs interleave 128-bit lanes, the permute
+             * puts them back */
+            {
+                __m256i p01 = _mm256_packs_epi32(q[0], q[1]), p23 = _mm256_packs_epi32(q[2], q[3]);
+                __m256i p = _mm256_packs_epi16(p01, p23);
+                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+                _mm256_storeu_si256((__m256i *)(xq + m * K + b * TM_QK), p);
+            }
+            s16 = _mm256_add_epi32(q[0], q[1]);
+            s32 = _mm256_add_epi32(s16, _mm256_add_epi32(q[2], q[3]));
+            dx[m * nb + b] = scale;
+            xs[m * nb + b] = hsum8(s32);
+            xs16[m * nb + b] = hsum8(s16);
+        }
+}
 
 #define TM_SFX(name) name##_avx2
 #define TM_TARGET ATTR_AVX2

@@ -28,6 +28,9 @@ enum { TM_PORTABLE = 0, TM_AVX2 = 1, TM_AVXVNNI = 2, TM_AVX512VNNI = 3, TM_NEON 
 #define TM_TILE_N 8       /* weight rows computed together */
 #define TM_TILE_M 8       /* activation rows of one dot kernel call */
 #define TM_GROUP_M 64     /* activation rows computed together (weights decoded once for them) */
+#ifndef TM_PREFETCH
+#define TM_PREFETCH 1    /* fetch the next tile's rows ahead (0: leave it to the hardware) */
+#endif
 #define TM_CHUNK 8        /* 32-blocks decoded at a time (one K-quant super-block) */
 
 /* 8 float32 / int32 lanes (GCC and clang vector extensions): the float32 terms of 8 rows at once,
@@ -56,8 +59,13 @@ void tm_rows_portable(const tm_job *job, int64_t n0, int64_t n1);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define TM_HAVE_X86 1
 void tm_rows_avx2(const tm_job *job, int64_t n0, int64_t n1);
+/* dispatch.c's activation quantization (the same values) by AVX2 instructions */
+void tm_quantize_avx2(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int32_t *xs,
+                      int32_t *xs16);
 void tm_rows_avxvnni(const tm_job *job, int64_t n0, int64_t n1);
 void tm_rows_avx512vnni(const tm_job *job, int64_t n0, int64_t n1);
+/* kern_x86_16.c: blocks of 32 on 16 rows at once, the K-quants by tm_rows_avx512vnni */
+void tm_rows_avx512vnni16(const tm_job *job, int64_t n0, int64_t n1);
 /* xq of a Q4_K job arranged for the AVX-512 Q4_K kernel (malloc'd: the caller frees it), or
  * NULL (another type, or out of memory: the kernel then arranges xq itself) */
 int8_t *tm_xpat_avx512vnni(const tm_job *job);
