@@ -59,8 +59,10 @@ def test_every_matrix_product_is_the_custom_operator(custom):
     model = onnx.load(custom.graph_path, load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
     assert "MatMulNBits" not in ops
-    # per layer: QKV, output, gate/up, down; and the LM head (the tied embedding's blocks)
-    assert ops.count("MatMulGGUF") == 4 * custom.config.num_layers + 1
+    # per layer: Q, K, V (apart in the GGUF), output, gate/up (back to back in the GGUF: one
+    # product), down; and the LM head (the tied embedding's blocks)
+    assert ops.count("MatMulGGUF") == 6 * custom.config.num_layers + 1
+    assert ops.count("GatherGGUF") == 1 and "GatherBlockQuantized" not in ops
     names = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2",
              "portable": "portable C"}
     assert custom.kernels == f"custom op, {names[kernels.isa()]}"
