@@ -160,6 +160,9 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
         load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
             ``"batch check"`` when :meth:`check_batch_invariance` ran.
+        mapped_weight_bytes: bytes of the GGUF the session reads in place, mapped (the custom
+            kernels' blocks, :func:`.ort_session.gguf_initializers`); 0 with onnxruntime's
+            kernels. They count in resident memory as file-backed pages once touched.
     """
 
     name = "onnxruntime"
@@ -197,6 +200,7 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
                              custom_ops=kernel_library(graph_options.kernels))
         #: the OrtValues of the GGUF's blocks the session reads in place (kept as long as it)
         self._gguf_values = gguf_initializers(self.graph_path, f, so) if mapped else []
+        self.mapped_weight_bytes = sum(int(np.prod(v.shape())) for v in self._gguf_values)
         self._session, before = open_session(self.graph_path, so, chosen, release=release,
                                              huge_pages=huge_pages)
         self._huge_pages = HugePageMove(before) if before is not None else None
