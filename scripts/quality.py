@@ -14,14 +14,16 @@ the vocabulary after each position is compared with the reference's. Per text an
                  (the divergence llama.cpp's ``llama-perplexity --kl-divergence`` reports)
     top-1        share of positions whose most likely token is the reference's
 
-Engines (``--engines``, comma-separated; default ``numpy,onnxruntime:exact,onnxruntime:compact,
-llama.cpp``):
+Engines (``--engines``, comma-separated; default ``numpy,onnxruntime:exact,onnxruntime:custom,
+onnxruntime:compact,llama.cpp``):
 
     numpy                the reference: the GGUF's tensors dequantized to float32, float32
                          activations (tiny_mindie.model.reference.NumpyBackend)
-    onnxruntime[:MODE]   the ONNX Runtime backend; MODE ``exact`` (the GGUF's weights, the
-                         default), ``compact`` (every matrix requantized to 4-bit blocks of 64)
-                         or a block size (``onnxruntime:128``); see ``WEIGHT_MODES``
+    onnxruntime[:MODE]   the ONNX Runtime backend; MODE ``exact`` (the GGUF's weights on
+                         onnxruntime's ``MatMulNBits``, the default), ``custom`` (the GGUF's
+                         weights on tiny_mindie's own kernels, tiny_mindie/kernels), ``compact``
+                         (every matrix requantized to 4-bit blocks of 64) or a block size
+                         (``onnxruntime:128``); see ``WEIGHT_MODES``
     llama.cpp[:FILE]     llama.cpp through llama-cpp-python on ``--model``'s file, or on FILE (a
                          GGUF of the same model in another quantization, e.g. made by
                          ``llama-quantize``), scored against ``--model``'s reference all the same
@@ -87,7 +89,7 @@ ROOT = os.path.dirname(HERE)
 TEXTS_DIR = os.path.join(HERE, "texts")
 #: The fixed texts: name -> file in scripts/texts/.
 TEXTS = {"english": "english.txt", "code": "code.py"}
-DEFAULT_ENGINES = "numpy,onnxruntime:exact,onnxruntime:compact,llama.cpp"
+DEFAULT_ENGINES = "numpy,onnxruntime:exact,onnxruntime:custom,onnxruntime:compact,llama.cpp"
 
 
 # ---- the fixed texts and the arithmetic (tests/test_quality_script.py) -----------------------
@@ -180,7 +182,7 @@ def compact_of(mode: str) -> int:
     except ImportError:
         from tiny_mindie.model.graph import WEIGHT_MODES
 
-    if not mode:
+    if not mode or mode == "custom":
         return 0
     if mode in WEIGHT_MODES:
         return WEIGHT_MODES[mode]
@@ -323,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="a .gguf file or a registry name (default: the registry's "
                                     "default model)")
     ap.add_argument("--engines", default=DEFAULT_ENGINES,
-                    help="comma-separated: numpy, onnxruntime[:exact|compact|BLOCK], "
+                    help="comma-separated: numpy, onnxruntime[:exact|custom|compact|BLOCK], "
                          "llama.cpp[:FILE.gguf] (default: %(default)s)")
     ap.add_argument("--texts", default=",".join(TEXTS),
                     help="comma-separated fixed texts of scripts/texts (default: %(default)s)")
@@ -445,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
             be = OrtBackend(f, cfg, num_slots=1, max_seq_len=max_len, threads=args.threads,
                             cache_dir=args.graph_cache, parallel_runs=1, check_batching=False,
                             spinning=False,     # a shared machine; speed is not measured here
-                            graph_options=GraphOptions(compact=compact_of(arg)))
+                            graph_options=GraphOptions(
+                                compact=compact_of(arg),
+                                kernels="custom" if arg == "custom" else "onnxruntime"))
             load_s = time.perf_counter() - t0
             for t in texts:
                 t0 = time.perf_counter()
