@@ -23,7 +23,7 @@ from smollm2_prompts import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, ids_of, prefil
 from tiny_mindie import kernels
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.graph import VERIFY_ROWS, GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 
@@ -104,7 +104,7 @@ import json, numpy as np
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.graph import VERIFY_ROWS, GraphOptions
 from tiny_mindie.model.memory import file_resident_bytes, resident_split
 from tiny_mindie.model.ort_backend import OrtBackend
 f = GGUFFile({model_path!r})
@@ -153,6 +153,30 @@ def test_the_greedy_text_is_the_references(custom, reference, gguf):
 
 def test_a_row_gets_the_same_logits_alone_and_in_any_batch(custom):
     assert_rows_batch_invariant(custom, custom.config.vocab_size)
+
+
+@pytest.mark.parametrize("path", ["avx2", "avxvnni"])
+def test_the_start_up_checks_pass_on_another_kernel_path(gguf, path, tmp_path):
+    """With the kernels forced to the AVX2 or AVX-VNNI path (what a CPU without AVX-512 runs),
+    the start-up batch and verification checks pass (decode rows batched, speculation on) and
+    a row's logits are the same alone and in any batch: invariance by construction, not by
+    the ISA."""
+    if not kernels.supported(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
+    best = kernels.isa()
+    kernels.set_isa(path)
+    try:
+        be = OrtBackend(gguf, ModelConfig.from_gguf(gguf), num_slots=9,
+                        max_seq_len=MAX_SEQ_LEN, threads=2, cache_dir=str(tmp_path),
+                        graph_options=GraphOptions(kernels="custom", verify_rows=VERIFY_ROWS))
+        try:
+            assert be.kernels.endswith({"avx2": "AVX2", "avxvnni": "AVX-VNNI"}[path])
+            assert be.rows_per_decode_run == 0 and be.fast_verify
+            assert_rows_batch_invariant(be, be.config.vocab_size)
+        finally:
+            be.close()
+    finally:
+        kernels.set_isa(best)
 
 
 
