@@ -6,7 +6,9 @@ Both servers run at once on the same model file with the same thread count:
 
     tiny_mindie     --model '' --embedding-model GGUF --threads T   (mutual TLS, as deployed)
     llama-server    -m GGUF --embedding --pooling mean -t T -np MAX_LEVEL
-                    -c MAX_LEVEL*MAX_LENGTH -ub MAX_LENGTH -b MAX_LENGTH   (plain HTTP)
+                    -c MAX_LEVEL*MAX_LENGTH -ub B -b B   (plain HTTP; B: 512, llama.cpp's
+                    default, or MAX_LENGTH or MAX_LEVEL where larger; more flags, e.g. another
+                    -ub, with --llama-args at the end of the command line)
 
 For each text length L (``--lengths``, default ~16, ~128 and ~512 tokens, [CLS] and [SEP]
 included; passages of scripts/texts/ after nomic's ``search_document: ``, each request a
@@ -208,10 +210,12 @@ def start_both(args, path: str, home: str):
 
 def llama_flags(args) -> list[str]:
     """llama-server's flags beside ``-m -t -np``: embeddings, mean pooling, a context of one
-    slot per client of the longest text, a micro-batch that holds the longest text."""
-    longest = max(args.lengths)
-    return ["--embedding", "--pooling", "mean", "-c", str(max(args.levels) * longest),
-            "-ub", str(longest), "-b", str(longest), *args.llama_args]
+    slot per client of the longest text, and a (micro-)batch of its default 512 tokens, or
+    more where the longest text or one output per slot needs it; then ``--llama-args``."""
+    longest, slots = max(args.lengths), max(args.levels)
+    batch = str(max(512, longest, slots))
+    return ["--embedding", "--pooling", "mean", "-c", str(slots * longest), "-ub", batch,
+            "-b", batch, *args.llama_args]
 
 
 def stop(procs) -> None:
