@@ -20,6 +20,8 @@ their rows):
     startup     each start's steps, in seconds
     draft-vs-llama-server   one stream's tok/s per prompt and mode for each server (with and
                 without a draft model), and the draft's acceptance
+    embed-vs-llama-server   embeddings/s of both servers against the number of concurrent
+                clients, per text length, and the per-turn ratio
 
 Every figure carries the run's date, CPU, versions and command beneath it. SVGs are written
 reproducibly (no timestamp, fixed ids), so a figure changes only when its results do. Needs
@@ -36,7 +38,7 @@ import statistics
 import sys
 
 KINDS = ("bench", "quality", "loadtest", "loadtest-vs-llama-server", "startup",
-         "draft-vs-llama-server")
+         "draft-vs-llama-server", "embed-vs-llama-server")
 
 
 # ---- reading a results file --------------------------------------------------------------------
@@ -243,9 +245,23 @@ def _draft_table(data: dict) -> list[list[str]]:
     return out
 
 
+def _embed_table(data: dict) -> list[list[str]]:
+    med = statistics.median
+    out = [["tokens", "clients", "tiny_mindie emb/s", "llama-server emb/s", "ratio (range)",
+            "p50 ms tiny_mindie / llama-server", "texts per encoder run"]]
+    for r in data["results"]:
+        per_run = [x for x in r.get("tiny_mindie_texts_per_run") or [] if x is not None]
+        out.append([f"{r['tokens']:.0f}", str(r["n"]), f"{med(r['tiny_mindie_emb_s']):.1f}",
+                    f"{med(r['llama_server_emb_s']):.1f}",
+                    f"{med(r['ratios']):.2f} ({min(r['ratios']):.2f}-{max(r['ratios']):.2f})",
+                    f"{med(r['tiny_mindie_p50_ms']):.1f} / {med(r['llama_server_p50_ms']):.1f}",
+                    f"{med(per_run):.1f}" if per_run else "-"])
+    return out
+
+
 TABLES = {"bench": _bench_table, "quality": _quality_table, "loadtest": _loadtest_table,
           "loadtest-vs-llama-server": _versus_table, "startup": _startup_table,
-          "draft-vs-llama-server": _draft_table}
+          "draft-vs-llama-server": _draft_table, "embed-vs-llama-server": _embed_table}
 
 
 # ---- figures -----------------------------------------------------------------------------------
@@ -383,9 +399,50 @@ def _draw_draft(fig, data: dict) -> None:
     ax_kept.set_title("acceptance")
 
 
+def _draw_embed(fig, data: dict) -> None:
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    rows = data["results"]
+    lengths = list(dict.fromkeys(r["length"] for r in rows))
+    n = sorted({r["n"] for r in rows})
+    ax_eps, ax_ratio = fig.subplots(1, 2)
+    for length in lengths:
+        mine = [r for r in rows if r["length"] == length]
+        label = f"~{statistics.mean(r['tokens'] for r in mine):.0f} tokens"
+        line, = ax_eps.plot([r["n"] for r in mine],
+                            [statistics.median(r["tiny_mindie_emb_s"]) for r in mine], "o-",
+                            label=f"tiny_mindie, {label}")
+        ax_eps.plot([r["n"] for r in mine],
+                    [statistics.median(r["llama_server_emb_s"]) for r in mine], "s--",
+                    color=line.get_color(), label=f"llama-server, {label}")
+        ax_ratio.plot([r["n"] for r in mine], [statistics.median(r["ratios"]) for r in mine],
+                      "o-", color=line.get_color(), label=label)
+        for r in mine:
+            ax_ratio.plot([r["n"]] * len(r["ratios"]), r["ratios"], ".",
+                          color=line.get_color())
+    ax_eps.set_yscale("log")
+    ax_eps.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax_eps.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax_eps.yaxis.set_minor_formatter(NullFormatter())
+    ax_eps.set_ylabel("embeddings/s (median of turns)")
+    ax_eps.set_title(data.get("model", ""))
+    ax_eps.legend(fontsize=7)
+    ax_ratio.axhline(1.0, color="k", linestyle="--", linewidth=1)
+    ax_ratio.set_ylim(bottom=0)
+    ax_ratio.set_ylabel("tiny_mindie / llama-server embeddings/s (dots: each turn)")
+    ax_ratio.set_title("ratio (above 1: tiny_mindie faster)")
+    ax_ratio.legend(fontsize=7)
+    for ax in (ax_eps, ax_ratio):
+        ax.set_xscale("log")
+        ax.set_xticks(n, [str(x) for x in n])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("concurrent clients, one text per request")
+        ax.grid(alpha=0.3)
+
+
 DRAW = {"bench": _draw_bench, "quality": _draw_quality, "loadtest": _draw_loadtest,
         "loadtest-vs-llama-server": _draw_versus, "startup": _draw_startup,
-        "draft-vs-llama-server": _draw_draft}
+        "draft-vs-llama-server": _draw_draft, "embed-vs-llama-server": _draw_embed}
 
 
 def render(source: str | dict, out: str) -> None:

@@ -1,10 +1,12 @@
-"""The results files of scripts/bench.py, loadtest.py and startup.py: what every one records
-about its run, and writing it.
+"""The results files of scripts/bench.py, loadtest.py, startup.py, draftbench.py, embedbench.py
+and embedcheck.py: what every one records about its run, and writing it.
 
 A results file is one JSON object::
 
-    kind          "bench", "loadtest", "loadtest-vs-llama-server" or "startup" (what
-                  scripts/plot.py draws; scripts/quality.py's files carry no kind: "quality")
+    kind          "bench", "loadtest", "loadtest-vs-llama-server", "startup",
+                  "draft-vs-llama-server" or "embed-vs-llama-server" (what scripts/plot.py
+                  draws; scripts/quality.py's files carry no kind: "quality"), or
+                  "embedcheck" (scripts/embedcheck.py's cosines, not drawn)
     date          when the run started, ISO 8601 in UTC
     cpu           CPU model, CPUs this process may use, SIMD flags (:func:`cpu_line`)
     cpus          CPUs this process may use

@@ -23,6 +23,7 @@ from helpers import (
     request,
     serving,
     start_server,
+    wait_until,
 )
 
 from tiny_mindie.model.encoder_load import load_encoder
@@ -246,6 +247,44 @@ def test_beside_the_chat_model(both):
     assert status == 400 and err["error"]["param"] == "dimensions"
     status, err = post(both, "/v1/embeddings", {"input": "x", "model": "smollm2-135m-instruct"})
     assert status == 404 and MINILM in err["error"]["message"]
+
+
+def test_the_chat_decodes_while_an_embedding_batch_runs(both):
+    """The embedding model runs on its own thread: a chat completion of 8 decode steps, sent
+    while a long embedding batch runs, is answered before that batch is (no encoder run has
+    ended and the batch is still pending when its 8 tokens are in). Were the batch to hold the
+    decode, the completion would come after it."""
+    def series(name: str) -> float:
+        text = request(both, "GET", "/metrics")[2].decode()
+        line = next(x for x in text.splitlines()
+                    if x.startswith(f'tiny_mindie_{name}{{model_name="{MINILM}"'))
+        return float(line.rsplit(" ", 1)[1])
+
+    wait_until(lambda: series("embedding_num_requests_pending") == 0, what="no embedding left")
+    runs = series("embedding_batch_size_count")
+    done: list[str] = []
+    long = " ".join(f"passage {i} of the archive" for i in range(100))   # over 256 tokens
+    batch = {"inputs": [f"{j} {long}" for j in range(64)], "truncate": True}
+
+    def embed() -> None:
+        status, vectors = post(both, "/embed", batch)
+        done.append(f"embed {status} {len(vectors)}")
+
+    worker = threading.Thread(target=embed)
+    worker.start()
+    try:
+        wait_until(lambda: series("embedding_num_requests_pending") == 1, what="batch queued")
+        status, answer = post(both, "/v1/completions", {
+            "model": "smollm2-135m-instruct", "prompt": "Once upon a time", "max_tokens": 8,
+            "ignore_eos": True, "temperature": 0})
+        assert status == 200 and answer["usage"]["completion_tokens"] == 8
+        assert done == []                                       # the batch is not answered
+        assert series("embedding_num_requests_pending") == 1
+        assert series("embedding_batch_size_count") == runs     # no encoder run has ended
+    finally:
+        worker.join()
+    assert done == ["embed 200 64"]
+    assert series("embedding_batch_size_count") == runs + 1
 
 
 def test_metrics_and_the_access_log_count_embeddings(both):

@@ -12,7 +12,7 @@ import pytest
 
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.encoder_ort import EncoderSession
-from tiny_mindie.model.encoder_pool import BUCKETS, bucket, finish, pool_weights
+from tiny_mindie.model.encoder_pool import bucket, finish, pool_weights
 from tiny_mindie.model.encoder_reference import encode_one
 
 TEXTS = ["search_query: A man is eating food.",
@@ -79,8 +79,10 @@ def test_pool_weights_and_buckets():
     assert np.allclose(w, [[1 / 3, 1 / 3, 1 / 3, 0], [1, 0, 0, 0]])
     assert pool_weights([3], 4, "cls").tolist() == [[1, 0, 0, 0]]
     assert pool_weights([3], 4, "last").tolist() == [[0, 0, 1, 0]]
-    assert [bucket(n) for n in (1, 16, 17, 2048)] == [16, 16, 32, 2048]
-    assert bucket(BUCKETS[-1] + 1) == BUCKETS[-1] + 1
+    assert [bucket(n) for n in (1, 16, 17, 128, 129, 256, 257, 2048, 2049)] == \
+        [16, 16, 32, 128, 144, 256, 288, 2048, 2304]
+    assert all(n <= bucket(n) < n + max(16, n / 8) for n in range(1, 9000))
+    assert all(bucket(bucket(n)) == bucket(n) for n in range(1, 9000))
 
 
 def test_finish_normalizes_truncates_and_never_makes_nan():

@@ -90,7 +90,8 @@ def test_the_record_of_a_run(tmp_path):
 
 
 def test_kinds_without_a_file_in_docs_draw(tmp_path):
-    """The shapes loadtest.py --llama-server and startup.py write (numbers made up)."""
+    """The shapes loadtest.py --llama-server, startup.py and embedbench.py write (numbers made
+    up)."""
     record = results.run_record("loadtest-vs-llama-server", ["scripts/loadtest.py"])
     versus = {**record, "model": "m.gguf", "results": [
         {"n": n, "tiny_mindie_tok_s": [1.0, 2.0], "llama_server_tok_s": [2.0, 2.0],
@@ -98,10 +99,17 @@ def test_kinds_without_a_file_in_docs_draw(tmp_path):
     startup = {**results.run_record("startup", ["scripts/startup.py"]), "model": "m.gguf",
                "results": [{"start": "cold", "built": True, "steps": {"graph": 1.0, "total": 2.0}},
                            {"start": "warm 1", "built": False, "steps": {"total": 1.0}}]}
-    for i, data in enumerate((versus, startup)):
+    embed = {**results.run_record("embed-vs-llama-server", ["scripts/embedbench.py"]),
+             "model": "m.gguf", "results": [
+                 {"length": 16, "tokens": 15.5, "n": n, "tiny_mindie_emb_s": [4.0, 6.0],
+                  "llama_server_emb_s": [2.0, 3.0], "ratios": [2.0, 2.0],
+                  "tiny_mindie_p50_ms": [9.0, 8.0], "llama_server_p50_ms": [9.0, 9.0],
+                  "tiny_mindie_texts_per_run": [1.0, None]} for n in (1, 4)]}
+    for i, data in enumerate((versus, startup, embed)):
         plot.render(data, str(tmp_path / f"{i}.svg"))
         assert _is_figure(tmp_path / f"{i}.svg")
         assert "| 4 |" in plot.markdown(data) or "| warm 1 |" in plot.markdown(data)
+    assert "| 16 | 4 | 5.0 | 2.5 | 2.00 (2.00-2.00) | 8.5 / 9.0 | 1.0 |" in plot.markdown(embed)
 
 
 def test_a_file_of_no_known_kind_is_refused():

@@ -11,17 +11,20 @@ from __future__ import annotations
 import numpy as np
 
 POOLINGS = ("mean", "cls", "last")
-#: the padded lengths a text is run at: the smallest that holds it. A text's length alone chooses
-#: its bucket, so its vector does not depend on which texts share its batch.
-BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+#: the shortest padded length, and the padding step up to 256 tokens
+MIN_BUCKET = 16
 
 
 def bucket(n: int) -> int:
-    """The padded length of a text of ``n`` tokens (``n`` itself beyond the last bucket)."""
-    for b in BUCKETS:
-        if n <= b:
-            return b
-    return n
+    """The padded length a text of ``n >= 1`` tokens is run at: ``n`` rounded up to a multiple
+    of 16 tokens up to 256, beyond that of an eighth of the largest power of two below ``n``
+    (32 up to 512, 64 up to 1,024, ...), so padding adds at most about an eighth to a text's
+    work. A text's length alone chooses its bucket, so its vector does not depend on which
+    texts share its batch."""
+    if n <= MIN_BUCKET:
+        return MIN_BUCKET
+    step = max(MIN_BUCKET, (1 << ((n - 1).bit_length() - 1)) // 8)
+    return -(-n // step) * step
 
 
 def pool_weights(lengths: list[int], width: int, pooling: str) -> np.ndarray:
