@@ -14,8 +14,8 @@ if sys.platform != "win32":
     ext_modules.append(Extension(
         "tiny_mindie.kernels._tm_kernels",
         sources=[KERNELS + f for f in ("dispatch.c", "kern_portable.c", "kern_x86.c",
-                                       "kern_x86_16.c",
-                                       "kern_neon.c", "ort_op.c")],
+                                       "kern_x86_16.c", "kern_neon.c", "kern_gather.c",
+                                       "ort_op.c")],
         depends=[KERNELS + f for f in ("tm_kernels.h", "kern_impl.h")],
         # -ffp-contract=off: no fused multiply-add, so every path rounds alike
         extra_compile_args=["-std=c11", "-O3", "-ffp-contract=off", "-fvisibility=hidden",

@@ -161,8 +161,9 @@ class _Runner:
 
 def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: str) -> None:
     """``backend`` is ``numpy``, ``onnxruntime`` or ``onnxruntime:MODE`` (a weight mode of
-    ``WEIGHT_MODES``, a block size for 4-bit requantized weights, or ``standard``: the standard
-    graph, default-domain operators only)."""
+    ``WEIGHT_MODES``, a block size for 4-bit requantized weights, ``standard``: the standard
+    graph, default-domain operators only, or ``custom``: the exact graph on tiny_mindie's own
+    kernels)."""
     sys.path.insert(0, root)
     backend, _, mode = backend.partition(":")
     import numpy as np
@@ -225,6 +226,15 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
                    rss_open_mb=rss_open, rss_loaded_mb=rss_loaded)
         if final:
             res["rss_peak_mb"] = peak_rss_mb()
+            if backend == "onnxruntime":
+                try:                       # (a source tree older than these counts)
+                    from tiny_mindie.model.memory import file_resident_bytes, resident_split
+                except ImportError:
+                    pass
+                else:
+                    own, files = resident_split()
+                    res.update(rss_own_mb=own / 1e6, rss_file_mb=files / 1e6,
+                               rss_gguf_mb=file_resident_bytes(model) / 1e6)
             if backend == "onnxruntime" and logits is not None and step_s:
                 res.update(_sampler_share(logits, step_s, prompt))
         return res
@@ -1213,6 +1223,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['rss_open_mb'] - r['rss_base_mb']:.0f} MB, + this backend {own:.0f} MB = "
                   f"{own / size_mb:.2f}x the GGUF; total "
                   f"{r['rss_loaded_mb']:.0f} MB = {r['rss_loaded_mb'] / size_mb:.2f}x")
+            if "rss_own_mb" in r:
+                print(f"RSS after the run: {r['rss_own_mb']:.0f} MB of its own + "
+                      f"{r['rss_file_mb']:.0f} MB of mapped file pages, of them "
+                      f"{r['rss_gguf_mb']:.0f} MB of the GGUF's read in place (shared with other "
+                      f"processes mapping it, reclaimable)")
             if "sampler_greedy_ms" in r:
                 print(f"sampler per decode step: greedy {r['sampler_greedy_ms']:.3f} ms "
                       f"({100 * r['sampler_greedy_share']:.1f} % of a step), sampled "

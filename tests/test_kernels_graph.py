@@ -59,12 +59,71 @@ def test_every_matrix_product_is_the_custom_operator(custom):
     model = onnx.load(custom.graph_path, load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
     assert "MatMulNBits" not in ops
-    # per layer: QKV, output, gate/up, down; and the LM head (the tied embedding's blocks)
-    assert ops.count("MatMulGGUF") == 4 * custom.config.num_layers + 1
+    # per layer: Q, K, V (apart in the GGUF), output, gate/up (back to back in the GGUF: one
+    # product), down; and the LM head (the tied embedding's blocks)
+    assert ops.count("MatMulGGUF") == 6 * custom.config.num_layers + 1
+    assert ops.count("GatherGGUF") == 1 and "GatherBlockQuantized" not in ops
     names = {"avx512vnni": "AVX-512 VNNI", "avxvnni": "AVX-VNNI", "avx2": "AVX2",
              "portable": "portable C"}
     assert custom.kernels == f"custom op, {names[kernels.isa()]}"
     assert custom.batch_invariant
+
+
+def test_the_cache_entry_holds_the_graph_not_the_ggufs_blocks(custom, gguf, model_path):
+    """Every GGUF-block initializer names its bytes in the GGUF (no copy in the entry, whose
+    data file holds only the small float tensors); the embedding's lookup and the tied LM head
+    share the embedding's one initializer."""
+    from tiny_mindie.model.graph_nodes import GGUF_LOCATION
+
+    model = onnx.load(custom.graph_path, load_external_data=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    where = {}
+    for node in model.graph.node:
+        if node.op_type in ("MatMulGGUF", "GatherGGUF"):
+            t = inits[node.input[1 if node.op_type == "MatMulGGUF" else 0]]
+            ext = {e.key: e.value for e in t.external_data}
+            assert ext["location"] == GGUF_LOCATION, t.name
+            where.setdefault(node.op_type, []).append((t.name, int(ext["offset"])))
+    embd = gguf.file_offset(gguf.raw("token_embd.weight").data)
+    assert where["GatherGGUF"] == [where["MatMulGGUF"][-1]] and where["GatherGGUF"][0][1] == embd
+    data = os.path.getsize(custom.graph_path + ".data")
+    assert data < 0.05 * os.path.getsize(model_path), data
+    assert custom.mapped_weight_bytes > 0.95 * os.path.getsize(model_path)
+
+
+def test_the_session_reads_the_ggufs_pages_in_place(custom, model_path):
+    """In a new process: after one prompt, the GGUF's mapping holds (nearly) every weight's
+    pages, and the process's own memory grew by far less than the weights (a copy would add
+    them all)."""
+    import subprocess
+    import sys
+
+    cache = os.path.dirname(os.path.dirname(custom.graph_path))
+    code = f"""
+import json, numpy as np
+from tiny_mindie.model.backend import SeqChunk
+from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.gguf import GGUFFile
+from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.memory import file_resident_bytes, resident_split
+from tiny_mindie.model.ort_backend import OrtBackend
+f = GGUFFile({model_path!r})
+own = resident_split()[0]
+be = OrtBackend(f, ModelConfig.from_gguf(f), num_slots=1, max_seq_len={MAX_SEQ_LEN},
+                threads=1, cache_dir={cache!r}, graph_options=GraphOptions(kernels="custom"),
+                check_batching=False)
+be.forward([SeqChunk(0, 0, np.arange(1, 9, dtype=np.int64))])
+print(json.dumps({{"built": be.built, "mapped": be.mapped_weight_bytes,
+                  "gguf": file_resident_bytes({model_path!r}),
+                  "own": resident_split()[0] - own}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert not r["built"]                               # the fixture's entry, found
+    assert r["gguf"] >= 0.95 * r["mapped"], r
+    assert r["own"] < 0.5 * r["mapped"], r
 
 
 def test_logits_are_as_close_to_the_reference_as_onnxruntimes_kernels(custom, reference, gguf):

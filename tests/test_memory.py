@@ -64,3 +64,23 @@ def test_use_huge_pages_collapses_what_was_written_since_and_nothing_else():
     assert _anon_huge_kib(rlo, rlo + read.size) == 0
     assert _anon_huge_kib(olo, olo + older.size) == 0
     assert (dense == pattern).all() and (older == 3).all()
+
+
+def test_a_mapped_files_pages_count_as_file_pages_not_own_memory(tmp_path):
+    """Reading half the pages of a mapped 32 MiB file adds about 16 MiB to its resident bytes
+    and to the process's file pages, and nothing like that to its own memory."""
+    import mmap
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(np.arange(32 << 20, dtype=np.uint8).tobytes())
+    before_own, before_file = memory.resident_split()
+    assert memory.file_resident_bytes(str(path)) == 0              # not mapped yet
+    with open(path, "rb") as fh:
+        mapped = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    half = int(mapped[1: 16 << 20 : mmap.PAGESIZE].sum(dtype=np.int64))   # a byte a page
+    assert half > 0
+    resident = memory.file_resident_bytes(str(path))
+    own, files = memory.resident_split()
+    assert (16 << 20) <= resident < (20 << 20)                     # (fault-around: a few more)
+    assert files - before_file >= 16 << 20
+    assert own - before_own < 4 << 20

@@ -162,7 +162,8 @@ class LLM:
         self.load_time_s = time.monotonic() - t0
         say(f"loaded {self.config.architecture} model ({self.config.num_layers} layers, "
             f"vocab {self.config.vocab_size}) in {self.load_time_s:.1f} s; "
-            f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}")
+            f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}"
+            + _mapped_note(self.backend))
         try:
             self.draft = load_draft(
                 draft_path, self, say, threads=threads, parallel_runs=parallel_runs,
@@ -456,6 +457,13 @@ def model_meta(f, config) -> dict[str, int | None]:
             "n_vocab": len(tokens) if tokens is not None else config.vocab_size,
             "n_ctx_train": config.context_length,
             "n_embd": config.hidden_size, "n_params": n_params, "size": size}
+
+
+def _mapped_note(backend) -> str:
+    """The load line's note on weights read in place from the GGUF's pages (none without)."""
+    mapped = getattr(backend, "mapped_weight_bytes", 0)
+    return (f"; {mapped / 1e6:.0f} MB of weights read in place from the GGUF (its file pages: "
+            "shared with other processes mapping it, reclaimable)") if mapped else ""
 
 
 def _resident_bytes() -> int:

@@ -2,9 +2,10 @@
 (``setup.py``: an optional extension; where no compiler is present the package installs
 without it and :func:`available` is false).
 
-The library holds the onnxruntime custom operator ``tiny_mindie::MatMulGGUF`` (loaded by
-``SessionOptions.register_custom_ops_library(library_path())``) and a direct entry for ctypes,
-:func:`matmul`, which computes the same numbers:
+The library holds the onnxruntime custom operators ``tiny_mindie::MatMulGGUF`` and
+``tiny_mindie::GatherGGUF`` (loaded by ``SessionOptions.register_custom_ops_library(
+library_path())``) and direct entries for ctypes, :func:`matmul` and :func:`gather`, which
+compute the same numbers. The product:
 
     y [M, N] = x [M, K] @ W [N, K]^T
 
@@ -16,6 +17,9 @@ order: a row's output depends on no other row, thread split or ISA path (``kern_
 ISA paths (:func:`isa`): ``avx512vnni``, ``avxvnni``, ``avx2``, ``neon`` (aarch64 with the dot
 product extension) and ``portable``; the best one the CPU and its OS enable runs, unless the
 environment variable ``TINY_MINDIE_KERNEL_ISA`` (or :func:`set_isa`) names one.
+
+The lookup (the token embedding): ``y [T, K] = W [ids]``, each row's blocks dequantized to
+float32 as the block formats define them (the values of ``gguf``'s dequantization, bit for bit).
 """
 
 from __future__ import annotations
@@ -34,8 +38,8 @@ BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q8_0": (32, 34)
           "Q4_K": (256, 144), "Q6_K": (256, 210)}
 #: The ISA path names, best first.
 PATHS = ("avx512vnni", "avxvnni", "avx2", "neon", "portable")
-#: The custom operator's domain and name.
-DOMAIN, OP = "tiny_mindie", "MatMulGGUF"
+#: The custom operators' domain, the product's name and the lookup's.
+DOMAIN, OP, GATHER_OP = "tiny_mindie", "MatMulGGUF", "GatherGGUF"
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.Lock()
@@ -71,6 +75,8 @@ def _load() -> ctypes.CDLL:
             i64 = ctypes.c_int64
             lib.tm_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, i64, ctypes.c_void_p,
                                       i64, i64, ctypes.c_void_p, ctypes.c_int]
+            lib.tm_gather.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, ctypes.c_void_p, i64,
+                                      i64, i64, ctypes.c_void_p]
             _lib = lib
         return _lib
 
@@ -156,4 +162,34 @@ def matmul(qtype: str, x: np.ndarray, w: np.ndarray, n: int, k: int, threads: in
         isa()                                   # raises with the reason
     if r:
         raise KernelError(f"tm_matmul failed ({r})")
+    return y
+
+
+def gather(qtype: str, ids, w: np.ndarray, n: int, k: int) -> np.ndarray:
+    """Rows ``ids`` of ``W [N, K]``, dequantized.
+
+    Args:
+        qtype: the GGUF type of ``w``, a key of :data:`TYPES`.
+        ids: integer row numbers, any shape, each in ``0 .. N-1``.
+        w: uint8, the ``N`` rows of ``K / block`` blocks as in the GGUF file (any shape).
+        n, k: ``N`` and ``K``.
+
+    Returns:
+        float32 ``[*ids.shape, K]``.
+
+    Raises:
+        ValueError: an unknown type, a ``w`` that is not ``N`` rows of ``K``, or an id outside
+            ``0 .. N-1`` (nothing is read then).
+        KernelError: the library is not built.
+    """
+    if qtype not in TYPES:
+        raise ValueError(f"unsupported GGUF type {qtype!r}: one of {', '.join(TYPES)}")
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    y = np.empty((*ids.shape, k), np.float32)
+    if _load().tm_gather(TYPES[qtype], ids.ctypes.data, ids.size, w.ctypes.data, w.nbytes, n, k,
+                         y.ctypes.data):
+        raise ValueError(f"ids {ids.min(initial=0)}..{ids.max(initial=0)} of a {qtype} weight of "
+                         f"{w.nbytes} bytes as {n} rows of {k}: an id out of range, or the "
+                         "size is not N rows")
     return y

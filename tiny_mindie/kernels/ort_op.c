@@ -1,9 +1,12 @@
-/* The onnxruntime custom operator tiny_mindie::MatMulGGUF, registered by RegisterCustomOps
- * (SessionOptions.register_custom_ops_library).
+/* The onnxruntime custom operators tiny_mindie::MatMulGGUF and tiny_mindie::GatherGGUF,
+ * registered by RegisterCustomOps (SessionOptions.register_custom_ops_library).
  *
  *   Y = MatMulGGUF(X, W), attributes type (the GGUF type id), N, K
  *   X float32 [..., K]; W uint8, the N rows of GGUF blocks exactly as in the file (any shape of
  *   N * K / block * block_bytes bytes); Y float32 [..., N] (dispatch.c, kern_impl.h).
+ *   Y = GatherGGUF(W, ids), the same attributes and W
+ *   ids int64 [...], each in 0 .. N-1 (else the run fails); Y float32 [..., K]: the rows ids of
+ *   W dequantized (kern_gather.c).
  *
  * The onnxruntime C API is used through its documented ABI, declared here (no onnxruntime header
  * is included): OrtApiBase is {GetApi, GetVersionString}; OrtApi is a table of function
@@ -39,7 +42,7 @@ typedef struct {
 
 /* OrtErrorCode, ONNXTensorElementDataType, OrtCustomOpInputOutputCharacteristic, OrtMemType */
 enum { ORT_FAIL = 1, ORT_INVALID_ARGUMENT = 2 };
-enum { ELEM_FLOAT = 1, ELEM_UINT8 = 2 };
+enum { ELEM_FLOAT = 1, ELEM_UINT8 = 2, ELEM_INT64 = 7 };
 enum { IO_REQUIRED = 0 };
 enum { MEM_DEFAULT = 0 };
 
@@ -228,8 +231,46 @@ static const tm_custom_op matmul_op = {
     arity_one, create_kernel, compute, NULL, since, until,
 };
 
+static OrtStatus *gather_compute(void *kernel, OrtKernelContext *ctx)
+{
+    tm_kernel *k = (tm_kernel *)kernel;
+    OrtApiTable api = k->api;
+    const OrtValue *wv, *iv;
+    OrtValue *yv;
+    int64_t wd[8], yd[9], t = 1, wbytes = 1;
+    size_t nw, ni, i;
+    void *w, *ids, *y;
+    OrtStatus *st;
+    const char *why = NULL;
+
+    if ((st = CALL(api, KernelContext_GetInput)(ctx, 0, &wv))) return st;
+    if ((st = CALL(api, KernelContext_GetInput)(ctx, 1, &iv))) return st;
+    if ((st = dims_of(api, wv, wd, &nw))) return st;
+    if ((st = dims_of(api, iv, yd, &ni))) return st;
+    for (i = 0; i < nw; i++) wbytes *= wd[i];
+    for (i = 0; i < ni; i++) t *= yd[i];
+    yd[ni] = k->K;
+    if ((st = CALL(api, KernelContext_GetOutput)(ctx, 0, yd, ni + 1, &yv))) return st;
+    if ((st = CALL(api, GetTensorMutableData)((OrtValue *)wv, &w))) return st;
+    if ((st = CALL(api, GetTensorMutableData)((OrtValue *)iv, &ids))) return st;
+    if ((st = CALL(api, GetTensorMutableData)(yv, &y))) return st;
+    if (tm_gather_rows(k->type, (const int64_t *)ids, t, (const uint8_t *)w, wbytes, k->N, k->K,
+                       (float *)y, &why))
+        return fail(api, ORT_INVALID_ARGUMENT, why);
+    return NULL;
+}
+
+static const char *gather_name(const tm_custom_op *op) { (void)op; return "GatherGGUF"; }
+static int gather_in_type(const tm_custom_op *op, size_t i) { (void)op; return i ? ELEM_INT64 : ELEM_UINT8; }
+
+static const tm_custom_op gather_op = {
+    TM_ORT_API_VERSION, NULL, gather_name, op_ep, gather_in_type, two, out_type, one, NULL,
+    destroy_kernel, required, required, mem_default, arity_one, arity_one, arity_one,
+    arity_one, create_kernel, gather_compute, NULL, since, until,
+};
+
 /* The entry onnxruntime calls (register_custom_ops_library): adds the domain "tiny_mindie" with
- * MatMulGGUF to the session options. Fails when onnxruntime is older than API version 17 or
+ * MatMulGGUF and GatherGGUF to the session options. Fails when onnxruntime is older than API version 17 or
  * TINY_MINDIE_KERNEL_ISA names a path this CPU cannot run. The domain is never freed: sessions
  * made with these options may outlive any point where it could be. */
 TM_EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiBase *base)
@@ -245,5 +286,6 @@ TM_EXPORT OrtStatus *RegisterCustomOps(OrtSessionOptions *options, const OrtApiB
     if (tm_isa_error()) return fail(api, ORT_INVALID_ARGUMENT, tm_isa_error());
     if ((st = CALL(api, CreateCustomOpDomain)("tiny_mindie", &domain))) return st;
     if ((st = CALL(api, CustomOpDomain_Add)(domain, &matmul_op))) return st;
+    if ((st = CALL(api, CustomOpDomain_Add)(domain, &gather_op))) return st;
     return CALL(api, AddCustomOpDomain)(options, domain);
 }

@@ -92,4 +92,9 @@ typedef void (*tm_for_fn)(void *ctx, void (*fn)(void *, size_t), size_t total, v
 int tm_run(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
            float *y, int threads, tm_for_fn parallel_for, void *pf_ctx, const char **why);
 
+/* kern_gather.c: y [T, K] = the rows ids [T] of W (N rows of K), dequantized to float32.
+ * Returns 0, or -1 on bad arguments or an id outside 0 .. N-1 (why says which; nothing read). */
+int tm_gather_rows(int type, const int64_t *ids, int64_t T, const uint8_t *w, int64_t w_bytes,
+                   int64_t N, int64_t K, float *y, const char **why);
+
 #endif

@@ -10,9 +10,10 @@ weight once prepacked: the packed ``bits``-bit data, a float32 scale per block, 
 ``accuracy_level`` 4 (int8 activations), a float32 block sum per block with ``N`` rounded up
 to 16 (MLAS ``QNBitGemmPackQuantBDataSize``, ``SQNBIT_CompInt8``), in place of the zero points;
 other levels keep the scales and zero points as given. Every other initializer counts at its
-stored size. A table read by rows (a gather's data and scales: the token embedding; the rotary
-cos/sin caches of ``GroupQueryAttention``) counts as resident but not as read per token: a step
-reads only the rows of its tokens and positions.
+stored size (a ``MatMulGGUF``'s GGUF blocks as they are). A table read by rows (a gather's data
+and scales: the token embedding; the rotary cos/sin caches of ``GroupQueryAttention``) counts as
+resident but not as read per token: a step reads only the rows of its tokens and positions --
+unless another node reads it whole (a tied LM head sharing the embedding's GGUF blocks).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from .gguf import GGUFFile
 #: Operators that read only some rows of their tables (one per token or position): the
 #: operator and the positions of its inputs read that way.
 ROW_READS = {"Gather": (0,), "GatherElements": (0,), "GatherND": (0,),
-             "GatherBlockQuantized": (0, 2, 3), "GroupQueryAttention": (7, 8)}
+             "GatherBlockQuantized": (0, 2, 3), "GatherGGUF": (0,),
+             "GroupQueryAttention": (7, 8)}
 
 
 @dataclass(frozen=True)
@@ -93,8 +95,12 @@ def graph_weight_bytes(path: str) -> WeightBytes:
             counted[node.input[1]] = (packed, True, True)
             continue
         for j, name in enumerate(node.input):
-            if name in sizes and name not in counted:
-                counted[name] = (sizes[name], j not in ROW_READS.get(node.op_type, ()), False)
+            if name not in sizes:
+                continue
+            whole = j not in ROW_READS.get(node.op_type, ())
+            matrix = node.op_type == "MatMulGGUF" and j == 1
+            if name not in counted or whole and not counted[name][1]:
+                counted[name] = (sizes[name], whole, matrix)
     resident = sum(b for b, _, _ in counted.values())
     per_token = sum(b for b, read, _ in counted.values() if read)
     matrices = sum(b for b, read, mat in counted.values() if read and mat)

@@ -153,6 +153,15 @@ def _tensors(mm: np.memmap, infos: list[tuple[str, tuple[int, ...], int, int]], 
     return tensors
 
 
+def _whole_map(tensors: dict[str, _Tensor]) -> np.ndarray | None:
+    """The memory map of the whole file that the tensors' data are views of, as uint8 (``None``
+    for a file without tensors)."""
+    root = next((t.data for t in tensors.values()), None)
+    while isinstance(root, np.ndarray) and isinstance(root.base, np.ndarray):
+        root = root.base
+    return None if root is None else root.reshape(-1).view(np.uint8)
+
+
 GGUF_MAGIC = b"GGUF"
 
 
@@ -210,6 +219,7 @@ class GGUFFile:
                 self._meta, self._tensors = self._read_with_reader()
         except Exception as exc:  # ValueError, struct.error, UnicodeDecodeError, ... on bad files
             raise ModelFileError(f"not a readable GGUF file: {self.path} ({exc})") from exc
+        self._map = _whole_map(self._tensors)
 
     def _read_with_reader(self) -> tuple[dict[str, Any], dict[str, _Tensor]]:
         reader = self._gguf.GGUFReader(self.path, "r")
@@ -256,6 +266,28 @@ class GGUFFile:
         shape = tuple(reversed(t.ne))
         values = self._gguf.quants.dequantize(t.data, t.tensor_type)
         return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
+
+    def file_offset(self, array: np.ndarray) -> int | None:
+        """The byte offset in the file of ``array``'s bytes when ``array`` is a C-contiguous
+        view of this file's memory map (a tensor's ``raw().data``, or a slice of its rows),
+        else ``None``."""
+        if self._map is None or not isinstance(array, np.ndarray) or \
+                not array.flags.c_contiguous:
+            return None
+        at = array.__array_interface__["data"][0] - self._map.__array_interface__["data"][0]
+        return at if 0 <= at and at + array.nbytes <= self._map.nbytes else None
+
+    def mapped_bytes(self, offset: int, length: int) -> np.ndarray:
+        """Bytes ``offset .. offset + length`` of the file: a read-only uint8 view of its memory
+        map (no copy).
+
+        Raises:
+            ModelFileError: the range is not inside the file.
+        """
+        if self._map is None or offset < 0 or length < 0 or offset + length > self._map.nbytes:
+            raise ModelFileError(f"{self.path}: bytes {offset}..{offset + length} are not in the "
+                                 f"file ({0 if self._map is None else self._map.nbytes} bytes)")
+        return self._map[offset:offset + length]
 
     def tensor_totals(self) -> tuple[int, int]:
         """``(values, bytes)`` over all the file's tensors: the model's parameter count and the

@@ -81,7 +81,11 @@ Right padding therefore writes junk keys *after* a row's real tokens, which no r
 to and the row's next chunk overwrites (see ``ort_backend.py``).
 
 The built model is saved as ``model.onnx`` plus one external weight file ``model.onnx.data``
-(tensors aligned to 4 KiB so ONNX Runtime can memory-map them); ONNX IR version 10,
+(tensors aligned to 4 KiB so ONNX Runtime can memory-map them), except, with the custom
+kernels, the GGUF blocks ``MatMulGGUF`` and ``GatherGGUF`` read: those initializers name bytes
+of the GGUF itself (:data:`.graph_nodes.GGUF_LOCATION`), which the session is handed mapped
+(:func:`.ort_session.gguf_initializers`), so the weights are neither copied into the cache nor
+into memory. ONNX IR version 10,
 default-domain opset 21, ``com.microsoft`` opset 1 (onnxruntime-cann 1.24.4 refuses IR 14,
 which ``onnx`` writes unless told).
 """
@@ -107,7 +111,7 @@ from .weights import GGUFMatrix, NBitsWeight
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
 #: then rebuilt instead of loaded.
-BUILDER_VERSION = 11
+BUILDER_VERSION = 12
 
 #: ``model.onnx`` metadata entries: the graph options' key, the row multiple of the ``logits``
 #: output (see the table above), and the rows a ``verify`` run takes at most.
@@ -249,15 +253,15 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
                                      "standard"})
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "model.onnx")
-    g = GraphBuilder(model_path + ".data")
+    gguf = options.kernels == "custom"
+    g = GraphBuilder(model_path + ".data", f if gguf else None)
     pool = ThreadPoolExecutor(max(1, available_cpus()), thread_name_prefix="tiny_mindie-pack")
     try:
-        emb = load_embedding(f)
+        emb = load_embedding(f, gguf)
         q_scale = power_of_two(c.attn_scale)
         # the weights are packed on other cores (numpy releases the GIL) one layer ahead of
         # the nodes written in order, the LM head beside them: the build's peak memory is
         # about two layers' packing plus the head's, not the whole model's
-        gguf = options.kernels == "custom"
         head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block, options.compact,
                                gguf)
         layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale, options.compact, gguf),

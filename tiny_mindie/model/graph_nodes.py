@@ -1,7 +1,9 @@
 """The nodes of the decoder graph that hold its weights, and the collector they are added to.
 
 :class:`GraphBuilder` collects the nodes and initializers of one graph (the initializers in one
-external data file); :class:`Shared` is what every block of the graph uses besides its weights.
+external data file, or, for GGUF blocks read by tiny_mindie's own operators, the GGUF's own
+bytes: :meth:`GraphBuilder.blocks`); :class:`Shared` is what every block of the graph uses
+besides its weights.
 The functions here add the nodes that read weights -- the embedding, the norms, the matrix
 products (:func:`linear`, padded to a row multiple by :func:`_pad_rows`) and the rotary caches --
 each returning the names of its outputs; :mod:`.graph_layers` assembles them into the decoder's
@@ -10,6 +12,7 @@ blocks and :mod:`.graph` into the model.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .config import ModelConfig
+from .gguf import GGUFFile
 from .reference_layers import rope_frequencies, rope_table
 from .weights import BLOCK, GGUFMatrix, NBitsWeight, concat_weights
 
@@ -31,14 +35,19 @@ TM_DOMAIN = "tiny_mindie"
 #: ggml type ids, the ``type`` attribute of ``MatMulGGUF``
 GGML_TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _ALIGN = 4096
+#: The external-data ``location`` of an initializer holding bytes of the GGUF itself (its
+#: ``offset`` and ``length`` are the bytes' place in the GGUF): no file of that name exists, the
+#: session is handed those bytes mapped (:func:`.ort_session.gguf_initializers`).
+GGUF_LOCATION = "@gguf"
 
 
 # ---- the node collector ---------------------------------------------------------------------
 
 class GraphBuilder:
-    """Collects nodes and initializers; initializers go to one external data file."""
+    """Collects nodes and initializers; initializers go to one external data file, except GGUF
+    blocks of ``source`` (:meth:`blocks`), which stay in the GGUF."""
 
-    def __init__(self, data_path: str):
+    def __init__(self, data_path: str, source: GGUFFile | None = None):
         from onnx import TensorProto, helper
 
         self.helper = helper
@@ -49,6 +58,7 @@ class GraphBuilder:
         self._data_name = os.path.basename(data_path)
         self._data = open(data_path, "wb")
         self._consts: dict = {}
+        self.source = source
 
     def close(self) -> None:
         self._data.close()
@@ -80,6 +90,40 @@ class GraphBuilder:
                 entry.key, entry.value = key, value
         self.inits.append(t)
         return name
+
+    def follows(self, a: np.ndarray, b: np.ndarray) -> bool:
+        """Whether ``b``'s bytes come right after ``a``'s in the GGUF ``source`` (both views of
+        its memory map)."""
+        at = self.source.file_offset(a) if self.source is not None else None
+        bt = self.source.file_offset(b) if at is not None else None
+        return bt is not None and bt == at + a.nbytes
+
+    def blocks(self, name: str, parts: Sequence[np.ndarray]) -> str:
+        """An initializer of GGUF blocks, uint8 ``[sum of rows, row bytes]``: the rows of
+        ``parts`` (uint8 ``[rows, row bytes]`` each) one after another. Where they are views of
+        the GGUF ``source``, back to back in it, the initializer is those bytes of the GGUF, not
+        a copy (external data at :data:`GGUF_LOCATION`, with their offset in the file), and one
+        range of the file is one initializer whatever its names (a tied LM head and the
+        embedding share one); else the rows are copied to the data file (:meth:`init`)."""
+        first = self.source.file_offset(parts[0]) if self.source is not None else None
+        if first is None or any(not self.follows(a, b) for a, b in itertools.pairwise(parts)):
+            return self.init(name, parts[0] if len(parts) == 1 else np.concatenate(parts))
+        shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        length = sum(p.nbytes for p in parts)
+        key = (GGUF_LOCATION, first, shape)
+        if key not in self._consts:
+            t = self.TensorProto()
+            t.name = name
+            t.data_type = self.TensorProto.UINT8
+            t.dims.extend(shape)
+            t.data_location = self.TensorProto.EXTERNAL
+            for k, value in (("location", GGUF_LOCATION), ("offset", str(first)),
+                             ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = k, value
+            self.inits.append(t)
+            self._consts[key] = name
+        return self._consts[key]
 
     def const(self, values, dtype=np.int64) -> str:
         """A small shared constant (shapes, axes)."""
@@ -165,16 +209,23 @@ def rope_caches(g: GraphBuilder, config: ModelConfig, positions: int
     return glob, (g.init("rope_local.cos", cos_l), g.init("rope_local.sin", sin_l))
 
 
-def embed(g: GraphBuilder, config: ModelConfig, emb: NBitsWeight) -> str:
-    """``input_ids`` int64 ``[B, S]`` -> float32 ``[T, D]``: ``GatherBlockQuantized`` on the
-    embedding's 8-bit blocks (:func:`.graph_weights.load_embedding`), times ``embedding_scale``
-    (Gemma: ``sqrt(D)``, in float32 like the reference)."""
-    nb = emb.k // BLOCK
-    emb_data = g.init("token_embd.qweight", emb.data.reshape(emb.n, nb, BLOCK))
-    emb_scales = g.init("token_embd.scales3", emb.scales.reshape(emb.n, nb, 1))
-    e = g.op1("GatherBlockQuantized", [emb_data, "input_ids", emb_scales], domain=MS_DOMAIN,
-              name="embed/GatherBlockQuantized", bits=8, block_size=BLOCK,
-              gather_axis=0, quantize_axis=2)                           # [B, S, D/32, 32]
+def embed(g: GraphBuilder, config: ModelConfig, emb: NBitsWeight | GGUFMatrix) -> str:
+    """``input_ids`` int64 ``[B, S]`` -> float32 ``[T, D]``: the embedding's rows, by
+    ``tiny_mindie::GatherGGUF`` on its GGUF blocks (a :class:`.GGUFMatrix`: exactly the GGUF's
+    values) or ``GatherBlockQuantized`` on its 8-bit blocks
+    (:func:`.graph_weights.load_embedding`), times ``embedding_scale`` (Gemma: ``sqrt(D)``, in
+    float32 like the reference)."""
+    if isinstance(emb, GGUFMatrix):
+        e = g.op1("GatherGGUF", [g.blocks("token_embd.gguf", [emb.data]), "input_ids"],
+                  domain=TM_DOMAIN, name="embed/GatherGGUF", type=GGML_TYPE_IDS[emb.qtype],
+                  N=emb.n, K=emb.k)                                     # [B, S, D]
+    else:
+        nb = emb.k // BLOCK
+        emb_data = g.init("token_embd.qweight", emb.data.reshape(emb.n, nb, BLOCK))
+        emb_scales = g.init("token_embd.scales3", emb.scales.reshape(emb.n, nb, 1))
+        e = g.op1("GatherBlockQuantized", [emb_data, "input_ids", emb_scales], domain=MS_DOMAIN,
+                  name="embed/GatherBlockQuantized", bits=8, block_size=BLOCK,
+                  gather_axis=0, quantize_axis=2)                       # [B, S, D/32, 32]
     h = g.op1("Reshape", [e, g.const([-1, config.hidden_size])])       # [T, D]
     if config.embedding_scale != 1.0:
         h = g.op1("Mul", [h, g.const(np.float32(config.embedding_scale), np.float32)],
@@ -205,7 +256,8 @@ def linear(g: GraphBuilder, x: str, ws: Sequence[NBitsWeight | GGUFMatrix], pref
            s: Shared, kind: str, rows: str | None = None, *, keep_padding: bool = False) -> str:
     """``x @ [W_0; W_1; ...].T``: float32 ``x [T, K]`` -> ``[T, sum(N)]``, one node per run of
     matrices of the same form: ``tiny_mindie::MatMulGGUF`` on a run of :class:`.GGUFMatrix` of
-    one type (:func:`_gguf_product`), else MatMulNBits (:func:`_nbits_product`).
+    one type whose blocks lie back to back in the GGUF (:func:`_gguf_product`; the GGUF's bytes
+    are not copied to join matrices), else MatMulNBits (:func:`_nbits_product`).
 
     ``rows`` holds ``T`` (default ``s.tokens``); MatMulNBits runs on ``x`` padded to the row
     multiple of its weights' bits (:func:`_pad_rows`), and its output is cut back to ``T`` rows
@@ -216,8 +268,8 @@ def linear(g: GraphBuilder, x: str, ws: Sequence[NBitsWeight | GGUFMatrix], pref
     rows = s.tokens if rows is None else rows
     runs: list[list] = []
     for w in ws:
-        if (runs and isinstance(w, GGUFMatrix) and isinstance(runs[-1][0], GGUFMatrix)
-                and runs[-1][0].qtype == w.qtype):
+        if (runs and isinstance(w, GGUFMatrix) and isinstance(runs[-1][-1], GGUFMatrix)
+                and runs[-1][-1].qtype == w.qtype and _joinable(g, runs[-1][-1], w)):
             runs[-1].append(w)
         elif runs and not isinstance(w, GGUFMatrix) and not isinstance(runs[-1][0], GGUFMatrix):
             runs[-1].append(w)
@@ -239,13 +291,18 @@ def linear(g: GraphBuilder, x: str, ws: Sequence[NBitsWeight | GGUFMatrix], pref
     return g.op1("Concat", outs, axis=-1)
 
 
+def _joinable(g: GraphBuilder, a: GGUFMatrix, b: GGUFMatrix) -> bool:
+    """Whether one product can read ``a`` and ``b`` (of one type): ``b``'s blocks follow
+    ``a``'s in the GGUF the graph maps, or the graph maps none (they are then copied)."""
+    return g.source is None or g.follows(a.data, b.data)
+
+
 def _gguf_product(g: GraphBuilder, x: str, run: Sequence[GGUFMatrix], p: str) -> str:
     """``x [T, K] @ [W_0; W_1; ...].T`` -> ``[T, sum(N)]`` by ``tiny_mindie::MatMulGGUF`` on the
-    matrices' GGUF blocks (one type), times their ``scale`` where one is not 1 (a power of
-    two per output: exact)."""
-    data = run[0].data if len(run) == 1 else np.concatenate([w.data for w in run])
+    matrices' GGUF blocks (one type; :meth:`GraphBuilder.blocks`), times their ``scale`` where
+    one is not 1 (a power of two per output: exact)."""
     n, k = sum(w.n for w in run), run[0].k
-    y = g.op1("MatMulGGUF", [x, g.init(p + ".gguf", data)], domain=TM_DOMAIN,
+    y = g.op1("MatMulGGUF", [x, g.blocks(p + ".gguf", [w.data for w in run])], domain=TM_DOMAIN,
               name=p + "/MatMulGGUF", type=GGML_TYPE_IDS[run[0].qtype], N=n, K=k)   # [T, N]
     if any(w.scale != 1.0 for w in run):
         scale = np.concatenate([np.full(w.n, w.scale, np.float32) for w in run])

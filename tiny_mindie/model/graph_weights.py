@@ -63,10 +63,19 @@ class LayerWeights:
     b_qkv: np.ndarray | None = None           # [(Nq + 2 Nkv) H]: q (times the folded scale), k, v
 
 
-def load_embedding(f: GGUFFile) -> NBitsWeight:
-    """``token_embd.weight`` ``[V, D]`` as 8-bit blocks of 32 with the default zero point (what
-    the graph's ``GatherBlockQuantized`` reads): Q8_0 and Q5_0 as packed, others requantized."""
-    if f.raw("token_embd.weight").qtype in ("Q8_0", "Q5_0"):
+def load_embedding(f: GGUFFile, gguf: bool = False) -> NBitsWeight | GGUFMatrix:
+    """``token_embd.weight`` ``[V, D]``: with ``gguf``, where its type is one of
+    :data:`.weights.GGUF_KERNEL_TYPES`, as the GGUF's blocks (a :class:`.GGUFMatrix`, what
+    ``tiny_mindie::GatherGGUF`` reads); else as 8-bit blocks of 32 with the default zero point
+    (what ``GatherBlockQuantized`` reads): Q8_0 and Q5_0 as packed, others requantized.
+
+    Raises:
+        ModelFileError: the tensor is missing or its type cannot be read.
+    """
+    qtype = f.raw("token_embd.weight").qtype
+    if gguf and qtype in GGUF_KERNEL_TYPES:
+        return pack_weight(f, "token_embd.weight", gguf=True)
+    if qtype in ("Q8_0", "Q5_0"):
         return pack_weight(f, "token_embd.weight")
     return quantize_8bit(f.dequantize("token_embd.weight"))
 
@@ -119,7 +128,7 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
     )
 
 
-def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight,
+def load_lm_head(f: GGUFFile, config: ModelConfig, embedding: NBitsWeight | GGUFMatrix,
                  block: int, compact: int = 0, gguf: bool = False) -> NBitsWeight | GGUFMatrix:
     """The LM head ``[V, D]``: ``output.weight``, or the packed ``embedding`` when tied, through
     :func:`lm_head_weight` with ``block``; with ``compact`` > 0, that GGUF matrix in 4-bit

@@ -2,7 +2,12 @@
 
 onnxruntime repacks the quantized weights into its own buffers at load, memory-maps the weight
 file and keeps the mappings: :func:`release_file_pages` gives back the file pages it no longer
-needs. :func:`trim_heap` returns the heap's freed pages after prepacking, and
+needs. With tiny_mindie's own kernels (``--kernels custom``) the weights are the GGUF's own
+pages, mapped read-only and read in place: they count in the process's resident memory as it
+touches them, but as file-backed pages -- the OS page cache's, shared with every process mapping
+the same file, and reclaimable under memory pressure (read from the file again when next
+touched) -- not as memory of its own (:func:`resident_split`, :func:`file_resident_bytes`);
+they are never released. :func:`trim_heap` returns the heap's freed pages after prepacking, and
 :func:`use_huge_pages` moves the memory the session wrote, its prepacked weights above all, to
 2 MiB huge pages (a decode step streams every weight: fewer TLB misses and prefetcher stops).
 The KV buffers live in one anonymous mapping (:func:`zeroed_buffers`), so untouched positions
@@ -59,6 +64,45 @@ def release_file_pages(path: str) -> int:
                    if name == real and madvise(lo, hi - lo, _MADV_PAGEOUT) == 0)
     except (OSError, ValueError):
         return 0
+
+
+def _status_kb(field: str) -> int:
+    """The ``field:`` value of ``/proc/self/status`` in kB (0 where it cannot be read)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def resident_split() -> tuple[int, int]:
+    """``(own, file)``: this process's resident bytes of its own (anonymous and shared memory:
+    ``RssAnon + RssShmem``) and of mapped files (``RssFile``: pages of the OS page cache, shared
+    with other processes mapping the same files and reclaimable); ``(0, 0)`` where
+    ``/proc/self/status`` cannot be read."""
+    return ((_status_kb("RssAnon") + _status_kb("RssShmem")) * 1024,
+            _status_kb("RssFile") * 1024)
+
+
+def file_resident_bytes(path: str) -> int:
+    """Bytes of ``path`` resident in this process's mappings of it (their ``Rss`` in
+    ``/proc/self/smaps``); 0 where it is not mapped or smaps cannot be read."""
+    real = os.path.realpath(path)
+    total, inside = 0, False
+    try:
+        with open("/proc/self/smaps") as fh:
+            for line in fh:
+                head = line.split(maxsplit=5)
+                if "-" in head[0] and not head[0].endswith(":"):      # a mapping's first line
+                    inside = len(head) > 5 and head[5].rstrip("\n") == real
+                elif inside and head[0] == "Rss:":
+                    total += int(head[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return total
 
 
 _MADV_COLLAPSE = 25     # Linux >= 6.1: collapse this range's present pages into huge pages now

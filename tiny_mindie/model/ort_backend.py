@@ -91,6 +91,7 @@ from .ort_session import (
     HugePageMove,
     describe_kernels,
     for_provider,
+    gguf_initializers,
     kernel_library,
     open_session,
     with_rotary_table,
@@ -159,6 +160,9 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
         load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
             ``"batch check"`` when :meth:`check_batch_invariance` ran.
+        mapped_weight_bytes: bytes of the GGUF the session reads in place, mapped (the custom
+            kernels' blocks, :func:`.ort_session.gguf_initializers`); 0 with onnxruntime's
+            kernels. They count in resident memory as file-backed pages once touched.
     """
 
     name = "onnxruntime"
@@ -189,13 +193,16 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         t1 = time.perf_counter()
         self.threads = int(threads) or default_threads()
         release = [self.graph_path + ".data"] if release_pages else []
-        if release_pages and self.built:                # building read every tensor of the GGUF
+        mapped = graph_options.kernels == "custom"      # the GGUF's pages are weights in use
+        if release_pages and self.built and not mapped:  # building read every tensor of it
             release.append(f.path)
-        self._session, before = open_session(
-            self.graph_path,
-            session_options(self.threads, spinning=spinning, config=session_config,
-                            custom_ops=kernel_library(graph_options.kernels)),
-            chosen, release=release, huge_pages=huge_pages)
+        so = session_options(self.threads, spinning=spinning, config=session_config,
+                             custom_ops=kernel_library(graph_options.kernels))
+        #: the OrtValues of the GGUF's blocks the session reads in place (kept as long as it)
+        self._gguf_values = gguf_initializers(self.graph_path, f, so) if mapped else []
+        self.mapped_weight_bytes = sum(int(np.prod(v.shape())) for v in self._gguf_values)
+        self._session, before = open_session(self.graph_path, so, chosen, release=release,
+                                             huge_pages=huge_pages)
         self._huge_pages = HugePageMove(before) if before is not None else None
         if self._huge_pages is not None:
             self._huge_pages.start()
@@ -311,6 +318,7 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         self._decode_bindings.clear()
         self._prefill_bindings.clear()
         self._session = None
+        self._gguf_values = []
         self._k = self._v = []
         self._kv_map = None             # unmapped once the last view is gone
 

@@ -1,6 +1,7 @@
 """Opening the ONNX Runtime backend's session: the graph options its settings call for, the
-session on the built graph with the weight-file pages it read given back, and the move of its
-memory to huge pages in the background.
+GGUF's own blocks handed to it mapped (custom kernels), the session on the built graph with the
+weight-file pages it read given back, and the move of its memory to huge pages in the
+background.
 
 Part of the backend's start: it logs through :mod:`.ort_backend`'s logger.
 """
@@ -13,9 +14,12 @@ import threading
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from .config import ModelConfig
-from .gguf import ModelFileError
+from .gguf import GGUFFile, ModelFileError
 from .graph import GraphOptions
+from .graph_nodes import GGUF_LOCATION
 from .memory import populated_pieces, release_file_pages, trim_heap, use_huge_pages
 from .progress import slow_step
 from .providers import CPU, provider_name
@@ -104,6 +108,40 @@ def for_provider(options: GraphOptions, chosen: list) -> GraphOptions:
                  provider_name(chosen[0]))
         options = dataclasses.replace(options, verify_rows=0)
     return options
+
+
+def gguf_initializers(path: str, f: GGUFFile, options) -> list:
+    """Hand the session options ``options`` the initializers of the graph at ``path`` that name
+    bytes of the GGUF (external data at :data:`.graph_nodes.GGUF_LOCATION`: the blocks of the
+    custom kernels), each a read-only view of ``f``'s memory map
+    (``SessionOptions.add_initializer``: onnxruntime's CPU provider reads such a buffer in
+    place, so the weights are the GGUF's page-cache pages, shared with every process mapping
+    the file, and nothing is copied).
+
+    Returns:
+        the ``onnxruntime.OrtValue`` of each (they hold the views: keep them as long as the
+        session).
+
+    Raises:
+        ModelFileError: an initializer's bytes are not in ``f``, or not its shape's size.
+    """
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(path, load_external_data=False)
+    values = []
+    for t in model.graph.initializer:
+        ext = {e.key: e.value for e in t.external_data}
+        if t.data_location != onnx.TensorProto.EXTERNAL or ext.get("location") != GGUF_LOCATION:
+            continue
+        data = f.mapped_bytes(int(ext.get("offset", 0)), int(ext.get("length", -1)))
+        if data.size != int(np.prod(t.dims, dtype=np.int64)):
+            raise ModelFileError(f"{path}: initializer {t.name} {list(t.dims)} is not its "
+                                 f"{data.size} bytes of {f.path}")
+        value = ort.OrtValue.ortvalue_from_numpy(data.reshape(tuple(t.dims)))
+        options.add_initializer(t.name, value)
+        values.append(value)
+    return values
 
 
 def open_session(path: str, options, providers: list, *, release: Sequence[str],
