@@ -229,7 +229,7 @@ def test_the_kernels_setting_refuses_what_cannot_run_them(tmp_path, backend, mes
 def test_the_flag_chooses_the_kernels(tmp_path):
     from tiny_mindie import cli
 
-    assert _config(tmp_path, {}).backend.kernels == "onnxruntime"
+    assert _config(tmp_path, {}).backend.kernels == "auto"
     path = str(tmp_path / "config.json")
     args = cli.build_parser().parse_args(["serve", "--config", path, "--kernels", "custom"])
     assert cli._config_from_args(args).backend.kernels == "custom"

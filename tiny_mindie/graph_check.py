@@ -123,9 +123,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--graph", default="standard", choices=("auto", "contrib", "standard"),
                    help="the graph to check (default standard; auto: standard on the CANN "
                         "execution provider, contrib on the CPU)")
-    p.add_argument("--kernels", default="onnxruntime", choices=("onnxruntime", "custom", "auto"),
-                   help="the contrib graph's matrix-product kernels (default onnxruntime; "
-                        "custom: tiny_mindie's own, BackendConfig.kernels)")
+    p.add_argument("--kernels", default="auto", choices=("onnxruntime", "custom", "auto"),
+                   help="the contrib graph's matrix-product kernels (default auto: the "
+                        "server's; custom: tiny_mindie's own, BackendConfig.kernels)")
     p.add_argument("--device-id", type=_count(0, 1023), default=0,
                    help="the NPU (CANN) to run on")
     p.add_argument("--slots", type=_count(1, 1024), default=4,

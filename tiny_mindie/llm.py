@@ -132,7 +132,7 @@ class LLM:
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
                  speculation: bool = True, draft_model: str | None = None, graph: str = "auto",
-                 kernels: str = "onnxruntime", log=print):
+                 kernels: str = "auto", log=print):
         say = log or (lambda _msg: None)
         check_weight_mode(backend, weights, graph, kernels)     # before a pull, not after it
         if draft_model and (backend != "onnxruntime" or not speculation):

@@ -316,15 +316,16 @@ SETTINGS: tuple[Setting, ...] = (
                                    "standard on the CANN execution provider, contrib on the "
                                    "CPU), contrib, or standard (default-domain ONNX operators "
                                    "only; slower on a CPU, docs/models.md)"),)),
-    Setting("backend.kernels", f"{_B}.kernels", "str", "onnxruntime",
+    Setting("backend.kernels", f"{_B}.kernels", "str", "auto",
             "onnxruntime matrix-product kernels: onnxruntime (its MatMulNBits), custom "
             "(tiny_mindie's own on the GGUF's blocks; the contrib graph and exact weights "
             "only), or auto (custom where the kernel library is built and loads)",
             choices=KERNEL_MODES, ours=True, llm="kernels",
             flags=(Flag("--kernels", "onnxruntime matrix-product kernels "
-                                     "(BackendConfig.kernels): onnxruntime (default), custom "
+                                     "(BackendConfig.kernels): auto (default: custom where the "
+                                     "library was built and the weights are exact), custom "
                                      "(tiny_mindie's own, reading the GGUF's blocks as they "
-                                     "are) or auto (custom where the library was built)"),)),
+                                     "are) or onnxruntime (its MatMulNBits)"),)),
     Setting("backend.execution_providers", f"{_B}.executionProviders", "providers", (),
             "onnxruntime execution providers: names or [name, {options}] pairs", ours=True),
 )
