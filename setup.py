@@ -16,7 +16,7 @@ if sys.platform != "win32":
         sources=[KERNELS + f for f in ("dispatch.c", "kern_portable.c", "kern_x86.c",
                                        "kern_x86_16.c", "kern_neon.c", "kern_gather.c",
                                        "ort_op.c")],
-        depends=[KERNELS + f for f in ("tm_kernels.h", "kern_impl.h")],
+        depends=[KERNELS + f for f in ("tm_kernels.h", "kern_impl.h", "kern_x86_512.h")],
         # -ffp-contract=off: no fused multiply-add, so every path rounds alike
         extra_compile_args=["-std=c11", "-O3", "-ffp-contract=off", "-fvisibility=hidden",
                             "-fno-math-errno", "-D_GNU_SOURCE"],

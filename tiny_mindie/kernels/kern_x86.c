@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kern_x86_512.h"
+
 /* The dot kernels work on the 8 rows' blocks transposed: a row's 32 bytes are 8 dwords of 4
  * weights, and TM_T8 turns the rows r[0..7] into u[k] (k < 4) = [rows 0-3, dword k | rows 0-3,
  * dword k + 4] and u[k + 4] = the same for rows 4-7. A product with x's dwords k and k + 4 broadcast to
@@ -382,16 +384,7 @@ static inline ATTR_AVX512 void q4k_sb_zmm(const tm_job *j, int64_t n, int R, int
     for (p = 0; p < 2; p++) {
         const int c = 4 * p;
         for (k = 0; k < 8; k++) r[k] = _mm512_loadu_si512((const void *)(sb[k] + 16 + 64 * p));
-        {
-            __m512i t0 = _mm512_unpacklo_epi32(r[0], r[1]), t1 = _mm512_unpackhi_epi32(r[0], r[1]);
-            __m512i t2 = _mm512_unpacklo_epi32(r[2], r[3]), t3 = _mm512_unpackhi_epi32(r[2], r[3]);
-            __m512i t4 = _mm512_unpacklo_epi32(r[4], r[5]), t5 = _mm512_unpackhi_epi32(r[4], r[5]);
-            __m512i t6 = _mm512_unpacklo_epi32(r[6], r[7]), t7 = _mm512_unpackhi_epi32(r[6], r[7]);
-            u[0] = _mm512_unpacklo_epi64(t0, t2); u[1] = _mm512_unpackhi_epi64(t0, t2);
-            u[2] = _mm512_unpacklo_epi64(t1, t3); u[3] = _mm512_unpackhi_epi64(t1, t3);
-            u[4] = _mm512_unpacklo_epi64(t4, t6); u[5] = _mm512_unpackhi_epi64(t4, t6);
-            u[6] = _mm512_unpacklo_epi64(t5, t7); u[7] = _mm512_unpackhi_epi64(t5, t7);
-        }
+        transpose16(u, r);
         for (k = 0; k < 8; k++) {
             lo[k] = _mm512_and_si512(u[k], m4);
             hi[k] = _mm512_and_si512(_mm512_srli_epi16(u[k], 4), m4);

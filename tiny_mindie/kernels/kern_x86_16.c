@@ -3,7 +3,7 @@
  * block order), so the results equal the other paths' bit for bit.
  *
  * Layout: a 512-bit vector holds row i's 32 weights of a block in its low half and row i + 8's
- * in its high half (i < 8). The 8 such vectors transposed within their 128-bit lanes (TM_T16)
+ * in its high half (i < 8). The 8 such vectors transposed within their 128-bit lanes (transpose16)
  * give u[k] (k < 4): per 128-bit lane, rows 0-3 (lanes 0, 1) or 8-11 (lanes 2, 3) at dword k
  * (lanes 0, 2) and k + 4 (lanes 1, 3); u[k + 4] the same for rows 4-7 and 12-15. Dotted with
  * the activations' dword k and k + 4 broadcast to those lanes, two accumulators hold each
@@ -15,7 +15,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define ATTR16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#include "kern_x86_512.h"
+
 #define TM_TILE16 16
 
 /* the 16 rows' block sums from the accumulators a (rows 0-3, 8-11) and b (4-7, 12-15) */
@@ -25,19 +26,6 @@ static inline ATTR16 __m512i join16(__m512i a, __m512i b)
     const __m512i ib = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     return _mm512_add_epi32(_mm512_permutex2var_epi64(a, ia, b),
                             _mm512_permutex2var_epi64(a, ib, b));
-}
-
-/* 8 vectors r[i] = [row i | row i + 8] -> u[0..7] as described above */
-static inline ATTR16 void transpose16(__m512i *u, const __m512i *r)
-{
-    __m512i t0 = _mm512_unpacklo_epi32(r[0], r[1]), t1 = _mm512_unpackhi_epi32(r[0], r[1]);
-    __m512i t2 = _mm512_unpacklo_epi32(r[2], r[3]), t3 = _mm512_unpackhi_epi32(r[2], r[3]);
-    __m512i t4 = _mm512_unpacklo_epi32(r[4], r[5]), t5 = _mm512_unpackhi_epi32(r[4], r[5]);
-    __m512i t6 = _mm512_unpacklo_epi32(r[6], r[7]), t7 = _mm512_unpackhi_epi32(r[6], r[7]);
-    u[0] = _mm512_unpacklo_epi64(t0, t2); u[1] = _mm512_unpackhi_epi64(t0, t2);
-    u[2] = _mm512_unpacklo_epi64(t1, t3); u[3] = _mm512_unpackhi_epi64(t1, t3);
-    u[4] = _mm512_unpacklo_epi64(t4, t6); u[5] = _mm512_unpackhi_epi64(t4, t6);
-    u[6] = _mm512_unpacklo_epi64(t5, t7); u[7] = _mm512_unpackhi_epi64(t5, t7);
 }
 
 /* Block c (of the chunk at rp[]) of rows i and i + 8 as unsigned bytes: Q4_0, Q4_1 the
