@@ -1,8 +1,8 @@
 """The embedding routes end to end: real server processes over mutual TLS with the real
 all-MiniLM-L6-v2 (beside the chat model) and nomic-embed-text-v1.5 (alone), driven by the
-clients their users run -- the ``openai`` SDK, LangChain's ``OpenAIEmbeddings``,
-``huggingface_hub``'s ``InferenceClient.feature_extraction`` -- and by hand-made requests for
-the wire shapes and the bad inputs."""
+clients their users run -- the ``openai`` SDK, LangChain's ``OpenAIEmbeddings``, LlamaIndex's
+``OpenAILikeEmbedding``, ``huggingface_hub``'s ``InferenceClient.feature_extraction`` -- and by
+hand-made requests for the wire shapes and the bad inputs."""
 
 from __future__ import annotations
 
@@ -341,6 +341,24 @@ def test_langchain_openai_embeddings(both):
     finally:
         http_client.close()
     assert len(docs) == 2 and len(query) == 384
+    assert cosine(query, docs[0]) > cosine(query, docs[1])
+
+
+def test_llamaindex_openai_like_embedding(both):
+    li = pytest.importorskip("llama_index.embeddings.openai_like")
+    import httpx
+    http_client = httpx.Client(verify=both.ssl_context(), timeout=120)
+    try:
+        emb = li.OpenAILikeEmbedding(model_name=MINILM, api_base=both.url + "/v1", api_key="x",
+                                     http_client=http_client, max_retries=0)
+        docs = emb.get_text_embedding_batch(["a cat sat on the mat", "stock prices fell"])
+        query = emb.get_query_embedding("where did the cat sit?")
+    finally:
+        http_client.close()
+    status, own = post(both, "/v1/embeddings", {"model": MINILM,
+                                                "input": "where did the cat sit?"})
+    assert status == 200 and len(docs) == 2 and len(query) == 384
+    assert cosine(query, own["data"][0]["embedding"]) > 0.99999
     assert cosine(query, docs[0]) > cosine(query, docs[1])
 
 
