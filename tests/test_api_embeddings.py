@@ -228,6 +228,23 @@ def test_alone_stop_service_drains_and_exits_0(tmp_path, minilm_path):
         srv.proc.kill()
 
 
+def test_alone_on_the_standard_graph(tmp_path, minilm_path):
+    """``--graph standard``: the embedding model's static-shape graph serves the reference's
+    vectors."""
+    cfg = copy.deepcopy(TEST_CONFIG)
+    cfg["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"] = ""
+    srv = start_server(str(tmp_path), cfg, ["--embedding-model", MINILM, "--graph", "standard"])
+    try:
+        assert f"embedding model {MINILM} (standard graph)".lower() in srv.banner.lower()
+        status, body = post(srv, "/v1/embeddings", {"model": MINILM, "input": TEXTS})
+        model = load_encoder(minilm_path)
+        assert status == 200
+        for text, item in zip(TEXTS, body["data"], strict=True):
+            assert cosine(item["embedding"], reference(model, text)) >= 0.9999
+    finally:
+        srv.proc.kill()
+
+
 # ---- beside a chat model -------------------------------------------------------------------
 
 def test_beside_the_chat_model(both):

@@ -247,7 +247,7 @@ def load_embedder(cfg: Config, log_line: Callable[[str], None]):
         known = lookup(spec)
         name = known.name if known else os.path.splitext(
             os.path.basename(os.path.normpath(spec)))[0]
-        log_line(f"loading the embedding model {name}")
+        log_line(f"loading the embedding model {name} ({flavour} graph)")
         model = load_encoder(path, name)
     except ModelFileError as exc:
         raise ModelFileError(f"embedding model: {exc}") from None
