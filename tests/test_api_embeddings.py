@@ -1,8 +1,8 @@
 """The embedding routes end to end: real server processes over mutual TLS with the real
 all-MiniLM-L6-v2 (beside the chat model) and nomic-embed-text-v1.5 (alone), driven by the
-clients their users run -- the ``openai`` SDK, LangChain's ``OpenAIEmbeddings``,
-``huggingface_hub``'s ``InferenceClient.feature_extraction`` -- and by hand-made requests for
-the wire shapes and the bad inputs."""
+clients their users run -- the ``openai`` SDK, LangChain's ``OpenAIEmbeddings``, LlamaIndex's
+``OpenAILikeEmbedding``, ``huggingface_hub``'s ``InferenceClient.feature_extraction`` -- and by
+hand-made requests for the wire shapes and the bad inputs."""
 
 from __future__ import annotations
 
@@ -228,6 +228,23 @@ def test_alone_stop_service_drains_and_exits_0(tmp_path, minilm_path):
         srv.proc.kill()
 
 
+def test_alone_on_the_standard_graph(tmp_path, minilm_path):
+    """``--graph standard``: the embedding model's static-shape graph serves the reference's
+    vectors."""
+    cfg = copy.deepcopy(TEST_CONFIG)
+    cfg["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"] = ""
+    srv = start_server(str(tmp_path), cfg, ["--embedding-model", MINILM, "--graph", "standard"])
+    try:
+        assert f"embedding model {MINILM} (standard graph)".lower() in srv.banner.lower()
+        status, body = post(srv, "/v1/embeddings", {"model": MINILM, "input": TEXTS})
+        model = load_encoder(minilm_path)
+        assert status == 200
+        for text, item in zip(TEXTS, body["data"], strict=True):
+            assert cosine(item["embedding"], reference(model, text)) >= 0.9999
+    finally:
+        srv.proc.kill()
+
+
 # ---- beside a chat model -------------------------------------------------------------------
 
 def test_beside_the_chat_model(both):
@@ -341,6 +358,24 @@ def test_langchain_openai_embeddings(both):
     finally:
         http_client.close()
     assert len(docs) == 2 and len(query) == 384
+    assert cosine(query, docs[0]) > cosine(query, docs[1])
+
+
+def test_llamaindex_openai_like_embedding(both):
+    li = pytest.importorskip("llama_index.embeddings.openai_like")
+    import httpx
+    http_client = httpx.Client(verify=both.ssl_context(), timeout=120)
+    try:
+        emb = li.OpenAILikeEmbedding(model_name=MINILM, api_base=both.url + "/v1", api_key="x",
+                                     http_client=http_client, max_retries=0)
+        docs = emb.get_text_embedding_batch(["a cat sat on the mat", "stock prices fell"])
+        query = emb.get_query_embedding("where did the cat sit?")
+    finally:
+        http_client.close()
+    status, own = post(both, "/v1/embeddings", {"model": MINILM,
+                                                "input": "where did the cat sit?"})
+    assert status == 200 and len(docs) == 2 and len(query) == 384
+    assert cosine(query, own["data"][0]["embedding"]) > 0.99999
     assert cosine(query, docs[0]) > cosine(query, docs[1])
 
 

@@ -109,7 +109,7 @@ def test_long_texts_run_fewer_rows_at_a_time_with_the_same_vectors(minilm, monke
     texts = [minilm.tokenizer.encode(f"text {i} " * 40).ids for i in range(3)]
     runs = []
     real = session._run
-    monkeypatch.setattr(session, "_run", lambda t, w: runs.append(len(t)) or real(t, w))
+    monkeypatch.setattr(session, "_run", lambda t, w, n: runs.append(len(t)) or real(t, w, n))
     batched = session.encode(texts)
     monkeypatch.setattr(encoder_ort, "MAX_SCORES", 1)
     single = session.encode(texts)

@@ -224,8 +224,9 @@ def load_llm(cfg: Config, log_line: Callable[[str], None]):
 
 def load_embedder(cfg: Config, log_line: Callable[[str], None]):
     """The embedding model of ``cfg`` (``embeddingModelPath``), pulled if needed, loaded into
-    its onnxruntime session (``intraOpThreads`` threads) and its batching thread started: an
-    :class:`~.engine.embedder.Embedder`.
+    its onnxruntime session (``intraOpThreads`` threads; the ``graph`` flavour and providers
+    the chat model gets, :func:`~.model.providers.graph_flavour`) and its batching thread
+    started: an :class:`~.engine.embedder.Embedder`.
 
     Raises:
         ModelFileError: the model cannot be had or is not an embedding model (one line,
@@ -234,19 +235,24 @@ def load_embedder(cfg: Config, log_line: Callable[[str], None]):
     from .model.encoder_load import load_encoder
     from .model.encoder_ort import EncoderSession
     from .model.gguf import ModelFileError
+    from .model.providers import graph_flavour, select_providers
     from .model.registry import lookup, resolve
 
+    b = cfg.backend
+    chosen = select_providers(list(b.execution_providers) or None, b.npu_device_ids[0])
+    flavour = graph_flavour(b.graph, chosen)
     spec = cfg.backend.model.embedding_model
     try:
         path = resolve(spec, log=log_line, task="embedding")
         known = lookup(spec)
         name = known.name if known else os.path.splitext(
             os.path.basename(os.path.normpath(spec)))[0]
-        log_line(f"loading the embedding model {name}")
+        log_line(f"loading the embedding model {name} ({flavour} graph)")
         model = load_encoder(path, name)
     except ModelFileError as exc:
         raise ModelFileError(f"embedding model: {exc}") from None
-    return Embedder(EncoderSession(model, threads=cfg.backend.intra_op_threads))
+    return Embedder(EncoderSession(model, threads=b.intra_op_threads, flavour=flavour,
+                                   providers=chosen))
 
 
 def _prepare_constraints(llm) -> None:

@@ -6,6 +6,12 @@ float32 (1 on a text's tokens, 0 on padding), ``pool [B, T]`` float32 (the pooli
 :func:`.encoder_pool.pool_weights`). Output: ``pooled [B, hidden]`` float32, not normalized.
 The blocks are those of :mod:`.encoder_reference`; padding is kept out of every text's attention
 by an additive mask, so it never reaches a text's vector.
+
+``standard=True`` builds the graph for the CANN execution provider: only operators, at this
+opset, that Ascend's ONNX pages document (:func:`.cann_ops.check_model` finds nothing): layer
+norm spelled out (``ReduceSum``, ``Div``, ``Sqrt``, ``Reciprocal``), ``Sub`` as ``Add`` of a
+negated term, ``Unsqueeze``/``Squeeze`` as ``Reshape``, and BERT's GELU in its tanh form
+(``Erf`` is not on the list; the two differ by under 1e-3 at any input).
 """
 
 from __future__ import annotations
@@ -21,9 +27,11 @@ NEG = -1e30                                        # an attention score no softm
 
 
 class _Nodes:
-    """The graph under construction: nodes, initializers, unique names."""
+    """The graph under construction: nodes, initializers, unique names; ``standard``: the
+    operators of :mod:`.cann_ops` only."""
 
-    def __init__(self) -> None:
+    def __init__(self, standard: bool = False) -> None:
+        self.standard = standard
         self.nodes: list = []
         self.inits: list = []
         self.count = 0
@@ -46,6 +54,15 @@ class _Nodes:
 
 
 def _ln(g: _Nodes, x: str, w: np.ndarray, b: np.ndarray, eps: float) -> str:
+    if g.standard:                          # x [B, T, d]: normalized over the last axis
+        n = g.const(float(len(w)), np.float32)
+        mean = g.op("Div", [g.op("ReduceSum", [x, g.const([2])], keepdims=1), n])
+        d = g.op("Add", [x, g.op("Neg", [mean])])
+        var = g.op("Div", [g.op("ReduceSum", [g.op("Mul", [d, d]), g.const([2])], keepdims=1),
+                           n])
+        inv = g.op("Reciprocal", [g.op("Sqrt", [g.op("Add", [var, g.const(eps, np.float32)])])])
+        return g.op("Add", [g.op("Mul", [g.op("Mul", [d, inv]), g.init("ln_w", w)]),
+                            g.init("ln_b", b)])
     return g.op("LayerNormalization", [x, g.init("ln_w", w), g.init("ln_b", b)], axis=-1,
                 epsilon=eps)
 
@@ -59,7 +76,7 @@ def _rotary(g: _Nodes, x: str, cos: str, sin: str, half: int) -> str:
     """``x [B, heads, T, dh]`` turned by the tables ``cos``/``sin [T, half]``."""
     a = g.op("Slice", [x, g.const([0]), g.const([half]), g.const([3])])
     b = g.op("Slice", [x, g.const([half]), g.const([2 * half]), g.const([3])])
-    first = g.op("Sub", [g.op("Mul", [a, cos]), g.op("Mul", [b, sin])])
+    first = g.op("Add", [g.op("Mul", [a, cos]), g.op("Neg", [g.op("Mul", [b, sin])])])
     second = g.op("Add", [g.op("Mul", [b, cos]), g.op("Mul", [a, sin])])
     return g.op("Concat", [first, second], axis=3)
 
@@ -88,6 +105,14 @@ def _ffn(g: _Nodes, x: str, w: EncoderLayer) -> str:
         y = g.op("Mul", [_linear(g, x, w.up, None), act])
     else:                                                                # exact GELU
         u = _linear(g, x, w.up, w.up_b)
+        if g.standard:                                                   # tanh GELU
+            cube = g.op("Mul", [g.op("Mul", [u, u]), u])
+            inner = g.op("Add", [u, g.op("Mul", [cube, g.const(0.044715, np.float32)])])
+            t = g.op("Tanh", [g.op("Mul", [inner, g.const(math.sqrt(2.0 / math.pi),
+                                                                np.float32)])])
+            y = g.op("Mul", [g.op("Mul", [u, g.const(0.5, np.float32)]),
+                             g.op("Add", [t, g.const(1.0, np.float32)])])
+            return _linear(g, y, w.down, w.down_b)
         erf = g.op("Erf", [g.op("Mul", [u, g.const(1.0 / math.sqrt(2.0), np.float32)])])
         y = g.op("Mul", [g.op("Mul", [u, g.const(0.5, np.float32)]),
                          g.op("Add", [erf, g.const(1.0, np.float32)])])
@@ -106,11 +131,12 @@ def _rope_tables(g: _Nodes, cfg: EncoderConfig, seq: str) -> tuple[str, str]:
     return tables[0], tables[1]
 
 
-def build_encoder(cfg: EncoderConfig, weights: EncoderWeights):
-    """The encoder's ``onnx.ModelProto`` (float32 weights as initializers)."""
+def build_encoder(cfg: EncoderConfig, weights: EncoderWeights, standard: bool = False):
+    """The encoder's ``onnx.ModelProto`` (float32 weights as initializers); ``standard``: the
+    operators of :mod:`.cann_ops` only (module docstring)."""
     from onnx import TensorProto, helper
 
-    g = _Nodes()
+    g = _Nodes(standard)
     ids, types = "input_ids", "token_type_ids"
     seq = g.op("Slice", [g.op("Shape", [ids]), g.const([1]), g.const([2])])          # [1]: T
     x = g.op("Add", [g.op("Gather", [g.init("tok", weights.tokens), ids], axis=0),
@@ -123,15 +149,15 @@ def build_encoder(cfg: EncoderConfig, weights: EncoderWeights):
     else:
         rope = _rope_tables(g, cfg, seq)
     x = _ln(g, x, weights.norm_w, weights.norm_b, cfg.eps)
-    keep = g.op("Unsqueeze", ["attention_mask", g.const([1, 2])])                # [B,1,1,T]
-    bias = g.op("Mul", [g.op("Sub", [g.const(1.0, np.float32), keep]),
+    keep = g.op("Reshape", ["attention_mask", g.const([0, 1, 1, -1])])           # [B,1,1,T]
+    bias = g.op("Add", [g.op("Mul", [keep, g.const(-NEG, np.float32)]),          # 0 or NEG
                         g.const(NEG, np.float32)])
     for w in weights.layers:
         x = _ln(g, g.op("Add", [x, _attention(g, x, w, cfg, bias, rope)]), w.ln1_w, w.ln1_b,
                 cfg.eps)
         x = _ln(g, g.op("Add", [x, _ffn(g, x, w)]), w.ln2_w, w.ln2_b, cfg.eps)
-    pooled = g.op("MatMul", [g.op("Unsqueeze", ["pool", g.const([1])]), x])       # [B,1,d]
-    g.nodes.append(helper.make_node("Squeeze", [pooled, g.const([1])], ["pooled"]))
+    pooled = g.op("MatMul", [g.op("Reshape", ["pool", g.const([0, 1, -1])]), x])  # [B,1,d]
+    g.nodes.append(helper.make_node("Reshape", [pooled, g.const([0, cfg.hidden])], ["pooled"]))
     f32, i64 = TensorProto.FLOAT, TensorProto.INT64
     inputs = [helper.make_tensor_value_info(n, t, ["B", "T"])
               for n, t in ((ids, i64), (types, i64), ("attention_mask", f32), ("pool", f32))]
