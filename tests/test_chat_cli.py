@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -24,11 +25,19 @@ def _env(home: str) -> dict:
     return {**os.environ, "TINY_MINDIE_HOME": home, "TERM": "xterm", "PYTHONUNBUFFERED": "1"}
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the chat's process: SIGINT's default action, whatever this one inherited (a shell
+    without job control starts a background job with SIGINT ignored, and the ignoring would
+    pass to the chat, where Ctrl-C then does nothing)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _chat(model_path: str, home: str) -> pexpect.spawn:
     """A ``chat`` session on the default model in a pseudo-terminal, at its first prompt."""
     child = pexpect.spawn(sys.executable, ["-m", "tiny_mindie", "chat", "--model", model_path,
                                            "--max-seq-len", "1024", "--verbose"],
-                          env=_env(home), encoding="utf-8", timeout=180, dimensions=(40, 200))
+                          env=_env(home), encoding="utf-8", timeout=180, dimensions=(40, 200),
+                          preexec_fn=_ctrl_c_as_in_a_terminal)
     child.expect("chatting with")
     child.expect_exact(">>> ")
     return child
@@ -157,7 +166,8 @@ def test_ctrl_c_stops_a_running_servers_answer_and_the_chat_goes_on(server, tmp_
     child = pexpect.spawn(sys.executable, ["-m", "tiny_mindie", "chat", "--url", server.url,
                                            "--config", server.config_path, "--temperature", "0",
                                            "--max-tokens", "200"],
-                          env=_env(str(tmp_path)), encoding="utf-8", timeout=180)
+                          env=_env(str(tmp_path)), encoding="utf-8", timeout=180,
+                          preexec_fn=_ctrl_c_as_in_a_terminal)
     child.expect("chatting with smollm2-135m-instruct")
     child.expect_exact(">>> ")
     _interrupt(child, LONG)
