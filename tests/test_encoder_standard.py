@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_encoder import TEXTS  # the same texts as the contrib graph's tests
 
 from tiny_mindie.config import Config
 from tiny_mindie.lifecycle import load_embedder
@@ -15,11 +16,6 @@ from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.encoder_ort import EncoderSession
 from tiny_mindie.model.encoder_pool import finish
 from tiny_mindie.model.encoder_reference import encode_one
-
-TEXTS = ["search_query: A man is eating food.",
-         "search_document: A man is eating a piece of bread. " * 12,
-         "search_document: The girl is carrying a baby.", "x",
-         "日本語のテキストと emoji 🙂, numbers 3.14159 and code: def f(x): return x**2"]
 
 
 @pytest.fixture(scope="module")
