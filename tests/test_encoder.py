@@ -9,16 +9,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from embed_texts import TEXTS
 
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.encoder_ort import EncoderSession
 from tiny_mindie.model.encoder_pool import bucket, finish, pool_weights
 from tiny_mindie.model.encoder_reference import encode_one
-
-TEXTS = ["search_query: A man is eating food.",
-         "search_document: A man is eating a piece of bread. " * 12,
-         "search_document: The girl is carrying a baby.", "x",
-         "日本語のテキストと emoji 🙂, numbers 3.14159 and code: def f(x): return x**2"]
 
 
 @pytest.fixture(scope="module")

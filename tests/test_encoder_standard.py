@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_encoder import TEXTS  # the same texts as the contrib graph's tests
+from embed_texts import TEXTS
 
 from tiny_mindie.config import Config
 from tiny_mindie.lifecycle import load_embedder
