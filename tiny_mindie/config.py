@@ -334,8 +334,8 @@ def _check_backend(b) -> None:
                           "onnxruntime backend, its contrib graph and the exact weights")
     if b.graph == "standard" and b.weights != "exact":
         raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
-                          "contrib graph; the standard graph (--graph standard) holds float32 "
-                          "weights")
+                          "contrib graph; the standard graph (--graph standard) holds float16 "
+                          "or float32 weights (--standard-dtype)")
 
 
 def validate(cfg: Config, *, combinations: bool = True) -> None:

@@ -257,6 +257,13 @@ class GGUFFile:
         values = self._gguf.quants.dequantize(t.data, t.tensor_type)
         return np.ascontiguousarray(values, dtype=np.float32).reshape(shape)
 
+    def dequantize_rows(self, name: str, start: int, end: int) -> np.ndarray:
+        """Rows ``[start, end)`` of the matrix ``name`` as float32 ``[end - start, columns]``:
+        the same values as those rows of :meth:`dequantize` (a GGUF row is whole blocks)."""
+        t = self._tensor(name)
+        values = self._gguf.quants.dequantize(t.data[start:end], t.tensor_type)
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(-1, t.ne[0])
+
     def tensor_totals(self) -> tuple[int, int]:
         """``(values, bytes)`` over all the file's tensors: the model's parameter count and the
         size of its weights as stored (quantized blocks included), as llama.cpp's

@@ -42,8 +42,8 @@ def check_weight_mode(backend: str, weights: str, graph: str = "auto",
         raise ValueError(f"graph {graph!r}: the onnxruntime backend takes "
                          f"{', '.join(GRAPH_FLAVOURS)}, the numpy backend builds no graph")
     if graph == "standard" and weights != "exact":
-        raise ValueError(f"weights {weights!r}: the standard graph holds exact (float32) "
-                         "weights only")
+        raise ValueError(f"weights {weights!r}: the standard graph holds the exact weights "
+                         "only (float16 or float32)")
 
 
 def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | None = None,
@@ -51,7 +51,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
                threads: int = 0, parallel_runs: int = 0, batch_invariant: bool = True,
                weights: str = "exact", device_id: int = 0, providers: list | None = None,
                speculation: bool = False, spinning: bool = True, graph: str = "auto",
-               kernels: str = "onnxruntime") -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
+               kernels: str = "onnxruntime", standard_dtype: str = "float16"
+               ) -> tuple[GGUFFile, ModelConfig, Tokenizer, Backend]:
     """Load the model at ``path`` on ``backend``.
 
     Args:
@@ -78,6 +79,8 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         graph: onnxruntime: ``auto`` (``standard`` on the CANN provider, else ``contrib``),
             ``contrib`` or ``standard`` (:data:`~tiny_mindie.model.GRAPH_FLAVOURS`).
         kernels: onnxruntime: the products' kernels (:func:`.ort_session.resolve_kernels`).
+        standard_dtype: the standard graph's weights, KV cache and products, ``float16`` or
+            ``float32`` (:data:`.graph_standard.DTYPES`).
         spinning: onnxruntime: idle intra-op threads spin between runs (lower latency); off
             for a session whose runs alternate with another's (a draft model), whose threads
             would otherwise take the cores from the other's.
@@ -90,7 +93,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
     cfg = ModelConfig.from_gguf(f)
     args = (f, cfg, backend, num_slots, kv_cache_mb, max_batch, max_seq_len, threads,
             parallel_runs, batch_invariant, device_id, providers, speculation, weights, spinning,
-            graph, kernels)
+            graph, kernels, standard_dtype)
     if backend != "onnxruntime":
         return f, cfg, load_tokenizer(f), _load_backend(*args)
     # The tokenizer is read while the session is created (which releases the GIL): a large
@@ -111,7 +114,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                   parallel_runs: int, batch_invariant: bool, device_id: int,
                   providers: list | None, speculation: bool = False,
                   weights: str = "exact", spinning: bool = True, graph: str = "auto",
-                  kernels: str = "onnxruntime") -> Backend:
+                  kernels: str = "onnxruntime", standard_dtype: str = "float16") -> Backend:
     """The backend part of :func:`load_model` (same arguments)."""
     check_weight_mode(backend, weights, graph, kernels)
     max_seq_len = min(max_seq_len, cfg.context_length)
@@ -131,8 +134,8 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
             flavour = graph_flavour(graph, chosen)
             if flavour == "standard" and weights != "exact":
                 raise ModelFileError(f"weights {weights!r} need the contrib graph; the CANN "
-                                     "execution provider gets the standard graph (float32 "
-                                     "weights): use weights exact, or graph contrib")
+                                     "execution provider gets the standard graph (float16 or "
+                                     "float32 weights): use weights exact, or graph contrib")
             cls = StandardOrtBackend if flavour == "standard" else OrtBackend
             kernels = resolve_kernels(kernels, flavour, WEIGHT_MODES[weights])
             be = cls(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len,
@@ -141,6 +144,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
                      graph_options=GraphOptions(
                          verify_rows=VERIFY_ROWS if speculation else 0,
                          compact=WEIGHT_MODES[weights], flavour=flavour, kernels=kernels,
+                         standard_dtype=standard_dtype,
                          **({} if batch_invariant else {"row_multiples": ()})),
                      check_batching=batch_invariant, spinning=spinning)
         except ImportError as exc:   # onnx / onnxruntime missing or broken in this environment

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from .graph import VERIFY_ROWS
+from .graph_standard import DTYPES
 from .ort_backend import OrtBackend
 from .progress import slow_step
 from .providers import CPU
@@ -88,6 +89,9 @@ class StandardOrtBackend(OrtBackend):
 
     def _read_session(self, device_id: int) -> None:
         super()._read_session(device_id)
+        dtype = self._graph_options.standard_dtype
+        self.kv_dtype = DTYPES[dtype]
+        self.kernels = f"onnxruntime MatMul ({dtype})"
         self.decode_batches = buckets(1, 2, self.num_slots)
         self.chunk_lengths = buckets(MIN_CHUNK, 4, self.max_chunk_tokens)
         self.spans = buckets(MIN_SPAN, 2, self.max_seq_len)     # the scratch: never seen
