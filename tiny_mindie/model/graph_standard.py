@@ -308,12 +308,12 @@ def _layers(f: GGUFFile, c: ModelConfig, dtype, pool: ThreadPoolExecutor, worker
 
 
 def _rows(f: GGUFFile, name: str, dtype) -> np.ndarray:
-    """The matrix ``name`` ``[rows, columns]`` in ``dtype``, dequantized a few hundred rows at
-    a time (float32 temporaries of that size only)."""
+    """The matrix ``name`` ``[rows, columns]`` in ``dtype``, dequantized a hundred rows or so
+    at a time (float32 temporaries of that size only)."""
     rows = f.raw(name).shape[0]
     out = np.empty(f.raw(name).shape, dtype)
-    for r in range(0, rows, 512):
-        out[r:r + 512] = f.dequantize_rows(name, r, min(rows, r + 512))
+    for r in range(0, rows, 128):
+        out[r:r + 128] = f.dequantize_rows(name, r, min(rows, r + 128))
     return out
 
 

@@ -54,21 +54,21 @@ class Weights:
 def xw_matrix(f: GGUFFile, *names: str, dtype=np.float32) -> np.ndarray:
     """GGUF matrices ``[out_i, in]`` stacked and laid out for ``x @ W``: ``dtype`` (float32 or
     float16: each float32 value of ``GGUFFile.dequantize`` rounded to it) ``[in, sum(out_i)]``,
-    C-contiguous. Dequantized a few hundred rows at a time (:meth:`.GGUFFile.dequantize_rows`),
+    C-contiguous. Dequantized a hundred rows or so at a time (:meth:`.GGUFFile.dequantize_rows`),
     so the float32 temporaries stay small."""
     shapes = [f.raw(n).shape for n in names]
     out = np.empty((shapes[0][1], sum(s[0] for s in shapes)), dtype)
     col = 0
     for name, (rows, _) in zip(names, shapes, strict=True):
         for r in range(0, rows, _ROWS):
-            part = f.dequantize_rows(name, r, min(rows, r + _ROWS))
+            part = f.dequantize_rows(name, r, min(rows, r + _ROWS)).astype(dtype, copy=False)
             out[:, col + r:col + r + len(part)] = part.T
         col += rows
     return out
 
 
 #: rows of a GGUF matrix dequantized at once by :func:`xw_matrix`
-_ROWS = 512
+_ROWS = 128
 
 
 def load_layer(f: GGUFFile, cfg: ModelConfig, i: int, dtype=np.float32) -> LayerWeights:
