@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .envconfig import FROM_ENV
-from .model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, KERNEL_MODES, WEIGHT_MODES
+from .model import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    GRAPH_FLAVOURS,
+    KERNEL_MODES,
+    STANDARD_DTYPES,
+    WEIGHT_MODES,
+)
 
 #: Attribute path in :class:`~.config.Config` of each group of settings.
 GROUPS = {"server": "server", "model": "backend.model", "schedule": "backend.schedule",
@@ -298,6 +305,15 @@ SETTINGS: tuple[Setting, ...] = (
                                    "standard on the CANN execution provider, contrib on the "
                                    "CPU), contrib, or standard (default-domain ONNX operators "
                                    "only; slower on a CPU, docs/models.md)"),)),
+    Setting("backend.standard_dtype", f"{_B}.standardDtype", "str", STANDARD_DTYPES[0],
+            "the standard graph's weights, KV cache and matrix products: float16 (half the "
+            "memory; the NPU computes products in float16) or float32 (the exact check against "
+            "the numpy reference on a CPU); float32 needs a graph other than contrib",
+            choices=STANDARD_DTYPES, ours=True, llm="standard_dtype",
+            flags=(Flag("--standard-dtype", "the standard graph's weights, KV cache and "
+                                            "matrix products (BackendConfig.standardDtype): "
+                                            "float16 (default) or float32 (exact against the "
+                                            "numpy reference on a CPU; docs/models.md)"),)),
     Setting("backend.kernels", f"{_B}.kernels", "str", "onnxruntime",
             "onnxruntime matrix-product kernels: onnxruntime (its MatMulNBits), custom "
             "(tiny_mindie's own on the GGUF's blocks; the contrib graph and exact weights "

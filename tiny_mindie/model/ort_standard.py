@@ -40,6 +40,9 @@ log = logging.getLogger(f"{__package__}.ort_backend")
 MIN_SPAN = 256
 #: the shortest prompt piece; lengths grow fourfold from it up to ``max_chunk_tokens``
 MIN_CHUNK = 8
+#: ``max_chunk_tokens`` as the loader builds the backend (:class:`.ort_backend.OrtBackend`'s
+#: default): the longest prompt piece of a run
+MAX_CHUNK_TOKENS = 256
 
 
 def buckets(first: int, factor: int, last: int) -> tuple[int, ...]:
@@ -69,6 +72,8 @@ class StandardOrtBackend(OrtBackend):
     "standard"``); arguments and attributes as there, plus the static sizes below.
 
     Attributes:
+        standard_dtype: the graph's dtype (``GraphOptions.standard_dtype``); ``kv_dtype`` the
+            KV buffers' numpy type.
         decode_batches: the rows a decode run is padded to.
         chunk_lengths: the tokens a prompt piece (or a verification) is padded to.
         spans: the key positions a run attends to.
@@ -89,7 +94,7 @@ class StandardOrtBackend(OrtBackend):
 
     def _read_session(self, device_id: int) -> None:
         super()._read_session(device_id)
-        dtype = self._graph_options.standard_dtype
+        dtype = self.standard_dtype = self._graph_options.standard_dtype
         self.kv_dtype = DTYPES[dtype]
         self.kernels = f"onnxruntime MatMul ({dtype})"
         self.decode_batches = buckets(1, 2, self.num_slots)
