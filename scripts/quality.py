@@ -21,7 +21,9 @@ llama.cpp``):
                          activations (tiny_mindie.model.reference.NumpyBackend)
     onnxruntime[:MODE]   the ONNX Runtime backend; MODE ``exact`` (the GGUF's weights, the
                          default), ``compact`` (every matrix requantized to 4-bit blocks of 64)
-                         or a block size (``onnxruntime:128``); see ``WEIGHT_MODES``
+                         or a block size (``onnxruntime:128``); see ``WEIGHT_MODES``; or
+                         ``standard`` (the standard graph, float16: ``--graph standard``) or
+                         ``standard-float32`` (``--standard-dtype float32``)
     llama.cpp[:FILE]     llama.cpp through llama-cpp-python on ``--model``'s file, or on FILE (a
                          GGUF of the same model in another quantization, e.g. made by
                          ``llama-quantize``), scored against ``--model``'s reference all the same
@@ -173,6 +175,20 @@ def decode_rows(backend, ids: np.ndarray):
         yield backend.forward([SeqChunk(0, pos, ids[pos:pos + 1])])[0]
 
 
+#: ``onnxruntime:MODE`` suffixes of the standard graph -> its ``GraphOptions.standard_dtype``
+STANDARD_MODES = {"standard": "float16", "standard-float32": "float32"}
+
+
+def graph_options(mode: str):
+    """The ``GraphOptions`` of an ``onnxruntime:MODE`` suffix: a weight mode or block size
+    (:func:`compact_of`), or a standard graph (:data:`STANDARD_MODES`)."""
+    from tiny_mindie.model.graph import GraphOptions
+
+    if mode in STANDARD_MODES:
+        return GraphOptions(flavour="standard", standard_dtype=STANDARD_MODES[mode])
+    return GraphOptions(compact=compact_of(mode))
+
+
 def compact_of(mode: str) -> int:
     """``GraphOptions.compact`` of an ``onnxruntime:MODE`` suffix (``""``: exact)."""
     try:                                        # where it lives has moved once already
@@ -187,8 +203,9 @@ def compact_of(mode: str) -> int:
     try:
         return int(mode)
     except ValueError:
-        raise SystemExit(f"onnxruntime:{mode}: a weight mode ({', '.join(WEIGHT_MODES)}) or a "
-                         "block size") from None
+        raise SystemExit(f"onnxruntime:{mode}: a weight mode ({', '.join(WEIGHT_MODES)}), a "
+                         f"block size or a standard graph ({', '.join(STANDARD_MODES)})"
+                         ) from None
 
 
 def reference_cache_path(sha256: str, text: str) -> str:
@@ -323,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="a .gguf file or a registry name (default: the registry's "
                                     "default model)")
     ap.add_argument("--engines", default=DEFAULT_ENGINES,
-                    help="comma-separated: numpy, onnxruntime[:exact|compact|BLOCK], "
+                    help="comma-separated: numpy, onnxruntime[:exact|compact|BLOCK|standard|"
+                         "standard-float32], "
                          "llama.cpp[:FILE.gguf] (default: %(default)s)")
     ap.add_argument("--texts", default=",".join(TEXTS),
                     help="comma-separated fixed texts of scripts/texts (default: %(default)s)")
@@ -358,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     for e in engines:
         kind, _, arg = e.partition(":")
         if kind == "onnxruntime":
-            compact_of(arg)
+            if arg not in STANDARD_MODES:
+                compact_of(arg)
         elif kind not in ("numpy", "llama.cpp") or (kind == "numpy" and arg):
             raise SystemExit(f"--engines: unknown engine {e!r}")
     texts = [t.strip() for t in args.texts.split(",") if t.strip()]
@@ -438,14 +457,15 @@ def main(argv: list[str] | None = None) -> int:
             for t in texts:
                 record(engine, t, dict(ref_res[t], nll_ratio=1.0), **ref_info[t])
         elif kind == "onnxruntime":
-            from tiny_mindie.model.graph import GraphOptions
             from tiny_mindie.model.ort_backend import OrtBackend
+            from tiny_mindie.model.ort_standard import StandardOrtBackend
 
             t0 = time.perf_counter()
-            be = OrtBackend(f, cfg, num_slots=1, max_seq_len=max_len, threads=args.threads,
-                            cache_dir=args.graph_cache, parallel_runs=1, check_batching=False,
-                            spinning=False,     # a shared machine; speed is not measured here
-                            graph_options=GraphOptions(compact=compact_of(arg)))
+            cls = StandardOrtBackend if arg in STANDARD_MODES else OrtBackend
+            be = cls(f, cfg, num_slots=1, max_seq_len=max_len, threads=args.threads,
+                     cache_dir=args.graph_cache, parallel_runs=1, check_batching=False,
+                     spinning=False,     # a shared machine; speed is not measured here
+                     graph_options=graph_options(arg))
             load_s = time.perf_counter() - t0
             for t in texts:
                 t0 = time.perf_counter()
