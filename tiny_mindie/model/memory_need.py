@@ -263,14 +263,14 @@ def check_fits(need: MemoryNeed, model: str, device: tuple[int, int] | None,
     hint = ("fewer KV slots (kvCacheMB, maxBatchSize), a shorter maxSeqLen, or a smaller model"
             + (", or --standard-dtype float16" if need.dtype != "float16" else ""))
     if need.where == "CPU":
-        short = [("the host", need.total, host)]
+        short = [("the host", need.total, host, "available")]
     else:
-        short = [(f"device {need.where}", need.total, device[0] if device else None),
-                 ("the host", need.host, host)]
-    for place, wanted, there in short:
+        short = [(f"device {need.where}", need.total, device[0] if device else None, "free"),
+                 ("the host", need.host, host, "available")]
+    for place, wanted, there, what in short:
         if there is not None and wanted > there:
             raise ModelFileError(f"{os.path.basename(model)} needs {need.describe()}; "
-                                 f"{place} has {_gb(there)} free: use {hint}")
+                                 f"{place} has {_gb(there)} {what}: use {hint}")
 
 
 def check_standard_memory(f, config: ModelConfig, *, dtype: str, chosen: list, device_id: int,
