@@ -100,8 +100,7 @@ class LLM:
             :func:`tiny_mindie.model.loader.load_model`).
         kernels: onnxruntime: the matrix products' kernels, ``onnxruntime``, ``custom`` or
             ``auto`` (see :func:`tiny_mindie.model.loader.load_model`).
-        standard_dtype: onnxruntime: the standard graph's weights, KV cache and products,
-            ``float16`` or ``float32`` (see :func:`tiny_mindie.model.loader.load_model`).
+        standard_dtype: onnxruntime: the standard graph's ``float16`` or ``float32``.
         parse_special_tokens: whether control tokens written in a text prompt
             (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
@@ -136,8 +135,7 @@ class LLM:
                  speculation: bool = True, draft_model: str | None = None, graph: str = "auto",
                  kernels: str = "onnxruntime", standard_dtype: str = "float16", log=print):
         say = log or (lambda _msg: None)
-        # before a pull, not after it
-        check_weight_mode(backend, weights, graph, kernels, standard_dtype)
+        check_weight_mode(backend, weights, graph, kernels, standard_dtype)  # before a pull
         if draft_model and (backend != "onnxruntime" or not speculation):
             raise ValueError(DRAFT_NEEDS)
         self.parse_special_tokens = parse_special_tokens

@@ -90,8 +90,7 @@ def load_model(path: str, *, backend: str = DEFAULT_BACKEND, num_slots: int | No
         graph: onnxruntime: ``auto`` (``standard`` on the CANN provider, else ``contrib``),
             ``contrib`` or ``standard`` (:data:`~tiny_mindie.model.GRAPH_FLAVOURS`).
         kernels: onnxruntime: the products' kernels (:func:`.ort_session.resolve_kernels`).
-        standard_dtype: the standard graph's weights, KV cache and products, ``float16`` or
-            ``float32`` (:data:`.graph_standard.DTYPES`).
+        standard_dtype: the standard graph's dtype (:data:`.graph_standard.DTYPES`).
         spinning: onnxruntime: idle intra-op threads spin between runs (lower latency); off
             for a session whose runs alternate with another's (a draft model), whose threads
             would otherwise take the cores from the other's.
