@@ -38,7 +38,7 @@ SHAPES = {"token_embd.weight": (100, 64), "output.weight": (100, 64), "output_no
               ("ffn_up.weight", (128, 64)), ("ffn_down.weight", (64, 128)))}}
 MATRICES = 6400 + 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64 + 3 * 128 * 64)     # all but embedding
 VECTORS = 64 + 2 * 2 * 64
-ROPE = 3 * 64 * 8 * 4                   # cos, sin, -sin: 64 positions x rope_dim / 2, float32
+ROPE = 2 * 64 * 8 * 4                   # cos, sin: 64 positions x rope_dim / 2, float32
 
 
 def _need(**kw) -> MemoryNeed:

@@ -79,7 +79,7 @@ OPSET = 17
 
 #: Bump whenever this graph changes: part of its cache key (``GraphOptions.key``), so cached
 #: graphs of an older standard builder are rebuilt.
-STANDARD_VERSION = 3
+STANDARD_VERSION = 4
 
 #: the graph's dtypes (``GraphOptions.standard_dtype``, ``--standard-dtype``): the weight
 #: matrices', the KV cache's and the matrix products'; the default first
@@ -318,14 +318,14 @@ def _rows(f: GGUFFile, name: str, dtype) -> np.ndarray:
 
 
 def _shared(g: GraphBuilder, c: ModelConfig, max_positions: int, half: bool) -> _Shared:
-    """The rotary (cos, sin, -sin) at ``positions`` (float32 ``[B, S, 1, rope_dim/2]``: tables
-    ``[max_positions, 1, rope_dim/2]`` gathered) for global and local layers, the bias inputs,
-    and ``half`` (the float16 graph)."""
+    """The rotary (cos, sin, -sin) at ``positions`` (float32 ``[B, S, 1, rope_dim/2]``: cos
+    and sin tables ``[max_positions, 1, rope_dim/2]`` gathered, ``Neg`` of sin) for global and
+    local layers, the bias inputs, and ``half`` (the float16 graph)."""
     def at_positions(name: str, local: bool) -> tuple[str, str, str]:
         cos, sin = rope_table(max_positions, *rope_frequencies(c, max_positions, local=local))
-        tables = {"cos": cos, "sin": sin, "nsin": -sin}
-        return tuple(g.op1("Gather", [g.init(f"{name}.{k}", t[:, None]), "positions"], axis=0)
-                     for k, t in tables.items())
+        cos, sin = (g.op1("Gather", [g.init(f"{name}.{k}", t[:, None]), "positions"], axis=0)
+                    for k, t in (("cos", cos), ("sin", sin)))
+        return cos, sin, g.op1("Neg", [sin])        # -sin of the rows gathered: exact
 
     rope = at_positions("rope", False)
     local = at_positions("rope_local", True) if c.rope_theta_local else rope

@@ -8,7 +8,7 @@ loads, and the refusal when the device or the host cannot hold it.
   value); on the CPU provider 4 bytes whatever the dtype (onnxruntime's CPU provider has no
   float16 ``MatMul``: it converts float16 matrices to float32 when it loads them, keeping the
   embedding's float16 table for the ``Gather`` too when the LM head shares it); vectors
-  (norms, biases) and the rotary tables float32;
+  (norms, biases) and the rotary tables (cos and sin) float32;
 - **KV cache**: keys and values of every layer for ``num_slots`` rows of ``max_seq_len + 1``
   positions (the scratch position, :mod:`.ort_standard`) at the graph's dtype, held in host
   memory and bound to every run; on an NPU a run's rows are copied to the device and back, so
@@ -100,7 +100,7 @@ def weight_bytes(shapes: Mapping[str, tuple[int, ...]], config: ModelConfig, dty
         else:
             total += n * (matrix if len(shape) >= 2 else _F32)
     tables = 2 if config.rope_theta_local else 1
-    return total + tables * 3 * max_positions * (config.rope_dim // 2) * _F32
+    return total + tables * 2 * max_positions * (config.rope_dim // 2) * _F32
 
 
 def kv_bytes(config: ModelConfig, dtype: str, slots: int, positions: int) -> int:
