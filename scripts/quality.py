@@ -19,11 +19,19 @@ onnxruntime:compact,llama.cpp``):
 
     numpy                the reference: the GGUF's tensors dequantized to float32, float32
                          activations (tiny_mindie.model.reference.NumpyBackend)
+    numpy:float16        the reference computing as the float16 standard graph does on an NPU,
+                         emulated (:func:`float16_products`): the weight matrices and the KV
+                         cache rounded to float16, every matrix product's operands and result
+                         rounded to float16 (sums in float32), the rest float32 -- what the
+                         CPU provider does not compute (it runs the graph's products in
+                         float32 on the float16 weights)
     onnxruntime[:MODE]   the ONNX Runtime backend; MODE ``exact`` (the GGUF's weights on
                          onnxruntime's ``MatMulNBits``, the default), ``custom`` (the GGUF's
                          weights on tiny_mindie's own kernels, tiny_mindie/kernels), ``compact``
                          (every matrix requantized to 4-bit blocks of 64) or a block size
-                         (``onnxruntime:128``); see ``WEIGHT_MODES``
+                         (``onnxruntime:128``); see ``WEIGHT_MODES``; or
+                         ``standard`` (the standard graph, float16: ``--graph standard``) or
+                         ``standard-float32`` (``--standard-dtype float32``)
     llama.cpp[:FILE]     llama.cpp through llama-cpp-python on ``--model``'s file, or on FILE (a
                          GGUF of the same model in another quantization, e.g. made by
                          ``llama-quantize``), scored against ``--model``'s reference all the same
@@ -71,6 +79,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -175,6 +184,21 @@ def decode_rows(backend, ids: np.ndarray):
         yield backend.forward([SeqChunk(0, pos, ids[pos:pos + 1])])[0]
 
 
+#: ``onnxruntime:MODE`` suffixes of the standard graph -> its ``GraphOptions.standard_dtype``
+STANDARD_MODES = {"standard": "float16", "standard-float32": "float32"}
+
+
+def graph_options(mode: str):
+    """The ``GraphOptions`` of an ``onnxruntime:MODE`` suffix: a weight mode or block size
+    (:func:`compact_of`), or a standard graph (:data:`STANDARD_MODES`)."""
+    from tiny_mindie.model.graph import GraphOptions
+
+    if mode in STANDARD_MODES:
+        return GraphOptions(flavour="standard", standard_dtype=STANDARD_MODES[mode])
+    return GraphOptions(compact=compact_of(mode),
+                        kernels="custom" if mode == "custom" else "onnxruntime")
+
+
 def compact_of(mode: str) -> int:
     """``GraphOptions.compact`` of an ``onnxruntime:MODE`` suffix (``""``: exact)."""
     try:                                        # where it lives has moved once already
@@ -189,8 +213,58 @@ def compact_of(mode: str) -> int:
     try:
         return int(mode)
     except ValueError:
-        raise SystemExit(f"onnxruntime:{mode}: a weight mode ({', '.join(WEIGHT_MODES)}) or a "
-                         "block size") from None
+        raise SystemExit(f"onnxruntime:{mode}: a weight mode ({', '.join(WEIGHT_MODES)}), a "
+                         f"block size or a standard graph ({', '.join(STANDARD_MODES)})"
+                         ) from None
+
+
+def _half(a: np.ndarray) -> np.ndarray:
+    """``a`` rounded to float16, as float32."""
+    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+
+
+@contextlib.contextmanager
+def float16_products(f, cfg, max_len: int):
+    """A numpy reference backend (one slot of ``max_len`` positions) whose matrix products
+    round as the float16 standard graph's do on an NPU: weight matrices and embedding rounded
+    to float16 once; each product (the layers' ``linear``, the attention's two, the LM head)
+    takes float16-rounded operands and its float32 sum is rounded to float16; norms, rotary,
+    softmax and activations stay float32. Patches the reference's module functions while the
+    context is open."""
+    from tiny_mindie.model import reference
+    from tiny_mindie.model import reference_layers as layers
+
+    be = reference.NumpyBackend(f, cfg, num_slots=1, max_seq_len=max_len)
+    w = be.weights
+    tied = w.lm_head.base is w.embedding
+    w.embedding[...] = _half(w.embedding)
+    if not tied:
+        w.lm_head = _half(w.lm_head)
+    for layer in w.layers:
+        for name in ("w_qkv", "w_o", "w_gate_up", "w_down"):
+            setattr(layer, name, _half(getattr(layer, name)))
+    linear, attention, logits = layers.linear, layers.attention, reference._logits
+
+    def attention16(q, k, v, mask, scale=None):
+        B, n, heads, hd = q.shape
+        kv, T = k.shape[1], k.shape[2]
+        g = heads // kv
+        q = q.reshape(B, n, kv, g, hd).transpose(0, 2, 3, 1, 4).reshape(B, kv, g * n, hd)
+        q = _half(q * np.float32(1.0 / np.sqrt(hd) if scale is None else scale))
+        s = _half(q @ _half(k).swapaxes(-1, -2)).reshape(B, kv, g, n, T) + mask[:, None, None]
+        p = _half(layers.softmax(s).reshape(B, kv, g * n, T))
+        o = _half(p @ _half(v)).reshape(B, kv, g, n, hd).transpose(0, 3, 1, 2, 4)
+        return o.reshape(B, n, heads * hd)
+
+    layers.linear = lambda x, m: _half(linear(_half(x), m))
+    layers.attention = attention16
+    reference._logits = lambda ws, x: _half(
+        _half(layers.rms_norm(x, ws.norm, ws.cfg.rms_eps)) @ ws.lm_head)
+    try:
+        yield be
+    finally:
+        layers.linear, layers.attention, reference._logits = linear, attention, logits
+        be.close()
 
 
 def reference_cache_path(sha256: str, text: str) -> str:
@@ -325,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="a .gguf file or a registry name (default: the registry's "
                                     "default model)")
     ap.add_argument("--engines", default=DEFAULT_ENGINES,
-                    help="comma-separated: numpy, onnxruntime[:exact|custom|compact|BLOCK], "
+                    help="comma-separated: numpy[:float16], onnxruntime[:exact|custom|compact|"
+                         "BLOCK|standard|standard-float32], "
                          "llama.cpp[:FILE.gguf] (default: %(default)s)")
     ap.add_argument("--texts", default=",".join(TEXTS),
                     help="comma-separated fixed texts of scripts/texts (default: %(default)s)")
@@ -360,8 +435,10 @@ def main(argv: list[str] | None = None) -> int:
     for e in engines:
         kind, _, arg = e.partition(":")
         if kind == "onnxruntime":
-            compact_of(arg)
-        elif kind not in ("numpy", "llama.cpp") or (kind == "numpy" and arg):
+            if arg not in STANDARD_MODES:
+                compact_of(arg)
+        elif kind not in ("numpy", "llama.cpp") or (kind == "numpy" and arg not in ("",
+                                                                               "float16")):
             raise SystemExit(f"--engines: unknown engine {e!r}")
     texts = [t.strip() for t in args.texts.split(",") if t.strip()]
     for t in texts:
@@ -436,20 +513,27 @@ def main(argv: list[str] | None = None) -> int:
     llama_python = None
     for engine in engines:
         kind, _, arg = engine.partition(":")
-        if kind == "numpy":
+        if kind == "numpy" and arg:
+            t0 = time.perf_counter()
+            with float16_products(f, cfg, max_len) as be:
+                load_s = time.perf_counter() - t0
+                for t in texts:
+                    t0 = time.perf_counter()
+                    res = score(ref[t], decode_rows(be, ids[t]), targets[t], ref_nll[t])
+                    record(engine, t, res, load_s=load_s, run_s=time.perf_counter() - t0)
+        elif kind == "numpy":
             for t in texts:
                 record(engine, t, dict(ref_res[t], nll_ratio=1.0), **ref_info[t])
         elif kind == "onnxruntime":
-            from tiny_mindie.model.graph import GraphOptions
             from tiny_mindie.model.ort_backend import OrtBackend
+            from tiny_mindie.model.ort_standard import StandardOrtBackend
 
             t0 = time.perf_counter()
-            be = OrtBackend(f, cfg, num_slots=1, max_seq_len=max_len, threads=args.threads,
-                            cache_dir=args.graph_cache, parallel_runs=1, check_batching=False,
-                            spinning=False,     # a shared machine; speed is not measured here
-                            graph_options=GraphOptions(
-                                compact=compact_of(arg),
-                                kernels="custom" if arg == "custom" else "onnxruntime"))
+            cls = StandardOrtBackend if arg in STANDARD_MODES else OrtBackend
+            be = cls(f, cfg, num_slots=1, max_seq_len=max_len, threads=args.threads,
+                     cache_dir=args.graph_cache, parallel_runs=1, check_batching=False,
+                     spinning=False,     # a shared machine; speed is not measured here
+                     graph_options=graph_options(arg))
             load_s = time.perf_counter() - t0
             for t in texts:
                 t0 = time.perf_counter()

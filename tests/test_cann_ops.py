@@ -195,6 +195,30 @@ def test_matmul_float32_is_cast_and_cast_to_int64_is_flagged():
     _one(check_model(model), "MatMul", "input 0 (x) is double", "documented: float, float16")
 
 
+def test_dtype_report_says_per_node_kind_whether_the_pages_list_its_types():
+    """float16 MatMul: on its page; float32 MatMul: accepted, narrowed to float16 by the
+    precision mode; a Cast to int64 and an operator the list lacks: not accepted."""
+    w16 = numpy_helper.from_array(np.ones((3, 4), np.float16), "w16")
+    w32 = numpy_helper.from_array(np.ones((3, 4), np.float32), "w32")
+    nodes = [h.make_node("Cast", ["x"], ["x16"], to=T.FLOAT16),
+             h.make_node("MatMul", ["x16", "w16"], ["m16"]),
+             h.make_node("MatMul", ["x", "w32"], ["m32"]),
+             h.make_node("Cast", ["m16"], ["i"], to=T.INT64),
+             h.make_node("Erf", ["m32"], ["y"])]
+    model = _model(nodes, [_vi("x", T.FLOAT, [2, 3])], [_vi("i", T.INT64, [2, 4]),
+                                                        _vi("y", T.FLOAT, [2, 4])], [w16, w32])
+    kinds = {k.op_type: k for k in cann_ops.dtype_report(model)}
+    assert list(kinds) == ["Cast", "MatMul", "Erf"]
+    assert kinds["MatMul"] == cann_ops.KindTypes("MatMul", 2, ("float", "float16"), True, True)
+    assert kinds["Cast"].nodes == 2 and not kinds["Cast"].accepted       # the int64 output
+    assert kinds["Cast"].types == ("float", "float16", "int64")
+    assert kinds["Erf"] == cann_ops.KindTypes("Erf", 1, (), False, False)
+    nodes = [h.make_node("MatMul", ["x", "w16"], ["y"])]
+    model = _model(nodes, [_vi("x", T.FLOAT16, [2, 3])], [_vi("y", T.FLOAT16, [2, 4])], [w16])
+    assert cann_ops.dtype_report(model) == [
+        cann_ops.KindTypes("MatMul", 1, ("float16",), True, False)]
+
+
 def test_versions_inputs_and_opsets_outside_the_pages_are_flagged():
     axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
     c = numpy_helper.from_array(np.ones((2,), np.float32), "c")

@@ -66,11 +66,28 @@ def test_mindie_file_is_read_and_paths_resolve_against_it(tmp_path):
      "batchInvariant must be true or false, got \"no\""),
     ({"BackendConfig": {"ScheduleConfig": {"prefixCaching": 0}}},
      "prefixCaching must be true or false, got 0"),
+    ({"BackendConfig": {"standardDtype": "bfloat16"}}, "standardDtype must be one of"),
     ("{broken", "not valid JSON"),
 ])
 def test_bad_config_is_one_clear_error(tmp_path, obj, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(write(tmp_path, obj))
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    ({"backend.graph": "contrib"}, "shapes the standard graph only; graph contrib builds none"),
+    ({"backend.backend": "numpy"}, "the numpy backend builds none"),
+])
+def test_a_standard_dtype_where_no_standard_graph_is_built_is_refused(overrides, needle):
+    base = load_config(None)
+    assert base.backend.standard_dtype == "float16"
+    assert base.with_overrides(**{"backend.standard_dtype": "float32"}).backend.standard_dtype \
+        == "float32"                                   # graph auto: standard on CANN
+    with pytest.raises(ConfigError, match=needle):
+        base.with_overrides(**{"backend.standard_dtype": "float32", **overrides})
+    r = run_cli("--graph", "contrib", "--standard-dtype", "float32", "--no-tls", "--port", "0",
+                "--model", "/nonexistent.gguf")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--standard-dtype" in r.stderr
 
 
 def test_cli_bad_config_exits_with_one_line(tmp_path):

@@ -320,8 +320,8 @@ def check_listen_address(key: str, host: str) -> None:
 
 
 def _check_backend(b) -> None:
-    """The backend settings that do not go together (weights, graph, kernels); raises
-    :class:`ConfigError`."""
+    """The backend settings that do not go together (weights, graph, kernels, standard dtype);
+    raises :class:`ConfigError`."""
     if b.weights != "exact" and b.backend != "onnxruntime":
         raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
                           f"onnxruntime backend; the {b.backend} backend runs the exact weights")
@@ -332,10 +332,15 @@ def _check_backend(b) -> None:
             b.backend != "onnxruntime" or b.weights != "exact" or b.graph == "standard"):
         raise ConfigError("kernels custom (--kernels, BackendConfig.kernels) needs the "
                           "onnxruntime backend, its contrib graph and the exact weights")
+    if b.standard_dtype != "float16" and (b.graph == "contrib" or b.backend != "onnxruntime"):
+        raise ConfigError(f"standard dtype {b.standard_dtype!r} (--standard-dtype, "
+                          "BackendConfig.standardDtype) shapes the standard graph only; "
+                          f"{'graph contrib' if b.graph == 'contrib' else 'the numpy backend'}"
+                          " builds none")
     if b.graph == "standard" and b.weights != "exact":
         raise ConfigError(f"weights {b.weights!r} (--weights, BackendConfig.weights) needs the "
-                          "contrib graph; the standard graph (--graph standard) holds float32 "
-                          "weights")
+                          "contrib graph; the standard graph (--graph standard) holds float16 "
+                          "or float32 weights (--standard-dtype)")
 
 
 def validate(cfg: Config, *, combinations: bool = True) -> None:

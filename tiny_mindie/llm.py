@@ -100,6 +100,7 @@ class LLM:
             :func:`tiny_mindie.model.loader.load_model`).
         kernels: onnxruntime: the matrix products' kernels, ``onnxruntime``, ``custom`` or
             ``auto`` (see :func:`tiny_mindie.model.loader.load_model`).
+        standard_dtype: onnxruntime: the standard graph's ``float16`` or ``float32``.
         parse_special_tokens: whether control tokens written in a text prompt
             (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
         schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
@@ -132,9 +133,9 @@ class LLM:
                  token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
                  model_name: str | None = None, prefix_cache: bool = True,
                  speculation: bool = True, draft_model: str | None = None, graph: str = "auto",
-                 kernels: str = "auto", log=print):
+                 kernels: str = "auto", standard_dtype: str = "float16", log=print):
         say = log or (lambda _msg: None)
-        check_weight_mode(backend, weights, graph, kernels)     # before a pull, not after it
+        check_weight_mode(backend, weights, graph, kernels, standard_dtype)  # before a pull
         if draft_model and (backend != "onnxruntime" or not speculation):
             raise ValueError(DRAFT_NEEDS)
         self.parse_special_tokens = parse_special_tokens
@@ -149,7 +150,8 @@ class LLM:
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             parallel_runs=parallel_runs, batch_invariant=batch_invariant, weights=weights,
             device_id=device_id,
-            providers=providers, speculation=speculation, graph=graph, kernels=kernels)
+            providers=providers, speculation=speculation, graph=graph, kernels=kernels,
+            standard_dtype=standard_dtype)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "

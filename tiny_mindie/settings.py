@@ -22,6 +22,7 @@ from typing import Any
 
 from .envconfig import FROM_ENV
 from .model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, KERNEL_MODES, WEIGHT_MODES
+from .model import STANDARD_DTYPES as DTYPES
 
 #: Attribute path in :class:`~.config.Config` of each group of settings.
 GROUPS = {"server": "server", "model": "backend.model", "schedule": "backend.schedule",
@@ -316,6 +317,11 @@ SETTINGS: tuple[Setting, ...] = (
                                    "standard on the CANN execution provider, contrib on the "
                                    "CPU), contrib, or standard (default-domain ONNX operators "
                                    "only; slower on a CPU, docs/models.md)"),)),
+    Setting("backend.standard_dtype", f"{_B}.standardDtype", "str", DTYPES[0],
+            "the standard graph's weights, KV cache and products: float16, or float32 (exact on "
+            "a CPU; not with graph contrib)", choices=DTYPES, ours=True, llm="standard_dtype",
+            flags=(Flag("--standard-dtype", "the standard graph's dtype (BackendConfig."
+                                            "standardDtype): float16 (default) or float32"),)),
     Setting("backend.kernels", f"{_B}.kernels", "str", "auto",
             "onnxruntime matrix-product kernels: onnxruntime (its MatMulNBits), custom "
             "(tiny_mindie's own on the GGUF's blocks; the contrib graph and exact weights "
@@ -356,16 +362,10 @@ class _Recorded:
         setattr(namespace, FROM_FLAG, given)
 
 
-class _Store(_Recorded, argparse._StoreAction):
-    pass
-
-
-class _StoreTrue(_Recorded, argparse._StoreTrueAction):
-    pass
-
-
-class _StoreFalse(_Recorded, argparse._StoreFalseAction):
-    pass
+#: argparse's store actions, each noting its flag (:class:`_Recorded`)
+_Store, _StoreTrue, _StoreFalse = (type(name, (_Recorded, base), {}) for name, base in (
+    ("_Store", argparse._StoreAction), ("_StoreTrue", argparse._StoreTrueAction),
+    ("_StoreFalse", argparse._StoreFalseAction)))
 
 
 def _dest(s: Setting) -> str:

@@ -19,3 +19,6 @@ GRAPH_FLAVOURS = ("auto", "contrib", "standard")
 #: onnxruntime's ``MatMulNBits``, tiny_mindie's own on the GGUF's blocks
 #: (:mod:`tiny_mindie.kernels`), or ``auto`` (the own kernels where the library loads)
 KERNEL_MODES = ("onnxruntime", "custom", "auto")
+#: the standard graph's dtypes (``--standard-dtype``; :data:`.graph_standard.DTYPES`): its
+#: weights, KV cache and matrix products; the default first
+STANDARD_DTYPES = ("float16", "float32")

@@ -24,7 +24,9 @@ pages of the CANN documentation, cited per operator in :data:`SUPPORTED`. They n
 from CANN 8.0 each operator's page gives its opsets, and the list covers the Atlas inference
 series (https://hiascend.com/document/detail/zh/canncommercial/80RC22/apiref/operatorlist/operatorlist_0004.html).
 
-Precision: the standard graph computes in float32; the session asks the CANN provider for
+Precision: the float16 standard graph (the default) hands ``MatMul`` and ``Gemm`` float16
+operands and keeps float32 where an operator's page lists float32 (:mod:`.graph_standard`);
+the float32 graph computes in float32. Either way the session asks the CANN provider for
 ``precision_mode`` :data:`.providers.CANN_PRECISION_MODE` (:func:`.providers.select_providers`),
 with which ATC "keeps fp32 where an operator supports it, else chooses fp16"
 (https://www.hiascend.com/document/detail/zh/canncommercial/601/devtools/auxiliarydevtool/aoepar_16_044.html,
@@ -336,6 +338,63 @@ def _node_problems(node, opset: int | None, types: dict[str, str]) -> list[str]:
     problems += _dtype_problems(list(node.input), entry.inputs, types, "input")
     problems += _dtype_problems(list(node.output), entry.outputs, types, "output")
     return problems
+
+
+@dataclass(frozen=True)
+class KindTypes:
+    """The element types one node kind (op type) of a model carries, against its page.
+
+    Attributes:
+        op_type: the operator; ``nodes``: how many of the model's nodes are of it.
+        types: the element type names (``"float16"``, ``"float"``, ``"int64"``) of the inputs
+            and outputs its page lists types for, over all its nodes, sorted.
+        accepted: every such input and output has a type its page lists (a float32 input of
+            an operator that lists float16 only counts: see ``narrowed``); False for an
+            operator :data:`SUPPORTED` lacks.
+        narrowed: some float32 input where the page lists float16 but not float32 (the NPU
+            computes it in float16: :data:`.providers.CANN_PRECISION_MODE`).
+    """
+
+    op_type: str
+    nodes: int
+    types: tuple[str, ...]
+    accepted: bool
+    narrowed: bool
+
+
+def dtype_report(model: onnx.ModelProto) -> list[KindTypes]:
+    """Per node kind of ``model`` (an ``onnx.ModelProto``, external weights not needed), the
+    element types its nodes carry and whether Ascend's page of the operator lists them
+    (:class:`KindTypes`), in the order the kinds first appear. Tensors of unknown type are
+    left out. Raises nothing."""
+    types = _tensor_types(model)
+    kinds: dict[str, dict] = {}
+    for node in model.graph.node:
+        entry = SUPPORTED.get(node.op_type) if node.domain in _DEFAULT_DOMAINS else None
+        kind = kinds.setdefault(node.op_type, {"nodes": 0, "types": set(), "ok": entry is not None,
+                                               "narrowed": False})
+        kind["nodes"] += 1
+        if entry is None:
+            continue
+        for names, spec, what in ((list(node.input), entry.inputs, "input"),
+                                  (list(node.output), entry.outputs, "output")):
+            for i, allowed in _typed(names, spec):
+                dtype = types.get(names[i])
+                if dtype is None:
+                    continue
+                kind["types"].add(dtype)
+                kind["narrowed"] |= (what == "input" and dtype == "float"
+                                     and "float16" in allowed and "float" not in allowed)
+            kind["ok"] &= not _dtype_problems(names, spec, types, what)
+    return [KindTypes(op, k["nodes"], tuple(sorted(k["types"])), k["ok"], k["narrowed"])
+            for op, k in kinds.items()]
+
+
+def _typed(names: list[str], spec):
+    """``(index, allowed types)`` of each of ``names`` a page's ``spec`` lists types for."""
+    for index, allowed in spec:
+        indices = range(len(names)) if index == EVERY_INPUT else [index]
+        yield from ((i, allowed) for i in indices if i < len(names) and names[i])
 
 
 def check_model(model: onnx.ModelProto) -> list[str]:

@@ -289,6 +289,21 @@ class GGUFFile:
                                  f"file ({0 if self._map is None else self._map.nbytes} bytes)")
         return self._map[offset:offset + length]
 
+    def dequantize_rows(self, name: str, start: int, end: int) -> np.ndarray:
+        """Rows ``[start, end)`` of the matrix ``name`` as float32 ``[end - start, columns]``:
+        the same values as those rows of :meth:`dequantize` (a GGUF row is whole blocks), by
+        gguf's block function of the type when it has one (called on the rows at once: for a
+        few hundred rows several times faster than :meth:`dequantize`'s groups of 16)."""
+        t = self._tensor(name)
+        rows = np.asarray(t.data[start:end]).view(np.ndarray)
+        quant = getattr(self._gguf.quants, t.tensor_type.name, None)
+        if quant is not None and hasattr(quant, "dequantize_rows"):
+            quant.init_grid()
+            values = quant.dequantize_rows(rows)
+        else:                                   # F32, F16: no block class
+            values = self._gguf.quants.dequantize(rows, t.tensor_type)
+        return np.ascontiguousarray(values, dtype=np.float32).reshape(-1, t.ne[0])
+
     def tensor_totals(self) -> tuple[int, int]:
         """``(values, bytes)`` over all the file's tensors: the model's parameter count and the
         size of its weights as stored (quantized blocks included), as llama.cpp's

@@ -181,9 +181,11 @@ class GraphOptions:
             (64) requantizes every matrix, the LM head included, to 4-bit blocks of that size
             (:func:`.weights.quantize_4bit`): fewer bytes than the GGUF, not its values.
         flavour: ``"contrib"``: the graph above, onnxruntime's contrib operators doing the heavy
-            work; ``"standard"``: default-domain operators only, float32 weights
-            (:mod:`.graph_standard`; ``compact``, the accuracy levels, row multiples and
-            ``verify_rows`` do not shape it).
+            work; ``"standard"``: default-domain operators only, weights of
+            ``standard_dtype`` (:mod:`.graph_standard`; ``compact``, the accuracy levels, row
+            multiples and ``verify_rows`` do not shape it).
+        standard_dtype: the standard graph's weights, KV cache and products: ``"float16"``
+            (the default) or ``"float32"`` (:data:`.graph_standard.DTYPES`).
         kernels: ``"onnxruntime"``: the matrix products are onnxruntime's ``MatMulNBits``;
             ``"custom"``: tiny_mindie's own ``MatMulGGUF`` (:mod:`tiny_mindie.kernels`) on the
             GGUF's blocks as they are, for every matrix of a type it reads (the LM head
@@ -206,6 +208,7 @@ class GraphOptions:
     compact: int = 0
     flavour: str = "contrib"
     kernels: str = "onnxruntime"
+    standard_dtype: str = "float16"
 
     def level(self, kind: str) -> int:
         """accuracy_level of the matrices named ``kind`` (``attn_qkv``, ``attn_output``,
@@ -218,7 +221,7 @@ class GraphOptions:
     def key(self) -> str:
         """The options as a short string, part of the graph cache's entry names."""
         if self.flavour == "standard":
-            return f"standard@{STANDARD_VERSION}-p{self.max_positions}"
+            return f"standard@{STANDARD_VERSION}-p{self.max_positions}-{self.standard_dtype}"
         extra = "".join(f"-{k}{v}" for k, v in self.overrides)
         rows = ".".join(f"{b}b{k}x{m}" for b, k, m in self.row_multiples)
         return (f"a{self.accuracy_level}-h{self.lm_head_accuracy_level}-l{self.lm_head_block}"
@@ -250,7 +253,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
     if options.flavour == "standard":
         return build_standard_model(f, c, out_dir, options.max_positions or c.context_length,
                                     {GRAPH_OPTIONS_KEY: options.key(), GRAPH_FLAVOUR_KEY:
-                                     "standard"})
+                                     "standard"}, options.standard_dtype)
     os.makedirs(out_dir, exist_ok=True)
     model_path = os.path.join(out_dir, "model.onnx")
     gguf = options.kernels == "custom"

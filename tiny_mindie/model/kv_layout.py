@@ -1,6 +1,7 @@
 """The onnxruntime backends' KV cache: one buffer per layer for keys and one for values, each
-``float32 [P, Nkv, cache_len, H]`` with ``P = num_slots`` physical rows, and the map from slots
-to physical rows that keeps a decode batch's rows consecutive (see :mod:`.ort_backend`).
+``[P, Nkv, cache_len, H]`` of ``kv_dtype`` (float32; float16 for the float16 standard graph)
+with ``P = num_slots`` physical rows, and the map from slots to physical rows that keeps a
+decode batch's rows consecutive (see :mod:`.ort_backend`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ class KVLayout:
     by :meth:`_swap_rows`.
     """
 
+    #: the KV buffers' element type (the graph's ``past_key.{i}`` inputs')
+    kv_dtype = np.float32
+
     @property
     def cache_len(self) -> int:
         """Positions of each KV buffer row: ``max_seq_len``."""
@@ -29,9 +33,9 @@ class KVLayout:
         """The KV buffers (zeroed, pages allocated as they are written) and the slot layout."""
         c, num_slots, cache_len = self.config, self.num_slots, self.cache_len
         shape = (num_slots, c.num_kv_heads, cache_len, c.head_dim)
-        self._kv_map, kv = zeroed_buffers(2 * c.num_layers, shape)
+        self._kv_map, kv = zeroed_buffers(2 * c.num_layers, shape, self.kv_dtype)
         self._k, self._v = kv[:c.num_layers], kv[c.num_layers:]
-        self._row_bytes = c.num_kv_heads * cache_len * c.head_dim * 4
+        self._row_bytes = kv[0][0].nbytes
         self._phys = list(range(num_slots))             # slot -> physical row
         self._slot_at = list(range(num_slots))          # physical row -> slot
         self._used = [0] * num_slots                    # positions in use, per slot
@@ -48,16 +52,16 @@ class KVLayout:
 
     def _bind_cache(self, binding, r0: int, B: int) -> None:
         """Bind the KV buffers of physical rows ``[r0, r0 + B)`` to ``binding`` in place: each
-        layer's ``past_key.{i}``/``present_key.{i}`` (and values) to the same memory, float32
-        ``[B, Nkv, cache_len, H]``."""
+        layer's ``past_key.{i}``/``present_key.{i}`` (and values) to the same memory,
+        ``kv_dtype [B, Nkv, cache_len, H]``."""
         c = self.config
         shape = [B, c.num_kv_heads, self.cache_len, c.head_dim]
         off = r0 * self._row_bytes
         for i in range(c.num_layers):
             for kind, buf in (("key", self._k[i]), ("value", self._v[i])):
                 ptr = buf.ctypes.data + off
-                binding.bind_input(f"past_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
-                binding.bind_output(f"present_{kind}.{i}", "cpu", 0, np.float32, shape, ptr)
+                binding.bind_input(f"past_{kind}.{i}", "cpu", 0, self.kv_dtype, shape, ptr)
+                binding.bind_output(f"present_{kind}.{i}", "cpu", 0, self.kv_dtype, shape, ptr)
 
     def kv_cache_bytes(self) -> int:
         return 2 * sum(k.nbytes for k in self._k)

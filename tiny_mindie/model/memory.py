@@ -196,12 +196,13 @@ def trim_heap() -> None:
         pass
 
 
-def zeroed_buffers(count: int, shape: tuple[int, ...]) -> tuple[mmap.mmap, list[np.ndarray]]:
-    """``count`` float32 arrays of ``shape``, consecutive in one anonymous mapping (returned too:
-    the arrays are views of it): zero pages the OS only backs with memory when written
-    (``np.zeros`` may instead get recycled heap memory and clear it)."""
-    each = int(np.prod(shape)) * 4
+def zeroed_buffers(count: int, shape: tuple[int, ...], dtype=np.float32
+                   ) -> tuple[mmap.mmap, list[np.ndarray]]:
+    """``count`` arrays of ``shape`` and ``dtype`` (float32 by default), consecutive in one
+    anonymous mapping (returned too: the arrays are views of it): zero pages the OS only backs
+    with memory when written (``np.zeros`` may instead get recycled heap memory and clear it)."""
+    each = int(np.prod(shape)) * np.dtype(dtype).itemsize
     buf = mmap.mmap(-1, max(1, count * each))
-    arrays = [np.frombuffer(buf, np.float32, int(np.prod(shape)), i * each).reshape(shape)
+    arrays = [np.frombuffer(buf, dtype, int(np.prod(shape)), i * each).reshape(shape)
               for i in range(count)]
     return buf, arrays

@@ -29,6 +29,7 @@ import time
 import numpy as np
 
 from .graph import VERIFY_ROWS
+from .graph_standard import DTYPES
 from .ort_backend import OrtBackend
 from .progress import slow_step
 from .providers import CPU
@@ -39,6 +40,9 @@ log = logging.getLogger(f"{__package__}.ort_backend")
 MIN_SPAN = 256
 #: the shortest prompt piece; lengths grow fourfold from it up to ``max_chunk_tokens``
 MIN_CHUNK = 8
+#: ``max_chunk_tokens`` as the loader builds the backend (:class:`.ort_backend.OrtBackend`'s
+#: default): the longest prompt piece of a run
+MAX_CHUNK_TOKENS = 256
 
 
 def buckets(first: int, factor: int, last: int) -> tuple[int, ...]:
@@ -68,6 +72,8 @@ class StandardOrtBackend(OrtBackend):
     "standard"``); arguments and attributes as there, plus the static sizes below.
 
     Attributes:
+        standard_dtype: the graph's dtype (``GraphOptions.standard_dtype``); ``kv_dtype`` the
+            KV buffers' numpy type.
         decode_batches: the rows a decode run is padded to.
         chunk_lengths: the tokens a prompt piece (or a verification) is padded to.
         spans: the key positions a run attends to.
@@ -88,6 +94,9 @@ class StandardOrtBackend(OrtBackend):
 
     def _read_session(self, device_id: int) -> None:
         super()._read_session(device_id)
+        dtype = self.standard_dtype = self._graph_options.standard_dtype
+        self.kv_dtype = DTYPES[dtype]
+        self.kernels = f"onnxruntime MatMul ({dtype})"
         self.decode_batches = buckets(1, 2, self.num_slots)
         self.chunk_lengths = buckets(MIN_CHUNK, 4, self.max_chunk_tokens)
         self.spans = buckets(MIN_SPAN, 2, self.max_seq_len)     # the scratch: never seen

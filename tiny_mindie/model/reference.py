@@ -51,18 +51,31 @@ class Weights:
     sin_local: np.ndarray | None = None
 
 
-def _t(f: GGUFFile, *names: str) -> np.ndarray:
-    """GGUF matrices ``[out_i, in]`` stacked and laid out for ``x @ W``: float32
-    ``[in, sum(out_i)]``, C-contiguous."""
-    w = (np.concatenate([f.dequantize(n) for n in names]) if len(names) > 1
-         else f.dequantize(names[0]))
-    return np.ascontiguousarray(w.T)
+def xw_matrix(f: GGUFFile, *names: str, dtype=np.float32) -> np.ndarray:
+    """GGUF matrices ``[out_i, in]`` stacked and laid out for ``x @ W``: ``dtype`` (float32 or
+    float16: each float32 value of ``GGUFFile.dequantize`` rounded to it) ``[in, sum(out_i)]``,
+    C-contiguous. Dequantized a hundred rows or so at a time (:meth:`.GGUFFile.dequantize_rows`),
+    so the float32 temporaries stay small."""
+    shapes = [f.raw(n).shape for n in names]
+    out = np.empty((shapes[0][1], sum(s[0] for s in shapes)), dtype)
+    col = 0
+    for name, (rows, _) in zip(names, shapes, strict=True):
+        for r in range(0, rows, _ROWS):
+            part = f.dequantize_rows(name, r, min(rows, r + _ROWS)).astype(dtype, copy=False)
+            out[:, col + r:col + r + len(part)] = part.T
+        col += rows
+    return out
 
 
-def load_layer(f: GGUFFile, cfg: ModelConfig, i: int) -> LayerWeights:
-    """Decoder layer ``i`` (GGUF ``blk.{i}.*``) dequantized to float32, matrices laid out for
-    ``x @ W`` (:func:`_t`): q/k/v and gate/up fused as :class:`.reference_layers.LayerWeights`
-    says (Phi-3's are fused in the file already)."""
+#: rows of a GGUF matrix dequantized at once by :func:`xw_matrix`
+_ROWS = 128
+
+
+def load_layer(f: GGUFFile, cfg: ModelConfig, i: int, dtype=np.float32) -> LayerWeights:
+    """Decoder layer ``i`` (GGUF ``blk.{i}.*``) dequantized, matrices laid out for ``x @ W``
+    (:func:`xw_matrix`) in ``dtype`` (float32, or float16 for the standard graph's weights),
+    norms and biases float32: q/k/v and gate/up fused as
+    :class:`.reference_layers.LayerWeights` says (Phi-3's are fused in the file already)."""
     p = f"blk.{i}."
     extra = {}
     if cfg.qk_norm:
@@ -78,13 +91,13 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, i: int) -> LayerWeights:
     fused_up = not f.has_tensor(p + "ffn_gate.weight")  # Phi-3: ffn_up holds [gate; up]
     return LayerWeights(
         attn_norm=f.dequantize(p + "attn_norm.weight"),
-        w_qkv=_t(f, p + "attn_qkv.weight") if fused_qkv
-        else _t(f, p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"),
-        w_o=_t(f, p + "attn_output.weight"),
+        w_qkv=xw_matrix(f, p + "attn_qkv.weight", dtype=dtype) if fused_qkv
+        else xw_matrix(f, *(p + f"attn_{t}.weight" for t in "qkv"), dtype=dtype),
+        w_o=xw_matrix(f, p + "attn_output.weight", dtype=dtype),
         ffn_norm=f.dequantize(p + "ffn_norm.weight"),
-        w_gate_up=_t(f, p + "ffn_up.weight") if fused_up
-        else _t(f, p + "ffn_gate.weight", p + "ffn_up.weight"),
-        w_down=_t(f, p + "ffn_down.weight"),
+        w_gate_up=xw_matrix(f, p + "ffn_up.weight", dtype=dtype) if fused_up
+        else xw_matrix(f, p + "ffn_gate.weight", p + "ffn_up.weight", dtype=dtype),
+        w_down=xw_matrix(f, p + "ffn_down.weight", dtype=dtype),
         **extra,
     )
 
@@ -106,7 +119,7 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
     layers = [load_layer(f, cfg, i) for i in range(cfg.num_layers)]
     # Tied LM head (no output.weight): a transposed view of the embedding (BLAS reads it in
     # place), not a second copy of the largest matrix.
-    lm_head = _t(f, "output.weight") if f.has_tensor("output.weight") else embedding.T
+    lm_head = xw_matrix(f, "output.weight") if f.has_tensor("output.weight") else embedding.T
     cos, sin = rope_table(max_seq_len, *rope_frequencies(cfg, max_seq_len))
     local = (rope_table(max_seq_len, *rope_frequencies(cfg, max_seq_len, local=True))
              if cfg.rope_theta_local else (None, None))
