@@ -49,6 +49,11 @@ class RequantizedGGUF(GGUFFile):
             return unpack_nbits(quantize_8bit(GGUFFile.dequantize(self, name)))
         return GGUFFile.dequantize(self, name)
 
+    def dequantize_rows(self, name, start, end):
+        if self.raw(name).qtype not in PACKERS:
+            return self.dequantize(name)[start:end]
+        return GGUFFile.dequantize_rows(self, name, start, end)
+
 
 @pytest.fixture(scope="module")
 def path(gemma_path) -> str:

@@ -149,9 +149,8 @@ class LLM:
             self.model_path, backend=backend, num_slots=num_slots, kv_cache_mb=kv_cache_mb,
             max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
             parallel_runs=parallel_runs, batch_invariant=batch_invariant, weights=weights,
-            device_id=device_id,
-            providers=providers, speculation=speculation, graph=graph, kernels=kernels,
-            standard_dtype=standard_dtype)
+            device_id=device_id, providers=providers, speculation=speculation, graph=graph,
+            kernels=kernels, standard_dtype=standard_dtype)
         num_slots = self.backend.num_slots
         if self.backend.max_seq_len < max_seq_len:
             say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
