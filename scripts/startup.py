@@ -50,7 +50,8 @@ def child(path: str, cache_dir: str, profile: str | None) -> None:
         prof = cProfile.Profile()
         prof.enable()
     t = time.perf_counter()
-    _, _, _, be = load_model(link, max_seq_len=2560, kv_cache_mb=1024, max_batch=200)
+    _, _, _, be = load_model(link, max_seq_len=2560, kv_cache_mb=1024, max_batch=200,
+                             kernels="auto", speculation=True)     # the server's defaults
     steps["load_model"] = time.perf_counter() - t
     if prof is not None:
         prof.disable()

@@ -81,8 +81,9 @@ def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, capl
 def test_a_check_record_names_what_was_checked(tiny, tmp_path):
     """A start with a short ``max_seq_len`` checks a shorter prompt (and rows at fewer
     positions): its record must not stand for a longer one, or one start at 60 tokens would
-    vouch for prefix reuse at 2048. Cuts that would leave a 1-token piece are dropped (the
-    check vouches for chunks of 2+ tokens). Down to 5 positions, the checks run (no error)."""
+    vouch for prefix reuse at 2048. Pieces cut to 1 token are dropped (the check vouches for
+    chunks of 2+ tokens), and so is one that became the whole prompt. Down to 5 positions, the
+    checks run (no error)."""
     f = GGUFFile(tiny)
     cfg = ModelConfig.from_gguf(f)
     for n in (5, 20, 32, 20):
@@ -92,8 +93,9 @@ def test_a_check_record_names_what_was_checked(tiny, tmp_path):
         OrtBackend(f, cfg, num_slots=4, max_seq_len=20, threads=1, cache_dir=str(tmp_path),
                    huge_pages=False).graph_path), BATCH_CHECKS)
     keys = json.load(open(record))
-    assert [(k["tokens"], k["cuts"]) for k in keys if k.get("check") == "prefix split"] == [
-        (5, [[2], [], []]), (20, [[2], [], [17]]), (32, [[2], [], [17]])]
+    assert [(k["tokens"], k["pieces"]) for k in keys if k.get("check") == "prefix split"] == [
+        (5, [[0, 2], [2, 5]]), (20, [[0, 2], [2, 20], [0, 17], [17, 20]]),
+        (32, [[0, 2], [2, 32], [0, 17], [17, 32]])]
     # the batch check's rows sit at the same positions at 20 and 32: one record serves both
     assert [k["positions"] for k in keys if k.get("check") is None] == [[3, 4, 1, 2],
                                                                          [3, 4, 5, 6]]

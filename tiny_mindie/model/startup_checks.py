@@ -24,7 +24,6 @@ and they log through its logger, being part of its start.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import mmap
@@ -131,9 +130,9 @@ class StartupChecks:
 
     def _start_split_check(self, session_config: dict[str, str] | None) -> None:
         t0 = time.perf_counter()
-        n, chunkings = self._split_check_chunkings()
+        n, pieces = self._split_check_pieces()
         key = dict(self._batch_check_key(session_config), check="prefix split",
-                   tokens=n, cuts=[b[1:-1] for b in chunkings[1:]])
+                   tokens=n, pieces=[list(p) for p in pieces])
         # both outcomes are recorded: a failure only means the safe, shorter reuse
         self.prefix_split_invariant = self._recorded_outcome(
             key, "checking that prompts get the same KV in any chunks",
@@ -234,47 +233,62 @@ class StartupChecks:
                 self._kv_map.madvise(mmap.MADV_REMOVE)
 
     # ---- prefix-split invariance --------------------------------------------------------------
-    #: The chunkings :meth:`check_prefix_split_invariance` compares with one whole chunk: the
-    #: cut positions in a prompt of :data:`SPLIT_CHECK_TOKENS` tokens (every piece >= 2 tokens):
-    #: positions computed in short pieces where the whole prompt computes them in a long one,
-    #: and the other way round (kernels may pick their path by the number of rows).
+    #: The pieces ``[a, b)`` :meth:`check_prefix_split_invariance` recomputes of a prompt of
+    #: :data:`SPLIT_CHECK_TOKENS` tokens prefilled whole: short pieces and long ones, at the
+    #: start and after a past (kernels may pick their path by the number of rows; Gemma 3 270M
+    #: on MLAS gives other KV in chunks of <= 64 tokens than in chunks of >= 100).
     SPLIT_CHECK_TOKENS = 160
-    SPLIT_CHECK_CUTS = ((2,), (64,), (17, 150))
+    SPLIT_CHECK_PIECES = ((0, 2), (2, 160), (0, 17), (17, 81), (150, 160))
+    #: positions of slot 0 that hold the KV of :meth:`_check_prompt` (left by the split check
+    #: for the verification check, which needs such a past)
+    _check_kv_len = 0
 
     def check_prefix_split_invariance(self) -> bool:
         """Whether a prompt's KV cache (every layer, every position) and last logits are bit for
-        bit the same prefilled in one chunk and in the chunkings of :data:`SPLIT_CHECK_CUTS`
-        (see :attr:`~.backend.Backend.prefix_split_invariant`). Costs four prefills of
-        :data:`SPLIT_CHECK_TOKENS` tokens (fewer where ``max_seq_len`` is shorter: see
-        :meth:`_split_check_chunkings`), spread over the parallel runs: run ``j`` prefills every
-        ``L``-th chunking in slot ``j`` (``L = min(parallel_runs, num_slots)``), whose KV is
-        forgotten afterwards. Either outcome is recorded beside the batch check, keyed by what
-        was checked.
+        bit the same prefilled in one chunk and in any chunks of 2+ tokens (see
+        :attr:`~.backend.Backend.prefix_split_invariant`), checked on the pieces of
+        :meth:`_split_check_pieces`.
+
+        The prompt is prefilled whole in slot 0; each piece ``[a, b)`` is then computed again on
+        top of that KV (the positions before ``a`` as the whole prefill left them) and must
+        reproduce the KV of its positions, and the last logits where it ends the prompt. By
+        induction over the pieces of any chunking, that is the same outcome as prefilling the
+        chunking from the start, for fewer positions computed: one prefill of
+        :data:`SPLIT_CHECK_TOKENS` tokens and the pieces' tokens, spread over the parallel
+        runs (each lane's slot gets a copy of the whole prefill's KV). Slot 0 keeps the
+        prompt's KV for :meth:`check_verify_matches_decode`; the other slots' is forgotten.
+        Either outcome is recorded beside the batch check, keyed by what was checked.
 
         Fails where a kernel chooses its path by the number of rows: a position computed in a
         short chunk then gets other KV than in a long one.
         """
-        n, chunkings = self._split_check_chunkings()
+        n, pieces = self._split_check_pieces()
         prompt = self._check_prompt(n)
-        lanes = min(self.parallel_runs, self.num_slots)
-        logits = np.empty((len(chunkings), self.config.vocab_size), np.float32)
-        kv: list[list[np.ndarray]] = [[] for _ in chunkings]
+        lanes = min(self.parallel_runs, self.num_slots, max(1, len(pieces)))
+        logits = np.empty((1 + len(pieces), self.config.vocab_size), np.float32)
+        rows = [self._phys[slot] for slot in range(lanes)]
+        same = [True] * len(pieces)
 
         def lane(slot: int) -> None:
-            row = self._phys[slot]
-            for i in range(slot, len(chunkings), lanes):
-                for a, b in itertools.pairwise(chunkings[i]):
-                    self._prefill_run(slot, a, prompt[a:b], logits, i)()
-                kv[i] = [buf[row, :, :n].copy() for buf in self._k + self._v]
+            for i in range(slot, len(pieces), lanes):
+                a, b = pieces[i]
+                before = [buf[rows[slot], :, a:b].copy() for buf in self._k + self._v]
+                self._prefill_run(slot, a, prompt[a:b], logits, 1 + i)()
+                same[i] = (b < n or np.array_equal(logits[1 + i], logits[0])) and all(
+                    np.array_equal(x, buf[rows[slot], :, a:b])
+                    for x, buf in zip(before, self._k + self._v, strict=True))
 
         try:
             with self._lock:
+                self._prefill_run(0, 0, prompt, logits, 0)()
+                for buf in self._k + self._v:
+                    for row in rows[1:]:
+                        buf[row, :, :n] = buf[rows[0], :, :n]
                 for slot in range(lanes):       # bindings made here, not in a worker thread
                     self._prepare_chunks(slot)
                 self._run_lanes([[lambda s=slot: lane(s)] for slot in range(lanes)])
-            return all(np.array_equal(logits[i], logits[0]) and all(
-                np.array_equal(a, b) for a, b in zip(kv[0], kv[i], strict=True))
-                for i in range(1, len(chunkings)))
+            self._check_kv_len = n
+            return all(same)
         finally:
             for slot in range(lanes):
                 self._used[slot] = 0
@@ -283,20 +297,14 @@ class StartupChecks:
         """int64 ``[n]``: the fixed token ids the prompt and verification checks prefill."""
         return (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
 
-    def _split_check_chunkings(self) -> tuple[int, list[list[int]]]:
-        """``(n, chunkings)`` of :meth:`check_prefix_split_invariance`: its prompt's length
-        ``n = min(SPLIT_CHECK_TOKENS, max_seq_len)`` and the chunk bounds ``[0, ..., n]`` of the
-        whole prompt and of each of :data:`SPLIT_CHECK_CUTS`, cuts dropped where they would leave
-        a piece shorter than 2 tokens (what the check vouches for) -- part of its record's key."""
+    def _split_check_pieces(self) -> tuple[int, list[tuple[int, int]]]:
+        """``(n, pieces)`` of :meth:`check_prefix_split_invariance`: its prompt's length
+        ``n = min(SPLIT_CHECK_TOKENS, max_seq_len)`` and :data:`SPLIT_CHECK_PIECES` cut to it,
+        those left shorter than 2 tokens (what the check vouches for) or whole dropped -- part
+        of its record's key."""
         n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
-        chunkings = []
-        for cuts in ((), *self.SPLIT_CHECK_CUTS):
-            bounds = [0]
-            for c in cuts:
-                if c - bounds[-1] >= 2 and n - c >= 2:
-                    bounds.append(c)
-            chunkings.append([*bounds, n])
-        return n, chunkings
+        pieces = [(a, min(b, n)) for a, b in self.SPLIT_CHECK_PIECES]
+        return n, [(a, b) for a, b in pieces if b - a >= 2 and (a, b) != (0, n)]
 
     # ---- verification -------------------------------------------------------------------------
     #: past lengths at which :meth:`check_verify_matches_decode` verifies a chunk (and one past
@@ -320,8 +328,9 @@ class StartupChecks:
         tokens one by one (:func:`.graph_layers.verify_attention`), for a chunk of
         :attr:`max_verify_rows` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
         (and ``sliding_window + 7``). One prompt is prefilled once, up to the longest of those
-        positions; the chunks are then decoded and verified from the longest position down
-        (each leaves the positions before it as they were). Uses slot 0, whose KV is forgotten
+        positions (on from the positions the split check left in slot 0); the chunks are then
+        decoded and verified from the longest position down (each leaves the positions before
+        it as they were). Uses slot 0, whose KV is forgotten
         afterwards.
 
         Would fail where the matrix products compute a chunk's few rows otherwise than decode
@@ -333,8 +342,10 @@ class StartupChecks:
         if not pasts:                   # no room for a verification of 2+ tokens: none vouched
             return False
         ids = self._check_prompt(pasts[0] + self.max_verify_rows)
+        have = min(self._check_kv_len, pasts[0])    # left by the split check: not again
         try:
-            self.forward([SeqChunk(0, 0, ids[:pasts[0]])])
+            if have < pasts[0]:
+                self.forward([SeqChunk(0, have, ids[have:pasts[0]])])
             for past in pasts:
                 n = min(self.max_verify_rows, self.max_seq_len - past)
                 steps = np.stack([self.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
@@ -348,3 +359,4 @@ class StartupChecks:
             return True
         finally:
             self._used[0] = 0
+            self._check_kv_len = 0
