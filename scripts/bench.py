@@ -185,15 +185,15 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
         from tiny_mindie.model.ort_backend import OrtBackend
         kw = {}
         if mode == "standard":
-            from tiny_mindie.model.graph import GraphOptions
+            from tiny_mindie.model.graph_options import GraphOptions
             from tiny_mindie.model.ort_standard import StandardOrtBackend as OrtBackend
             kw["graph_options"] = GraphOptions(flavour="standard")
         elif mode == "custom":             # the GGUF-block kernels (tiny_mindie/kernels)
-            from tiny_mindie.model.graph import GraphOptions
+            from tiny_mindie.model.graph_options import GraphOptions
             kw["graph_options"] = GraphOptions(kernels="custom")
         elif mode:                         # (a tree older than the weight modes takes none)
             from tiny_mindie.model import WEIGHT_MODES
-            from tiny_mindie.model.graph import GraphOptions
+            from tiny_mindie.model.graph_options import GraphOptions
             compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode)
             kw["graph_options"] = GraphOptions(compact=compact)
         be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads, **kw)

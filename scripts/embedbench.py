@@ -59,10 +59,10 @@ from loadtest import (
 )
 from results import can_draw, cpu_line, draw, run_record, write
 
-from tiny_mindie.config import load_config
+from tiny_mindie.config.load import load_config
+from tiny_mindie.config.tls import tls_files
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.registry import resolve
-from tiny_mindie.security import tls_files
 from tiny_mindie.server.tls import client_context
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -56,8 +56,8 @@ from typing import NoReturn
 
 from results import can_draw, cpu_line, draw, run_record, write
 
-from tiny_mindie.config import load_config
-from tiny_mindie.security import tls_files
+from tiny_mindie.config.load import load_config
+from tiny_mindie.config.tls import tls_files
 from tiny_mindie.server.tls import client_context
 
 PROMPT = ("In the small harbour town the fishermen mended their nets while the gulls circled "

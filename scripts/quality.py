@@ -191,7 +191,7 @@ STANDARD_MODES = {"standard": "float16", "standard-float32": "float32"}
 def graph_options(mode: str):
     """The ``GraphOptions`` of an ``onnxruntime:MODE`` suffix: a weight mode or block size
     (:func:`compact_of`), or a standard graph (:data:`STANDARD_MODES`)."""
-    from tiny_mindie.model.graph import GraphOptions
+    from tiny_mindie.model.graph_options import GraphOptions
 
     if mode in STANDARD_MODES:
         return GraphOptions(flavour="standard", standard_dtype=STANDARD_MODES[mode])

@@ -43,8 +43,8 @@ from collections import Counter
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from loadtest import start_server  # noqa: E402  (a sibling script)
 
-from tiny_mindie.config import load_config  # noqa: E402
-from tiny_mindie.security import tls_files  # noqa: E402
+from tiny_mindie.config.load import load_config  # noqa: E402
+from tiny_mindie.config.tls import tls_files  # noqa: E402
 from tiny_mindie.server.tls import client_context  # noqa: E402
 
 PROMPTS = ["The capital of France is", "List three colours:", "Once upon a time",

@@ -43,8 +43,8 @@ class Server:
     @property
     def tls(self):
         """The server's TLS files, resolved the way the server resolves them."""
-        from tiny_mindie.config import load_config
-        from tiny_mindie.security import tls_files
+        from tiny_mindie.config.load import load_config
+        from tiny_mindie.config.tls import tls_files
         return tls_files(load_config(self.config_path))
 
     @property

@@ -46,7 +46,7 @@ from tiny_mindie.model import reference as ref  # noqa: E402
 from tiny_mindie.model.backend import SeqChunk  # noqa: E402
 from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
-from tiny_mindie.model.graph import GraphOptions  # noqa: E402
+from tiny_mindie.model.graph_options import GraphOptions  # noqa: E402
 from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
 
 MAX_SEQ_LEN, GREEDY_STEPS = 64, 16

@@ -20,8 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from helpers import make_ca
 
-from tiny_mindie.config import load_config
-from tiny_mindie.security import tls_files
+from tiny_mindie.config.load import load_config
+from tiny_mindie.config.tls import tls_files
 from tiny_mindie.server.tls import client_context, issue_certificate, server_context
 
 HOSTS = ("edge.local", "10.0.0.5", "fd00::5")
@@ -223,7 +223,7 @@ def test_a_listen_address_the_certificate_does_not_name_is_a_warning(tmp_path):
 def test_host_names_are_matched_as_a_client_matches_them():
     import ipaddress as ip
 
-    from tiny_mindie.security import _covers
+    from tiny_mindie.config.tls import _covers
     names = ["svc.example", "*.pods.example", ip.ip_address("10.0.0.5")]
     assert _covers(names, "SVC.example.") and _covers(names, "a.pods.example")
     assert _covers(names, "10.0.0.5")

@@ -476,7 +476,7 @@ def test_parse_special_tokens_off(tmp_path, tokenizer):
 
 
 def test_config_key_parse_special_tokens(tmp_path):
-    from tiny_mindie.config import ConfigError, load_config
+    from tiny_mindie.config.load import ConfigError, load_config
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"BackendConfig": {"ModelDeployConfig": {}}}))

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tiny_mindie.config import ConfigError, load_config
+from tiny_mindie.config.load import ConfigError, load_config
 
 
 def write(tmp_path, obj) -> str:
@@ -214,7 +214,7 @@ def test_a_named_but_missing_certificate_is_an_error_not_a_new_ca(tmp_path):
     ({}, (18024, 18024, 18024)),
 ])
 def test_port_flag_moves_the_planes_that_share_the_business_listener(tmp_path, ports, expected):
-    from tiny_mindie.cli import _config_from_args, build_parser
+    from tiny_mindie.cli.main import _config_from_args, build_parser
     args = build_parser().parse_args(["serve", "--config", write(tmp_path, {"ServerConfig": ports}),
                                       "--port", "18024"])
     s = _config_from_args(args).server
@@ -222,7 +222,7 @@ def test_port_flag_moves_the_planes_that_share_the_business_listener(tmp_path, p
 
 
 def test_prefix_caching_is_on_unless_the_file_or_the_flag_turns_it_off(tmp_path):
-    from tiny_mindie.cli import _config_from_args, build_parser
+    from tiny_mindie.cli.main import _config_from_args, build_parser
     assert load_config(write(tmp_path, {})).backend.schedule.prefix_caching is True
     off = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"prefixCaching": False}}})
     assert load_config(off).backend.schedule.prefix_caching is False
@@ -231,7 +231,7 @@ def test_prefix_caching_is_on_unless_the_file_or_the_flag_turns_it_off(tmp_path)
 
 
 def test_speculation_is_on_unless_the_file_the_flag_or_the_environment_turns_it_off(tmp_path):
-    from tiny_mindie.cli import _config_from_args, build_parser
+    from tiny_mindie.cli.main import _config_from_args, build_parser
     assert load_config(write(tmp_path, {})).backend.schedule.speculative_decoding is True
     off = write(tmp_path, {"BackendConfig": {"ScheduleConfig": {"speculativeDecoding": False}}})
     assert load_config(off).backend.schedule.speculative_decoding is False
@@ -247,7 +247,7 @@ def test_speculation_is_on_unless_the_file_the_flag_or_the_environment_turns_it_
     assert _config_from_args(args).backend.schedule.speculative_decoding is True
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--speculation", "--no-speculation"])
-    from tiny_mindie.envconfig import EnvError, apply_env
+    from tiny_mindie.config.env import EnvError, apply_env
 
     def with_env(environ, argv=()):
         parser = build_parser()
@@ -268,7 +268,7 @@ def test_speculation_is_on_unless_the_file_the_flag_or_the_environment_turns_it_
 
 
 def test_registry_alias_shows_the_full_model_name(tmp_path):
-    from tiny_mindie.cli import _config_from_args, build_parser
+    from tiny_mindie.cli.main import _config_from_args, build_parser
     args = build_parser().parse_args(["serve", "--model", "smollm2"])
     assert _config_from_args(args).backend.model.model_name == "smollm2-135m-instruct"
 
@@ -329,7 +329,7 @@ def default_tls_set(home):
     ``home``/security, where a config file in ``home`` finds them by default."""
     from dataclasses import replace as dc_replace
 
-    from tiny_mindie.security import tls_files
+    from tiny_mindie.config.tls import tls_files
     from tiny_mindie.server.tls import make_certificates
     files = tls_files(dc_replace(load_config(None), home=str(home)))
     make_certificates(files)
@@ -533,7 +533,7 @@ def test_every_numeric_key_has_a_range():
     """Each int / float field of the config dataclasses is in RANGES, or checked by hand."""
     import dataclasses
 
-    from tiny_mindie import config as C
+    from tiny_mindie.config import load as C
     by_hand = {"server.port", "server.management_port", "server.metrics_port",
                "server.health_port"}
     ranged = {attr for _, attr, *_ in C.RANGES}
@@ -546,7 +546,7 @@ def test_every_numeric_key_has_a_range():
 
 
 def _range_cases():
-    from tiny_mindie.config import RANGES, show
+    from tiny_mindie.config.load import RANGES, show
     for name, _attr, lo, hi, unit in RANGES:
         is_float = isinstance(lo, float)
         below = (lo / 2 if lo else -1.0) if is_float else lo - 1
@@ -570,7 +570,7 @@ def test_numbers_out_of_range_are_one_line_naming_the_key_and_range(tmp_path, na
 
 
 def test_range_limits_themselves_are_accepted(tmp_path):
-    from tiny_mindie.config import RANGES
+    from tiny_mindie.config.load import RANGES
     # a base where the cross-key rules hold at every limit
     base = load_config(None).with_overrides(**{"model.max_input_token_len": 1,
                                                "schedule.max_prefill_batch_size": 1})
@@ -691,7 +691,7 @@ def test_certs_with_config_writes_the_files_the_server_reads(tmp_path):
     server's tlsCrlPath / tlsCrlFiles named."""
     from cryptography import x509
 
-    from tiny_mindie.security import tls_files
+    from tiny_mindie.config.tls import tls_files
     from tiny_mindie.server.tls import server_context
     script = [sys.executable, "-m", "tiny_mindie", "certs"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
@@ -739,9 +739,9 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
     is (was: 0.0.0.0 shown as 127.0.0.1), and the try-it URL uses the loopback address."""
     from types import SimpleNamespace
 
-    from tiny_mindie.config import load_config
-    from tiny_mindie.lifecycle import banner
+    from tiny_mindie.config.load import load_config
     from tiny_mindie.server.listen import Listener, bind
+    from tiny_mindie.service.lifecycle import banner
 
     socks = []
     try:
@@ -768,24 +768,29 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
             s.close()
 
 
-# ---- the settings table (tiny_mindie/settings.py) ---------------------------------------------
+# ---- the settings table (tiny_mindie/config/settings.py) --------------------------------------
 
 def test_the_committed_configuration_reference_is_the_generated_one():
-    """docs/configuration.md is made by ``python -m tiny_mindie.settings --markdown``."""
-    from tiny_mindie.cli import serve_parser
-    from tiny_mindie.settings_doc import markdown
+    """docs/configuration.md is made by ``python scripts/configuration_doc.py``."""
+    import importlib.util
+
+    from tiny_mindie.cli.main import serve_parser
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "configuration_doc", os.path.join(root, "scripts", "configuration_doc.py"))
+    doc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc)
     with open(os.path.join(root, "docs", "configuration.md"), encoding="utf-8") as fh:
         committed = fh.read()
-    assert committed == markdown(serve_parser()), \
-        "run: python -m tiny_mindie.settings --markdown > docs/configuration.md"
+    assert committed == doc.markdown(serve_parser()), \
+        "run: python scripts/configuration_doc.py > docs/configuration.md"
 
 
 def test_each_setting_has_one_key_one_field_and_its_own_flags():
     import dataclasses
 
-    from tiny_mindie import config as C
-    from tiny_mindie.settings import SETTINGS
+    from tiny_mindie.config import load as C
+    from tiny_mindie.config.settings import SETTINGS
     assert len({s.key for s in SETTINGS}) == len({s.attr for s in SETTINGS}) == len(SETTINGS)
     flags = [f.name for s in SETTINGS for f in s.flags]
     assert len(flags) == len(set(flags))
@@ -802,8 +807,8 @@ def test_the_settings_passed_to_the_llm_are_its_keywords():
     derived in lifecycle.load_llm."""
     import inspect
 
+    from tiny_mindie.config.settings import SETTINGS
     from tiny_mindie.llm import LLM
-    from tiny_mindie.settings import SETTINGS
     params = set(inspect.signature(LLM).parameters)
     fed = {s.llm for s in SETTINGS if s.llm}
     derived = {"model", "max_input_len", "device_id", "providers", "schedule", "log", "num_slots"}
@@ -811,7 +816,7 @@ def test_the_settings_passed_to_the_llm_are_its_keywords():
 
 
 def test_flags_imply_their_companions_and_a_flag_of_its_own_wins(tmp_path):
-    from tiny_mindie.cli import _config_from_args, build_parser
+    from tiny_mindie.cli.main import _config_from_args, build_parser
 
     def cfg(*argv):
         return _config_from_args(build_parser().parse_args(["serve", *argv]))
@@ -844,7 +849,7 @@ def test_a_deeply_nested_config_file_is_one_line(tmp_path, depth):
 def test_an_embedding_model_alone_or_beside_the_chat_model(tmp_path):
     """``--embedding-model`` alone serves no chat model; with ``--model`` or a config file the
     chat model stays; an empty model without an embedding model names the flag."""
-    from tiny_mindie.cli import _config_from_args, build_parser
+    from tiny_mindie.cli.main import _config_from_args, build_parser
 
     def cfg(*argv):
         return _config_from_args(build_parser().parse_args(["serve", *argv])).backend.model

@@ -138,8 +138,8 @@ def _configmap_config(tmp_path) -> tuple[str, dict]:
 def test_configmap_config_is_read_by_the_server(tmp_path):
     """The ConfigMap's config.json passes the server's own loader, its TLS files are where the
     Deployment mounts the Secret, and the Secret has each of them."""
-    from tiny_mindie.config import load_config
-    from tiny_mindie.security import tls_files
+    from tiny_mindie.config.load import load_config
+    from tiny_mindie.config.tls import tls_files
 
     path, raw = _configmap_config(tmp_path)
     cfg = load_config(path)
@@ -195,7 +195,7 @@ def test_every_file_names_the_readiness_probe_the_deployment_uses():
 
 
 def test_every_probe_synopsis_lists_all_checks():
-    from tiny_mindie.health_probe import PATHS
+    from tiny_mindie.cli.health import PATHS
 
     checks = "|".join(PATHS)
     for path in (os.path.join(REPO, "README.md"), *glob.glob(os.path.join(REPO, "docs", "*.md"))):

@@ -26,8 +26,8 @@ from helpers import (
     request,
 )
 
-from tiny_mindie.config import load_config
-from tiny_mindie.security import tls_files
+from tiny_mindie.config.load import load_config
+from tiny_mindie.config.tls import tls_files
 from tiny_mindie.server.tls import client_context, issue_certificate
 
 pytestmark = pytest.mark.e2e

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from embed_texts import TEXTS
 
-from tiny_mindie.config import Config
-from tiny_mindie.lifecycle import load_embedder
+from tiny_mindie.config.load import Config
 from tiny_mindie.model import cann_ops
 from tiny_mindie.model.encoder_graph import build_encoder
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.encoder_ort import EncoderSession
 from tiny_mindie.model.encoder_pool import finish
 from tiny_mindie.model.encoder_reference import encode_one
+from tiny_mindie.service.lifecycle import load_embedder
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from tiny_mindie.cli import ENV_COMMANDS, _config_from_args, build_parser
-from tiny_mindie.config import ConfigError, load_config
-from tiny_mindie.envconfig import EnvError, apply_env, env_name, env_options
-from tiny_mindie.logs import JSONFormatter
+from tiny_mindie.cli.main import ENV_COMMANDS, _config_from_args, build_parser
+from tiny_mindie.config.env import EnvError, apply_env, env_name, env_options
+from tiny_mindie.config.load import ConfigError, load_config
 from tiny_mindie.server.conn import request_id
+from tiny_mindie.service.logs import JSONFormatter
 
 
 def parse(argv: list[str], environ: dict) -> argparse.Namespace:
@@ -156,7 +156,7 @@ def test_a_bad_variable_is_named_in_one_line_and_exit_2():
 
 
 def test_the_probe_names_a_bad_variable_too(monkeypatch, capsys):
-    from tiny_mindie import health_probe
+    from tiny_mindie.cli import health as health_probe
 
     monkeypatch.setenv("TINY_MINDIE_PORT", "80")
     assert health_probe.main(["ready", "--no-tls"]) == 1

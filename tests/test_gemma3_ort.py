@@ -27,7 +27,7 @@ from hf_math import MIN_MARGIN, QUESTION, greedy_margins, mean_kl, mean_nll, par
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.graph_options import GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 from tiny_mindie.model.tokenizer_load import load_tokenizer

@@ -13,7 +13,8 @@ import pytest
 from tiny_mindie.model import graph_cache
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import BUILDER_VERSION, GraphOptions
+from tiny_mindie.model.graph import BUILDER_VERSION
+from tiny_mindie.model.graph_options import GraphOptions
 from tiny_mindie.model.registry import sha256_of
 
 

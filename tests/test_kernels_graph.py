@@ -23,7 +23,7 @@ from smollm2_prompts import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, ids_of, prefil
 from tiny_mindie import kernels
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import VERIFY_ROWS, GraphOptions
+from tiny_mindie.model.graph_options import VERIFY_ROWS, GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 
@@ -104,7 +104,7 @@ import json, numpy as np
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import VERIFY_ROWS, GraphOptions
+from tiny_mindie.model.graph_options import VERIFY_ROWS, GraphOptions
 from tiny_mindie.model.memory import file_resident_bytes, resident_split
 from tiny_mindie.model.ort_backend import OrtBackend
 f = GGUFFile({model_path!r})
@@ -205,7 +205,7 @@ def test_gemma3s_k_quants_give_the_references_greedy_answer(gemma_path, tmp_path
 # ---- the setting, the banner and /v1/config ---------------------------------------------------
 
 def _config(tmp_path, backend: dict):
-    from tiny_mindie.config import load_config
+    from tiny_mindie.config.load import load_config
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"BackendConfig": backend}))
@@ -220,14 +220,14 @@ def _config(tmp_path, backend: dict):
     ({"kernels": "custom", "graph": "standard"}, "kernels custom .* its contrib graph"),
 ])
 def test_the_kernels_setting_refuses_what_cannot_run_them(tmp_path, backend, message):
-    from tiny_mindie.config import ConfigError
+    from tiny_mindie.config.load import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         _config(tmp_path, backend).with_overrides()
 
 
 def test_the_flag_chooses_the_kernels(tmp_path):
-    from tiny_mindie import cli
+    from tiny_mindie.cli import main as cli
 
     assert _config(tmp_path, {}).backend.kernels == "auto"
     path = str(tmp_path / "config.json")
@@ -256,7 +256,7 @@ def test_the_banner_and_config_say_which_kernels_run(custom_server):
 
 
 def test_check_graph_says_which_kernels_run(gguf, model_path, capsys):
-    from tiny_mindie.cli import main
+    from tiny_mindie.cli.main import main
 
     assert main(["check-graph", "--model", model_path, "--graph", "contrib", "--kernels",
                  "custom", "--prompts", "1", "--tokens", "4", "--max-seq-len", "300",

@@ -479,7 +479,7 @@ def test_the_probe_imports_neither_numpy_nor_onnxruntime_nor_asyncio(tmp_path):
                                                 "http://127.0.0.1:")
     modules = {line.split("|")[-1].strip() for line in r.stderr.splitlines()
                if line.startswith("import time:")}
-    assert "tiny_mindie.health_probe" in modules
+    assert "tiny_mindie.cli.health" in modules
     assert not {m for m in modules if m.split(".")[0] in ("numpy", "onnxruntime", "asyncio",
                                                           "cryptography")}
 
@@ -503,8 +503,8 @@ def test_the_probe_reads_the_environment_and_names_bad_configuration(tmp_path):
 
 
 def test_lifecycle_keys_are_read_and_checked(tmp_path):
-    from tiny_mindie.cli import _config_from_args, build_parser
-    from tiny_mindie.config import ConfigError, ServerConfig, load_config
+    from tiny_mindie.cli.main import _config_from_args, build_parser
+    from tiny_mindie.config.load import ConfigError, ServerConfig, load_config
 
     d = ServerConfig()
     assert (d.drain_timeout, d.keep_alive_timeout, d.header_timeout, d.health_port,
@@ -566,10 +566,10 @@ def test_keep_alive_and_header_timeouts_are_separate():
 
 def test_a_loading_app_answers_health_routes_and_gates_the_others():
     """In process: the gate and the health routes while loading (no model needed)."""
-    from tiny_mindie.app import App
-    from tiny_mindie.config import load_config
+    from tiny_mindie.config.load import load_config
     from tiny_mindie.server.routing import HEALTH
-    from tiny_mindie.shutdown import ShutdownControl
+    from tiny_mindie.service.app import App
+    from tiny_mindie.service.shutdown import ShutdownControl
 
     app = App(load_config(None), shutdown=ShutdownControl())
     assert app.loading.message == f"{LOADING}."
@@ -596,10 +596,10 @@ def test_a_loading_app_answers_health_routes_and_gates_the_others():
 def test_while_loading_each_family_answers_503_in_its_own_shape_in_process():
     """The gate on real sockets, in process, no model: live 200, the health routes 503 with
     the message, each family's routes 503 in its error shape, the health plane alone."""
-    from tiny_mindie.app import App
-    from tiny_mindie.config import load_config
+    from tiny_mindie.config.load import load_config
     from tiny_mindie.server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS
-    from tiny_mindie.shutdown import ShutdownControl
+    from tiny_mindie.service.app import App
+    from tiny_mindie.service.shutdown import ShutdownControl
 
     app = App(load_config(None), shutdown=ShutdownControl())
     app.loading.log("pulling smollm2-135m-instruct (98 MB)")
@@ -654,7 +654,7 @@ def test_a_stop_asked_while_loading_stops_the_engine_admitting_once_it_is_there(
     """The serve loop's stop control: a stop asked for before the engine exists is passed on
     to the engine as soon as the loop hands it over; a forced stop may follow a graceful one,
     not the reverse; the second signal forces."""
-    from tiny_mindie.shutdown import ShutdownControl
+    from tiny_mindie.service.shutdown import ShutdownControl
 
     class Engine:
         drains = 0

@@ -165,8 +165,8 @@ def test_the_bound_covers_every_tensor_of_a_built_graph(model_path, rows, tokens
     import onnx
 
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.graph import GraphOptions
     from tiny_mindie.model.graph_cache import cached_graph
+    from tiny_mindie.model.graph_options import GraphOptions
 
     f = GGUFFile(model_path)
     cfg = ModelConfig.from_gguf(f)

@@ -45,7 +45,7 @@ from tiny_mindie.model import providers
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import GraphOptions
+from tiny_mindie.model.graph_options import GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
 

@@ -30,7 +30,7 @@ from tiny_qwen2 import EPS, FFN, HD, KV, N_LAYERS, THETA, VOCAB, D, H, greedy, w
 from tiny_mindie.model.backend import SeqChunk  # noqa: E402
 from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
-from tiny_mindie.model.graph import GraphOptions  # noqa: E402
+from tiny_mindie.model.graph_options import GraphOptions  # noqa: E402
 from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
 
 MAX_SEQ_LEN = 64

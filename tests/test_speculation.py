@@ -195,7 +195,7 @@ def test_the_start_up_check_catches_a_graph_whose_chunks_are_not_decode_rows(mod
     the verification check must say so, as a direct comparison does, and speculation would
     stay off (the server never enables it on such a graph)."""
     from tiny_mindie.model.backend import SeqChunk
-    from tiny_mindie.model.graph import cpu_flags
+    from tiny_mindie.model.graph_options import cpu_flags
     from tiny_mindie.model.loader import load_model
 
     _, _, _, be = load_model(model_path, num_slots=2, max_seq_len=256, speculation=True,

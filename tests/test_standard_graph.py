@@ -2,9 +2,9 @@
 list the CANN execution provider's graph mode and Ascend's ONNX parser document
 (:mod:`tiny_mindie.model.cann_ops`), with static shapes; float16 weights, KV cache and products
 by default, whose next-token distributions on the CPU provider stay within
-:data:`~tiny_mindie.graph_check.KL_TOLERANCE` of the numpy reference's; the float32 graph's greedy
-tokens are the reference's and its logits within
-:data:`~tiny_mindie.graph_check.LOGITS_TOLERANCE` of them; the server's features work on it.
+:data:`~tiny_mindie.cli.check_graph.KL_TOLERANCE` of the numpy reference's; the float32
+graph's greedy tokens are the reference's and its logits within
+:data:`~tiny_mindie.cli.check_graph.LOGITS_TOLERANCE` of them; the server's features work on it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import TEST_CONFIG, request, serving, start_server
 
-from tiny_mindie.graph_check import KL_TOLERANCE, LOGITS_TOLERANCE, PROMPTS, greedy_compare
+from tiny_mindie.cli.check_graph import KL_TOLERANCE, LOGITS_TOLERANCE, PROMPTS, greedy_compare
 from tiny_mindie.model import cann_ops
 from tiny_mindie.model.ort_standard import bucket, buckets
 
@@ -308,7 +308,7 @@ def test_constrained_decoding_follows_its_schema(llm_standard):
 
 
 def test_the_greedy_check_command_passes(model_path, capsys):
-    from tiny_mindie.cli import main
+    from tiny_mindie.cli.main import main
 
     assert main(["check-graph", "--model", model_path, "--prompts", "2", "--tokens", "8",
                  "--max-seq-len", "300", "--slots", "3"]) == 0

@@ -105,7 +105,7 @@ def test_the_verification_check_fits_a_short_max_seq_len(tiny, tmp_path):
     """Where ``max_seq_len`` leaves no room after positions 21 and 150, the verification check
     verifies after the last position that does; below 3 positions nothing can be verified, and
     speculation stays off rather than being vouched for unchecked."""
-    from tiny_mindie.model.graph import GraphOptions
+    from tiny_mindie.model.graph_options import GraphOptions
 
     f = GGUFFile(tiny)
     cfg = ModelConfig.from_gguf(f)

@@ -25,7 +25,7 @@ from helpers import (
 )
 
 from tiny_mindie.api import webui
-from tiny_mindie.config import load_config
+from tiny_mindie.config.load import load_config
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
@@ -54,8 +54,8 @@ def test_the_page_is_self_contained_and_writes_model_text_as_text():
 
 
 def test_no_webui_leaves_the_route_out():
-    from tiny_mindie.app import App
-    from tiny_mindie.shutdown import ShutdownControl
+    from tiny_mindie.service.app import App
+    from tiny_mindie.service.shutdown import ShutdownControl
 
     cfg = load_config(None)
     on = App(cfg, shutdown=ShutdownControl())
@@ -243,9 +243,9 @@ def test_the_page_shows_the_503_of_a_model_still_loading(tmp_path):
     and the page shows the API's 503 as it says it."""
     from selenium.webdriver.common.by import By
 
-    from tiny_mindie.app import App
     from tiny_mindie.server.routing import BUSINESS
-    from tiny_mindie.shutdown import ShutdownControl
+    from tiny_mindie.service.app import App
+    from tiny_mindie.service.shutdown import ShutdownControl
 
     config = load_config(None).with_overrides(**{"server.https_enabled": False})
     app = App(config, shutdown=ShutdownControl())

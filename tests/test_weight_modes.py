@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tiny_mindie.config import ConfigError, load_config
+from tiny_mindie.config.load import ConfigError, load_config
 from tiny_mindie.model import WEIGHT_MODES
 from tiny_mindie.model.footprint import gguf_weight_bytes, graph_weight_bytes
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError
@@ -126,7 +126,7 @@ def test_a_bad_weight_mode_is_a_one_line_error(tmp_path, backend, message):
 
 def test_compact_on_numpy_is_refused_once_the_command_line_has_spoken(tmp_path):
     """The file's pair (numpy, compact) is an error only if no flag or variable changes it."""
-    from tiny_mindie import cli
+    from tiny_mindie.cli import main as cli
 
     cfg = _config(tmp_path, {"weights": "compact", "backend": "numpy"})
     with pytest.raises(ConfigError, match="needs the onnxruntime backend"):
@@ -153,8 +153,8 @@ def test_the_in_process_api_refuses_a_bad_weight_mode_before_any_pull(tmp_path, 
 
 
 def test_the_flag_and_the_variable_choose_the_weights():
-    from tiny_mindie import cli
-    from tiny_mindie.envconfig import EnvError, apply_env
+    from tiny_mindie.cli import main as cli
+    from tiny_mindie.config.env import EnvError, apply_env
 
     def weights(argv: list[str], environ: dict) -> str:
         parser = cli.build_parser()
@@ -190,7 +190,7 @@ def test_compact_packs_every_matrix_of_the_model_in_4bit(smollm2):
 def graphs(smollm2, tmp_path_factory):
     """The exact and the compact graph of SmolLM2 (built cold into a fresh cache)."""
     from tiny_mindie.model.config import ModelConfig
-    from tiny_mindie.model.graph import GraphOptions
+    from tiny_mindie.model.graph_options import GraphOptions
     from tiny_mindie.model.ort_backend import OrtBackend
 
     cfg = ModelConfig.from_gguf(smollm2)

@@ -14,7 +14,7 @@ import pytest
 from helpers import ThreadedServer
 
 from tiny_mindie.api.server_errors import ANSWERS
-from tiny_mindie.config import ConfigError, load_config
+from tiny_mindie.config.load import ConfigError, load_config
 from tiny_mindie.server.conn import json_response
 from tiny_mindie.server.http import HTTPError
 from tiny_mindie.server.sse import sse_event, unsent_bytes, utf8

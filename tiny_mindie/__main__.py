@@ -5,10 +5,10 @@ start fast)."""
 import sys
 
 if sys.argv[1:2] == ["health"]:
-    from .health_probe import main
+    from .cli.health import main
 
     sys.exit(main(sys.argv[2:]))
 
-from .cli import main  # noqa: E402
+from .cli.main import main  # noqa: E402
 
 sys.exit(main())

@@ -24,10 +24,10 @@ route                                  answer
 =====================================  ========================================================
 
 ``/stopService`` and the readiness answers use the app's stop control, ``app.shutdown``
-(:class:`tiny_mindie.shutdown.ShutdownControl`, made by the serve loop, which also stops on
+(:class:`tiny_mindie.service.shutdown.ShutdownControl`, made by the serve loop, which also stops on
 SIGINT/SIGTERM). The four health routes answer while the model loads (``app.loading``); every
 other route of the app is answered 503 then, before its handler runs
-(:class:`tiny_mindie.app.App`).
+(:class:`tiny_mindie.service.app.App`).
 """
 
 from __future__ import annotations

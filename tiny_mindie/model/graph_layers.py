@@ -9,7 +9,6 @@ the names of its outputs; :func:`.graph.build_model` calls them layer by layer.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,6 +17,7 @@ from .graph_nodes import (
     MS_DOMAIN,
     GraphBuilder,
     Shared,
+    VerifyRows,
     add_rms_norm,
     linear,
     rms_norm,
@@ -143,36 +143,6 @@ def verify_attention(g: GraphBuilder, i: int, qkv: str, s: Shared, rope: tuple[s
     out = g.op1("Slice", [g.op1("Concat", outs, axis=0), g.const([0]), s.tokens,
                           g.const([0])])                                   # [S, Nkv, G, 1, H]
     return g.op1("Reshape", [out, g.const([1, -1, nq])])                   # [1, S, Nq H]
-
-
-@dataclass(frozen=True)
-class VerifyRows:
-    """The positions of a verification chunk's rows, computed once in the main graph for
-    every layer's :func:`verify_attention` (int64 ``[1]`` tensors unless said).
-
-    Attributes:
-        base: the chunk's first position, ``total_sequence_length - S``.
-        total: ``t = total_sequence_length``, the chunk's end.
-        rows: per unrolled row ``j``: ``(row, end)``: ``row = min(j, S - 1)`` and its causal
-            end ``e = base + j + 1`` (1 for a row past the chunk: computed, then dropped).
-        windowed: ``{window: [(start, pads)]}`` for local layers: the first position a row
-            sees (``max(0, e - window)``: onnxruntime 1.24's GroupQueryAttention lets a query
-            see ``window`` keys, itself included) and int64 ``[10]`` Pad pads putting ``start``
-            zeros before its probabilities.
-    """
-
-    base: str
-    total: str
-    zero: str
-    rows: list[tuple[str, str]]
-    windowed: dict[int, list[tuple[str, str]]]
-
-    def rows_for(self, window: int) -> list[tuple[str, str, str, str | None]]:
-        """``(row, start, end, pads)`` per unrolled row for a layer with ``window`` (0: none;
-        ``start`` 0, ``pads`` ``None``)."""
-        starts = self.windowed[window] if window else [(self.zero, None)] * len(self.rows)
-        return [(row, start, end, pads)
-                for (row, end), (start, pads) in zip(self.rows, starts, strict=True)]
 
 
 def verify_rows(g: GraphBuilder, tokens: str, rows: int, windows: Sequence[int]) -> VerifyRows:

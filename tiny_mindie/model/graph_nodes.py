@@ -16,18 +16,14 @@ import itertools
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile
+from .graph_options import GraphOptions
 from .reference_layers import rope_frequencies, rope_table
 from .weights import BLOCK, GGUFMatrix, NBitsWeight, concat_weights
-
-if TYPE_CHECKING:                   # annotations only: both modules import this one
-    from .graph import GraphOptions
-    from .graph_layers import VerifyRows
 
 MS_DOMAIN = "com.microsoft"
 #: the domain of tiny_mindie's own operators (:mod:`tiny_mindie.kernels`)
@@ -162,6 +158,36 @@ class GraphBuilder:
 
 
 # ---- what the blocks share, and the weight nodes ---------------------------------------------
+
+@dataclass(frozen=True)
+class VerifyRows:
+    """The positions of a verification chunk's rows, computed once in the main graph for
+    every layer's :func:`verify_attention` (int64 ``[1]`` tensors unless said).
+
+    Attributes:
+        base: the chunk's first position, ``total_sequence_length - S``.
+        total: ``t = total_sequence_length``, the chunk's end.
+        rows: per unrolled row ``j``: ``(row, end)``: ``row = min(j, S - 1)`` and its causal
+            end ``e = base + j + 1`` (1 for a row past the chunk: computed, then dropped).
+        windowed: ``{window: [(start, pads)]}`` for local layers: the first position a row
+            sees (``max(0, e - window)``: onnxruntime 1.24's GroupQueryAttention lets a query
+            see ``window`` keys, itself included) and int64 ``[10]`` Pad pads putting ``start``
+            zeros before its probabilities.
+    """
+
+    base: str
+    total: str
+    zero: str
+    rows: list[tuple[str, str]]
+    windowed: dict[int, list[tuple[str, str]]]
+
+    def rows_for(self, window: int) -> list[tuple[str, str, str, str | None]]:
+        """``(row, start, end, pads)`` per unrolled row for a layer with ``window`` (0: none;
+        ``start`` 0, ``pads`` ``None``)."""
+        starts = self.windowed[window] if window else [(self.zero, None)] * len(self.rows)
+        return [(row, start, end, pads)
+                for (row, end), (start, pads) in zip(self.rows, starts, strict=True)]
+
 
 @dataclass(frozen=True)
 class Shared:
@@ -363,9 +389,9 @@ def _pad_rows(g: GraphBuilder, x: str, rows: str, multiple: int) -> str:
     exactly one row of 4-bit weights takes a GEMV kernel (``CountM == 1``) that rounds otherwise
     than the kernel of every larger M; NEON computes 4-bit rows in tiles of 4 and the rows left
     over otherwise; on AVX-512 rows of blocks larger than 32 are computed in pairs and an odd
-    last row alone (see :func:`.graph.default_row_multiples`, which also says where no padding is
-    needed). MLAS quantizes the activations per row, so the repeated rows change nothing for
-    the others; a single stream pays the slower multi-row kernel.
+    last row alone (see :func:`.graph_options.default_row_multiples`, which also says where no
+    padding is needed). MLAS quantizes the activations per row, so the repeated rows change
+    nothing for the others; a single stream pays the slower multi-row kernel.
     """
     if multiple <= 1:
         return x

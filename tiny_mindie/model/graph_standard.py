@@ -77,10 +77,6 @@ from .reference_layers import LayerWeights, rope_frequencies, rope_table
 IR_VERSION = 8
 OPSET = 17
 
-#: Bump whenever this graph changes: part of its cache key (``GraphOptions.key``), so cached
-#: graphs of an older standard builder are rebuilt.
-STANDARD_VERSION = 4
-
 #: the graph's dtypes (``GraphOptions.standard_dtype``, ``--standard-dtype``): the weight
 #: matrices', the KV cache's and the matrix products'; the default first
 DTYPES = {"float16": np.float16, "float32": np.float32}

@@ -152,7 +152,7 @@ def _ort_backend(f: GGUFFile, cfg: ModelConfig, num_slots: int | None, kv_cache_
     """The onnxruntime backend of :func:`_load_backend`; the standard graph's memory stated
     and checked first (:func:`.memory_need.check_standard_memory`) and kept as the backend's
     ``memory_need`` (None for the contrib graph)."""
-    from .graph import VERIFY_ROWS, GraphOptions
+    from .graph_options import VERIFY_ROWS, GraphOptions
     from .memory_need import check_standard_memory
     from .ort_backend import OrtBackend
     from .ort_session import resolve_kernels

@@ -284,7 +284,7 @@ def check_standard_memory(f, config: ModelConfig, *, dtype: str, chosen: list, d
         ModelFileError: the device or the host cannot hold it (one line).
     """
     from .backend import available_cpus
-    from .graph import VERIFY_ROWS
+    from .graph_options import VERIFY_ROWS
     from .ort_standard import MAX_CHUNK_TOKENS, MIN_CHUNK, bucket, buckets
     from .providers import CPU, default_threads, device_name, provider_name
 

@@ -84,8 +84,9 @@ import numpy as np
 from .backend import Backend, SeqChunk, available_cpus, check_chunks
 from .config import ModelConfig
 from .gguf import GGUFFile
-from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY, GraphOptions
+from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY
 from .graph_cache import cached_graph
+from .graph_options import GraphOptions
 from .kv_layout import KVLayout
 from .ort_session import (
     HugePageMove,
@@ -137,7 +138,7 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
             chooses.
         cache_dir: where built graphs are cached (default: next to the GGUF; see
             :mod:`.graph_cache`).
-        graph_options: graph build choices (:class:`~.graph.GraphOptions`).
+        graph_options: graph build choices (:class:`~.graph_options.GraphOptions`).
         max_chunk_tokens: longest piece of a prefill chunk run at once.
         session_config: extra onnxruntime session config entries (``add_session_config_entry``).
         spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).

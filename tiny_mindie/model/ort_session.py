@@ -18,8 +18,8 @@ import numpy as np
 
 from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
-from .graph import GraphOptions
 from .graph_nodes import GGUF_LOCATION
+from .graph_options import GraphOptions
 from .memory import populated_pieces, release_file_pages, trim_heap, use_huge_pages
 from .progress import slow_step
 from .providers import CPU, provider_name

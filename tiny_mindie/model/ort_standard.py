@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .graph import VERIFY_ROWS
+from .graph_options import VERIFY_ROWS
 from .graph_standard import DTYPES
 from .ort_backend import OrtBackend
 from .progress import slow_step

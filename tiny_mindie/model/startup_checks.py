@@ -34,8 +34,8 @@ from collections.abc import Callable
 import numpy as np
 
 from .backend import SeqChunk
-from .graph import default_row_multiples
 from .graph_cache import write_json_atomic
+from .graph_options import default_row_multiples
 from .progress import slow_step
 from .providers import cpu_identity
 

@@ -286,7 +286,7 @@ def quantize_4bit(w: np.ndarray, block: int, rows: int = 4096) -> NBitsWeight:
     """Float ``w [N, K]`` -> asymmetric 4-bit blocks of ``block`` along ``K``: ``w ~ s * (q - z)``
     with ``q`` in 0..15, a float32 scale ``s`` and a uint8 zero point ``z`` per block (what
     onnxruntime's int8 kernel folds into its per-block sums, so the zero points cost no bytes
-    once prepacked). The weight mode ``compact`` (:class:`.graph.GraphOptions`).
+    once prepacked). The weight mode ``compact`` (:class:`.graph_options.GraphOptions`).
 
     Per block the scale is searched, not just taken from the range: for each shrink factor
     ``f`` of :data:`_SHRINKS`, ``s = f * (max - min) / 15`` (the range widened to hold 0) with

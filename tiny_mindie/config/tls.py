@@ -1,4 +1,4 @@
-"""The TLS settings of a configuration: :class:`~tiny_mindie.config.Config` -> :class:`TLSFiles`,
+"""The TLS settings of a configuration: :class:`~.load.Config` -> :class:`TLSFiles`,
 and the start-up checks that need the configuration: what a first run may create, and whether
 the server certificate and the CA files fit the listen addresses and their role.
 
@@ -12,9 +12,9 @@ import datetime
 import ipaddress
 import os
 
-from .config import Config, ConfigError, ServerConfig
-from .server.tls import TLSConfigError, TLSFiles, _read_certificates
-from .server.tls_refusal import is_ca
+from ..server.tls import TLSConfigError, TLSFiles, _read_certificates
+from ..server.tls_refusal import is_ca
+from .load import Config, ConfigError, ServerConfig
 
 WILDCARDS = ("0.0.0.0", "::")
 

@@ -12,7 +12,7 @@ import getpass
 import os
 import sys
 
-from .server.tls import TLSFiles
+from ..server.tls import TLSFiles
 
 #: Shortest password accepted (a PKCS#12 file holds the client's private key).
 MIN_PASSWORD = 4

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import ssl
 
-from .api import (
+from ..api import (
     anthropic,
     embeddings,
     manage,
@@ -33,14 +33,14 @@ from .api import (
     triton,
     webui,
 )
-from .api.errors import MINDIE, APIError, Kind, error_body
-from .api.server_errors import answers
-from .config import Config
-from .llm import LLM
-from .server import listen
-from .server.conn import Handler, json_response
-from .server.listen import Listener, bind, connection_limit
-from .server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router, report_outcome
+from ..api.errors import MINDIE, APIError, Kind, error_body
+from ..api.server_errors import answers
+from ..config.load import Config
+from ..llm import LLM
+from ..server import listen
+from ..server.conn import Handler, json_response
+from ..server.listen import Listener, bind, connection_limit
+from ..server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router, report_outcome
 from .shutdown import ShutdownControl
 
 #: What the plain-HTTP health listener serves (GET only), and its connections at once.

@@ -3,9 +3,9 @@ values, command-line flag (and so its ``TINY_MINDIE_*`` variable), the ``LLM`` k
 and its help text.
 
 From :data:`SETTINGS` come the configuration dataclasses and the file's reader and checks
-(:mod:`.config`), the ``serve`` flags (:func:`add_flags`), their variables (:mod:`.envconfig`
-derives one per flag), the flags' overrides of a file (:func:`flag_overrides`) and the reference
-``docs/configuration.md`` (``python -m tiny_mindie.settings --markdown > docs/configuration.md``).
+(:mod:`.load`), the ``serve`` flags (:func:`add_flags`), their variables (:mod:`.env` derives
+one per flag), the flags' overrides of a file (:func:`flag_overrides`) and the reference
+``docs/configuration.md`` (``python scripts/configuration_doc.py > docs/configuration.md``).
 
 The keys are MindIE Service's where MindIE has them (spec §6); ``ours=True`` marks the keys that
 are tiny_mindie's own. This module imports nothing heavy: the health probe builds flags from it.
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .envconfig import FROM_ENV
-from .model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, KERNEL_MODES, WEIGHT_MODES
-from .model import STANDARD_DTYPES as DTYPES
+from ..model import BACKENDS, DEFAULT_BACKEND, GRAPH_FLAVOURS, KERNEL_MODES, WEIGHT_MODES
+from ..model import STANDARD_DTYPES as DTYPES
+from .env import FROM_ENV
+from .errors import ConfigError
 
-#: Attribute path in :class:`~.config.Config` of each group of settings.
+#: Attribute path in :class:`~.load.Config` of each group of settings.
 GROUPS = {"server": "server", "model": "backend.model", "schedule": "backend.schedule",
           "backend": "backend"}
 
@@ -80,7 +80,7 @@ class Setting:
 
     @property
     def path(self) -> str:
-        """Attribute path in a :class:`~.config.Config`, e.g. ``backend.model.max_seq_len``."""
+        """Attribute path in a :class:`~.load.Config`, e.g. ``backend.model.max_seq_len``."""
         return f"{GROUPS[self.group]}.{self.name}"
 
     @property
@@ -106,7 +106,7 @@ def _model_name_of(cfg, model: str) -> dict:
     name without ``.gguf``."""
     if cfg.source is not None:
         return {}
-    from .model.registry import lookup
+    from ..model.registry import lookup
     known = lookup(model)
     return {"model.model_name": known.name if known else
             os.path.splitext(os.path.basename(model))[0]}
@@ -410,16 +410,14 @@ def flag_overrides(args: argparse.Namespace, cfg) -> dict:
 
 
 def with_flags(cfg, args: argparse.Namespace):
-    """``cfg`` (a :class:`~.config.Config`, the file's) with the flags of ``args`` over it
+    """``cfg`` (a :class:`~.load.Config`, the file's) with the flags of ``args`` over it
     (:func:`flag_overrides`), validated.
 
     Raises:
-        ConfigError: as :meth:`~.config.Config.with_overrides`; a bad value that came from a
+        ConfigError: as :meth:`~.load.Config.with_overrides`; a bad value that came from a
             flag or its variable is led by that name, e.g. ``TINY_MINDIE_PORT: ServerConfig.port
             must be in 1024..65535, got 80``.
     """
-    from .config import ConfigError
-
     try:
         return cfg.with_overrides(**flag_overrides(args, cfg))
     except ConfigError as exc:
@@ -430,15 +428,3 @@ def with_flags(cfg, args: argparse.Namespace):
         if origin is None:
             raise
         raise ConfigError(f"{origin}: {exc}", key=exc.key) from None
-
-
-# ---- the reference ----------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    """``--markdown``: print the reference (docs/configuration.md), made by
-    :func:`.settings_doc.markdown`."""
-    from .settings_doc import main as doc_main
-    return doc_main(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

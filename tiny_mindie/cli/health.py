@@ -30,15 +30,15 @@ import ssl
 import sys
 import time
 
-from .envconfig import EnvError, env_defaults, env_options
-from .settings import add_flags, with_flags
+from ..config.env import EnvError, env_defaults, env_options
+from ..config.settings import add_flags, with_flags
 
 PATHS = {"live": "/v2/health/live", "ready": "/v2/health/ready", "serving": "/health"}
 DEFAULT_TIMEOUT_S = 2.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The probe's arguments (``health``'s, in :mod:`tiny_mindie.cli` too)."""
+    """The probe's arguments (``health``'s, in :mod:`tiny_mindie.cli.main` too)."""
     p.add_argument("check", nargs="?", choices=tuple(PATHS), default="live",
                    help="live: the process serves (GET /v2/health/live, 200 also while the "
                         "model loads); ready: it takes requests now (GET /v2/health/ready: 503 "
@@ -80,8 +80,8 @@ def target(args: argparse.Namespace) -> tuple[str, int, ssl.SSLContext | None]:
         ProbeError: the configuration cannot be read, names port 0, or the client certificate
             files cannot be loaded.
     """
-    from .config import ConfigError, load_config
-    from .security import tls_files
+    from ..config.load import ConfigError, load_config
+    from ..config.tls import tls_files
 
     try:
         cfg = with_flags(load_config(args.config), args)    # as serve's flags do

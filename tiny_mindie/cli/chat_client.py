@@ -94,12 +94,12 @@ class LocalChat(Answerer):
         return asyncio.run(self._answer(body, on_piece))
 
     async def _answer(self, body: bytes, on_piece: OnPiece) -> Stats:
-        from .api.drive import merged
-        from .api.errors import APIError
-        from .api.openai_answer import Split, counted, make_requests
-        from .api.openai_chat import prepare_chat
-        from .api.openai_request import parse_chat
-        from .engine.request import GenerationError
+        from ..api.drive import merged
+        from ..api.errors import APIError
+        from ..api.openai_answer import Split, counted, make_requests
+        from ..api.openai_chat import prepare_chat
+        from ..api.openai_request import parse_chat
+        from ..engine.request import GenerationError
 
         llm, stats, t0 = self.llm, Stats(), time.monotonic()
         try:

@@ -1,14 +1,23 @@
-"""The reference ``docs/configuration.md``, made from :data:`~.settings.SETTINGS` and the
-``serve`` flags: ``python -m tiny_mindie.settings --markdown > docs/configuration.md`` (or
-``python -m tiny_mindie.settings_doc --markdown``)."""
+#!/usr/bin/env python
+"""The reference ``docs/configuration.md``, made from the settings table
+(:data:`tiny_mindie.config.settings.SETTINGS`) and the ``serve`` flags:
+
+    python scripts/configuration_doc.py > docs/configuration.md
+
+``tests/test_cli_config.py`` checks that the committed file is what this prints."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
-from .settings import SETTINGS, Setting
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tiny_mindie.cli.main import serve_parser  # noqa: E402
+from tiny_mindie.config.env import EPILOG, OTHER_VARIABLES, flag_variable, variables  # noqa: E402
+from tiny_mindie.config.settings import SETTINGS, Setting  # noqa: E402
 
 
 def _shown(v: Any) -> str:
@@ -36,8 +45,6 @@ def _cell(text: str) -> str:
 
 
 def _settings_table(section: str) -> list[str]:
-    from .envconfig import flag_variable
-
     rows = ["| Key | Default | Allowed | Flag, variable | Meaning |", "|---|---|---|---|---|"]
     for s in SETTINGS:
         if s.section != section:
@@ -54,11 +61,9 @@ def _settings_table(section: str) -> list[str]:
 def markdown(serve_parser: argparse.ArgumentParser) -> str:
     """``docs/configuration.md``: the settings by section, then every ``serve`` option with
     its variables (from ``serve_parser``, whose flags :func:`add_flags` made)."""
-    from .envconfig import EPILOG, OTHER_VARIABLES, variables
-
     out = ["# Configuration reference", "",
-           "Generated from `tiny_mindie/settings.py` by "
-           "`python -m tiny_mindie.settings --markdown > docs/configuration.md`; do not edit.", "",
+           "Generated from `tiny_mindie/config/settings.py` by "
+           "`python scripts/configuration_doc.py > docs/configuration.md`; do not edit.", "",
            "A MindIE-style `config.json` (`--config FILE`) holds the settings below; keys "
            "marked (tiny_mindie) are this project's own, other keys MindIE defines are ignored. "
            "Relative paths are resolved against the file's folder. Without a file the built-in "
@@ -81,12 +86,8 @@ def markdown(serve_parser: argparse.ArgumentParser) -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``--markdown``: print the reference (docs/configuration.md)."""
-    if (sys.argv[1:] if argv is None else argv) != ["--markdown"]:
-        print("usage: python -m tiny_mindie.settings --markdown", file=sys.stderr)
-        return 2
-    from .cli import serve_parser
+def main() -> int:
+    """Print the reference (docs/configuration.md)."""
     sys.stdout.write(markdown(serve_parser()))
     return 0
 

@@ -31,9 +31,9 @@ import os
 import sys
 from dataclasses import replace
 
-from .config import ConfigError, config_home, load_config
-from .security import tls_files
-from .server.tls import (
+from ..config.load import ConfigError, config_home, load_config
+from ..config.tls import tls_files
+from ..server.tls import (
     TLSConfigError,
     TLSFiles,
     issue_certificate,

@@ -72,8 +72,9 @@ def add_parser(sub, add_serve_options) -> None:
 
 
 def run(args: argparse.Namespace, config) -> int:
-    """Carry out ``chat`` with the validated ``config`` (:class:`~.config.Config`); returns the
-    exit status. Raises what loading the model raises (the CLI's ``main`` says it in one line).
+    """Carry out ``chat`` with the validated ``config``
+    (:class:`~tiny_mindie.config.load.Config`); returns the exit status. Raises what loading
+    the model raises (the CLI's ``main`` says it in one line).
     """
     scripted = args.prompt is not None or not sys.stdin.isatty()
     text = None
@@ -111,8 +112,8 @@ def _answerer(args: argparse.Namespace, config) -> Answerer:
     if args.url:
         ctx = None
         if args.url.startswith("https:"):
-            from .security import tls_files
-            from .server.tls import client_context
+            from ..config.tls import tls_files
+            from ..server.tls import client_context
             files = tls_files(config)
             for path in (files.ca[0], files.client_cert, files.client_key):
                 if not os.path.isfile(path):
@@ -123,7 +124,7 @@ def _answerer(args: argparse.Namespace, config) -> Answerer:
             except (OSError, ValueError) as exc:
                 raise ChatError(f"the client certificate {files.client_cert}: {exc}") from None
         return RemoteChat(args.url, ctx)
-    from .lifecycle import check_model_files, load_llm
+    from ..service.lifecycle import check_model_files, load_llm
 
     check_model_files(config)
     return LocalChat(load_llm(config, lambda line: print(line, file=sys.stderr, flush=True)))
@@ -372,7 +373,7 @@ class _History:
     LENGTH = 1000
 
     def __init__(self):
-        from .config import config_home
+        from ..config.load import config_home
 
         self.path = os.path.join(config_home(), "chat_history")
         try:

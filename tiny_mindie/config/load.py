@@ -20,17 +20,8 @@ import sys
 from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
+from .errors import ConfigError
 from .settings import ANNOTATIONS, BY_ATTR, SETTINGS, Setting, ranges
-
-
-class ConfigError(Exception):
-    """The configuration is invalid; the message is one line for the user. ``key``: the
-    setting's full ``config.json`` key when the message is about one setting's value (what
-    :func:`.settings.with_flags` names the flag or variable of), else ``None``."""
-
-    def __init__(self, message: str, key: str | None = None):
-        super().__init__(message)
-        self.key = key
 
 
 def _section_class(name: str, group: str, doc: str, *extra) -> type:

@@ -25,8 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import __version__
-from .config import Config
+from .._version import __version__
+from ..config.load import Config
 
 log = logging.getLogger("tiny_mindie")
 
@@ -82,8 +82,8 @@ def check_model_files(cfg: Config) -> None:
         ModelFileError: one line; the draft's starts ``draft model:``, the embedding model's
             ``embedding model:``.
     """
-    from .model.gguf import ModelFileError
-    from .model.registry import check_model
+    from ..model.gguf import ModelFileError
+    from ..model.registry import check_model
 
     m = cfg.backend.model
     if m.model_weight_path:
@@ -105,7 +105,7 @@ def check_encoder_file(path: str) -> None:
 
     Raises:
         ModelFileError: another architecture (a chat model)."""
-    from .model.gguf import GGUFFile, ModelFileError
+    from ..model.gguf import GGUFFile, ModelFileError
 
     arch = GGUFFile(path).architecture
     if arch != "nomic-bert":
@@ -207,9 +207,9 @@ def load_llm(cfg: Config, log_line: Callable[[str], None]):
     started; progress lines to ``log_line``. The settings that go to the ``LLM`` as they are
     name their keyword in :data:`~.settings.SETTINGS` (``llm``); the rest are derived here.
     Raises what :class:`~.llm.LLM` raises."""
-    from .engine.scheduler import SchedulerLimits
-    from .llm import LLM
-    from .settings import SETTINGS
+    from ..config.settings import SETTINGS
+    from ..engine.scheduler import SchedulerLimits
+    from ..llm import LLM
 
     b, sc = cfg.backend, cfg.backend.schedule
     given = {s.llm: cfg.value(s) for s in SETTINGS if s.llm}
@@ -231,12 +231,12 @@ def load_embedder(cfg: Config, log_line: Callable[[str], None]):
     Raises:
         ModelFileError: the model cannot be had or is not an embedding model (one line,
             ``embedding model: ...``)."""
-    from .engine.embedder import Embedder
-    from .model.encoder_load import load_encoder
-    from .model.encoder_ort import EncoderSession
-    from .model.gguf import ModelFileError
-    from .model.providers import graph_flavour, select_providers
-    from .model.registry import lookup, resolve
+    from ..engine.embedder import Embedder
+    from ..model.encoder_load import load_encoder
+    from ..model.encoder_ort import EncoderSession
+    from ..model.gguf import ModelFileError
+    from ..model.providers import graph_flavour, select_providers
+    from ..model.registry import lookup, resolve
 
     b = cfg.backend
     chosen = select_providers(list(b.execution_providers) or None, b.npu_device_ids[0])
@@ -259,7 +259,7 @@ def _prepare_constraints(llm) -> None:
     """Build the grammar engine's vocabulary now (:func:`~.engine.constraint.prepare`), so
     that the first request with ``response_format``, ``tools`` or ``grammar`` does not stall
     every other client while it is built."""
-    from .engine.constraint import prepare
+    from ..engine.constraint import prepare
 
     try:
         seconds = prepare(llm.tokenizer)
@@ -280,7 +280,7 @@ def _threads(backend) -> str:
 
 
 def _listener_lines(listeners, files) -> list[str]:
-    from .server.routing import HEALTH
+    from ..server.routing import HEALTH
 
     lines = []
     for lst in listeners:

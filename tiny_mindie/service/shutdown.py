@@ -1,6 +1,6 @@
 """The server's stop: asked for by ``GET /stopService`` or a signal, then the drain.
 
-The serve loop (:mod:`tiny_mindie.lifecycle`) makes the one :class:`ShutdownControl` of a
+The serve loop (:mod:`tiny_mindie.service.lifecycle`) makes the one :class:`ShutdownControl` of a
 server, hands it to the app (whose management routes ask for a stop and report it in their
 readiness answers), tells it the engine once the model is in, awaits :attr:`~ShutdownControl.
 requested`, runs :meth:`~ShutdownControl.drain` and exits.
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine.engine import Engine
+    from ..engine.engine import Engine
 
 log = logging.getLogger("tiny_mindie")
 

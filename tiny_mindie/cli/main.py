@@ -13,16 +13,17 @@ import os
 import sys
 import time
 
-from . import __version__, graph_check, health_probe
-from .config import Config, ConfigError, load_config
-from .envconfig import EnvError, apply_env, env_options
-from .logs import add_log_options, fail, say
-from .logs import setup as setup_logging
-from .model.gguf import ModelFileError
-from .model.registry import ModelDownloadError
-from .server.listen import AddressError
-from .server.tls import TLSConfigError
-from .settings import add_flags, with_flags
+from .._version import __version__
+from ..config.env import EnvError, apply_env, env_options
+from ..config.load import Config, ConfigError, load_config
+from ..config.settings import add_flags, with_flags
+from ..model.gguf import ModelFileError
+from ..model.registry import ModelDownloadError
+from ..server.listen import AddressError
+from ..server.tls import TLSConfigError
+from ..service.logs import add_log_options, fail, say
+from ..service.logs import setup as setup_logging
+from . import check_graph, health
 
 # Bad configuration, found by the config loader, the TLS set-up or the listen addresses: one line
 # on stderr and exit status 2.
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                            metavar="{serve,chat,pull,list-models,watermark-detect,certs,health,"
                                    "check-graph}")
     _add_serve(sub.add_parser("serve", help="serve the HTTP API (the default)"))
-    from .cli_chat import add_parser as add_chat
+    from .chat import add_parser as add_chat
     add_chat(sub, _add_config_and_flags)
     pl = sub.add_parser("pull", help="fetch a registry model into the cache")
     pl.add_argument("name", help="registry model name (see list-models)")
@@ -69,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="z above which the text is called marked")
     from .certs import add_parser as add_certs
     add_certs(sub)
-    health_probe.add_arguments(sub.add_parser(
+    health.add_arguments(sub.add_parser(
         "health", help="exec probe: exit 0 when the server here answers its health route "
                        "with 200, else 1 (2: a usage error)"))
-    graph_check.add_arguments(sub.add_parser(
+    check_graph.add_arguments(sub.add_parser(
         "check-graph", help="where the graph's nodes run (CANN or CPU) and whether its greedy "
                             "tokens are the numpy reference's (exit 1 if not)"))
     for name, warn in ENV_COMMANDS.items():     # last: every option of theirs gets a variable
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve(s: argparse.ArgumentParser) -> None:
-    """``serve``'s options: ``--config``, the settings' flags (:mod:`.settings`), logging."""
+    """``serve``'s options: ``--config``, the settings' flags (:mod:`..config.settings`),
+    logging."""
     _add_config_and_flags(s)
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="least severe log records written")
@@ -105,7 +107,7 @@ def serve_parser() -> argparse.ArgumentParser:
 
 def _config_from_args(args: argparse.Namespace) -> Config:
     """The config file of ``args`` (or the defaults) with the flags given over it, validated
-    (:func:`.settings.with_flags`: a bad value names its flag or variable)."""
+    (:func:`tiny_mindie.config.settings.with_flags`: a bad value names its flag or variable)."""
     return with_flags(load_config(args.config), args)
 
 
@@ -115,10 +117,8 @@ def _say(msg: str) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     """Bind the listeners, load the model, print the banner and serve until SIGINT/SIGTERM or
-    ``/stopService`` (:mod:`.lifecycle`)."""
-    from .app import check_ports_free
-    from .lifecycle import serve as serve_until_stopped
-    from .security import (
+    ``/stopService`` (:mod:`tiny_mindie.service.lifecycle`)."""
+    from ..config.tls import (
         check_before_creating,
         check_certificates,
         listen_hosts,
@@ -126,7 +126,9 @@ def serve(args: argparse.Namespace) -> int:
         uses_default_crl,
         uses_default_paths,
     )
-    from .server.tls import ensure_certificates, server_context
+    from ..server.tls import ensure_certificates, server_context
+    from ..service.app import check_ports_free
+    from ..service.lifecycle import serve as serve_until_stopped
 
     setup_logging(args.log_level, args.log_format)
     t0 = time.monotonic()
@@ -150,13 +152,13 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def pull(args: argparse.Namespace) -> int:
-    from .model.registry import pull as do_pull
+    from ..model.registry import pull as do_pull
     do_pull(args.name, force=args.force, log=_say, tty=sys.stdout.isatty())
     return 0
 
 
 def list_models(args: argparse.Namespace) -> int:
-    from .model.registry import DEFAULT_MODEL, MODELS, model_file
+    from ..model.registry import DEFAULT_MODEL, MODELS, model_file
     for m in MODELS.values():
         here = "pulled" if os.path.exists(model_file(m)) else "not pulled"
         star = " (default)" if m.name == DEFAULT_MODEL else \
@@ -168,10 +170,10 @@ def list_models(args: argparse.Namespace) -> int:
 
 def watermark_detect(args: argparse.Namespace) -> int:
     """Print the watermark z-score of a text; exit 0 either way (the verdict is printed)."""
-    from .engine.watermark import GAMMA, z_score
-    from .model.gguf import GGUFFile
-    from .model.registry import DEFAULT_MODEL, resolve
-    from .model.tokenizer_load import load_tokenizer
+    from ..engine.watermark import GAMMA, z_score
+    from ..model.gguf import GGUFFile
+    from ..model.registry import DEFAULT_MODEL, resolve
+    from ..model.tokenizer_load import load_tokenizer
 
     text = sys.stdin.read() if args.text == "-" else args.text
     if not text.strip():
@@ -204,13 +206,13 @@ def main(argv: list[str] | None = None) -> int:
             from .certs import run as certs
             return certs(args)
         if args.command == "chat":
-            from .cli_chat import run as chat
+            from .chat import run as chat
             setup_logging(args.log_level)
             return chat(args, _config_from_args(args))
         return {"serve": serve, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect,
-                "check-graph": lambda a: graph_check.run(a, _say),
-                "health": health_probe.run}[args.command](args)
+                "check-graph": lambda a: check_graph.run(a, _say),
+                "health": health.run}[args.command](args)
     except ModelDownloadError as exc:   # the network: the package index, a download
         fail(str(exc))
         return 1
