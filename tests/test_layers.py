@@ -1,4 +1,4 @@
-"""The package's layers: each imports only the layers below it (docs/architecture.md).
+"""The package's layers: each imports only the layers below it (docs/design/architecture.md).
 
 ``server/`` is the HTTP server and knows no API family, engine, model or configuration;
 ``model/`` knows nothing above it; ``engine/`` drives the model and knows no API or server. Every
