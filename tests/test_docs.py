@@ -1,4 +1,4 @@
-"""The user documentation: README.md and docs/*.md.
+"""The documentation: README.md, docs/*.md and docs/design/*.md.
 
 The README stays short (at most 400 lines) and says how to get the source before installing;
 its test command is the one ``.ci/run`` runs; every relative link in the README and in docs/
