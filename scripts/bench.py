@@ -49,8 +49,8 @@ and a typical sampled configuration (temperature 0.7, top-k 50, top-p 0.9, repet
     python scripts/bench.py --sampler           # only: the batch sampler's share of a decode step
     python scripts/bench.py --mask              # only: the grammar masks' share of a decode step
     python scripts/bench.py --prefix-cache [--llama-bin DIR]   # only: prefix caching (below)
-    python scripts/bench.py --llama-bin DIR --json docs/results/bench-NAME.json \\
-        --plot docs/results/bench-NAME.svg      # the results file and its figure
+    python scripts/bench.py --llama-bin DIR --json docs/design/results/bench-NAME.json \\
+        --plot docs/design/results/bench-NAME.svg      # the results file and its figure
 
 ``--json FILE`` writes the main table's run as a results file (kind ``bench``, with the record
 every results file carries: scripts/results.py): one row per backend with ``decode_tps``,

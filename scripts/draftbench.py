@@ -21,7 +21,7 @@ loaded. The whole sweep runs ``--alternate`` times (the host may be noisy: every
 printed), after the CPU model and its SIMD flags.
 
     python scripts/draftbench.py --llama-server /path/to/llama.cpp/build/bin \\
-        --json docs/results/draft-qwen2.5-coder-1.5b.json
+        --json docs/design/results/draft-qwen2.5-coder-1.5b.json
 
 ``--json FILE`` writes a results file (kind ``draft-vs-llama-server``; scripts/results.py) with one
 row per server, prompt and mode of each turn.

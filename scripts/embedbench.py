@@ -25,8 +25,8 @@ llama-server's.
 
     python scripts/embedbench.py --llama-server /path/to/llama.cpp/build/bin
     python scripts/embedbench.py --llama-server DIR --levels 1 8 64 --alternate 3 \\
-        --json docs/results/embed-nomic-vs-llama-server.json \\
-        --plot docs/results/embed-nomic-vs-llama-server.svg
+        --json docs/design/results/embed-nomic-vs-llama-server.json \\
+        --plot docs/design/results/embed-nomic-vs-llama-server.svg
 
 ``--json FILE`` writes a results file (kind ``embed-vs-llama-server``; scripts/results.py) with
 one row per length and level: ``length`` (asked), ``tokens`` (the texts' mean), ``n``,

@@ -3,7 +3,7 @@
 matrices of a model's shapes, one product at a time, interleaved::
 
     python scripts/kernelbench.py [--types Q4_K,Q6_K] [--rows 1,2,4,8,64] [--threads 1]
-                                  [--rounds 7] [--json docs/results/kernelbench-NAME.json]
+                                  [--rounds 7] [--json docs/design/results/kernelbench-NAME.json]
 
 For each matrix shape ``N x K`` (default: Qwen2.5-Coder-1.5B's 1536x1536, 256x1536, 8960x1536,
 1536x8960), each type and each row count ``M``, it times three products on random weights:

@@ -35,8 +35,8 @@ scripts/results.py) with one row per level: ``n`` clients, ``tok_s``, ``ttft50``
 draws it (scripts/plot.py: tok/s against concurrent streams). A server that does not get
 ready: the last lines of its log are printed, and the script exits non-zero.
 
-    python scripts/loadtest.py --levels 1 4 8 16 --json docs/results/loadtest-NAME.json \\
-        --plot docs/results/loadtest-NAME.svg
+    python scripts/loadtest.py --levels 1 4 8 16 --json docs/design/results/loadtest-NAME.json \\
+        --plot docs/design/results/loadtest-NAME.svg
 """
 
 from __future__ import annotations

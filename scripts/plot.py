@@ -2,9 +2,9 @@
 """Draw a results file of scripts/bench.py, loadtest.py, startup.py or quality.py as a figure,
 or print it as Markdown (the run's date, CPU, versions and command, then its table).
 
-    python scripts/plot.py docs/results/bench-qwen2.5-coder-1.5b.json       # -> .svg beside it
+    python scripts/plot.py docs/design/results/bench-qwen2.5-coder-1.5b.json  # -> .svg beside it
     python scripts/plot.py RESULTS.json -o FIG.png
-    python scripts/plot.py RESULTS.json --markdown            # what docs/performance.md shows
+    python scripts/plot.py RESULTS.json --markdown    # what docs/design/performance.md shows
 
 What each kind draws (the kind is the file's ``kind``; files without one are told apart by
 their rows):

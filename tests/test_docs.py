@@ -1,9 +1,9 @@
-"""The user documentation: README.md and docs/*.md.
+"""The documentation: README.md, docs/*.md and docs/design/*.md.
 
 The README stays short (at most 400 lines) and says how to get the source before installing;
 its test command is the one ``.ci/run`` runs; every relative link in the README and in docs/
 points to a file that exists, and every ``#anchor`` to a heading of that file; no commit
-hashes or review notes in user documentation; docs/architecture.md's module table names every
+hashes or review notes in user documentation; docs/design/architecture.md's module table names every
 module of ``tiny_mindie/`` and no other.
 """
 
@@ -17,9 +17,10 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(REPO, "README.md")
-ARCHITECTURE = os.path.join(REPO, "docs", "architecture.md")
+ARCHITECTURE = os.path.join(REPO, "docs", "design", "architecture.md")
 PACKAGE = os.path.join(REPO, "tiny_mindie")
-PAGES = [README] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
+PAGES = [README] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))) \
+    + sorted(glob.glob(os.path.join(REPO, "docs", "design", "*.md")))
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`[^`]*`")

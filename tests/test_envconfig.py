@@ -1,5 +1,5 @@
-"""Options from the environment (tiny_mindie/envconfig.py) and the JSON log format
-(tiny_mindie/logs.py), in-process; one subprocess for the exit status of a bad variable."""
+"""Options from the environment (tiny_mindie/config/env.py) and the JSON log format
+(tiny_mindie/service/logs.py), in-process; one subprocess for the exit status of a bad variable."""
 
 from __future__ import annotations
 

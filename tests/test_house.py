@@ -1,5 +1,5 @@
-"""The package's house rules (docs/architecture.md): size budgets, and no measurements or history
-in code.
+"""The package's house rules (docs/design/architecture.md): size budgets, and no measurements or
+history in code.
 
 - No module in ``tiny_mindie/`` over :data:`MAX_MODULE_LINES` lines, no function over
   :data:`MAX_FUNCTION_LINES` lines (its ``def`` line to its last, nested functions included) or
@@ -91,7 +91,7 @@ def _over_budget() -> dict[str, str]:
 
 def test_modules_and_functions_keep_their_size_budgets():
     over = {k: v for k, v in _over_budget().items() if k not in ALLOWED}
-    assert not over, ("split by job (docs/architecture.md):\n"
+    assert not over, ("split by job (docs/design/architecture.md):\n"
                       + "\n".join(f"  {k}: {v}" for k, v in sorted(over.items())))
 
 

@@ -2,9 +2,9 @@
 bytes gives the same events, and error messages stay short.
 
 The oracles and the mutation fuzzer live in scripts/fuzz_http.py (run it for minutes by hand,
-see docs/testing.md); here they replay the regression corpus tests/fuzz_corpus/, run the fuzzer
-for a fixed number of iterations with a fixed seed, and drive hypothesis with generated requests and
-arbitrary bytes (derandomized, no example database: the same examples on every run).
+see docs/design/testing.md); here they replay the regression corpus tests/fuzz_corpus/, run the
+fuzzer for a fixed number of iterations with a fixed seed, and drive hypothesis with generated
+requests and arbitrary bytes (derandomized, no example database: the same examples on every run).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The package's layers: each imports only the layers below it, and no modules import each
-other in a circle (docs/architecture.md).
+other in a circle (docs/design/architecture.md).
 
 ``server/`` is the HTTP server and knows no API family, engine, model or configuration;
 ``model/`` knows nothing above it; ``engine/`` drives the model and knows no API or server;
@@ -21,7 +21,7 @@ PACKAGE = "tiny_mindie"
 
 # layer (a folder, or a module of the package root) -> the only parts of the package it may
 # import (the package root itself is none of them: a layer reads the version from _version, not
-# from tiny_mindie/__init__). The same table is in docs/architecture.md.
+# from tiny_mindie/__init__). The same table is in docs/design/architecture.md.
 ALLOWED = {
     "server": {"server"},
     "kernels": {"kernels"},

@@ -137,8 +137,8 @@ def test_compact_weights_read_fewer_bytes_than_the_gguf_and_still_answer(qwen_co
                                                                          llm, reference):
     """``--weights compact`` on the real model: every matrix in 4-bit blocks of 64 reads fewer
     bytes per decoded token than llama.cpp reads of the GGUF (the exact graph reads more: the
-    prepacked layout of docs/weights.md), passes the batch-invariance check, and still gives the
-    reference's greedy chat answer (each token ahead by 4.3 nats or more on the reference)."""
+    prepacked layout of docs/design/weights.md), passes the batch-invariance check, and still gives
+    the reference's greedy chat answer (each token ahead by 4.3 nats or more on the reference)."""
     from tiny_mindie.model.footprint import gguf_weight_bytes, graph_weight_bytes
 
     compact = LLM(qwen_coder_path, max_seq_len=MAX_SEQ_LEN, max_input_len=192, num_slots=2,

@@ -1,7 +1,8 @@
 """The results files of scripts/bench.py and scripts/loadtest.py (scripts/results.py) and their
-figures (scripts/plot.py): what a file records, that every kind draws, that docs/performance.md
-shows each file in docs/results as scripts/plot.py prints it, and that loadtest.py says why a
-server did not start. No speed is asserted: the runs here are a few tokens long."""
+figures (scripts/plot.py): what a file records, that every kind draws, that
+docs/design/performance.md shows each file in docs/design/results as scripts/plot.py prints it,
+and that loadtest.py says why a server did not start. No speed is asserted: the runs here are a
+few tokens long."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "scripts")
-RESULTS_DIR = os.path.join(REPO, "docs", "results")
+RESULTS_DIR = os.path.join(REPO, "docs", "design", "results")
 RESULT_FILES = sorted(f for f in os.listdir(RESULTS_DIR) if f.endswith(".json"))
 
 
@@ -63,7 +64,7 @@ def test_a_png_too(tmp_path):
 
 
 def test_performance_doc_shows_each_results_file_as_plot_prints_it():
-    with open(os.path.join(REPO, "docs", "performance.md")) as fh:
+    with open(os.path.join(REPO, "docs", "design", "performance.md")) as fh:
         doc = fh.read()
     for name in RESULT_FILES:
         stem = os.path.splitext(name)[0]

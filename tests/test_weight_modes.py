@@ -2,7 +2,7 @@
 wall (tiny_mindie/model/weights.py ``quantize_4bit``, tiny_mindie/model/footprint.py).
 
 ``compact`` requantizes every matrix to 4-bit blocks of 64: fewer bytes per decoded token than
-the GGUF, at a measured cost in quality (docs/weights.md). These tests hold what it promises:
+the GGUF, at a measured cost in quality (docs/design/weights.md). These tests hold what it promises:
 a weight already on such a grid comes back unchanged, the search never does worse than plain
 min-max rounding, onnxruntime reads the blocks as documented, the compact graph reads fewer
 bytes than the exact one and stays close to the numpy reference, and the setting reaches the
@@ -244,7 +244,7 @@ def test_the_compact_graph_stays_close_to_the_reference_and_is_batch_invariant(g
         kl[mode] = float((np.exp(p) * (p - q)).sum(-1).mean())
         top1[mode] = float((q.argmax(-1) == p.argmax(-1)).mean())
     # A 135M model loses much to 4-bit blocks (llama.cpp's own Q4_0 of it: KL ~1 nat too; the
-    # real-size figures are in docs/weights.md); a broken packing (nibbles or zero points
+    # real-size figures are in docs/design/weights.md); a broken packing (nibbles or zero points
     # misread) scores near chance: KL of several nats, top-1 under 10 %.
     assert kl["exact"] < 0.05 and top1["exact"] >= 0.85
     assert kl["exact"] < kl["compact"] < 2.0 and top1["compact"] >= 0.4

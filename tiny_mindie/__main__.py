@@ -1,5 +1,5 @@
 """``python -m tiny_mindie`` -> :func:`tiny_mindie.cli.main`; ``python -m tiny_mindie health``
-straight to :mod:`tiny_mindie.health_probe`, without the server's imports (an exec probe must
+straight to :mod:`tiny_mindie.cli.health`, without the server's imports (an exec probe must
 start fast)."""
 
 import sys

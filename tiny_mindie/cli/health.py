@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "200 to its health route, else 1 with the reason "
                                             "(2: a usage error).")
     add_arguments(p)
-    env_options(p)          # TINY_MINDIE_* as serve's (envconfig: argparse only, light)
+    env_options(p)          # TINY_MINDIE_* as serve's (config/env.py: argparse only, light)
     try:
         p.set_defaults(**env_defaults(p, os.environ))
     except EnvError as exc:       # like a configuration the probe cannot read: status 1

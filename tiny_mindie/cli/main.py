@@ -31,7 +31,7 @@ CONFIG_ERRORS = (ConfigError, TLSConfigError, AddressError, ModelFileError)
 
 COMMANDS = ("serve", "chat", "pull", "list-models", "watermark-detect", "certs", "health",
             "check-graph")
-# Subcommands whose options also come from TINY_MINDIE_* variables (envconfig.py), and whether
+# Subcommands whose options also come from TINY_MINDIE_* variables (config/env.py), and whether
 # an unknown TINY_MINDIE_* variable is reported to them.
 ENV_COMMANDS = {"serve": True, "chat": False, "health": False}
 

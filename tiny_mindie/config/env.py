@@ -37,7 +37,7 @@ OTHER_VARIABLES = {
                          "$XDG_CACHE_HOME/tiny_mindie, else ~/.cache/tiny_mindie)",
     "TINY_MINDIE_KERNEL_ISA": "the ISA path of tiny_mindie's own kernels (--kernels): "
                               "avx512vnni, avxvnni, avx2, neon or portable (default: the best "
-                              "this CPU and its OS run; docs/weights.md)",
+                              "this CPU and its OS run; docs/design/weights.md)",
 }
 TEST_PREFIX = "TINY_MINDIE_TEST_"
 

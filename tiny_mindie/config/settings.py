@@ -301,13 +301,13 @@ SETTINGS: tuple[Setting, ...] = (
             "a row's logits the same alone and in a batch", ours=True, llm="batch_invariant"),
     Setting("backend.weights", f"{_B}.weights", "str", "exact",
             "onnxruntime weights: exact (the GGUF's own) or compact (4-bit blocks of 64; "
-            "docs/weights.md); compact needs the onnxruntime backend",
+            "docs/design/weights.md); compact needs the onnxruntime backend",
             choices=tuple(WEIGHT_MODES), ours=True, llm="weights",
             flags=(Flag("--weights", "onnxruntime weights (BackendConfig.weights): exact, the "
                                      "GGUF's own values (default), or compact, every matrix in "
                                      "4-bit blocks of 64: fewer bytes per token, faster decode, "
                                      "answers of about llama.cpp's Q4_0 quality on 0.5B+ models, "
-                                     "far worse on tiny ones (docs/weights.md)"),)),
+                                     "far worse on tiny ones (docs/design/weights.md)"),)),
     Setting("backend.graph", f"{_B}.graph", "str", "auto",
             "onnxruntime graph: contrib (onnxruntime's contrib operators: the CPU's fast path), "
             "standard (default-domain ONNX operators only, static shapes: for the CANN "

@@ -10,7 +10,7 @@ DEFAULT_BACKEND = "onnxruntime"   # the numpy decoder is the reference and the f
 
 #: The weight modes of the onnxruntime backend (``--weights``), as ``GraphOptions.compact``:
 #: ``exact`` keeps the GGUF's own blocks, ``compact`` requantizes every matrix to 4-bit blocks
-#: of 64 (docs/weights.md).
+#: of 64 (docs/design/weights.md).
 WEIGHT_MODES = {"exact": 0, "compact": 64}
 #: the onnxruntime backend's graph choices (``auto``: ``standard`` on the CANN execution
 #: provider, ``contrib`` elsewhere; see :mod:`.graph` and :mod:`.graph_standard`)

@@ -112,7 +112,7 @@ def default_threads() -> int:
 
     The other choice, ``--threads 1`` (or ``intraOpThreads: 1``: one thread per run, CPUs runs
     at once), keeps a lone stream on one core: slower on a machine of its own, steadier where
-    other processes keep the CPUs busy (docs/performance.md has both).
+    other processes keep the CPUs busy (docs/design/performance.md has both).
     """
     return available_cpus()
 

@@ -5,7 +5,7 @@ the operand of onnxruntime's ``MatMulNBits``; norm weights and biases stay float
 "Exact" means the packed weight dequantizes to the same float32 values as
 ``GGUFFile.dequantize`` (gguf's ``quants.dequantize``), bit for bit. The table below is the
 weight mode ``exact``; the mode ``compact`` requantizes every matrix to 4-bit blocks instead
-(:func:`quantize_4bit`; what each mode costs in bytes and quality: docs/weights.md). Each
+(:func:`quantize_4bit`; what each mode costs in bytes and quality: docs/design/weights.md). Each
 layer's matrices are assembled from these in :mod:`.graph_weights`.
 
 What each GGUF type becomes, and the largest error measured (``max |w - dequant| / max |w|``
@@ -32,7 +32,7 @@ Q8_1, Q8_K                  refused (``ModelFileError``): gguf cannot read them 
    on gemma-3-270m's Q4_K matrices: a float zero point ``-m / d`` (MatMulNBits accepts zero
    points of the scales' type) is exact to 1.0e-7, but onnxruntime (1.24, CPU) then skips its
    prepacked kernels and dequantizes the whole matrix to float32 at every call (far slower:
-   docs/weights.md); a uint8 zero point alone (``z``, no residual) errs by 5.6e-2.
+   docs/design/weights.md); a uint8 zero point alone (``z``, no residual) errs by 5.6e-2.
 .. [b] Half a quantization step of the block, at most ``absmax / 254``; 3.9e-3 measured (less
    for types with few distinct values: IQ1_S 1.8e-3, TQ1_0/TQ2_0 6e-8). The token embedding
    (gathered from 8-bit blocks of 32 with the default zero point) and an 8-bit LM head in
