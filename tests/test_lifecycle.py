@@ -1,8 +1,8 @@
 """A server's life (tiny_mindie/service/lifecycle.py): listening while the model is pulled (live
-200, the rest 503 "The model is loading: ..."), a failed load, a signal while loading; SIGTERM's drain
-bounded by drainTimeout, the queued requests refused at once by it, a second signal forcing the
-stop; keepAliveTimeout and headerTimeout;
-the exec probe ``python -m tiny_mindie health``; the plain-HTTP health listener; and
+200, the rest 503 "The model is loading: ..."), a failed load, a signal while loading;
+SIGTERM's drain bounded by drainTimeout, the queued requests refused at once by it, a second
+signal forcing the stop; keepAliveTimeout and headerTimeout; the exec probe
+``python -m tiny_mindie health``; the plain-HTTP health listener; and
 ``X-Accel-Buffering: no`` on streams.
 
 The loading state is made observable without any fake: the server pulls its model from a real
