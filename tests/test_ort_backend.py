@@ -40,14 +40,14 @@ from smollm2_prompts import (
     prefill_and_decode,
 )
 
-from tiny_mindie.model import graph as graph_mod
-from tiny_mindie.model import providers
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.backend import SeqChunk
-from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph_options import GraphOptions
-from tiny_mindie.model.ort_backend import OrtBackend
-from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.onnx import graph as graph_mod
+from tiny_mindie.model.onnx.graph_options import GraphOptions
+from tiny_mindie.model.ort import providers
+from tiny_mindie.model.ort.ort_backend import OrtBackend
+from tiny_mindie.model.reference.decoder import NumpyBackend
 
 MAX_SEQ_LEN = 256
 ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)

@@ -32,12 +32,12 @@ from .engine.request import (
     TokenEvent,
 )
 from .engine.scheduler import SchedulerLimits
+from .model.arch import ModelConfig
 from .model.backend import DEFAULT_BACKEND
-from .model.config import ModelConfig
 from .model.gguf import GGUFFile, ModelFileError
 from .model.loader import check_weight_mode, load_model
-from .model.providers import CPU
-from .model.registry import DEFAULT_MODEL, resolve
+from .model.ort.providers import CPU
+from .model.registry.catalog import DEFAULT_MODEL, resolve
 from .model.tokenizer_load import Vocabulary, read_vocabulary
 
 MAX_SEED = 2**63 - 1

@@ -58,7 +58,7 @@ from html.parser import HTMLParser
 
 from packaging.utils import canonicalize_name
 
-from .._version import __version__
+from ..._version import __version__
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..gguf import ModelFileError, check_gguf_file
 from .assemble import assemble, lock
 from .assemble import sha256_of as sha256_of  # its users import it from here
-from .gguf import ModelFileError, check_gguf_file
-from .registry_entry import RegistryModel, SplitZip, Wheel
+from .entry import RegistryModel, SplitZip, Wheel
 
 if TYPE_CHECKING:                  # the index client (urllib, ssl, ...) is imported by a pull only
     from .download import Progress, PullReport

@@ -97,9 +97,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from .backend import available_cpus
-from .config import ModelConfig
-from .gguf import GGUFFile, ModelFileError
+from ..arch import ModelConfig
+from ..backend import available_cpus
+from ..gguf import GGUFFile, ModelFileError
 from .graph_layers import block, lm_head, verify_rows
 from .graph_nodes import MS_DOMAIN, TM_DOMAIN, GraphBuilder, Shared, embed, rope_caches, rows_of
 from .graph_options import GraphOptions
