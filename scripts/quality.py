@@ -18,7 +18,7 @@ Engines (``--engines``, comma-separated; default ``numpy,onnxruntime:exact,onnxr
 onnxruntime:compact,llama.cpp``):
 
     numpy                the reference: the GGUF's tensors dequantized to float32, float32
-                         activations (tiny_mindie.model.reference.NumpyBackend)
+                         activations (tiny_mindie.model.reference.decoder.NumpyBackend)
     numpy:float16        the reference computing as the float16 standard graph does on an NPU,
                          emulated (:func:`float16_products`): the weight matrices and the KV
                          cache rounded to float16, every matrix product's operands and result

@@ -211,7 +211,7 @@ def test_a_build_killed_halfway_leaves_nothing_behind_after_the_next_build(tmp_p
     gguf, cache = _write(tmp_path / "m.gguf", b"weights"), tmp_path / "cache"
     child = subprocess.Popen([sys.executable, "-c", (
         "import os, sys, time\n"
-        "from tiny_mindie.model import graph_cache\n"
+        "from tiny_mindie.model.onnx import graph_cache\n"
         "def build(out):\n"
         "    open(os.path.join(out, 'model.onnx.data'), 'wb').write(b'x' * 1000)\n"
         "    print('building', flush=True)\n"

@@ -1,4 +1,4 @@
-"""The memory the standard graph needs where it runs (tiny_mindie.model.memory_need): the pure
+"""The memory the standard graph needs where it runs (tiny_mindie.model.ort.memory_need): the pure
 computation on hand-made shapes, the refusal, the bound on one run's tensors against the tensors
 of a real built graph, and a server that refuses a KV cache the host cannot hold."""
 

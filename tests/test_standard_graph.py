@@ -1,6 +1,6 @@
 """The standard graph (``--graph standard``): default-domain ONNX operators only, on the operator
 list the CANN execution provider's graph mode and Ascend's ONNX parser document
-(:mod:`tiny_mindie.model.cann_ops`), with static shapes; float16 weights, KV cache and products
+(:mod:`tiny_mindie.model.onnx.cann_ops`), with static shapes; float16 weights, KV cache and products
 by default, whose next-token distributions on the CPU provider stay within
 :data:`~tiny_mindie.cli.check_graph.KL_TOLERANCE` of the numpy reference's; the float32
 graph's greedy tokens are the reference's and its logits within

@@ -89,7 +89,7 @@ class LLM:
         kv_cache_mb: KV-cache budget in MB used to size ``num_slots``.
         threads: intra-op threads for the backend (0 = its default).
         parallel_runs: onnxruntime session runs executed at once (0 = CPUs // threads; see
-            :mod:`tiny_mindie.model.ort_backend`).
+            :mod:`tiny_mindie.model.ort.ort_backend`).
         batch_invariant: onnxruntime: give a row the same logits alone and in any batch (see
             :func:`tiny_mindie.model.loader.load_model`).
         weights: onnxruntime: ``exact`` (the GGUF's values) or ``compact`` (4-bit blocks of
@@ -450,7 +450,7 @@ def model_meta(f, config) -> dict[str, int | None]:
 
     Args:
         f: the model's :class:`~tiny_mindie.model.gguf.GGUFFile`.
-        config: its :class:`~tiny_mindie.model.config.ModelConfig`.
+        config: its :class:`~tiny_mindie.model.arch.ModelConfig`.
     """
     n_params, size = f.tensor_totals()
     tokens = f.get("tokenizer.ggml.tokens")
