@@ -168,8 +168,8 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
     backend, _, mode = backend.partition(":")
     import numpy as np
 
+    from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.backend import SeqChunk
-    from tiny_mindie.model.config import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
 
     if backend == "onnxruntime":
@@ -182,18 +182,18 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
     rss_open = rss_mb()
     extra = {}
     if backend == "onnxruntime":
-        from tiny_mindie.model.ort_backend import OrtBackend
+        from tiny_mindie.model.ort.ort_backend import OrtBackend
         kw = {}
         if mode == "standard":
-            from tiny_mindie.model.graph_options import GraphOptions
-            from tiny_mindie.model.ort_standard import StandardOrtBackend as OrtBackend
+            from tiny_mindie.model.onnx.graph_options import GraphOptions
+            from tiny_mindie.model.ort.ort_standard import StandardOrtBackend as OrtBackend
             kw["graph_options"] = GraphOptions(flavour="standard")
         elif mode == "custom":             # the GGUF-block kernels (tiny_mindie/kernels)
-            from tiny_mindie.model.graph_options import GraphOptions
+            from tiny_mindie.model.onnx.graph_options import GraphOptions
             kw["graph_options"] = GraphOptions(kernels="custom")
         elif mode:                         # (a tree older than the weight modes takes none)
             from tiny_mindie.model import WEIGHT_MODES
-            from tiny_mindie.model.graph_options import GraphOptions
+            from tiny_mindie.model.onnx.graph_options import GraphOptions
             compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode)
             kw["graph_options"] = GraphOptions(compact=compact)
         be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads, **kw)
@@ -208,7 +208,7 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
             wb = graph_weight_bytes(be.graph_path)
             extra.update(weight_bytes=wb.per_token, weight_resident_bytes=wb.resident)
     else:
-        from tiny_mindie.model.reference import NumpyBackend
+        from tiny_mindie.model.reference.decoder import NumpyBackend
         be = NumpyBackend(f, cfg, num_slots=4, max_seq_len=1024)
     load_s = time.perf_counter() - t0
     rss_loaded = rss_mb()
@@ -228,7 +228,7 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
             res["rss_peak_mb"] = peak_rss_mb()
             if backend == "onnxruntime":
                 try:                       # (a source tree older than these counts)
-                    from tiny_mindie.model.memory import file_resident_bytes, resident_split
+                    from tiny_mindie.model.ort.memory import file_resident_bytes, resident_split
                 except ImportError:
                     pass
                 else:
@@ -309,11 +309,11 @@ def sampler_table(model: str | None, reps: int) -> int:
 
     sys.path.insert(0, ROOT)
     from tiny_mindie.engine import sampling
+    from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.backend import SeqChunk
-    from tiny_mindie.model.config import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.ort_backend import OrtBackend
-    from tiny_mindie.model.registry import resolve
+    from tiny_mindie.model.ort.ort_backend import OrtBackend
+    from tiny_mindie.model.registry.catalog import resolve
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     path = resolve(model or SAMPLER_MODEL)
@@ -414,11 +414,11 @@ def mask_table(models: list[str], reps: int) -> int:
 
     from tiny_mindie.engine.constraint import apply_bitmask, compile_constraint, fill_masks
     from tiny_mindie.engine.request import Constraint
+    from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.backend import SeqChunk
-    from tiny_mindie.model.config import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.ort_backend import OrtBackend
-    from tiny_mindie.model.registry import resolve
+    from tiny_mindie.model.ort.ort_backend import OrtBackend
+    from tiny_mindie.model.registry.catalog import resolve
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     pool = ThreadPoolExecutor(1)
@@ -813,7 +813,7 @@ def prefix_cache_table(args) -> int:
     from results import cpu_line
 
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+    from tiny_mindie.model.registry.catalog import DEFAULT_MODEL, resolve
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     model = resolve(args.model or DEFAULT_MODEL)
@@ -956,7 +956,7 @@ def speculation_table(args) -> int:
     from loadtest import start_server
     from results import cpu_line
 
-    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+    from tiny_mindie.model.registry.catalog import DEFAULT_MODEL, resolve
 
     model = resolve(args.model or DEFAULT_MODEL)
     procs, servers = [], {}
@@ -1112,7 +1112,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, ROOT)
     from results import can_draw, cpu_line, run_record
 
-    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+    from tiny_mindie.model.registry.catalog import DEFAULT_MODEL, resolve
 
     if args.plot:
         can_draw()

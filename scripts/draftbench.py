@@ -42,7 +42,7 @@ from loadtest import llama_server_version, start_llama_server, start_server
 from results import cpu_line, run_record, write
 from soak import rss_and_fds
 
-from tiny_mindie.model.registry import resolve
+from tiny_mindie.model.registry.catalog import resolve
 
 CHAT = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{}" \
        "<|im_end|>\n<|im_start|>assistant\n"

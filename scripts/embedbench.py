@@ -62,7 +62,7 @@ from results import can_draw, cpu_line, draw, run_record, write
 from tiny_mindie.config.load import load_config
 from tiny_mindie.config.tls import tls_files
 from tiny_mindie.model.encoder_load import load_encoder
-from tiny_mindie.model.registry import resolve
+from tiny_mindie.model.registry.catalog import resolve
 from tiny_mindie.server.tls import client_context
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -48,9 +48,9 @@ from loadtest import llama_server_version, start_llama_server  # noqa: E402
 from results import cpu_line, run_record, write  # noqa: E402
 
 from tiny_mindie.model.encoder_load import load_encoder  # noqa: E402
-from tiny_mindie.model.encoder_ort import EncoderSession  # noqa: E402
-from tiny_mindie.model.encoder_reference import encode_one  # noqa: E402
-from tiny_mindie.model.registry import resolve  # noqa: E402
+from tiny_mindie.model.ort.encoder_ort import EncoderSession  # noqa: E402
+from tiny_mindie.model.reference.encoder import encode_one  # noqa: E402
+from tiny_mindie.model.registry.catalog import resolve  # noqa: E402
 
 GOAL_GRAPH_REF, GOAL_CPP = 0.9999, 0.999
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.registry import ensure_model
+from tiny_mindie.model.registry.catalog import ensure_model
 from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 SCHEMA = {

@@ -354,7 +354,7 @@ def save(args, record: dict, rows: list[dict], **fields) -> None:
 def versus_llama_server(args) -> int:
     """tiny_mindie (plain HTTP) against llama-server on the same model, turns alternating."""
     from tiny_mindie.model.gguf import ModelFileError
-    from tiny_mindie.model.registry import DEFAULT_MODEL, resolve
+    from tiny_mindie.model.registry.catalog import DEFAULT_MODEL, resolve
 
     record = run_record("loadtest-vs-llama-server")
     try:

@@ -18,7 +18,7 @@ Engines (``--engines``, comma-separated; default ``numpy,onnxruntime:exact,onnxr
 onnxruntime:compact,llama.cpp``):
 
     numpy                the reference: the GGUF's tensors dequantized to float32, float32
-                         activations (tiny_mindie.model.reference.NumpyBackend)
+                         activations (tiny_mindie.model.reference.decoder.NumpyBackend)
     numpy:float16        the reference computing as the float16 standard graph does on an NPU,
                          emulated (:func:`float16_products`): the weight matrices and the KV
                          cache rounded to float16, every matrix product's operands and result
@@ -191,7 +191,7 @@ STANDARD_MODES = {"standard": "float16", "standard-float32": "float32"}
 def graph_options(mode: str):
     """The ``GraphOptions`` of an ``onnxruntime:MODE`` suffix: a weight mode or block size
     (:func:`compact_of`), or a standard graph (:data:`STANDARD_MODES`)."""
-    from tiny_mindie.model.graph_options import GraphOptions
+    from tiny_mindie.model.onnx.graph_options import GraphOptions
 
     if mode in STANDARD_MODES:
         return GraphOptions(flavour="standard", standard_dtype=STANDARD_MODES[mode])
@@ -204,7 +204,7 @@ def compact_of(mode: str) -> int:
     try:                                        # where it lives has moved once already
         from tiny_mindie.model import WEIGHT_MODES
     except ImportError:
-        from tiny_mindie.model.graph import WEIGHT_MODES
+        from tiny_mindie.model.onnx.graph import WEIGHT_MODES
 
     if not mode or mode == "custom":
         return 0
@@ -231,8 +231,8 @@ def float16_products(f, cfg, max_len: int):
     takes float16-rounded operands and its float32 sum is rounded to float16; norms, rotary,
     softmax and activations stay float32. Patches the reference's module functions while the
     context is open."""
-    from tiny_mindie.model import reference
-    from tiny_mindie.model import reference_layers as layers
+    from tiny_mindie.model.reference import decoder as reference
+    from tiny_mindie.model.reference import layers
 
     be = reference.NumpyBackend(f, cfg, num_slots=1, max_seq_len=max_len)
     w = be.weights
@@ -268,7 +268,7 @@ def float16_products(f, cfg, max_len: int):
 
 
 def reference_cache_path(sha256: str, text: str) -> str:
-    from tiny_mindie.model.registry import cache_root
+    from tiny_mindie.model.registry.catalog import cache_root
 
     return os.path.join(cache_root(), "quality", f"{sha256[:16]}-{text}.npz")
 
@@ -425,10 +425,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     sys.path.insert(0, ROOT)
-    from tiny_mindie.model.config import ModelConfig
+    from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.providers import cpu_info
-    from tiny_mindie.model.registry import DEFAULT_MODEL, cache_root, resolve, sha256_of
+    from tiny_mindie.model.ort.providers import cpu_info
+    from tiny_mindie.model.registry.catalog import DEFAULT_MODEL, cache_root, resolve, sha256_of
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             ref_info[t] = {"cached": cache}
     missing = [t for t in texts if t not in ref]
     if missing:
-        from tiny_mindie.model.reference import NumpyBackend
+        from tiny_mindie.model.reference.decoder import NumpyBackend
 
         t0 = time.perf_counter()
         be = NumpyBackend(f, cfg, num_slots=1, max_seq_len=max_len)
@@ -525,8 +525,8 @@ def main(argv: list[str] | None = None) -> int:
             for t in texts:
                 record(engine, t, dict(ref_res[t], nll_ratio=1.0), **ref_info[t])
         elif kind == "onnxruntime":
-            from tiny_mindie.model.ort_backend import OrtBackend
-            from tiny_mindie.model.ort_standard import StandardOrtBackend
+            from tiny_mindie.model.ort.ort_backend import OrtBackend
+            from tiny_mindie.model.ort.ort_standard import StandardOrtBackend
 
             t0 = time.perf_counter()
             cls = StandardOrtBackend if arg in STANDARD_MODES else OrtBackend

@@ -39,7 +39,7 @@ def cpu_line() -> str:
     """The CPU model and its SIMD flags (from ``/proc/cpuinfo``), and how many CPUs we may use."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
-    from tiny_mindie.model.providers import cpu_info
+    from tiny_mindie.model.ort.providers import cpu_info
 
     model, flags = cpu_info()
     model = model or "unknown CPU"

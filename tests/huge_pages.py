@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tiny_mindie.model import memory
+from tiny_mindie.model.ort import memory
 
 
 def private_anonymous(size: int) -> tuple[mmap.mmap, np.ndarray, int]:

@@ -28,7 +28,7 @@ from helpers import (
 
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.encoder_pool import finish
-from tiny_mindie.model.encoder_reference import encode_one
+from tiny_mindie.model.reference.encoder import encode_one
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ import pytest
 
 gguf_pkg = pytest.importorskip("gguf")
 
-from tiny_mindie.model.config import ModelConfig  # noqa: E402
+from tiny_mindie.model.arch import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError  # noqa: E402
 
 
@@ -92,7 +92,7 @@ def test_smollm3_skips_rotary_on_every_fourth_layer(tmp_path):
 
 def test_graph_refuses_a_rotary_width_groupqueryattention_cannot_rotate(tmp_path):
     pytest.importorskip("onnx")
-    from tiny_mindie.model.graph import build_model
+    from tiny_mindie.model.onnx.graph import build_model
 
     f = _write(tmp_path / "m.gguf", "phi3")
     c = dataclasses.replace(ModelConfig.from_gguf(f), rope_dim=8)
@@ -109,7 +109,7 @@ def test_gemma3_reads_the_local_layers_rotary_base(tmp_path, kv, local):
     assert (c.rope_theta, c.rope_theta_local) == (1e6, local)
     # the local layers' rotary table (the reference's; the graph builds its own from the same
     # function) is at that base, the global layers' at rope.freq_base
-    from tiny_mindie.model.reference_layers import rope_frequencies
+    from tiny_mindie.model.reference.layers import rope_frequencies
     i = np.arange(c.rope_dim // 2)
     inv_local, _ = rope_frequencies(c, 128, local=True)
     np.testing.assert_allclose(inv_local, local ** (-2.0 * i / c.rope_dim))

@@ -42,12 +42,12 @@ from tiny_arch import (  # noqa: E402
 )
 from tiny_qwen2 import greedy  # noqa: E402
 
-from tiny_mindie.model import reference as ref  # noqa: E402
+from tiny_mindie.model.arch import ModelConfig  # noqa: E402
 from tiny_mindie.model.backend import SeqChunk  # noqa: E402
-from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
-from tiny_mindie.model.graph_options import GraphOptions  # noqa: E402
-from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
+from tiny_mindie.model.onnx.graph_options import GraphOptions  # noqa: E402
+from tiny_mindie.model.reference import decoder as ref  # noqa: E402
+from tiny_mindie.model.reference.decoder import NumpyBackend  # noqa: E402
 
 MAX_SEQ_LEN, GREEDY_STEPS = 64, 16
 
@@ -167,7 +167,7 @@ def reference(model) -> NumpyBackend:
 
 def _ort(model, tmp_path_factory, **graph):
     pytest.importorskip("onnxruntime")
-    from tiny_mindie.model.ort_backend import OrtBackend
+    from tiny_mindie.model.ort.ort_backend import OrtBackend
 
     return OrtBackend(model, ModelConfig.from_gguf(model), num_slots=4, max_seq_len=MAX_SEQ_LEN,
                       threads=1, cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),

@@ -16,8 +16,8 @@ from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper
 
-from tiny_mindie.model import cann_ops
-from tiny_mindie.model.cann_ops import (
+from tiny_mindie.model.onnx import cann_ops
+from tiny_mindie.model.onnx.cann_ops import (
     LIB_SOURCE,
     SUPPORTED,
     check_model,

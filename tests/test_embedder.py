@@ -10,7 +10,7 @@ from tiny_mindie.api.embeddings_request import MAX_INPUTS, parse_llama, parse_op
 from tiny_mindie.api.errors import APIError
 from tiny_mindie.engine.embedder import Embedder
 from tiny_mindie.model.encoder_load import load_encoder
-from tiny_mindie.model.encoder_ort import EncoderSession
+from tiny_mindie.model.ort.encoder_ort import EncoderSession
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_the_embedder_batches_and_keeps_each_vector(minilm):
 def test_long_texts_run_fewer_rows_at_a_time_with_the_same_vectors(minilm, monkeypatch):
     """The rows of one run are capped by their attention scores (``MAX_SCORES``): a cap of one
     row per run gives the vectors of the default batching."""
-    from tiny_mindie.model import encoder_ort
+    from tiny_mindie.model.ort import encoder_ort
 
     session = EncoderSession(minilm, threads=1)
     texts = [minilm.tokenizer.encode(f"text {i} " * 40).ids for i in range(3)]

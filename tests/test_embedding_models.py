@@ -12,10 +12,10 @@ import shutil
 import numpy as np
 import pytest
 
-from tiny_mindie.model import registry
-from tiny_mindie.model.assemble import sha256_of
 from tiny_mindie.model.encoder_load import load_encoder
 from tiny_mindie.model.gguf import ModelFileError
+from tiny_mindie.model.registry import catalog as registry
+from tiny_mindie.model.registry.assemble import sha256_of
 
 TEXTS = ["Hello World, naïve café! search_query: what is TSNE?",
          "日本語 テキスト 123,456 x##y [CLS] [SEP] [UNK] [MASK] [PAD]", "", "  \t\n", "a" * 300,

@@ -12,9 +12,9 @@ import pytest
 from embed_texts import TEXTS
 
 from tiny_mindie.model.encoder_load import load_encoder
-from tiny_mindie.model.encoder_ort import EncoderSession
 from tiny_mindie.model.encoder_pool import bucket, finish, pool_weights
-from tiny_mindie.model.encoder_reference import encode_one
+from tiny_mindie.model.ort.encoder_ort import EncoderSession
+from tiny_mindie.model.reference.encoder import encode_one
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import pytest
 from embed_texts import TEXTS
 
 from tiny_mindie.config.load import Config
-from tiny_mindie.model import cann_ops
-from tiny_mindie.model.encoder_graph import build_encoder
 from tiny_mindie.model.encoder_load import load_encoder
-from tiny_mindie.model.encoder_ort import EncoderSession
 from tiny_mindie.model.encoder_pool import finish
-from tiny_mindie.model.encoder_reference import encode_one
+from tiny_mindie.model.onnx import cann_ops
+from tiny_mindie.model.onnx.encoder_graph import build_encoder
+from tiny_mindie.model.ort.encoder_ort import EncoderSession
+from tiny_mindie.model.reference.encoder import encode_one
 from tiny_mindie.service.lifecycle import load_embedder
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from hf_math import QUESTION, attention, greedy_tokens, mean_nll, paragraph_ids, rms_norm, weight64
 
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.backend import SeqChunk
-from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.reference import NumpyBackend, causal_mask, prefill
+from tiny_mindie.model.reference.decoder import NumpyBackend, causal_mask, prefill
 from tiny_mindie.model.tokenizer_load import load_tokenizer
 
 MAX_SEQ_LEN = 1024

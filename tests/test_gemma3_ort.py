@@ -24,14 +24,14 @@ import pytest
 from batching import assert_rows_batch_invariant
 from hf_math import MIN_MARGIN, QUESTION, greedy_margins, mean_kl, mean_nll, paragraph_ids
 
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.backend import SeqChunk
-from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph_options import GraphOptions
-from tiny_mindie.model.ort_backend import OrtBackend
-from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.onnx.graph_options import GraphOptions
+from tiny_mindie.model.onnx.weights import PACKERS, quantize_8bit, unpack_nbits
+from tiny_mindie.model.ort.ort_backend import OrtBackend
+from tiny_mindie.model.reference.decoder import NumpyBackend
 from tiny_mindie.model.tokenizer_load import load_tokenizer
-from tiny_mindie.model.weights import PACKERS, quantize_8bit, unpack_nbits
 
 MAX_SEQ_LEN = 768
 LONG = 700                 # > 512: the local layers' window is active
@@ -124,7 +124,7 @@ def test_default_graph_likelihood_is_the_references(ort, reference, gguf):
     the next-token distributions stays under 0.01 nats (measured 0.0027; requantizing the layer
     matrices to blocks of 128 as well added 0.007 on a 1000-token text, because the kernel
     quantizes the activations per block too)."""
-    from tiny_mindie.model.reference import prefill
+    from tiny_mindie.model.reference.decoder import prefill
 
     ids = paragraph_ids(load_tokenizer(gguf))
     ref_logits = prefill(reference.weights, reference.cache, 0, 0, ids, all_logits=True)[:-1]

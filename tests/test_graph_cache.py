@@ -1,4 +1,4 @@
-"""The cache of built graphs (tiny_mindie/model/graph_cache.py): its index on small files, and
+"""The cache of built graphs (tiny_mindie/model/onnx/graph_cache.py): its index on small files, and
 the removal of outdated graphs on the real SmolLM2-135M."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from tiny_mindie.model import graph_cache
-from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph import BUILDER_VERSION
-from tiny_mindie.model.graph_options import GraphOptions
-from tiny_mindie.model.registry import sha256_of
+from tiny_mindie.model.onnx import graph_cache
+from tiny_mindie.model.onnx.graph import BUILDER_VERSION
+from tiny_mindie.model.onnx.graph_options import GraphOptions
+from tiny_mindie.model.registry.catalog import sha256_of
 
 
 def test_building_a_graph_removes_older_builders_graphs_of_the_model(model_path, tmp_path):
@@ -211,7 +211,7 @@ def test_a_build_killed_halfway_leaves_nothing_behind_after_the_next_build(tmp_p
     gguf, cache = _write(tmp_path / "m.gguf", b"weights"), tmp_path / "cache"
     child = subprocess.Popen([sys.executable, "-c", (
         "import os, sys, time\n"
-        "from tiny_mindie.model import graph_cache\n"
+        "from tiny_mindie.model.onnx import graph_cache\n"
         "def build(out):\n"
         "    open(os.path.join(out, 'model.onnx.data'), 'wb').write(b'x' * 1000)\n"
         "    print('building', flush=True)\n"

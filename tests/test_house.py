@@ -43,7 +43,7 @@ MEASUREMENT = re.compile(r"""(?ix)
 #: download's progress line), not a measurement.
 FORMAT_EXAMPLES = {
     "server/routing.py": ('"POST /infer" 200 812.4 ms', '"POST /infer" 200 cancelled 95.0 ms'),
-    "model/download.py": ("12.3 MB/s, ETA 4 s",),          # the download progress line
+    "model/registry/download.py": ("12.3 MB/s, ETA 4 s",),          # the download progress line
 }
 
 

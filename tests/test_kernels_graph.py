@@ -21,11 +21,11 @@ from hf_math import MIN_MARGIN, greedy_margins
 from smollm2_prompts import CHAT, FOLLOW, MAX_ABS_INT8, REL_INT8, ids_of, prefill_and_decode
 
 from tiny_mindie import kernels
-from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph_options import VERIFY_ROWS, GraphOptions
-from tiny_mindie.model.ort_backend import OrtBackend
-from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.onnx.graph_options import VERIFY_ROWS, GraphOptions
+from tiny_mindie.model.ort.ort_backend import OrtBackend
+from tiny_mindie.model.reference.decoder import NumpyBackend
 
 MAX_SEQ_LEN = 256
 
@@ -73,7 +73,7 @@ def test_the_cache_entry_holds_the_graph_not_the_ggufs_blocks(custom, gguf, mode
     """Every GGUF-block initializer names its bytes in the GGUF (no copy in the entry, whose
     data file holds only the small float tensors); the embedding's lookup and the tied LM head
     share the embedding's one initializer."""
-    from tiny_mindie.model.graph_nodes import GGUF_LOCATION
+    from tiny_mindie.model.onnx.graph_nodes import GGUF_LOCATION
 
     model = onnx.load(custom.graph_path, load_external_data=False)
     inits = {t.name: t for t in model.graph.initializer}

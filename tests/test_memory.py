@@ -1,4 +1,4 @@
-"""The backend's resident-memory helpers (tiny_mindie/model/memory.py): KV buffers that cost
+"""The backend's resident-memory helpers (tiny_mindie/model/ort/memory.py): KV buffers that cost
 nothing until written, and moving freshly written memory to huge pages (Linux >= 6.1)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from huge_pages import needs_collapse, private_anonymous
 
-from tiny_mindie.model import memory
+from tiny_mindie.model.ort import memory
 
 
 def test_kv_cache_costs_no_memory_until_written():

@@ -1,4 +1,4 @@
-"""The memory the standard graph needs where it runs (tiny_mindie.model.memory_need): the pure
+"""The memory the standard graph needs where it runs (tiny_mindie.model.ort.memory_need): the pure
 computation on hand-made shapes, the refusal, the bound on one run's tensors against the tensors
 of a real built graph, and a server that refuses a KV cache the host cannot hold."""
 
@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import ModelFileError
-from tiny_mindie.model.memory_need import (
+from tiny_mindie.model.ort.memory_need import (
     MemoryNeed,
     activation_bytes,
     check_fits,
@@ -165,8 +165,8 @@ def test_the_bound_covers_every_tensor_of_a_built_graph(model_path, rows, tokens
     import onnx
 
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.graph_cache import cached_graph
-    from tiny_mindie.model.graph_options import GraphOptions
+    from tiny_mindie.model.onnx.graph_cache import cached_graph
+    from tiny_mindie.model.onnx.graph_options import GraphOptions
 
     f = GGUFFile(model_path)
     cfg = ModelConfig.from_gguf(f)

@@ -40,14 +40,14 @@ from smollm2_prompts import (
     prefill_and_decode,
 )
 
-from tiny_mindie.model import graph as graph_mod
-from tiny_mindie.model import providers
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.backend import SeqChunk
-from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.graph_options import GraphOptions
-from tiny_mindie.model.ort_backend import OrtBackend
-from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.onnx import graph as graph_mod
+from tiny_mindie.model.onnx.graph_options import GraphOptions
+from tiny_mindie.model.ort import providers
+from tiny_mindie.model.ort.ort_backend import OrtBackend
+from tiny_mindie.model.reference.decoder import NumpyBackend
 
 MAX_SEQ_LEN = 256
 ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)
@@ -356,8 +356,8 @@ def test_backend_reports_its_provider(ort):
 def test_start_up_prints_nothing(model_path, ort):
     """A fresh process loading the (cached) graph writes nothing to stdout or stderr."""
     code = ("import sys; from tiny_mindie.model.gguf import GGUFFile;"
-            "from tiny_mindie.model.config import ModelConfig;"
-            "from tiny_mindie.model.ort_backend import OrtBackend;"
+            "from tiny_mindie.model.arch import ModelConfig;"
+            "from tiny_mindie.model.ort.ort_backend import OrtBackend;"
             "import numpy as np; from tiny_mindie.model.backend import SeqChunk;"
             "f = GGUFFile(sys.argv[1]); b = OrtBackend(f, ModelConfig.from_gguf(f), num_slots=1,"
             " max_seq_len=16); b.forward([SeqChunk(0, 0, np.array([1, 2]))])")

@@ -1,4 +1,4 @@
-"""Progress lines of slow start-up steps (tiny_mindie/model/progress.py)."""
+"""Progress lines of slow start-up steps (tiny_mindie/model/registry/progress.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tiny_mindie.model.progress import slow_step
+from tiny_mindie.model.registry.progress import slow_step
 
 log = logging.getLogger("tiny_mindie.test_progress")
 

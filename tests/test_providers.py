@@ -1,11 +1,11 @@
-"""Execution providers and threads (tiny_mindie/model/providers.py)."""
+"""Execution providers and threads (tiny_mindie/model/ort/providers.py)."""
 
 from __future__ import annotations
 
 import os
 
-from tiny_mindie.model import providers
-from tiny_mindie.model.providers import select_providers
+from tiny_mindie.model.ort import providers
+from tiny_mindie.model.ort.providers import select_providers
 
 
 def test_providers_fall_back_to_cpu_silently(monkeypatch, capfd):

@@ -22,8 +22,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tiny_mindie.model import download, index, registry
-from tiny_mindie.model.registry import ModelDownloadError, RegistryModel, Wheel
+from tiny_mindie.model.registry import catalog as registry
+from tiny_mindie.model.registry import download, index
+from tiny_mindie.model.registry.catalog import ModelDownloadError, RegistryModel, Wheel
 
 PROJECT = "tiny-test-model"
 WHEEL = "tiny_test_model-1.0-py3-none-any.whl"

@@ -27,11 +27,11 @@ pytestmark = pytest.mark.model
 from hf_math import attention, rms_norm, weight64  # noqa: E402
 from tiny_qwen2 import EPS, FFN, HD, KV, N_LAYERS, THETA, VOCAB, D, H, greedy, write_tiny_qwen2  # noqa: E402
 
+from tiny_mindie.model.arch import ModelConfig  # noqa: E402
 from tiny_mindie.model.backend import SeqChunk  # noqa: E402
-from tiny_mindie.model.config import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402
-from tiny_mindie.model.graph_options import GraphOptions  # noqa: E402
-from tiny_mindie.model.reference import NumpyBackend  # noqa: E402
+from tiny_mindie.model.onnx.graph_options import GraphOptions  # noqa: E402
+from tiny_mindie.model.reference.decoder import NumpyBackend  # noqa: E402
 
 MAX_SEQ_LEN = 64
 GREEDY_STEPS = 16
@@ -66,7 +66,7 @@ def reference(model, config) -> NumpyBackend:
 
 
 def _ort(model, config, tmp_path_factory, **graph):
-    from tiny_mindie.model.ort_backend import OrtBackend
+    from tiny_mindie.model.ort.ort_backend import OrtBackend
 
     be = OrtBackend(model, config, num_slots=4, max_seq_len=MAX_SEQ_LEN, threads=1,
                     cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),
@@ -163,7 +163,7 @@ def test_reference_matches_float64(model, reference):
 
 def test_biases_and_neox_matter(model, reference):
     """Sanity of the float64 check itself: the tiny model is sensitive to what it tests."""
-    from tiny_mindie.model import reference as ref
+    from tiny_mindie.model.reference import decoder as ref
 
     ids = PROMPTS[0]
     want = hf_qwen2_logits(model, ids)[-1]

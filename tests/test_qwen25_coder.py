@@ -26,10 +26,10 @@ from hf_math import MIN_MARGIN, greedy_margins
 
 from tiny_mindie.api.chat_template import encode_chat, render_chat
 from tiny_mindie.llm import LLM
-from tiny_mindie.model import registry
-from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.reference.decoder import NumpyBackend
+from tiny_mindie.model.registry import catalog as registry
 
 NAME = "qwen2.5-coder-0.5b-instruct"
 MAX_SEQ_LEN = 256

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from hf_math import attention, rms_norm, weight64
 
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.backend import SeqChunk
-from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
-from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.reference.decoder import NumpyBackend
 
 MAX_SEQ_LEN = 256
 
@@ -192,7 +192,7 @@ def test_last_position_of_a_slot_is_usable(backend, gguf):
 
 
 def test_linear_gemv_and_gemm_paths_agree(backend):
-    from tiny_mindie.model.reference_layers import GEMV_MAX_ROWS, linear
+    from tiny_mindie.model.reference.layers import GEMV_MAX_ROWS, linear
 
     w = backend.weights.layers[0].w_gate_up  # [576, 3072]
     x = np.random.default_rng(0).standard_normal(

@@ -195,8 +195,8 @@ def test_the_start_up_check_catches_a_graph_whose_chunks_are_not_decode_rows(mod
     the verification check must say so, as a direct comparison does, and speculation would
     stay off (the server never enables it on such a graph)."""
     from tiny_mindie.model.backend import SeqChunk
-    from tiny_mindie.model.graph_options import cpu_flags
     from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.onnx.graph_options import cpu_flags
 
     _, _, _, be = load_model(model_path, num_slots=2, max_seq_len=256, speculation=True,
                              batch_invariant=False)
@@ -321,7 +321,7 @@ def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path
     from tiny_mindie.model.loader import load_model
 
     cann = [("CANNExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"]
-    with caplog.at_level("INFO", logger="tiny_mindie.model.ort_backend"):
+    with caplog.at_level("INFO", logger="tiny_mindie.model.ort.ort_backend"):
         _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
                                  providers=cann, graph="contrib")
     try:
@@ -329,7 +329,7 @@ def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path
         assert "off on CANNExecutionProvider" in caplog.text
     finally:
         be.close()
-    from tiny_mindie.model import providers
+    from tiny_mindie.model.ort import providers
 
     monkeypatch.setattr(providers, "ascend_available", lambda: True)    # as if it loaded
     _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,

@@ -1,6 +1,6 @@
 """The standard graph (``--graph standard``): default-domain ONNX operators only, on the operator
 list the CANN execution provider's graph mode and Ascend's ONNX parser document
-(:mod:`tiny_mindie.model.cann_ops`), with static shapes; float16 weights, KV cache and products
+(:mod:`tiny_mindie.model.onnx.cann_ops`), with static shapes; float16 weights, KV cache and products
 by default, whose next-token distributions on the CPU provider stay within
 :data:`~tiny_mindie.cli.check_graph.KL_TOLERANCE` of the numpy reference's; the float32
 graph's greedy tokens are the reference's and its logits within
@@ -18,8 +18,8 @@ import pytest
 from helpers import TEST_CONFIG, request, serving, start_server
 
 from tiny_mindie.cli.check_graph import KL_TOLERANCE, LOGITS_TOLERANCE, PROMPTS, greedy_compare
-from tiny_mindie.model import cann_ops
-from tiny_mindie.model.ort_standard import bucket, buckets
+from tiny_mindie.model.onnx import cann_ops
+from tiny_mindie.model.ort.ort_standard import bucket, buckets
 
 # ---- unit ------------------------------------------------------------------------------------
 
@@ -38,9 +38,9 @@ def test_static_sizes_are_few_and_cover_every_value():
 
 def test_the_dtypes_are_the_settings():
     from tiny_mindie.model import STANDARD_DTYPES
-    from tiny_mindie.model.graph_standard import DTYPES
-    from tiny_mindie.model.ort_backend import OrtBackend
-    from tiny_mindie.model.ort_standard import MAX_CHUNK_TOKENS
+    from tiny_mindie.model.onnx.graph_standard import DTYPES
+    from tiny_mindie.model.ort.ort_backend import OrtBackend
+    from tiny_mindie.model.ort.ort_standard import MAX_CHUNK_TOKENS
 
     assert tuple(DTYPES) == STANDARD_DTYPES
     assert OrtBackend.__init__.__kwdefaults__["max_chunk_tokens"] == MAX_CHUNK_TOKENS
@@ -54,9 +54,9 @@ def test_row_pieces_dequantize_as_the_whole_matrix(which, request):
     """GGUFFile.dequantize_rows (gguf's block function on rows at once) and the reference's
     [in, out] matrices built from row pieces: the values of dequantize, bit for bit, and in
     float16 the float32 values rounded (Q4_1, Q8_0, Q4_K, Q6_K, F32 between the two files)."""
-    from tiny_mindie.model.config import ModelConfig
+    from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.gguf import GGUFFile
-    from tiny_mindie.model.reference import load_layer, xw_matrix
+    from tiny_mindie.model.reference.decoder import load_layer, xw_matrix
 
     f = GGUFFile(request.getfixturevalue(which))
     seen = set()
@@ -162,8 +162,8 @@ def test_a_contrib_graph_fails_the_list(model_path):
 
 def test_compact_weights_where_auto_picks_the_standard_graph_are_refused(model_path,
                                                                          monkeypatch):
-    from tiny_mindie.model import providers
     from tiny_mindie.model.gguf import ModelFileError
+    from tiny_mindie.model.ort import providers
 
     monkeypatch.setattr(providers, "ascend_available", lambda: True)    # an Ascend machine
     with pytest.raises(ModelFileError, match="weights 'compact' need the contrib graph"):

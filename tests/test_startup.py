@@ -15,12 +15,12 @@ pytestmark = pytest.mark.model          # writes a model file and loads it (abou
 
 from tiny_qwen2 import write_tiny_qwen2  # noqa: E402
 
-from tiny_mindie.model import ort_backend  # noqa: E402
-from tiny_mindie.model.config import ModelConfig  # noqa: E402
+from tiny_mindie.model.arch import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError  # noqa: E402
 from tiny_mindie.model.loader import load_model  # noqa: E402
-from tiny_mindie.model.ort_backend import OrtBackend  # noqa: E402
-from tiny_mindie.model.startup_checks import BATCH_CHECKS  # noqa: E402
+from tiny_mindie.model.ort import ort_backend  # noqa: E402
+from tiny_mindie.model.ort.ort_backend import OrtBackend  # noqa: E402
+from tiny_mindie.model.ort.startup_checks import BATCH_CHECKS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +105,7 @@ def test_the_verification_check_fits_a_short_max_seq_len(tiny, tmp_path):
     """Where ``max_seq_len`` leaves no room after positions 21 and 150, the verification check
     verifies after the last position that does; below 3 positions nothing can be verified, and
     speculation stays off rather than being vouched for unchecked."""
-    from tiny_mindie.model.graph_options import GraphOptions
+    from tiny_mindie.model.onnx.graph_options import GraphOptions
 
     f = GGUFFile(tiny)
     cfg = ModelConfig.from_gguf(f)

@@ -1,5 +1,5 @@
 """The weight modes (``--weights exact|compact``) and the weight byte counts behind the memory
-wall (tiny_mindie/model/weights.py ``quantize_4bit``, tiny_mindie/model/footprint.py).
+wall (tiny_mindie/model/onnx/weights.py ``quantize_4bit``, tiny_mindie/model/footprint.py).
 
 ``compact`` requantizes every matrix to 4-bit blocks of 64: fewer bytes per decoded token than
 the GGUF, at a measured cost in quality (docs/design/weights.md). These tests hold what it promises:
@@ -18,8 +18,8 @@ from tiny_mindie.config.load import ConfigError, load_config
 from tiny_mindie.model import WEIGHT_MODES
 from tiny_mindie.model.footprint import gguf_weight_bytes, graph_weight_bytes
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError
-from tiny_mindie.model.weights import compact_block, quantize_4bit, unpack_nbits
-from tiny_mindie.model.weights import pack_weight as pack
+from tiny_mindie.model.onnx.weights import compact_block, quantize_4bit, unpack_nbits
+from tiny_mindie.model.onnx.weights import pack_weight as pack
 
 
 def _minmax_4bit(w: np.ndarray, block: int) -> np.ndarray:
@@ -189,9 +189,9 @@ def test_compact_packs_every_matrix_of_the_model_in_4bit(smollm2):
 @pytest.fixture(scope="module")
 def graphs(smollm2, tmp_path_factory):
     """The exact and the compact graph of SmolLM2 (built cold into a fresh cache)."""
-    from tiny_mindie.model.config import ModelConfig
-    from tiny_mindie.model.graph_options import GraphOptions
-    from tiny_mindie.model.ort_backend import OrtBackend
+    from tiny_mindie.model.arch import ModelConfig
+    from tiny_mindie.model.onnx.graph_options import GraphOptions
+    from tiny_mindie.model.ort.ort_backend import OrtBackend
 
     cfg = ModelConfig.from_gguf(smollm2)
     cache = str(tmp_path_factory.mktemp("weight-modes"))
@@ -217,9 +217,9 @@ def test_the_compact_graph_reads_fewer_bytes_than_the_exact_one_and_than_the_ggu
 
 
 def test_the_compact_graph_stays_close_to_the_reference_and_is_batch_invariant(graphs, smollm2):
+    from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.backend import SeqChunk
-    from tiny_mindie.model.config import ModelConfig
-    from tiny_mindie.model.reference import NumpyBackend
+    from tiny_mindie.model.reference.decoder import NumpyBackend
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 
     tok = load_tokenizer(smollm2)

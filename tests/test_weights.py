@@ -1,4 +1,4 @@
-"""Weight packing (tiny_mindie/model/weights.py): GGUF blocks -> MatMulNBits form, on the real
+"""Weight packing (tiny_mindie/model/onnx/weights.py): GGUF blocks -> MatMulNBits form, on the real
 SmolLM2-135M (Q4_1, Q8_0) and Gemma 3 270M (Q5_0, Q8_0, Q4_K, Q6_K) weights and on synthetic blocks
 of every packed type.
 
@@ -13,10 +13,10 @@ import math
 import numpy as np
 import pytest
 
-from tiny_mindie.model import graph_weights, weights
-from tiny_mindie.model.config import ModelConfig
+from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError, RawTensor
-from tiny_mindie.model.weights import NBitsWeight, lm_head_weight, pack_weight, unpack_nbits
+from tiny_mindie.model.onnx import graph_weights, weights
+from tiny_mindie.model.onnx.weights import NBitsWeight, lm_head_weight, pack_weight, unpack_nbits
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 import urllib.request
 
-from tiny_mindie.model.registry import cache_root, sha256_of
+from tiny_mindie.model.registry.catalog import cache_root, sha256_of
 
 SDIST_NAME = "llama_cpp_python-0.3.36.tar.gz"
 SDIST_URL = ("https://files.pythonhosted.org/packages/ec/e9/e7de2b0463ea3ffbf0ede6cb21b58c1258a8f65"

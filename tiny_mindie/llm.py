@@ -32,12 +32,12 @@ from .engine.request import (
     TokenEvent,
 )
 from .engine.scheduler import SchedulerLimits
+from .model.arch import ModelConfig
 from .model.backend import DEFAULT_BACKEND
-from .model.config import ModelConfig
 from .model.gguf import GGUFFile, ModelFileError
 from .model.loader import check_weight_mode, load_model
-from .model.providers import CPU
-from .model.registry import DEFAULT_MODEL, resolve
+from .model.ort.providers import CPU
+from .model.registry.catalog import DEFAULT_MODEL, resolve
 from .model.tokenizer_load import Vocabulary, read_vocabulary
 
 MAX_SEED = 2**63 - 1
@@ -89,7 +89,7 @@ class LLM:
         kv_cache_mb: KV-cache budget in MB used to size ``num_slots``.
         threads: intra-op threads for the backend (0 = its default).
         parallel_runs: onnxruntime session runs executed at once (0 = CPUs // threads; see
-            :mod:`tiny_mindie.model.ort_backend`).
+            :mod:`tiny_mindie.model.ort.ort_backend`).
         batch_invariant: onnxruntime: give a row the same logits alone and in any batch (see
             :func:`tiny_mindie.model.loader.load_model`).
         weights: onnxruntime: ``exact`` (the GGUF's values) or ``compact`` (4-bit blocks of
@@ -450,7 +450,7 @@ def model_meta(f, config) -> dict[str, int | None]:
 
     Args:
         f: the model's :class:`~tiny_mindie.model.gguf.GGUFFile`.
-        config: its :class:`~tiny_mindie.model.config.ModelConfig`.
+        config: its :class:`~tiny_mindie.model.arch.ModelConfig`.
     """
     n_params, size = f.tensor_totals()
     tokens = f.get("tokenizer.ggml.tokens")

@@ -173,7 +173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, say) -> int:
     """The command (see the module docstring); ``say`` prints a line."""
     from ..model.loader import load_model
-    from ..model.registry import DEFAULT_MODEL, resolve
+    from ..model.registry.catalog import DEFAULT_MODEL, resolve
 
     if args.kernels == "custom" and args.graph == "standard":
         print("tiny_mindie: error: --kernels custom needs --graph contrib", file=sys.stderr)
@@ -215,8 +215,8 @@ def _describe(be, say) -> None:
     """The loaded backend's graph, placement, kernels, node kinds' types, shapes and checks."""
     import onnx
 
-    from ..model.cann_ops import dtype_report
-    from ..model.providers import placement_summary
+    from ..model.onnx.cann_ops import dtype_report
+    from ..model.ort.providers import placement_summary
 
     say(f"graph      {be.graph}, on {', '.join(be.providers)}")
     say(f"placement  {placement_summary(be.node_placement, be.placement_ops)}")
@@ -243,7 +243,7 @@ def _describe(be, say) -> None:
 
 def _verdict(be, results: list[Comparison], n: int, say) -> int:
     """The command's exit status from the comparisons (module docstring), said in a line."""
-    from ..model.providers import CPU
+    from ..model.ort.providers import CPU
 
     if be.graph != "standard":
         say(f"check-graph: {be.graph} graph: its matrix products take int8 activations, so its "

@@ -18,7 +18,7 @@ from ..config.env import EnvError, apply_env, env_options
 from ..config.load import Config, ConfigError, load_config
 from ..config.settings import add_flags, with_flags
 from ..model.gguf import ModelFileError
-from ..model.registry import ModelDownloadError
+from ..model.registry.catalog import ModelDownloadError
 from ..server.listen import AddressError
 from ..server.tls import TLSConfigError
 from ..service.logs import add_log_options, fail, say
@@ -152,13 +152,13 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def pull(args: argparse.Namespace) -> int:
-    from ..model.registry import pull as do_pull
+    from ..model.registry.catalog import pull as do_pull
     do_pull(args.name, force=args.force, log=_say, tty=sys.stdout.isatty())
     return 0
 
 
 def list_models(args: argparse.Namespace) -> int:
-    from ..model.registry import DEFAULT_MODEL, MODELS, model_file
+    from ..model.registry.catalog import DEFAULT_MODEL, MODELS, model_file
     for m in MODELS.values():
         here = "pulled" if os.path.exists(model_file(m)) else "not pulled"
         star = " (default)" if m.name == DEFAULT_MODEL else \
@@ -172,7 +172,7 @@ def watermark_detect(args: argparse.Namespace) -> int:
     """Print the watermark z-score of a text; exit 0 either way (the verdict is printed)."""
     from ..engine.watermark import GAMMA, z_score
     from ..model.gguf import GGUFFile
-    from ..model.registry import DEFAULT_MODEL, resolve
+    from ..model.registry.catalog import DEFAULT_MODEL, resolve
     from ..model.tokenizer_load import load_tokenizer
 
     text = sys.stdin.read() if args.text == "-" else args.text

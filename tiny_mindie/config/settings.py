@@ -106,7 +106,7 @@ def _model_name_of(cfg, model: str) -> dict:
     name without ``.gguf``."""
     if cfg.source is not None:
         return {}
-    from ..model.registry import lookup
+    from ..model.registry.catalog import lookup
     known = lookup(model)
     return {"model.model_name": known.name if known else
             os.path.splitext(os.path.basename(model))[0]}

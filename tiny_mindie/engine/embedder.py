@@ -48,7 +48,7 @@ class Embedder:
 
     Args:
         session: an object with ``encode(list[list[int]]) -> ndarray [n, hidden]``
-            (:class:`~tiny_mindie.model.encoder_ort.EncoderSession`).
+            (:class:`~tiny_mindie.model.ort.encoder_ort.EncoderSession`).
         max_batch_tokens: the most tokens one run takes (a bigger job runs alone).
     """
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import BACKENDS, DEFAULT_BACKEND  # noqa: F401  (named in the package, re-exported)
-from .config import ModelConfig
+from .arch import ModelConfig
 
 
 def available_cpus() -> int:

@@ -6,8 +6,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from . import GRAPH_FLAVOURS, KERNEL_MODES, STANDARD_DTYPES, WEIGHT_MODES
+from .arch import ModelConfig
 from .backend import BACKENDS, DEFAULT_BACKEND, Backend
-from .config import ModelConfig
 from .gguf import GGUFFile, ModelFileError
 from .tokenizer import Tokenizer
 from .tokenizer_load import load_tokenizer
@@ -129,7 +129,7 @@ def _load_backend(f: GGUFFile, cfg: ModelConfig, backend: str, num_slots: int | 
     check_weight_mode(backend, weights, graph, kernels, standard_dtype)
     max_seq_len = min(max_seq_len, cfg.context_length)
     if backend == "numpy":
-        from .reference import NumpyBackend
+        from .reference.decoder import NumpyBackend
         if num_slots is None:
             num_slots = slots_for_budget(cfg, max_seq_len, kv_cache_mb, max_batch)
         return NumpyBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len)
@@ -152,12 +152,12 @@ def _ort_backend(f: GGUFFile, cfg: ModelConfig, num_slots: int | None, kv_cache_
     """The onnxruntime backend of :func:`_load_backend`; the standard graph's memory stated
     and checked first (:func:`.memory_need.check_standard_memory`) and kept as the backend's
     ``memory_need`` (None for the contrib graph)."""
-    from .graph_options import VERIFY_ROWS, GraphOptions
-    from .memory_need import check_standard_memory
-    from .ort_backend import OrtBackend
-    from .ort_session import resolve_kernels
-    from .ort_standard import StandardOrtBackend
-    from .providers import graph_flavour, select_providers
+    from .onnx.graph_options import VERIFY_ROWS, GraphOptions
+    from .ort.memory_need import check_standard_memory
+    from .ort.ort_backend import OrtBackend
+    from .ort.ort_session import resolve_kernels
+    from .ort.ort_standard import StandardOrtBackend
+    from .ort.providers import graph_flavour, select_providers
 
     chosen = select_providers(list(providers) if providers else None, device_id)
     flavour = graph_flavour(graph, chosen)

@@ -83,7 +83,7 @@ def check_model_files(cfg: Config) -> None:
             ``embedding model:``.
     """
     from ..model.gguf import ModelFileError
-    from ..model.registry import check_model
+    from ..model.registry.catalog import check_model
 
     m = cfg.backend.model
     if m.model_weight_path:
@@ -233,10 +233,10 @@ def load_embedder(cfg: Config, log_line: Callable[[str], None]):
             ``embedding model: ...``)."""
     from ..engine.embedder import Embedder
     from ..model.encoder_load import load_encoder
-    from ..model.encoder_ort import EncoderSession
     from ..model.gguf import ModelFileError
-    from ..model.providers import graph_flavour, select_providers
-    from ..model.registry import lookup, resolve
+    from ..model.ort.encoder_ort import EncoderSession
+    from ..model.ort.providers import graph_flavour, select_providers
+    from ..model.registry.catalog import lookup, resolve
 
     b = cfg.backend
     chosen = select_providers(list(b.execution_providers) or None, b.npu_device_ids[0])

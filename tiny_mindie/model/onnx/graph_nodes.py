@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
-from .gguf import GGUFFile
+from ..arch import ModelConfig
+from ..gguf import GGUFFile
+from ..reference.layers import rope_frequencies, rope_table
 from .graph_options import GraphOptions
-from .reference_layers import rope_frequencies, rope_table
 from .weights import BLOCK, GGUFMatrix, NBitsWeight, concat_weights
 
 MS_DOMAIN = "com.microsoft"

@@ -67,12 +67,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import available_cpus
-from .config import ModelConfig
-from .gguf import GGUFFile
+from ..arch import ModelConfig
+from ..backend import available_cpus
+from ..gguf import GGUFFile
+from ..reference.decoder import load_layer, xw_matrix
+from ..reference.layers import LayerWeights, rope_frequencies, rope_table
 from .graph_nodes import GraphBuilder
-from .reference import load_layer, xw_matrix
-from .reference_layers import LayerWeights, rope_frequencies, rope_table
 
 IR_VERSION = 8
 OPSET = 17

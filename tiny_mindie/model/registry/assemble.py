@@ -24,8 +24,8 @@ import shutil
 import zipfile
 from collections.abc import Callable
 
-from .gguf import ModelFileError
-from .registry_entry import RegistryModel
+from ..gguf import ModelFileError
+from .entry import RegistryModel
 
 COPY_CHUNK = 4 << 20                  # bytes per copy
 

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .config import ModelConfig
-from .gguf import GGUFFile, ModelFileError
-from .graph_nodes import GGUF_LOCATION
-from .graph_options import GraphOptions
+from ..arch import ModelConfig
+from ..gguf import GGUFFile, ModelFileError
+from ..onnx.graph_nodes import GGUF_LOCATION
+from ..onnx.graph_options import GraphOptions
+from ..registry.progress import slow_step
 from .memory import populated_pieces, release_file_pages, trim_heap, use_huge_pages
-from .progress import slow_step
 from .providers import CPU, provider_name
 
 log = logging.getLogger(f"{__package__}.ort_backend")

@@ -29,10 +29,10 @@ from functools import partial
 
 import numpy as np
 
-from .backend import Backend, SeqChunk, check_chunks
-from .config import ModelConfig
-from .gguf import GGUFFile
-from .reference_layers import BLOCKS, KVUpdate, LayerWeights, rms_norm, rope_frequencies, rope_table
+from ..arch import ModelConfig
+from ..backend import Backend, SeqChunk, check_chunks
+from ..gguf import GGUFFile
+from .layers import BLOCKS, KVUpdate, LayerWeights, rms_norm, rope_frequencies, rope_table
 
 # ---- weights and cache ----------------------------------------------------------------------
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .encoder_load import EncoderModel
-from .encoder_pool import MIN_BUCKET, bucket, pool_weights
+from ..encoder_load import EncoderModel
+from ..encoder_pool import MIN_BUCKET, bucket, pool_weights
 from .ort_standard import bucket as static_bucket
 from .ort_standard import buckets
 
@@ -55,7 +55,7 @@ class EncoderSession:
                  flavour: str = "contrib", providers: list | None = None) -> None:
         import onnxruntime as ort
 
-        from .encoder_graph import build_encoder
+        from ..onnx.encoder_graph import build_encoder
         from .providers import CPU, session_options
 
         if flavour not in ("contrib", "standard"):

@@ -31,8 +31,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .config import ModelConfig
-from .gguf import ModelFileError
+from ..arch import ModelConfig
+from ..gguf import ModelFileError
 
 #: ``aclrtMemAttr`` values (Ascend's acl_rt.h): device HBM, else DDR (the edge SoCs have no HBM)
 ACL_HBM_MEM, ACL_DDR_MEM = 1, 0
@@ -283,8 +283,8 @@ def check_standard_memory(f, config: ModelConfig, *, dtype: str, chosen: list, d
     Raises:
         ModelFileError: the device or the host cannot hold it (one line).
     """
-    from .backend import available_cpus
-    from .graph_options import VERIFY_ROWS
+    from ..backend import available_cpus
+    from ..onnx.graph_options import VERIFY_ROWS
     from .ort_standard import MAX_CHUNK_TOKENS, MIN_CHUNK, bucket, buckets
     from .providers import CPU, default_threads, device_name, provider_name
 

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from .encoder_load import EncoderConfig, EncoderLayer, EncoderWeights
+from ..encoder_load import EncoderConfig, EncoderLayer, EncoderWeights
 
 OPSET = 17
 NEG = -1e30                                        # an attention score no softmax keeps

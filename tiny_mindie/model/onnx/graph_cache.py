@@ -38,12 +38,12 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 
-from .config import ModelConfig
-from .gguf import GGUFFile, ModelFileError
+from ..arch import ModelConfig
+from ..gguf import GGUFFile, ModelFileError
+from ..registry.catalog import cache_root, sha256_of
+from ..registry.progress import slow_step
 from .graph import BUILDER_VERSION, build_model
 from .graph_options import GraphOptions
-from .progress import slow_step
-from .registry import cache_root, sha256_of
 
 log = logging.getLogger(__name__)
 

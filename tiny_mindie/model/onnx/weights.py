@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gguf import GGUFFile, ModelFileError, RawTensor
+from ..gguf import GGUFFile, ModelFileError, RawTensor
 
 BLOCK = 32      # elements per GGUF block (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0; a K-quant's sub-block)
 

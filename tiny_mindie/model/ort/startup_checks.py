@@ -33,10 +33,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .backend import SeqChunk
-from .graph_cache import write_json_atomic
-from .graph_options import default_row_multiples
-from .progress import slow_step
+from ..backend import SeqChunk
+from ..onnx.graph_cache import write_json_atomic
+from ..onnx.graph_options import default_row_multiples
+from ..registry.progress import slow_step
 from .providers import cpu_identity
 
 log = logging.getLogger(f"{__package__}.ort_backend")

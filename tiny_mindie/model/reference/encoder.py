@@ -16,8 +16,8 @@ import math
 
 import numpy as np
 
-from .encoder_load import EncoderConfig, EncoderLayer, EncoderWeights
-from .encoder_pool import pool_weights
+from ..encoder_load import EncoderConfig, EncoderLayer, EncoderWeights
+from ..encoder_pool import pool_weights
 
 
 def layer_norm(x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass, field
 
-from .providers import cpu_info
+from ..ort.providers import cpu_info
 
 #: ``GraphOptions.verify_rows`` of a graph for speculative decoding: the last token and up to 4
 #: proposed ones per verification run.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .config import ModelConfig
+from ..arch import ModelConfig
 from .graph_nodes import (
     MS_DOMAIN,
     GraphBuilder,

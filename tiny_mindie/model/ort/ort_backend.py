@@ -81,12 +81,12 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, SeqChunk, available_cpus, check_chunks
-from .config import ModelConfig
-from .gguf import GGUFFile
-from .graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY
-from .graph_cache import cached_graph
-from .graph_options import GraphOptions
+from ..arch import ModelConfig
+from ..backend import Backend, SeqChunk, available_cpus, check_chunks
+from ..gguf import GGUFFile
+from ..onnx.graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY
+from ..onnx.graph_cache import cached_graph
+from ..onnx.graph_options import GraphOptions
 from .kv_layout import KVLayout
 from .ort_session import (
     HugePageMove,

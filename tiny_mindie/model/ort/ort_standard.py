@@ -28,10 +28,10 @@ import time
 
 import numpy as np
 
-from .graph_options import VERIFY_ROWS
-from .graph_standard import DTYPES
+from ..onnx.graph_options import VERIFY_ROWS
+from ..onnx.graph_standard import DTYPES
+from ..registry.progress import slow_step
 from .ort_backend import OrtBackend
-from .progress import slow_step
 from .providers import CPU
 
 log = logging.getLogger(f"{__package__}.ort_backend")

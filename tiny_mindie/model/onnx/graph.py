@@ -1,7 +1,7 @@
 """Build the ONNX graph of a GGUF decoder, node by node, with ``onnx.helper``.
 
 Nothing is exported from a framework: every node below is written here from the model's
-architecture parameters (:class:`~tiny_mindie.model.config.ModelConfig`) and its weights, packed
+architecture parameters (:class:`~tiny_mindie.model.arch.ModelConfig`) and its weights, packed
 by :mod:`.weights` and :mod:`.graph_weights`. The graph follows the numpy reference decoder
 (:mod:`.reference`) block for block, with functions of the same names --
 :func:`.graph_nodes.embed`, :func:`.graph_layers.block`, :func:`.graph_layers.attention`,
@@ -97,9 +97,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from .backend import available_cpus
-from .config import ModelConfig
-from .gguf import GGUFFile, ModelFileError
+from ..arch import ModelConfig
+from ..backend import available_cpus
+from ..gguf import GGUFFile, ModelFileError
 from .graph_layers import block, lm_head, verify_rows
 from .graph_nodes import MS_DOMAIN, TM_DOMAIN, GraphBuilder, Shared, embed, rope_caches, rows_of
 from .graph_options import GraphOptions

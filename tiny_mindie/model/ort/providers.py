@@ -13,7 +13,7 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
-from .backend import available_cpus
+from ..backend import available_cpus
 
 CANN = "CANNExecutionProvider"
 CPU = "CPUExecutionProvider"

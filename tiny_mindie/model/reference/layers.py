@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import YARN_BETA_FAST, YARN_BETA_SLOW, ModelConfig
+from ..arch import YARN_BETA_FAST, YARN_BETA_SLOW, ModelConfig
 
 # (k, v) of the new tokens, each [B, n, n_kv, head_dim]
 #   -> (K, V) to attend to, each [B, n_kv, T, head_dim]
