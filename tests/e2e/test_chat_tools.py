@@ -546,20 +546,32 @@ def test_required_and_named_calls_validate_50_of_50(default_client):
         jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
 
 
+def _weather_call(n: int, city: str) -> dict:
+    """An assistant turn calling ``get_weather`` for ``city`` (its id ``call_<n>``)."""
+    return {"role": "assistant", "content": None, "tool_calls": [{
+        "id": f"call_{n}", "type": "function",
+        "function": {"name": "get_weather", "arguments": json.dumps({"city": city})}}]}
+
+
 def test_strict_tools_under_auto_default_model(default_client):
-    """What pydantic-ai's and openai-agents' tool agents send first (strict tools, no
-    tool_choice) is answered; any call the model makes validates against its schema."""
+    """What pydantic-ai's and openai-agents' tool agents send (strict tools, no tool_choice):
+    after two turns that called ``get_weather``, SmolLM2 calls it again for the city asked (greedy,
+    as probed on these four questions), and the call validates against its schema."""
     import jsonschema
 
     strict = [{**t, "function": {**t["function"], "strict": True}} for t in TOOLS]
-    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    for question in QUESTIONS[:4]:
+    history = [{"role": "user", "content": "What's the weather in Oslo?"}, _weather_call(1, "Oslo"),
+               {"role": "user", "content": "What's the weather in Rome?"}, _weather_call(2, "Rome")]
+    for question, city in zip(QUESTIONS[:4], ("Paris", "Tokyo", "Lima", "Oslo"), strict=True):
         r = default_client.chat.completions.create(
-            model="smollm2-135m-instruct", messages=[{"role": "user", "content": question}],
-            tools=strict, max_tokens=96, temperature=0)
-        for call in r.choices[0].message.tool_calls or ():
-            jsonschema.validate(json.loads(call.function.arguments),
-                                schemas[call.function.name])
+            model="smollm2-135m-instruct", tools=strict, max_tokens=96, temperature=0,
+            messages=[*history, {"role": "user", "content": question}])
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", (question, choice.message.content)
+        (call,) = choice.message.tool_calls
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and arguments["city"] == city, arguments
+        jsonschema.validate(arguments, TOOLS[0]["function"]["parameters"])
 
 
 def test_required_streamed_reassembles(server, default_client):
