@@ -1,11 +1,17 @@
 """Random GGUF quantized blocks and the numpy oracle the kernel library's tests compare with:
-``gguf``'s dequantization and the kernels' int8 quantization of the activations."""
+``gguf``'s dequantization and the kernels' int8 quantization of the activations; the built
+library, or a skip where it is missing."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+import pytest
 
 from tiny_mindie import kernels
+
+X86_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
 
 #: byte offsets of each block's float16 fields (scales, minimums)
 F16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q8_0": [0], "Q4_K": [0, 2],
@@ -46,3 +52,29 @@ def assert_close_to_oracle(qtype, x, w, n, k, y) -> None:
     err = np.abs(y.astype(np.float64) - ref)
     tol = 1e-6 * mag + 1e-30
     assert (err <= tol).all(), f"{qtype}: worst error {float((err / (mag + 1e-30)).max()):.3g}"
+
+
+def built_kernels():
+    """``tiny_mindie.kernels`` where its library was built; else the test skips (fails in CI,
+    where ``pip install -e .`` builds it)."""
+    if not kernels.available():
+        why = "the kernel library was not built (no C compiler when the package was installed)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return kernels
+
+
+def use_path(lib, path: str) -> None:
+    """Force the ISA path ``path``; skip where this CPU cannot run it."""
+    if not lib.supported(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
+    lib.set_isa(path)
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """The same float32 bits, NaNs equal wherever both are NaN (their payloads aside)."""
+    assert got.dtype == np.float32 and got.shape == want.shape
+    nan = np.isnan(want)
+    assert (np.isnan(got) == nan).all()
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))

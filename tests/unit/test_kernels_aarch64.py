@@ -1,7 +1,7 @@
 """The kernel library's aarch64 build (the NEON dot-product path and the portable one) under
 qemu-user: Debian's cross compiler builds it with a small C harness
 (tests/support/kernels_harness.c), ``qemu-aarch64`` runs it, and its products must match the numpy
-oracle and give the same bits as every other path (tests/model/test_kernels.py). A CPU without the
+oracle and give the same bits as every other path (tests/unit/test_kernels.py). A CPU without the
 dot product extension runs the portable path and refuses the NEON one.
 
 Needs ``aarch64-linux-gnu-gcc`` (Debian's gcc-aarch64-linux-gnu, with libc6-dev-arm64-cross) and

@@ -1,31 +1,25 @@
 """tiny_mindie's embedding lookup on GGUF blocks (``tiny_mindie::GatherGGUF``,
-tiny_mindie/kernels/kern_gather.c): every supported type, random and real tensors, bit for bit
-the values of the ``gguf`` package's dequantization; ids out of range refused, through ctypes and
-through onnxruntime.
+tiny_mindie/kernels/kern_gather.c): every supported type, random blocks bit for bit the values
+of the ``gguf`` package's dequantization (real tensors: tests/model/test_kernels_real.py); ids
+out of range refused, through ctypes and through onnxruntime.
 
 Skips where the kernel library was not built (fails in CI, where it is).
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 
 import numpy as np
 import pytest
-from gguf_blocks import F16_FIELDS, random_blocks
+from gguf_blocks import F16_FIELDS, assert_same_bits, built_kernels, random_blocks
 
 from tiny_mindie import kernels
 
 
 @pytest.fixture(scope="module")
 def lib():
-    if not kernels.available():
-        why = "the kernel library was not built (no C compiler when the package was installed)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    return kernels
+    return built_kernels()
 
 
 def dequantized(qtype: str, w: np.ndarray, n: int, k: int) -> np.ndarray:
@@ -34,14 +28,6 @@ def dequantized(qtype: str, w: np.ndarray, n: int, k: int) -> np.ndarray:
     from gguf.quants import dequantize
 
     return dequantize(np.asarray(w), GGMLQuantizationType[qtype]).reshape(n, k)
-
-
-def assert_same_bits(got: np.ndarray, want: np.ndarray) -> None:
-    """The same float32 bits, NaNs equal wherever both are NaN (their payloads aside)."""
-    assert got.dtype == np.float32 and got.shape == want.shape
-    nan = np.isnan(want)
-    assert (np.isnan(got) == nan).all()
-    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
 def odd_halves(rng, size: int) -> np.ndarray:
@@ -80,36 +66,6 @@ def test_odd_float16_fields_give_the_gguf_values(lib, qtype):
     with np.errstate(invalid="ignore", over="ignore"):
         want = dequantized(qtype, w, n, k)
     assert_same_bits(lib.gather(qtype, ids, w, n, k), want)
-
-
-def _real_tables(path: str) -> dict[str, tuple[np.ndarray, int, int]]:
-    """The embedding and the first matrix of each other supported type in the GGUF at ``path``:
-    type -> (raw bytes, N, K), mapped (not read)."""
-    from tiny_mindie.model.gguf import GGUFFile
-
-    f = GGUFFile(path)
-    found: dict[str, tuple[np.ndarray, int, int]] = {}
-    for name in ["token_embd.weight", *f.tensor_names()]:
-        raw = f.raw(name)
-        if raw.qtype in kernels.TYPES and raw.qtype not in found and len(raw.shape) == 2:
-            found[raw.qtype] = (raw.data, *raw.shape)
-    return found
-
-
-def test_real_tensors_are_the_gguf_values_bit_for_bit(lib, model_path, gemma_path):
-    """SmolLM2's and Gemma 3's embeddings (Q8_0) and matrices (Q4_1; Q5_0, Q4_K, Q6_K): rows
-    at the start, the end and in between, compared with the rows ``gguf`` dequantizes."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    seen = set()
-    for path in (model_path, gemma_path):
-        for qtype, (w, n, k) in _real_tables(path).items():
-            ids = np.unique(np.r_[0, 1, n // 3, n // 2 + 1, n - 2, n - 1])
-            want = dequantize(np.asarray(w[ids]), GGMLQuantizationType[qtype]).reshape(-1, k)
-            assert_same_bits(lib.gather(qtype, ids, w, n, k), want)
-            seen.add(qtype)
-    assert {"Q8_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"} <= seen
 
 
 def test_an_id_out_of_range_is_refused(lib):

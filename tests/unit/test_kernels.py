@@ -1,7 +1,8 @@
 """tiny_mindie's C kernels (tiny_mindie/kernels): every ISA path this CPU runs, every GGUF type,
 against a numpy oracle (the blocks dequantized by the ``gguf`` package, the activations
 quantized to int8 per block of 32 the kernels' way); bit-equal across paths, row counts, row
-positions and thread splits; the same numbers through onnxruntime's custom operator.
+positions and thread splits; the same numbers through onnxruntime's custom operator. Real
+tensors: tests/model/test_kernels_real.py.
 
 Tests needing the built library skip where it was not built (no C compiler at install) and
 fail in CI, where ``pip install -e .`` builds it.
@@ -16,30 +17,20 @@ import zlib
 
 import numpy as np
 import pytest
-from gguf_blocks import assert_close_to_oracle, random_blocks
+from gguf_blocks import X86_PATHS, assert_close_to_oracle, built_kernels, random_blocks, use_path
 
 from tiny_mindie import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-X86_PATHS = ("portable", "avx2", "avxvnni", "avx512vnni")
+
+
 @pytest.fixture(scope="module")
 def lib():
     """The built library (the path restored to the best one afterwards)."""
-    if not kernels.available():
-        why = "the kernel library was not built (no C compiler when the package was installed)"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    best = kernels.isa()
-    yield kernels
-    kernels.set_isa(best)
-
-
-def use_path(lib, path: str) -> None:
-    """Force the ISA path ``path``; skip where this CPU cannot run it."""
-    if not lib.supported(path):
-        pytest.skip(f"this CPU cannot run the {path} path")
-    lib.set_isa(path)
+    lib = built_kernels()
+    best = lib.isa()
+    yield lib
+    lib.set_isa(best)
 
 
 @pytest.mark.parametrize("qtype", sorted(kernels.TYPES))
@@ -103,34 +94,6 @@ def test_a_row_is_the_same_past_a_group_of_rows(lib, qtype):
             alone = np.stack([lib.matmul(qtype, x[i:i + 1], w, n, k)[0] for i in (0, 63, 64, 69)])
             np.testing.assert_array_equal(lib.matmul(qtype, x, w, n, k)[[0, 63, 64, 69]], alone,
                                           err_msg=path)
-
-
-def _real_matrices(path: str, rows: int = 96) -> dict[str, tuple[np.ndarray, int, int]]:
-    """The first matrix of each supported type in the GGUF at ``path`` (its first ``rows``
-    rows): type -> (raw bytes, N, K)."""
-    from tiny_mindie.model.gguf import GGUFFile
-
-    f = GGUFFile(path)
-    found: dict[str, tuple[np.ndarray, int, int]] = {}
-    for name in f.tensor_names():
-        raw = f.raw(name)
-        if raw.qtype in kernels.TYPES and raw.qtype not in found and len(raw.shape) == 2:
-            n = min(rows, raw.shape[0])
-            found[raw.qtype] = (np.array(raw.data[:n]), n, raw.shape[1])
-    return found
-
-
-@pytest.mark.parametrize("path", X86_PATHS)
-def test_real_tensors_match_the_oracle(lib, path, model_path, gemma_path):
-    use_path(lib, path)
-    rng = np.random.default_rng(3)
-    seen = set()
-    for gguf_path in (model_path, gemma_path):
-        for qtype, (w, n, k) in _real_matrices(gguf_path).items():
-            x = rng.standard_normal((4, k)).astype(np.float32)
-            assert_close_to_oracle(qtype, x, w, n, k, lib.matmul(qtype, x, w, n, k))
-            seen.add(qtype)
-    assert {"Q4_1", "Q4_K", "Q6_K"} <= seen
 
 
 def _graph(qtype: str, w: np.ndarray, n: int, k: int) -> bytes:
