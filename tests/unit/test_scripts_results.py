@@ -1,7 +1,7 @@
 """The results files of scripts/bench.py and scripts/loadtest.py (scripts/results.py) and their
 figures (scripts/plot.py): what a file records, that every kind draws, that docs/performance.md
-shows each file in docs/results as scripts/plot.py prints it, and that loadtest.py says why a
-server did not start. No speed is asserted: the runs here are a few tokens long."""
+shows each file in docs/results as scripts/plot.py prints it. scripts/loadtest.py's own runs:
+tests/e2e/test_loadtest_script.py. No speed is asserted: the runs here are a few tokens long."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
+from results_files import RECORD_KEYS, is_figure
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "scripts")
@@ -33,21 +33,12 @@ def _script(name: str):
 plot = _script("plot")
 results = _script("results")
 
-RECORD_KEYS = {"kind", "date", "cpu", "cpus", "machine", "versions", "source", "command", "cwd",
-               "load_average", "results"}
-
-
-def _is_figure(path: str) -> bool:
-    with open(path, "rb") as fh:
-        head = fh.read(4096)
-    return os.path.getsize(path) > 1000 and (b"<svg" in head or head.startswith(b"\x89PNG"))
-
 
 @pytest.mark.parametrize("name", RESULT_FILES)
 def test_every_results_file_in_docs_draws(name, tmp_path):
     out = tmp_path / "fig.svg"
     assert plot.main([os.path.join(RESULTS_DIR, name), "-o", str(out)]) == 0
-    assert _is_figure(out)
+    assert is_figure(out)
     svg = out.read_text()
     with open(os.path.join(RESULTS_DIR, name), encoding="utf-8") as fh:
         cpu = json.load(fh)["cpu"]
@@ -59,7 +50,7 @@ def test_every_results_file_in_docs_draws(name, tmp_path):
 def test_a_png_too(tmp_path):
     out = tmp_path / "fig.png"
     plot.render(os.path.join(RESULTS_DIR, RESULT_FILES[0]), str(out))
-    assert _is_figure(out)
+    assert is_figure(out)
 
 
 def test_performance_doc_shows_each_results_file_as_plot_prints_it():
@@ -88,7 +79,7 @@ def test_the_record_of_a_run(tmp_path):
     assert data["results"][0]["tpot50"] is None
     assert set(data["load_average"]) == {"start", "end"}
     plot.render(str(path), str(tmp_path / "r.svg"))        # a row without TPOT still draws
-    assert _is_figure(tmp_path / "r.svg")
+    assert is_figure(tmp_path / "r.svg")
 
 
 def test_kinds_without_a_file_in_docs_draw(tmp_path):
@@ -109,7 +100,7 @@ def test_kinds_without_a_file_in_docs_draw(tmp_path):
                   "tiny_mindie_texts_per_run": [1.0, None]} for n in (1, 4)]}
     for i, data in enumerate((versus, startup, embed)):
         plot.render(data, str(tmp_path / f"{i}.svg"))
-        assert _is_figure(tmp_path / f"{i}.svg")
+        assert is_figure(tmp_path / f"{i}.svg")
         assert "| 4 |" in plot.markdown(data) or "| warm 1 |" in plot.markdown(data)
     assert "| 16 | 4 | 5.0 | 2.5 | 2.00 (2.00-2.00) | 8.5 / 9.0 | 1.0 |" in plot.markdown(embed)
 
@@ -117,37 +108,3 @@ def test_kinds_without_a_file_in_docs_draw(tmp_path):
 def test_a_file_of_no_known_kind_is_refused():
     with pytest.raises(ValueError):
         plot.load({"results": [{"x": 1}]})
-
-
-def _loadtest(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(SCRIPTS, "loadtest.py"), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-@pytest.mark.e2e
-def test_loadtest_writes_its_results_and_figure(tmp_path, model_path):
-    out, fig = tmp_path / "load.json", tmp_path / "load.svg"
-    proc = _loadtest("--model", model_path, "--levels", "1", "2", "--rounds", "1",
-                     "--new-tokens", "3", "--json", str(out), "--plot", str(fig))
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(out.read_text())
-    assert RECORD_KEYS <= set(data) and data["kind"] == "loadtest"
-    assert set(data["versions"]) == {"python", "numpy", "onnxruntime", "tiny_mindie"}
-    assert "scripts/loadtest.py" in data["command"] and "--new-tokens 3" in data["command"]
-    assert [r["n"] for r in data["results"]] == [1, 2]
-    assert [r["requests"] for r in data["results"]] == [1, 2]
-    assert all(r["tokens"] > 0 and r["tok_s"] > 0 for r in data["results"])
-    assert os.path.basename(model_path) in data["server"]["model"]
-    assert _is_figure(fig)
-
-
-@pytest.mark.e2e
-def test_loadtest_shows_why_the_server_did_not_start(tmp_path):
-    missing = str(tmp_path / "no-such-model.gguf")
-    proc = _loadtest("--model", missing, "--levels", "1", "--json", str(tmp_path / "x.json"),
-                     timeout=120)
-    assert proc.returncode != 0
-    assert f"model file not found: {missing}" in proc.stderr      # the server's own words
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("loadtest: tiny_mindie exited with code") and "log" in last
-    assert not (tmp_path / "x.json").exists()
