@@ -41,13 +41,14 @@ from smollm2_prompts import (
 )
 
 from tiny_mindie.model import graph as graph_mod
-from tiny_mindie.model import providers
+from tiny_mindie.model import graph_cache, providers
 from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.config import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.graph import GraphOptions
 from tiny_mindie.model.ort_backend import OrtBackend
 from tiny_mindie.model.reference import NumpyBackend
+from tiny_mindie.model.registry import sha256_of
 
 MAX_SEQ_LEN = 256
 ATOL_FLOAT = 2e-3        # float graph vs reference (measured ~1.5e-4)
@@ -376,6 +377,34 @@ def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
     entry = os.path.basename(os.path.dirname(again.graph_path))
     assert f"-b{graph_mod.BUILDER_VERSION}-" in entry
     again.close()
+
+
+def test_building_a_graph_removes_older_builders_graphs_of_the_model(model_path, tmp_path):
+    """A builder version bump would leave the old graphs (1.5x the GGUF each) in the cache
+    forever; the new build removes the model's graphs of older builders, whatever options they
+    were built with and whatever name the file had, and keeps the current builder's graphs with
+    other options and other models' graphs."""
+    gguf = GGUFFile(model_path)
+    config = ModelConfig.from_gguf(gguf)
+    key = GraphOptions().key()
+    digest = sha256_of(gguf.path)[:16]
+    stem = os.path.splitext(os.path.basename(gguf.path))[0]
+    version = graph_mod.BUILDER_VERSION
+    old = tmp_path / f"{stem}-{digest}-b{version - 1}-{key}"
+    old_options = tmp_path / f"{stem}-{digest}-b{version - 1}-a4-h4-p0"    # an older key format
+    other_options = tmp_path / f"{stem}-{digest}-b{version}-a0-h0-l32-p0"
+    other_model = tmp_path / f"other-{'0' * 16}-b{version - 1}-{key}"
+    renamed = tmp_path / f"renamed-{digest}-b{version - 1}-{key}"        # this file, another name
+    for d in (old, old_options, other_options, other_model, renamed):
+        d.mkdir()
+        (d / "complete").write_text("")
+    path, built = graph_cache.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
+    assert built and os.path.isfile(path)
+    assert not old.exists() and not old_options.exists() and not renamed.exists()
+    assert other_options.exists() and other_model.exists()
+    old.mkdir()                     # left by an older version that ran after this one built
+    again, built = graph_cache.cached_graph(gguf, config, GraphOptions(), str(tmp_path))
+    assert again == path and not built and not old.exists() and other_options.exists()
 
 
 def test_graph_is_ir10_with_contrib_ops(ort):
