@@ -1,5 +1,6 @@
 """scripts/quality.py: its KL / NLL arithmetic on small hand-made log-prob arrays, and its two
-fixed texts (scripts/texts/): present, and 300+ tokens with the default model's tokenizer."""
+fixed texts (scripts/texts/) present (their length in the default model's tokens:
+tests/model/test_quality_texts.py)."""
 
 from __future__ import annotations
 
@@ -80,10 +81,3 @@ def test_fixed_texts_exist():
         assert len(text) > 1500, name
     assert quality.load_text("english").startswith("Four score and seven years ago")
     compile(quality.load_text("code"), quality.text_path("code"), "exec")    # Python that parses
-
-
-def test_fixed_texts_tokenize_to_300_tokens_or_more(tokenizer):
-    for name in quality.TEXTS:
-        ids = quality.text_ids(tokenizer, name)
-        assert ids.dtype == np.int64 and len(ids) >= 300, (name, len(ids))
-        assert quality.text_ids(tokenizer, name, 64).tolist() == ids[:64].tolist()
