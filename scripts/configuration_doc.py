@@ -4,7 +4,7 @@
 
     python scripts/configuration_doc.py > docs/configuration.md
 
-``tests/test_cli_config.py`` checks that the committed file is what this prints."""
+``tests/unit/test_cli_config.py`` checks that the committed file is what this prints."""
 
 from __future__ import annotations
 

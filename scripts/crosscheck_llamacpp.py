@@ -1,5 +1,5 @@
 """Cross-check tiny_mindie against llama.cpp on the tiny random GGUFs of
-tests/test_architectures.py: greedy tokens for 16 steps and the top-5 log-probabilities.
+tests/model/test_architectures.py: greedy tokens for 16 steps and the top-5 log-probabilities.
 
 For each case of ``test_architectures.CASES`` (plus Phi-3 and Llama without their sliding window,
 see :func:`variants`) this writes the file (``write_tiny``, its own 300-token byte-level
@@ -38,7 +38,8 @@ import urllib.request
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..")]
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [os.path.join(REPO, "tests", "model"), os.path.join(REPO, "tests", "support"), REPO]
 
 from test_architectures import CASES, PROMPTS, write_tiny  # noqa: E402
 

@@ -2,7 +2,7 @@
 """Mutation fuzzer for the sans-IO HTTP/1.1 request parser (tiny_mindie/server/http.py).
 
 It mutates a seed corpus of valid and invalid requests (the built-in :data:`SEEDS` plus the
-files of ``tests/fuzz_corpus/``) with byte flips, inserts, deletes, duplications, splices,
+files of ``tests/support/fuzz_corpus/``) with byte flips, inserts, deletes, duplications, splices,
 duplicated and rewritten header lines, re-chunked bodies and huge numbers, and checks every
 input against three oracles:
 
@@ -23,12 +23,12 @@ boundaries are reached often).  Inputs that reach new lines of the parser (line-
 traced on the whole-feed run) or a new kind of outcome (an event or error kind not seen yet)
 join the working pool.  A finding is
 shrunk (while it still fails the same way) and written to ``--findings`` as raw bytes;
-the exit status is 1 when there are findings.  Worth keeping ones go to ``tests/fuzz_corpus/``,
-which the fast tests replay (tests/test_http_fuzz.py).
+the exit status is 1 when there are findings.  Worth keeping ones go to
+``tests/support/fuzz_corpus/``, which the fast tests replay (tests/unit/test_http_fuzz.py).
 
     python scripts/fuzz_http.py --seconds 60            # random seed, one minute
     python scripts/fuzz_http.py --iterations 20000 --seed 1
-    python scripts/fuzz_http.py --replay tests/fuzz_corpus
+    python scripts/fuzz_http.py --replay tests/support/fuzz_corpus
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from tiny_mindie.server import http as _http  # noqa: E402
 from tiny_mindie.server import http_head as _http_head  # noqa: E402
 from tiny_mindie.server.http import NEED_DATA, HTTPError, Request, RequestHead, RequestParser  # noqa: E402
 
-CORPUS_DIR = os.path.join(_REPO, "tests", "fuzz_corpus")
+CORPUS_DIR = os.path.join(_REPO, "tests", "support", "fuzz_corpus")
 
 #: Parser limits every input is run under: the defaults, and small ones that fuzzed inputs
 #: reach easily.

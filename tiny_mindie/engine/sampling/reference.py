@@ -10,7 +10,7 @@ Contract: given the same logits, parameters and uniform number ``coin`` -- the n
 ``random()`` of the row's generator, of which the fast path draws one per sampled token --
 :func:`sample` picks the token the fast path picks, with its logprob (and ``top``) equal to
 float32 rounding. They may differ only where that rounding decides: when ``coin``, or a
-filter's running mass, lies within it of a boundary (tests/test_sampler_reference.py skips a
+filter's running mass, lies within it of a boundary (tests/unit/test_sampler_reference.py skips a
 choice that moving them by a few times that rounding changes). The conventions both follow:
 
 - greedy (no ``do_sample``, or a temperature below ``MIN_TEMPERATURE``): the argmax (lowest
