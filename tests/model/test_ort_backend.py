@@ -45,7 +45,7 @@ from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx import graph as graph_mod
 from tiny_mindie.model.onnx import graph_cache
-from tiny_mindie.model.onnx.graph_options import GraphOptions
+from tiny_mindie.model.onnx.graph_options import GraphOptions, cpu_flags
 from tiny_mindie.model.ort import providers
 from tiny_mindie.model.ort.ort_backend import OrtBackend
 from tiny_mindie.model.reference.decoder import NumpyBackend
@@ -216,7 +216,7 @@ def test_a_graph_whose_rows_depend_on_the_batch_is_caught_and_run_row_by_row(ggu
     be = OrtBackend(gguf, config, num_slots=9, max_seq_len=64, threads=1, cache_dir=str(tmp_path),
                     graph_options=GraphOptions(row_multiples=()))
     try:
-        flags = graph_mod.cpu_flags()
+        flags = cpu_flags()
         if "avx2" in flags and "avx512bw" not in flags:
             assert be.rows_per_decode_run == 1
         assert_rows_batch_invariant(be, config.vocab_size)
