@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf_blocks import X86_PATHS, assert_close_to_oracle, assert_same_bits, built_kernels, use_path
+from gguf_blocks import (
+    X86_PATHS,
+    assert_close_to_oracle,
+    assert_same_bits,
+    kernels_on_best_path,
+    use_path,
+)
 
 from tiny_mindie import kernels
 
-
-@pytest.fixture(scope="module")
-def lib():
-    """The built library (the path restored to the best one afterwards)."""
-    lib = built_kernels()
-    best = lib.isa()
-    yield lib
-    lib.set_isa(best)
+lib = pytest.fixture(scope="module", name="lib")(kernels_on_best_path)
 
 
 def _real_matrices(path: str, rows: int = 96) -> dict[str, tuple[np.ndarray, int, int]]:

@@ -65,6 +65,15 @@ def built_kernels():
     return kernels
 
 
+def kernels_on_best_path():
+    """A module fixture's body (``lib``): the built library, its ISA path restored to the best
+    one afterwards."""
+    lib = built_kernels()
+    best = lib.isa()
+    yield lib
+    lib.set_isa(best)
+
+
 def use_path(lib, path: str) -> None:
     """Force the ISA path ``path``; skip where this CPU cannot run it."""
     if not lib.supported(path):

@@ -17,20 +17,20 @@ import zlib
 
 import numpy as np
 import pytest
-from gguf_blocks import X86_PATHS, assert_close_to_oracle, built_kernels, random_blocks, use_path
+from gguf_blocks import (
+    X86_PATHS,
+    assert_close_to_oracle,
+    kernels_on_best_path,
+    random_blocks,
+    use_path,
+)
 
 from tiny_mindie import kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def lib():
-    """The built library (the path restored to the best one afterwards)."""
-    lib = built_kernels()
-    best = lib.isa()
-    yield lib
-    lib.set_isa(best)
+lib = pytest.fixture(scope="module", name="lib")(kernels_on_best_path)
 
 
 @pytest.mark.parametrize("qtype", sorted(kernels.TYPES))
