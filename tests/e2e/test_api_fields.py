@@ -258,8 +258,8 @@ def test_every_field_the_openai_sdk_can_send_is_read_accepted_or_refused():
     from openai.types import completion_create_params as completion
     from openai.types.chat import completion_create_params as chat_params
 
-    from tiny_mindie.api import openai_fields as f
-    from tiny_mindie.api.openai_request import CHAT_ONLY
+    from tiny_mindie.api.openai import fields as f
+    from tiny_mindie.api.openai.request import CHAT_ONLY
 
     placed = set(f.NO_EFFECT) | set(f.UNSUPPORTED)
     sent = set(typing.get_type_hints(chat_params.CompletionCreateParamsBase)) | {"stream"}

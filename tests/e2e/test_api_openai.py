@@ -222,7 +222,7 @@ def test_chat_template_sandbox_bos_and_raise_exception():
     """Rendering as Hugging Face does: bos/eos tokens, raise_exception, tojson, the sandbox."""
     from types import SimpleNamespace
 
-    from tiny_mindie.api.chat_template import render_chat
+    from tiny_mindie.api.chat.template import render_chat
     from tiny_mindie.api.errors import APIError
 
     def fake_llm(template: str, add_bos: bool):

@@ -12,7 +12,7 @@ import pytest
 from helpers import TEST_CONFIG, request, start_server
 from injection_chats import INJECTION, README_CHAT, as_llm
 
-from tiny_mindie.api.chat_template import encode_chat, render_chat
+from tiny_mindie.api.chat.template import encode_chat, render_chat
 
 MODEL = "smollm2-135m-instruct"
 

@@ -39,12 +39,12 @@ from helpers import (  # noqa: E402
     start_server,
 )
 
-from tiny_mindie.api import tool_calls as tc  # noqa: E402
-from tiny_mindie.api import tool_request as tr  # noqa: E402
-from tiny_mindie.api.chat_template import render_chat  # noqa: E402
+from tiny_mindie.api.chat import tool_calls as tc  # noqa: E402
+from tiny_mindie.api.chat import tool_request as tr  # noqa: E402
+from tiny_mindie.api.chat.template import render_chat  # noqa: E402
 from tiny_mindie.api.errors import APIError  # noqa: E402
-from tiny_mindie.api.openai_chat import _with_tools  # noqa: E402
-from tiny_mindie.api.openai_request import ChatTools  # noqa: E402
+from tiny_mindie.api.openai.chat import _with_tools  # noqa: E402
+from tiny_mindie.api.openai.request import ChatTools  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather of a city",
@@ -82,7 +82,7 @@ def fake_llm(template: str):
 
 def _prepared(source: str, messages: list[dict], mode: str = "auto"):
     """Messages as the chat route prepares them (parse_chat's tool_calls, then the tools)."""
-    from tiny_mindie.api.openai_request import _message_tool_calls
+    from tiny_mindie.api.openai.request import _message_tool_calls
 
     msgs = [{**m, "content": m["content"] or ""} for m in messages]
     for i, m in enumerate(msgs):
@@ -169,9 +169,9 @@ def test_auto_parses_calls_from_generated_tokens(family, vocab_dir, tmp_path):
     from tiny_arch import CASES
     from tiny_chat import template_source, vocabulary, write_scripted
 
-    from tiny_mindie.api.chat_template import encode_chat
-    from tiny_mindie.api.openai_answer import Split
-    from tiny_mindie.api.openai_request import Answer
+    from tiny_mindie.api.chat.template import encode_chat
+    from tiny_mindie.api.openai.answer import Split
+    from tiny_mindie.api.openai.request import Answer
     from tiny_mindie.llm import LLM
 
     case, vocab, template, script, end = SCRIPTED[family]
@@ -225,9 +225,9 @@ def _chat_in_process(llm, body: dict) -> tuple[dict, list[dict]]:
     and stops, generate, split): the plain choice and the streamed deltas."""
     import asyncio
 
-    from tiny_mindie.api.openai_answer import Formatter, Split, _chat_choice
-    from tiny_mindie.api.openai_chat import prepare_chat
-    from tiny_mindie.api.openai_request import parse_chat
+    from tiny_mindie.api.openai.answer import Formatter, Split, _chat_choice
+    from tiny_mindie.api.openai.chat import prepare_chat
+    from tiny_mindie.api.openai.request import parse_chat
 
     p, messages, extra, chat_tools = parse_chat(
         SimpleNamespace(llm=llm), json.dumps({"model": llm.model_name, **body}).encode())
@@ -643,7 +643,7 @@ def test_bad_tools_are_400_naming_the_field_and_long_prompts_context_length_exce
 def test_a_prompt_that_opens_think_starts_in_the_reasoning(tiny_server):
     """DeepSeek-R1 distills' generation prompt ends with ``<think>\n``: the answer's text up to
     ``</think>`` is reasoning (:func:`~tiny_mindie.api.openai_chat.opens_thinking` on the ids)."""
-    from tiny_mindie.api.openai_chat import opens_thinking
+    from tiny_mindie.api.openai.chat import opens_thinking
     from tiny_mindie.model.gguf import GGUFFile
     from tiny_mindie.model.tokenizer_load import load_tokenizer
 

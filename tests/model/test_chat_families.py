@@ -28,7 +28,7 @@ pytestmark = pytest.mark.model
 from tiny_arch import CASES, write_tiny  # noqa: E402
 from tiny_chat import template_source, vocabulary  # noqa: E402
 
-from tiny_mindie.api.chat_template import chatml_stops, encode_chat, render_chat  # noqa: E402
+from tiny_mindie.api.chat.template import chatml_stops, encode_chat, render_chat  # noqa: E402
 from tiny_mindie.api.errors import APIError  # noqa: E402
 from tiny_mindie.llm import LLM  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile  # noqa: E402

@@ -18,7 +18,7 @@ from injection_chats import (
     write_vocab,
 )
 
-from tiny_mindie.api.chat_template import CHATML, encode_chat, render_chat
+from tiny_mindie.api.chat.template import CHATML, encode_chat, render_chat
 from tiny_mindie.api.errors import APIError
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.tokenizer_load import load_tokenizer

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tiny_mindie.api.chat_template import encode_chat
+from tiny_mindie.api.chat.template import encode_chat
 from tiny_mindie.engine.request import Constraint
 from tiny_mindie.llm import LLM
 

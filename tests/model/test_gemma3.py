@@ -226,7 +226,7 @@ def test_chat_in_the_chatml_fallback_stops_at_im_end(tok, tokenizer):
     its vocabulary has no ``<|im_end|>`` token, so the marker is a stop string there (else the
     model writes it out and goes on with the next turn). SmolLM2's ChatML tokens end generation
     by themselves."""
-    from tiny_mindie.api.chat_template import chatml_stops
+    from tiny_mindie.api.chat.template import chatml_stops
 
     assert tok.chat_template is None and chatml_stops(tok) == ("<|im_end|>",)
     assert chatml_stops(tokenizer) == ()                  # SmolLM2's, from conftest

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from hf_math import MIN_MARGIN, greedy_margins
 
-from tiny_mindie.api.chat_template import encode_chat, render_chat
+from tiny_mindie.api.chat.template import encode_chat, render_chat
 from tiny_mindie.llm import LLM
 from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile

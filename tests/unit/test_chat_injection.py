@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 from injection_chats import GEMMA_TEMPLATE, INJECTION, MARK, as_llm, count, write_vocab
 
-from tiny_mindie.api.chat_template import (
+from tiny_mindie.api.chat.template import (
     CHATML,
     _shielded,
     _strings,
@@ -80,7 +80,7 @@ def test_shield_refuses_a_one_character_control_token(tmp_path):
 
 
 def test_the_mark_is_a_character_no_client_string_has(tiny):
-    from tiny_mindie.api.chat_template import _free_mark
+    from tiny_mindie.api.chat.template import _free_mark
 
     assert _free_mark(["hello", "{{ x }}"]) == MARK
     taken = "".join(chr(0x20000 + k) for k in range(5))

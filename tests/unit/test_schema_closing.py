@@ -12,15 +12,15 @@ import jsonschema
 import pytest
 from helpers import byte_tokenizer
 
-from tiny_mindie.api.errors import APIError
-from tiny_mindie.api.openai_request import THINKING_FIELDS, parse_chat, parse_completion
-from tiny_mindie.api.structured import (
+from tiny_mindie.api.chat.structured import (
     OPEN_SUFFIX,
     closed,
     grammar_schema,
     response_format,
     tgi_grammar,
 )
+from tiny_mindie.api.errors import APIError
+from tiny_mindie.api.openai.request import THINKING_FIELDS, parse_chat, parse_completion
 from tiny_mindie.engine.constraint import compile_constraint
 from tiny_mindie.engine.request import Constraint
 

@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 from helpers import byte_tokenizer
 
-from tiny_mindie.api import tool_request as tr
-from tiny_mindie.api.errors import APIError, Kind
-from tiny_mindie.api.openai_request import parse_chat, parse_completion
-from tiny_mindie.api.structured import (
+from tiny_mindie.api.chat import tool_request as tr
+from tiny_mindie.api.chat.structured import (
     INT_BOUND,
     closed,
     grammar_schema,
@@ -22,6 +20,8 @@ from tiny_mindie.api.structured import (
     response_format,
     tgi_grammar,
 )
+from tiny_mindie.api.errors import APIError, Kind
+from tiny_mindie.api.openai.request import parse_chat, parse_completion
 from tiny_mindie.engine.constraint import (
     ConstraintError,
     apply_bitmask,
@@ -464,7 +464,7 @@ def test_thinking_asked_of_a_model_that_cannot_think_is_400(tok, extra, param):
     import asyncio
     from types import SimpleNamespace
 
-    from tiny_mindie.api.openai_chat import prepare_chat
+    from tiny_mindie.api.openai.chat import prepare_chat
 
     def prepare(template: str, body: dict):
         p, messages, kwargs, tools = parse_chat(_app(tok), json.dumps(body).encode())

@@ -9,8 +9,8 @@ import json
 import pytest
 from cpu_time import least_cpu_seconds
 
-from tiny_mindie.api import tool_calls as tc
-from tiny_mindie.api import tool_request as tr
+from tiny_mindie.api.chat import tool_calls as tc
+from tiny_mindie.api.chat import tool_request as tr
 from tiny_mindie.api.errors import APIError
 
 WEATHER = {"type": "function", "function": {
@@ -95,7 +95,7 @@ def test_strict_tools_under_auto_get_a_lazy_grammar():
     """Strict tools with ``tool_choice`` auto or unset are accepted (issue 29 item 1); their
     calls get a lazy grammar: free text, a call held to the strict tools' schemas (the others'
     arguments any object) once its marker is written."""
-    from tiny_mindie.api.openai_request import _chat_tools
+    from tiny_mindie.api.openai.request import _chat_tools
 
     strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
     for body in ({"tools": [strict, TIME]}, {"tools": [strict], "tool_choice": "auto"}):
@@ -129,7 +129,7 @@ def test_strict_tools_under_auto_get_a_lazy_grammar():
 def test_history_call_arguments_any_string():
     """An earlier assistant call's ``arguments``: JSON object text -> the object, "" -> the
     empty object, other text passed on as it is (OpenAI accepts any string), no string: 400."""
-    from tiny_mindie.api.openai_request import _message_tool_calls
+    from tiny_mindie.api.openai.request import _message_tool_calls
 
     def args(value):
         call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": value}}

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tiny_mindie.api.errors import MINDIE, OPENAI, TGI, APIError, Kind, from_generation_error
-from tiny_mindie.api.native import mindie_parameters
+from tiny_mindie.api.mindie import mindie_parameters
 from tiny_mindie.api.validate import (
     MAX_JSON_DEPTH,
     JSONTooDeep,
@@ -123,7 +123,7 @@ def test_a_bad_field_names_itself_and_each_style_answers_it_once():
 
 
 def test_a_prompt_too_long_carries_its_numbers_and_openai_says_them():
-    from tiny_mindie.api.openai import _context_error
+    from tiny_mindie.api.openai.routes import _context_error
 
     err = GenerationError.too_long(512, 600)
     assert (err.kind, err.limit, err.length, err.at_least) == ("too_long", 512, 600, False)

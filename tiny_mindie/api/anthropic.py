@@ -1,7 +1,7 @@
 """Anthropic's Messages API: ``POST /v1/messages``.
 
 The body is checked and translated into a chat completions body (:mod:`.anthropic_request`),
-run through the chat pipeline (:mod:`.chat_bridge`), and answered as a ``message``: its
+run through the chat pipeline (:mod:`.openai.bridge`), and answered as a ``message``: its
 ``content`` blocks -- ``thinking`` (for a template that thinks), ``text``, ``tool_use`` -- in
 the order the model wrote them, ``stop_reason`` (``end_turn``, ``max_tokens``,
 ``stop_sequence`` with the ``stop_sequence`` that matched, ``tool_use``) and ``usage``
@@ -23,9 +23,9 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS
 from .anthropic_request import to_chat, tool_use_id
-from .chat_bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .drive import merged, route, send_stream
 from .errors import ANTHROPIC, APIError, Kind
+from .openai.bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .validate import read_json_object
 
 #: Chat fields named in an error -> the Messages field that sent them.

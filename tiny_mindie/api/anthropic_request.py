@@ -1,6 +1,6 @@
 """Anthropic Messages request bodies (``POST /v1/messages``) checked and translated into a chat
 completions body (:func:`to_chat`), which the chat pipeline validates further and runs
-(:mod:`.chat_bridge`).
+(:mod:`.openai.bridge`).
 
 ``system`` (a string or text blocks) is the first, system message; ``messages`` alternate
 ``user`` and ``assistant``, their content a string or blocks: ``text``, ``tool_use`` (an

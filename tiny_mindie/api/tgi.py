@@ -18,7 +18,7 @@ What tiny_mindie fills in:
 * a matched ``stop`` string is kept at the end of the text, as TGI does.
 * ``grammar`` (TGI >= 1.4.3): ``{"type": "json", "value": <JSON schema>}`` (alias
   ``json_object``), ``{"type": "json_schema", "value": {"name", "schema"}}`` or ``{"type":
-  "regex", "value": <regex>}`` constrains the output (:mod:`.structured`); when the grammar is
+  "regex", "value": <regex>}`` constrains the output (:mod:`.chat.structured`); when the grammar is
   complete generation ends (``finish_reason`` ``eos_token``).
 
 Errors have TGI's (and MindIE's) shape ``{"error", "error_type"}`` with MindIE's messages and
@@ -40,10 +40,10 @@ from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS, MANAGEMENT
+from .chat.structured import tgi_grammar
 from .drive import build, collect, merged, route, send_stream
 from .errors import TGI, invalid
-from .native import read_inputs, read_parameters, speculation_details
-from .structured import tgi_grammar
+from .mindie import read_inputs, read_parameters, speculation_details
 from .validate import (
     get_bool,
     get_float,

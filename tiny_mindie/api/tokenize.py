@@ -28,11 +28,11 @@ import asyncio
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS
-from .chat_bridge import chat_requests
 from .drive import route
 from .errors import OPENAI, bad
-from .openai_request import no_such_model
-from .responses_request import unknown
+from .openai.bridge import chat_requests
+from .openai.request import no_such_model
+from .openai.responses_request import unknown
 from .validate import check_token_ids, get_bool, read_json_object
 
 LLAMA_FIELDS = ("content", "add_special", "parse_special", "with_pieces")
@@ -72,7 +72,7 @@ async def tokenize(app, req: Request) -> Response:
     Raises:
         APIError: 400 naming a bad or unknown field, a body with none of ``content``,
             ``prompt`` and ``messages``; 404 for another ``model``; as
-            :func:`~.chat_bridge.chat_requests` for ``messages``.
+            :func:`~.openai.bridge.chat_requests` for ``messages``.
     """
     obj = await read_json_object(req.body)
     if "content" in obj:

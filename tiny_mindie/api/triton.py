@@ -28,7 +28,7 @@ from ..server.routing import BUSINESS
 from .drive import build, collect, merged, route, send_stream
 from .errors import MINDIE, APIError, Kind, invalid
 from .manage import check_model
-from .native import (
+from .mindie import (
     PARAMETERS,
     mindie_parameters,
     read_inputs,

@@ -96,9 +96,9 @@ class LocalChat(Answerer):
     async def _answer(self, body: bytes, on_piece: OnPiece) -> Stats:
         from ..api.drive import merged
         from ..api.errors import APIError
-        from ..api.openai_answer import Split, counted, make_requests
-        from ..api.openai_chat import prepare_chat
-        from ..api.openai_request import parse_chat
+        from ..api.openai.answer import Split, counted, make_requests
+        from ..api.openai.chat import prepare_chat
+        from ..api.openai.request import parse_chat
         from ..engine.request import GenerationError
 
         llm, stats, t0 = self.llm, Stats(), time.monotonic()

@@ -25,15 +25,15 @@ from ..api import (
     embeddings,
     manage,
     metrics,
-    native,
-    openai,
-    responses,
+    mindie,
     tgi,
     tokenize,
     triton,
     webui,
 )
 from ..api.errors import MINDIE, APIError, Kind, error_body
+from ..api.openai import responses
+from ..api.openai import routes as openai
 from ..api.server_errors import answers
 from ..config.load import Config
 from ..llm import LLM
@@ -110,7 +110,7 @@ class App:
         # Each API family contributes its routes: ``module.routes(app) -> list[Route]``; those
         # that generate (``Route.generation``) are counted in /metrics.
         counted = metrics.count_requests(
-            [r for family in (native, manage, metrics, tgi, triton, openai,
+            [r for family in (mindie, manage, metrics, tgi, triton, openai,
                                            responses, anthropic, tokenize, webui, embeddings)
              for r in family.routes(self)], lambda: self.llm.engine.metrics)
         self.routes: list[Route] = [self._served(r) for r in counted]

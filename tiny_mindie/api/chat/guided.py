@@ -16,9 +16,9 @@ import json
 
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
-from ..engine.request import Constraint
-from ..model.tokenizer import Tokenizer
-from .errors import bad
+from ...engine.request import Constraint
+from ...model.tokenizer import Tokenizer
+from ..errors import bad
 from .structured import compiled, grammar_schema, unknown_parameter
 
 #: The top-level fields that constrain the output, besides ``response_format``: the kind of

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import re
 
-from .errors import bad
+from ..errors import bad
 from .structured import grammar_schema
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")

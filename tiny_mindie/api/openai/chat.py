@@ -1,12 +1,12 @@
 """The chat pipeline of ``/v1/chat/completions``: a validated chat
-(:func:`~.openai_request.parse_chat`) made the engine's prompt, and the way its answer is split.
+(:func:`~.request.parse_chat`) made the engine's prompt, and the way its answer is split.
 
 The tools go into the model's chat template, or into a system prompt when the template renders
 none (:func:`_with_tools`); ``tool_choice`` ``required`` and a named function hold decoding to
 a JSON schema of the calls, ``auto`` with ``strict`` tools holds each call the model starts to
-it (a lazy grammar); the messages are rendered and encoded (:mod:`.chat_template`); the
+it (a lazy grammar); the messages are rendered and encoded (:mod:`..chat.template`); the
 ChatML fallback and a single Hermes call add their stops; a template that thinks, or a tool-call
-format to parse, sets :attr:`~.openai_request.Parsed.answer`.
+format to parse, sets :attr:`~.request.Parsed.answer`.
 """
 
 from __future__ import annotations
@@ -14,28 +14,28 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..engine.constraint import JSON_OPTIONS
-from ..engine.request import Constraint, GenerationError
-from ..llm import LLM
-from . import tool_calls as tc
-from . import tool_request as tr
-from .chat_template import CHATML, chatml_stops, encode_chat, template_uses_tools
-from .errors import APIError, Kind, bad, from_generation_error
-from .openai_request import Answer, ChatTools, Parsed
-from .structured import compiled
+from ...engine.constraint import JSON_OPTIONS
+from ...engine.request import Constraint, GenerationError
+from ...llm import LLM
+from ..chat import tool_calls as tc
+from ..chat import tool_request as tr
+from ..chat.structured import compiled
+from ..chat.template import CHATML, chatml_stops, encode_chat, template_uses_tools
+from ..errors import APIError, Kind, bad, from_generation_error
+from .request import Answer, ChatTools, Parsed
 
 
 async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
                        tools: ChatTools) -> None:
     """Set ``p``'s prompt (the chat's token ids), the stops and constraint the tools need, and
-    :attr:`~.openai_request.Parsed.answer`; compiling and encoding run off the event loop.
+    :attr:`~.request.Parsed.answer`; compiling and encoding run off the event loop.
 
     Raises:
         APIError: 400 ``unsupported_parameter`` naming a field that asks for reasoning
-            (:attr:`~.openai_request.Parsed.thinking`) when the template does not think;
+            (:attr:`~.request.Parsed.thinking`) when the template does not think;
             400 as :func:`_with_tools`; 400 (``tool_choice``) for ``required`` or a
             named function with a ``response_format``; 400 (``tools``) when the tools'
-            schemas cannot be enforced; 400 as :func:`~.chat_template.encode_chat`; 424
+            schemas cannot be enforced; 400 as :func:`~..chat.template.encode_chat`; 424
             (``TOO_LONG``) when the rendered chat cannot fit.
     """
     template = llm.tokenizer.chat_template or CHATML
@@ -72,14 +72,14 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
 def _with_tools(template: str, messages: list[dict], extra: dict,
                 tools: ChatTools) -> tuple[list[dict], dict, str | None]:
     """The messages and template arguments with the tools in, and the format the answer's
-    calls come in (:mod:`.tool_calls`; ``None``: no calls parsed).
+    calls come in (:mod:`..chat.tool_calls`; ``None``: no calls parsed).
 
     A template that reads ``tools`` gets them (``tools=[{"type": "function", "function":
     ...}]``, as Hugging Face's ``apply_chat_template``) and its own call format is parsed; one
     that does not (the ChatML fallback, SmolLM2's, SmolLM3's) gets them in a system message in
-    the Hermes format (:func:`~.tool_request.tools_system_prompt`), earlier calls and results
+    the Hermes format (:func:`~..chat.tool_request.tools_system_prompt`), earlier calls and results
     as Hermes text, and Hermes is parsed. ``tool_choice`` ``none`` renders no tools;
-    ``required`` and a named function are answered in :data:`~.tool_calls.JSON` under a
+    ``required`` and a named function are answered in :data:`~..chat.tool_calls.JSON` under a
     grammar.
 
     Raises:
@@ -126,7 +126,7 @@ def _as_hermes_text(m: dict) -> dict:
 
 
 def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
-    """The grammar of ``required``/a named function (:func:`~.tool_request.call_schema`),
+    """The grammar of ``required``/a named function (:func:`~..chat.tool_request.call_schema`),
     compiled once here so that a schema the engine cannot enforce is a 400.
 
     Raises:
@@ -139,7 +139,7 @@ def _call_constraint(llm: LLM, tools: ChatTools) -> Constraint:
 
 
 def _lazy_constraint(llm: LLM, tools: ChatTools, fmt: str) -> Constraint:
-    """The grammar of ``auto`` with ``strict`` tools (:func:`~.tool_request.lazy_call_grammar`:
+    """The grammar of ``auto`` with ``strict`` tools (:func:`..chat.tool_request.lazy_call_grammar`:
     free text, a call held to its schema once its marker is written), compiled once here.
 
     Raises:

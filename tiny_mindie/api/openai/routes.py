@@ -4,28 +4,28 @@ context in tokens as vLLM's ``max_model_len``, and llama-server's ``meta``; an e
 served beside it, ``--embedding-model``, has a card too, marked ``"task": "embedding"`` with
 its ``dimensions``).
 
-JSON -> validated :class:`~.openai_request.Parsed` (:mod:`.openai_request`) -> for chat, the
-prompt rendered with the tools and reasoning in (:mod:`.openai_chat`) -> one
+JSON -> validated :class:`~.request.Parsed` (:mod:`.request`) -> for chat, the
+prompt rendered with the tools and reasoning in (:mod:`.chat`) -> one
 :class:`~tiny_mindie.engine.request.GenerationRequest` per prompt and choice -> engine ->
-OpenAI's JSON object (:mod:`.openai_answer`) or SSE chunks ending with ``data: [DONE]``
-(:mod:`.openai_stream`).
+OpenAI's JSON object (:mod:`.answer`) or SSE chunks ending with ``data: [DONE]``
+(:mod:`.stream`).
 
 What MindIE adds and checks: ``model`` must be the served model's name (else 404); extra fields
 ``top_k``, ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``,
 ``include_stop_str_in_output``, ``skip_special_tokens``; ``response_format`` and ``logit_bias``
-are enforced (:mod:`.structured`), and so are vLLM's and llama.cpp's constraint fields
-(:mod:`.guided`); every other top-level field is read, accepted as without effect, or refused
-by name (:mod:`.openai_fields`). Errors are OpenAI's ``{"error": {"message", "type", "param",
+are enforced (:mod:`..chat.structured`), and so are vLLM's and llama.cpp's constraint fields
+(:mod:`..chat.guided`); every other top-level field is read, accepted as without effect, or refused
+by name (:mod:`.fields`). Errors are OpenAI's ``{"error": {"message", "type", "param",
 "code"}}``: 400 for a bad field (and for a body nested too deep), 404 for an unknown model, 422
 for a body that is not a JSON object, 400 ``context_length_exceeded`` (``param`` ``messages`` /
 ``prompt``) for a prompt over the context (OpenAI's and vLLM's status, where ``/infer`` says
 424), and the engine's other statuses (500 timeout, 503 stopped) as on ``/infer``.
 
-Chat only: ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (:mod:`.tool_request`,
-:mod:`.tool_calls`: rendered by the model's template, calls parsed from its output or, for
+Chat only: ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (:mod:`..chat.tool_request`,
+:mod:`..chat.tool_calls`: rendered by the model's template, calls parsed from its output or, for
 ``required`` and a named function, decoded under a JSON schema), ``reasoning_content`` for
 templates that think, ``chat_template_kwargs``; ``/v1/completions`` answers them 400
-(:data:`~.openai_request.CHAT_ONLY`). ``response_format`` with tools is refused unless
+(:data:`~.request.CHAT_ONLY`). ``response_format`` with tools is refused unless
 ``tool_choice`` is ``none``.
 """
 
@@ -34,16 +34,16 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..llm import LLM
-from ..server.conn import Response, ResponseStream, json_response
-from ..server.http import Request
-from ..server.routing import BUSINESS
-from .drive import route
-from .errors import OPENAI, APIError, Kind
-from .openai_answer import Envelope, make_requests, plain_answer
-from .openai_chat import prepare_chat
-from .openai_request import Parsed, no_such_model, parse_chat, parse_completion
-from .openai_stream import stream_answer
+from ...llm import LLM
+from ...server.conn import Response, ResponseStream, json_response
+from ...server.http import Request
+from ...server.routing import BUSINESS
+from ..drive import route
+from ..errors import OPENAI, APIError, Kind
+from .answer import Envelope, make_requests, plain_answer
+from .chat import prepare_chat
+from .request import Parsed, no_such_model, parse_chat, parse_completion
+from .stream import stream_answer
 
 OWNED_BY = "MindIE Server"
 

@@ -1,6 +1,6 @@
 """OpenAI's answers: the engine requests of a validated request, the answer as one JSON object
 (``chat.completion`` / ``text_completion``), and the pieces the streamed answer
-(:mod:`.openai_stream`) shares with it -- the envelope, logprob entries, ``usage``, finish
+(:mod:`.stream`) shares with it -- the envelope, logprob entries, ``usage``, finish
 reasons and a chat choice's split into ``reasoning_content``, ``content`` and ``tool_calls``.
 """
 
@@ -10,12 +10,12 @@ import dataclasses
 import time
 import uuid
 
-from ..engine.request import GenerationRequest, TokenEvent
-from ..llm import LLM
-from ..server.conn import Response, ResponseStream, json_response
-from . import tool_calls as tc
-from .drive import build, collect, fan_out
-from .openai_request import Answer, Parsed
+from ...engine.request import GenerationRequest, TokenEvent
+from ...llm import LLM
+from ...server.conn import Response, ResponseStream, json_response
+from ..chat import tool_calls as tc
+from ..drive import build, collect, fan_out
+from .request import Answer, Parsed
 
 MIN_LOGPROB = -9999.0       # JSON has no -inf (vLLM's convention)
 
@@ -113,7 +113,7 @@ class Envelope:
 
 
 class Split:
-    """One chat choice's output through :class:`~.tool_calls.OutputParser`, token by token:
+    """One chat choice's output through :class:`~..chat.tool_calls.OutputParser`, token by token:
     the deltas as OpenAI's (``reasoning_content``, ``content``, ``tool_calls`` entries), and
     the whole message's parts put together; ``reasoning_tokens`` counts the tokens fed while
     inside the reasoning (its opening and closing tags included)."""

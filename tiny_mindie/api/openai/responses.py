@@ -1,7 +1,7 @@
 """OpenAI's Responses API: ``POST /v1/responses``.
 
 The body is checked and translated into a chat completions body
-(:mod:`.responses_request`), run through the chat pipeline (:mod:`.chat_bridge`), and the
+(:mod:`.responses_request`), run through the chat pipeline (:mod:`.bridge`), and the
 answer given as a ``response`` object: its ``output`` items -- ``reasoning`` (for a template
 that thinks), ``message`` (one ``output_text`` part), ``function_call`` -- in the order the
 model wrote them, ``status`` ``completed`` (``incomplete`` with ``incomplete_details.reason``
@@ -21,14 +21,14 @@ from __future__ import annotations
 import time
 import uuid
 
-from ..server.conn import Response, ResponseStream, json_response
-from ..server.http import Request
-from ..server.routing import BUSINESS
-from .chat_bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
-from .drive import merged, route, send_stream
-from .errors import OPENAI, ResponsesEventStyle
+from ...server.conn import Response, ResponseStream, json_response
+from ...server.http import Request
+from ...server.routing import BUSINESS
+from ..drive import merged, route, send_stream
+from ..errors import OPENAI, ResponsesEventStyle
+from ..validate import read_json_object
+from .bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .responses_request import check_fields, to_chat
-from .validate import read_json_object
 
 #: Chat fields named in an error -> the Responses field that sent them.
 RENAME = {"messages": "input", "max_tokens": "max_output_tokens",
@@ -66,7 +66,7 @@ async def _responses(app, req: Request, stream: ResponseStream) -> Response | No
 
 class _Shape:
     """The ``response`` object of one request: the request's settings echoed, the output
-    items of its :class:`~.chat_bridge.Blocks`."""
+    items of its :class:`~.bridge.Blocks`."""
 
     def __init__(self, obj: dict, model: str):
         self.id = "resp_" + uuid.uuid4().hex

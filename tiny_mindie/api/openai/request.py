@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ..llm import LLM, MAX_SEED
-from . import tool_calls as tc
-from . import tool_request as tr
-from .errors import APIError, Kind, bad
-from .guided import guided_constraint
-from .openai_fields import check_fields
-from .structured import logit_bias, response_format
-from .validate import (
+from ...llm import LLM, MAX_SEED
+from ..chat import tool_calls as tc
+from ..chat import tool_request as tr
+from ..chat.guided import guided_constraint
+from ..chat.structured import logit_bias, response_format
+from ..errors import APIError, Kind, bad
+from ..validate import (
     MAX_JSON_DEPTH,
     check_token_ids,
     get_bool,
@@ -29,6 +28,7 @@ from .validate import (
     json_depth,
     parse_json_object,
 )
+from .fields import check_fields
 
 INT32_MAX = 2**31 - 1
 INF = float("inf")
@@ -52,7 +52,7 @@ def no_such_model(name: str) -> APIError:
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-    """How a chat answer's text is split (:class:`~.tool_calls.OutputParser`): the tool-call
+    """How a chat answer's text is split (:class:`~..chat.tool_calls.OutputParser`): the tool-call
     format parsed (``None``: none), whether the template thinks, whether the prompt ends inside
     ``<think>``."""
 
@@ -191,7 +191,7 @@ def _more_params(llm: LLM, obj: dict) -> dict:
 
 def _constraint(llm: LLM, obj: dict):
     """The output's constraint: ``response_format``'s, or that of one of the other servers'
-    fields (:mod:`.guided`); None when neither is sent.
+    fields (:mod:`..chat.guided`); None when neither is sent.
 
     Raises:
         APIError: 400 naming the guided field when both are sent; as their parsers.
@@ -214,7 +214,7 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
 
     Raises:
         APIError: 400 naming a bad field, or one nothing reads (``unknown_parameter``,
-            :func:`~.openai_fields.check_fields`), 404 for another model, 422 for a body that
+            :func:`~.fields.check_fields`), 404 for another model, 422 for a body that
             is no JSON object.
     """
     obj = parse_json_object(body)
@@ -235,7 +235,7 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
 
 
 def _chat_end(obj: dict, messages: list[dict]) -> str:
-    """How the rendered chat ends (:data:`~.chat_template.ENDS`): ``"continue"`` -- the
+    """How the rendered chat ends (:data:`~..chat.template.ENDS`): ``"continue"`` -- the
     answer continues the final assistant message -- with vLLM's ``continue_final_message``,
     or when the last message is the assistant's (llama-server's prefill) and neither field is
     sent; ``"none"`` with ``add_generation_prompt`` false (vLLM); else ``"generation"``.
@@ -261,7 +261,7 @@ def _chat_end(obj: dict, messages: list[dict]) -> str:
 
 def _thinking(obj: dict, extra: dict) -> tuple[str, ...]:
     """The fields of a chat body that ask for reasoning (a model that cannot think answers
-    them 400, :func:`~.openai_chat.prepare_chat`): ``reasoning_effort`` and ``reasoning``
+    them 400, :func:`~.chat.prepare_chat`): ``reasoning_effort`` and ``reasoning``
     whatever their value (as OpenAI answers ``reasoning_effort`` for a model that does not
     reason), ``chat_template_kwargs.enable_thinking`` unless false (asking for no thinking
     is what such a model does)."""

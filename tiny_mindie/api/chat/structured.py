@@ -11,11 +11,11 @@ import json
 import math
 import re
 
-from ..engine.constraint import ConstraintError, compile_constraint
-from ..engine.request import Constraint
-from ..model.tokenizer import Tokenizer
-from .errors import APIError, Kind, bad, invalid
-from .validate import MAX_JSON_DEPTH, json_depth
+from ...engine.constraint import ConstraintError, compile_constraint
+from ...engine.request import Constraint
+from ...model.tokenizer import Tokenizer
+from ..errors import APIError, Kind, bad, invalid
+from ..validate import MAX_JSON_DEPTH, json_depth
 
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BIAS = 100.0                 # OpenAI's range for logit_bias values: [-100, 100]

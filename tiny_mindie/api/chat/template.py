@@ -11,8 +11,8 @@ import json
 import re
 from datetime import datetime
 
-from ..llm import LLM
-from .errors import bad
+from ...llm import LLM
+from ..errors import bad
 
 # A model whose GGUF carries no chat template is prompted in ChatML (llama.cpp's default).
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "

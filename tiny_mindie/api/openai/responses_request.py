@@ -1,6 +1,6 @@
 """OpenAI Responses request bodies (``POST /v1/responses``) checked and translated into a chat
 completions body (:func:`to_chat`), which the chat pipeline validates further and runs
-(:mod:`.chat_bridge`).
+(:mod:`.bridge`).
 
 ``input`` is a string (one user message) or a list of items: messages (``role`` ``user``,
 ``system``, ``developer`` or ``assistant``; content a string or ``input_text`` /
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 
-from .errors import APIError, bad
-from .structured import unknown_parameter
+from ..chat.structured import unknown_parameter
+from ..errors import APIError, bad
 
 #: Fields translated into the chat body, or read by the answer.
 USED = ("model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
@@ -47,7 +47,7 @@ ITEM_KEYS = {"message": {"role", "content", "id", "status", "phase"},
 
 
 def unknown(name: str, why: str = "") -> APIError:
-    """400 ``unknown_parameter`` naming ``name`` (:func:`~.structured.unknown_parameter`),
+    """400 ``unknown_parameter`` naming ``name`` (:func:`~..chat.structured.unknown_parameter`),
     ``why`` after its message."""
     err = unknown_parameter(name)
     err.message += why

@@ -4,13 +4,13 @@ when asked for (``stream_options.include_usage``), then ``data: [DONE]``."""
 
 from __future__ import annotations
 
-from ..engine.request import GenerationRequest, TokenEvent
-from ..llm import LLM
-from ..server.conn import ResponseStream
-from .drive import merged, send_stream
-from .errors import OPENAI
-from .openai_answer import Envelope, Formatter, Split, counted, finish_reason, usage_dict
-from .openai_request import Parsed
+from ...engine.request import GenerationRequest, TokenEvent
+from ...llm import LLM
+from ...server.conn import ResponseStream
+from ..drive import merged, send_stream
+from ..errors import OPENAI
+from .answer import Envelope, Formatter, Split, counted, finish_reason, usage_dict
+from .request import Parsed
 
 
 async def stream_answer(llm: LLM, stream: ResponseStream, p: Parsed, env: Envelope,
@@ -68,7 +68,7 @@ class _Chunks:
         return self._text(i, ev, lp, finish)
 
     def _split(self, i: int, ev: TokenEvent, lp: bool, finish: str | None) -> list[dict]:
-        """A chat event through its choice's :class:`~.openai_answer.Split`: a chunk a delta
+        """A chat event through its choice's :class:`~.answer.Split`: a chunk a delta
         (the logprobs on the first), one for the logprobs alone, and the finish."""
         out = []
         deltas = self.splits[i].feed(ev)

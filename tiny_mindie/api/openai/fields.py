@@ -7,11 +7,11 @@ docs/api.md lists the same fields for users.
 
 from __future__ import annotations
 
-from .errors import APIError, Kind, bad
-from .guided import GUIDED
-from .structured import unknown_parameter
+from ..chat.guided import GUIDED
+from ..chat.structured import unknown_parameter
+from ..errors import APIError, Kind, bad
 
-#: Read by both routes (:mod:`.openai_request`, :mod:`.guided`).
+#: Read by both routes (:mod:`.request`, :mod:`..chat.guided`).
 COMMON = frozenset({
     "model", "n", "stream", "stream_options", "max_tokens", "max_completion_tokens",
     "temperature", "top_k", "top_p", "min_p", "typical_p", "best_of", "presence_penalty",

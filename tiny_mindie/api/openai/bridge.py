@@ -2,8 +2,8 @@
 and its answer as blocks.
 
 The family translates its body into a chat completions body, which runs through the chat's
-own validation, template, tools and grammar (:func:`~.openai_request.parse_chat`,
-:func:`~.openai_chat.prepare_chat`): one pipeline, so a seeded request gives the same text
+own validation, template, tools and grammar (:func:`~.request.parse_chat`,
+:func:`~.chat.prepare_chat`): one pipeline, so a seeded request gives the same text
 whichever of the three routes asks. The answer comes back as :class:`Blocks`: reasoning, text
 and tool calls opened and closed one after the other, as both families stream them (an output
 item or a content block each).
@@ -16,14 +16,14 @@ import dataclasses
 import json
 import re
 
-from ..engine.request import GenerationRequest, TokenEvent
-from ..llm import LLM
-from . import tool_calls as tc
-from .drive import collect
-from .errors import APIError, Kind
-from .openai_answer import Split, make_requests
-from .openai_chat import prepare_chat
-from .openai_request import Parsed, parse_chat
+from ...engine.request import GenerationRequest, TokenEvent
+from ...llm import LLM
+from ..chat import tool_calls as tc
+from ..drive import collect
+from ..errors import APIError, Kind
+from .answer import Split, make_requests
+from .chat import prepare_chat
+from .request import Parsed, parse_chat
 
 #: What a block holds: the model's reasoning, answer text, or a tool call.
 REASONING, TEXT, CALL = "reasoning", "text", "call"
@@ -45,8 +45,8 @@ async def chat_requests(app, chat: dict, rename: dict[str, str],
             naming ``messages[i]``.
 
     Raises:
-        APIError: as :func:`~.openai_request.parse_chat` and
-            :func:`~.openai_chat.prepare_chat`, the fields it names the family's; a prompt
+        APIError: as :func:`~.request.parse_chat` and
+            :func:`~.chat.prepare_chat`, the fields it names the family's; a prompt
             too long (``TOO_LONG``) names the field ``rename["messages"]``.
     """
     body = json.dumps(chat).encode()
@@ -167,7 +167,7 @@ class Blocks:
                                  "function": {"arguments": text[args.end():]}}]}]
 
     def _delta(self, out: list, delta: dict) -> None:
-        """A chat delta (:class:`~.openai_answer.Split`'s) as blocks."""
+        """A chat delta (:class:`~.answer.Split`'s) as blocks."""
         if "tool_calls" in delta:
             call = delta["tool_calls"][0]
             fn = call["function"]
