@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -32,11 +31,9 @@ pytest.importorskip("gguf")
 pytest.importorskip("jinja2")
 
 from helpers import (  # noqa: E402
-    TEST_CONFIG,
     openai_client,
     request,
     sse_events,
-    start_server,
 )
 
 from tiny_mindie.api.chat import tool_calls as tc  # noqa: E402
@@ -346,19 +343,11 @@ MODEL = "tiny-qwen3"
 
 @pytest.fixture(scope="module")
 def tiny_server(vocab_dir, tmp_path_factory):
-    from tiny_arch import CASES
-    from tiny_chat import template_source, vocabulary, write_scripted
+    from tiny_chat import start_scripted_qwen3
 
     home = tmp_path_factory.mktemp("tiny-qwen3")
-    path = str(home / "tiny-qwen3.gguf")
-    vocab = vocabulary("qwen3", "ggml-vocab-qwen2.gguf", vocab_dir, tool_tokens=True)
-    write_scripted(path, dataclasses.replace(CASES["qwen3"], ctx=1024), vocab,
-                   template_source(vocab_dir, "Qwen-Qwen3-0.6B"), SCRIPT, "<|im_end|>")
-    config = copy.deepcopy(TEST_CONFIG)
-    config["BackendConfig"]["ModelDeployConfig"]["ModelConfig"] = [
-        {"modelName": MODEL, "modelWeightPath": path}]
-    srv = start_server(str(home), config, ["--backend", "numpy"])
-    srv.model_file = path
+    srv = start_scripted_qwen3(vocab_dir, home, SCRIPT, MODEL)
+    srv.model_file = str(home / f"{MODEL}.gguf")
     yield srv
     srv.proc.terminate()
     srv.proc.wait(timeout=20)

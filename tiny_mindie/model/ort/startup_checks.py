@@ -330,8 +330,7 @@ class StartupChecks:
         (and ``sliding_window + 7``). One prompt is prefilled once, up to the longest of those
         positions (on from the positions the split check left in slot 0); the chunks are then
         decoded and verified from the longest position down (each leaves the positions before
-        it as they were). Uses slot 0, whose KV is forgotten
-        afterwards.
+        it as they were). Uses slot 0, whose KV is forgotten afterwards.
 
         Would fail where the matrix products compute a chunk's few rows otherwise than decode
         rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
