@@ -375,15 +375,15 @@ def access_line(server, request_id: str, within: float = 30) -> str:
 def byte_tokenizer():
     """A :class:`~tiny_mindie.model.tokenizer.Tokenizer` of byte tokens 0..255 and ``</s>``
     (256), the end of generation: each byte its token (grammars walked byte by byte)."""
-    from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+    from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer, Vocabulary
 
     class ByteTokenizer(Tokenizer):
         def encode(self, text: str, *, add_bos=None, parse_special=True,
                    space_prefix=True) -> list[int]:
             return list(text.encode("utf-8"))
 
-    return ByteTokenizer(kind="llama", tokens=[f"<0x{i:02X}>" for i in range(256)] + ["</s>"],
-                         token_types=[TOKEN_NORMAL] * 256 + [TOKEN_CONTROL],
-                         token_bytes=[bytes([i]) for i in range(256)] + [b""], bos_id=None,
-                         eos_id=256, eog_ids=frozenset({256}), add_bos=False,
-                         chat_template=None)
+    vocab = Vocabulary(tokens=[f"<0x{i:02X}>" for i in range(256)] + ["</s>"],
+                       types=[TOKEN_NORMAL] * 256 + [TOKEN_CONTROL], bos_id=None, eos_id=256,
+                       eog_ids=frozenset({256}))
+    return ByteTokenizer(vocab, kind="llama", token_bytes=[bytes([i]) for i in range(256)] + [b""],
+                         add_bos=False, chat_template=None)
