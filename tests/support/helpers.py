@@ -200,15 +200,17 @@ def wait_until(condition, within: float = 30, what: str = "the condition") -> No
 
 
 class ThreadedServer:
-    """``serve_connection(reader, writer, self.handler, **serve_kw)`` for every connection to a
-    127.0.0.1 port, on an event loop (``"asyncio"`` or ``"uvloop"``) in a background thread; a
-    context manager. Subclasses define ``async handler(request, stream)``. ``ssl_context``: the
-    server's, for TLS (``None``: plain TCP)."""
+    """``serve_connection(reader, writer, self.handler, ConnectionLimits(**limits), answers=)``
+    for every connection to a 127.0.0.1 port, on an event loop (``"asyncio"`` or ``"uvloop"``)
+    in a background thread; a context manager. Subclasses define ``async handler(request,
+    stream)``. ``ssl_context``: the server's, for TLS (``None``: plain TCP); ``answers``: the
+    :class:`~tiny_mindie.server.conn.ErrorAnswers` (``None``: the default)."""
 
-    def __init__(self, loop: str = "asyncio", ssl_context=None, **serve_kw) -> None:
+    def __init__(self, loop: str = "asyncio", ssl_context=None, answers=None, **limits) -> None:
         self.loop_kind = loop
         self.ssl_context = ssl_context
-        self.serve_kw = serve_kw
+        self.serve_kw = {"answers": answers} if answers is not None else {}
+        self.limits = limits
         self.connections = 0
         self.port = 0
         self._ready = threading.Event()
@@ -225,15 +227,16 @@ class ThreadedServer:
             asyncio.run(self._main())
 
     async def _main(self) -> None:
-        from tiny_mindie.server.conn import serve_connection
+        from tiny_mindie.server.conn import ConnectionLimits, serve_connection
 
+        limits = ConnectionLimits(**self.limits)
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
 
         async def on_connection(reader, writer):
             self.connections += 1
             try:
-                await serve_connection(reader, writer, self.handler, **self.serve_kw)
+                await serve_connection(reader, writer, self.handler, limits, **self.serve_kw)
             except asyncio.CancelledError:
                 pass   # shutdown; Python 3.11's start_server callback would log a cancelled task
 
