@@ -200,8 +200,9 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
         extra = {"graph": "built" if be.built else "cached", "device": be.device,
                  "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"],
                  "threads": threads, "huge_mb": getattr(be, "huge_page_bytes", 0) / 1e6}
-        try:                               # a source tree older than the footprint module
-            from tiny_mindie.model.footprint import graph_weight_bytes
+        sys.path.insert(0, HERE)
+        try:                               # a source tree laid out before model/gguf.py
+            from footprint import graph_weight_bytes
         except ImportError:
             pass
         else:
@@ -684,10 +685,12 @@ def read_bandwidth(threads: int, mib: int = 1024, reps: int = 5) -> float:
 
 def wall_table(results: list[dict], model: str, threads: int) -> None:
     """Each engine's decode against the memory wall: weight bytes read per decoded token
-    (:mod:`tiny_mindie.model.footprint`), times its decode tok/s, as a share of this machine's
+    (``scripts/footprint.py``), times its decode tok/s, as a share of this machine's
     read bandwidth (:func:`read_bandwidth`, measured now with the same threads)."""
     sys.path.insert(0, ROOT)
-    from tiny_mindie.model.footprint import gguf_weight_bytes
+    sys.path.insert(0, HERE)
+    from footprint import gguf_weight_bytes
+
     from tiny_mindie.model.gguf import GGUFFile
 
     llama = gguf_weight_bytes(GGUFFile(model))

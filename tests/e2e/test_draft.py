@@ -23,18 +23,18 @@ from tiny_qwen2 import write_tiny_qwen2
 
 from tiny_mindie.engine.draft import vocabulary_difference
 from tiny_mindie.model.gguf import ModelFileError
-from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer, Vocabulary
 
 # ---- unit ------------------------------------------------------------------------------------
 
 
 def _tok(tokens: list[str], eos: int = 1, control: tuple[int, ...] = (0, 1)) -> Tokenizer:
     types = [TOKEN_CONTROL if i in control else TOKEN_NORMAL for i in range(len(tokens))]
-    return Tokenizer(kind="gpt2", tokens=tokens, token_types=types,
+    vocab = Vocabulary(tokens=tokens, types=types, bos_id=0, eos_id=eos, eog_ids=frozenset({eos}))
+    return Tokenizer(vocab, kind="gpt2",
                      token_bytes=[b"" if i in control else t.encode() for i, t in
                                   enumerate(tokens)],
-                     bos_id=0, eos_id=eos, eog_ids=frozenset({eos}), add_bos=False,
-                     chat_template=None)
+                     add_bos=False, chat_template=None)
 
 
 def test_the_vocabulary_check_names_the_first_difference():

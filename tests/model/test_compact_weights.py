@@ -1,19 +1,29 @@
 """``--weights compact`` on SmolLM2 itself (tiny_mindie/model/weights.py ``quantize_4bit``,
-tiny_mindie/model/footprint.py): every matrix packed in 4-bit blocks, a compact graph that reads
+scripts/footprint.py): every matrix packed in 4-bit blocks, a compact graph that reads
 fewer bytes per token than the exact one and than the GGUF, and stays close to the numpy
 reference. The packing on synthetic weights and the setting: tests/unit/test_weight_modes.py.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+
 import numpy as np
 import pytest
 
 from tiny_mindie.model import WEIGHT_MODES
-from tiny_mindie.model.footprint import gguf_weight_bytes, graph_weight_bytes
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx.weights import pack_weight as pack
 from tiny_mindie.model.onnx.weights import unpack_nbits
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("footprint",
+                                               os.path.join(_REPO, "scripts", "footprint.py"))
+footprint = importlib.util.module_from_spec(_spec)
+sys.modules["footprint"] = footprint          # dataclasses look their module up by name
+_spec.loader.exec_module(footprint)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +58,9 @@ def graphs(smollm2, tmp_path_factory):
 
 
 def test_the_compact_graph_reads_fewer_bytes_than_the_exact_one_and_than_the_gguf(graphs, smollm2):
-    exact, compact = (graph_weight_bytes(graphs[m].graph_path) for m in ("exact", "compact"))
-    gguf = gguf_weight_bytes(smollm2)
+    exact, compact = (footprint.graph_weight_bytes(graphs[m].graph_path)
+                      for m in ("exact", "compact"))
+    gguf = footprint.gguf_weight_bytes(smollm2)
     assert compact.per_token < exact.per_token
     # SmolLM2's Q4_1 is 5 bits a weight and its tied Q8_0 embedding is the LM head: compact
     # blocks of 64 hold 5 bits a weight once prepacked (4 + a float32 scale and block sum)

@@ -18,7 +18,9 @@ a few seconds of decoding. Nothing here is timed.
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -30,6 +32,13 @@ from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference.decoder import NumpyBackend
 from tiny_mindie.model.registry import catalog as registry
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("footprint",
+                                               os.path.join(_REPO, "scripts", "footprint.py"))
+footprint = importlib.util.module_from_spec(_spec)
+sys.modules["footprint"] = footprint          # dataclasses look their module up by name
+_spec.loader.exec_module(footprint)
 
 NAME = "qwen2.5-coder-0.5b-instruct"
 MAX_SEQ_LEN = 256
@@ -139,15 +148,13 @@ def test_compact_weights_read_fewer_bytes_than_the_gguf_and_still_answer(qwen_co
     bytes per decoded token than llama.cpp reads of the GGUF (the exact graph reads more: the
     prepacked layout of docs/design/weights.md), passes the batch-invariance check, and still gives
     the reference's greedy chat answer (each token ahead by 4.3 nats or more on the reference)."""
-    from tiny_mindie.model.footprint import gguf_weight_bytes, graph_weight_bytes
-
     compact = LLM(qwen_coder_path, max_seq_len=MAX_SEQ_LEN, max_input_len=192, num_slots=2,
                   weights="compact", log=None)
     try:
         assert compact.backend.batch_invariant
-        ours = graph_weight_bytes(compact.backend.graph_path)
-        exact = graph_weight_bytes(llm.backend.graph_path)
-        llama = gguf_weight_bytes(gguf)
+        ours = footprint.graph_weight_bytes(compact.backend.graph_path)
+        exact = footprint.graph_weight_bytes(llm.backend.graph_path)
+        llama = footprint.gguf_weight_bytes(gguf)
         assert ours.per_token < llama.per_token < exact.per_token
         assert ours.resident < llama.resident * 1.25
         ids = encode_chat(compact, CHAT, {})

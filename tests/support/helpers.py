@@ -200,15 +200,17 @@ def wait_until(condition, within: float = 30, what: str = "the condition") -> No
 
 
 class ThreadedServer:
-    """``serve_connection(reader, writer, self.handler, **serve_kw)`` for every connection to a
-    127.0.0.1 port, on an event loop (``"asyncio"`` or ``"uvloop"``) in a background thread; a
-    context manager. Subclasses define ``async handler(request, stream)``. ``ssl_context``: the
-    server's, for TLS (``None``: plain TCP)."""
+    """``serve_connection(reader, writer, self.handler, ConnectionLimits(**limits), answers=)``
+    for every connection to a 127.0.0.1 port, on an event loop (``"asyncio"`` or ``"uvloop"``)
+    in a background thread; a context manager. Subclasses define ``async handler(request,
+    stream)``. ``ssl_context``: the server's, for TLS (``None``: plain TCP); ``answers``: the
+    :class:`~tiny_mindie.server.conn.ErrorAnswers` (``None``: the default)."""
 
-    def __init__(self, loop: str = "asyncio", ssl_context=None, **serve_kw) -> None:
+    def __init__(self, loop: str = "asyncio", ssl_context=None, answers=None, **limits) -> None:
         self.loop_kind = loop
         self.ssl_context = ssl_context
-        self.serve_kw = serve_kw
+        self.serve_kw = {"answers": answers} if answers is not None else {}
+        self.limits = limits
         self.connections = 0
         self.port = 0
         self._ready = threading.Event()
@@ -225,15 +227,16 @@ class ThreadedServer:
             asyncio.run(self._main())
 
     async def _main(self) -> None:
-        from tiny_mindie.server.conn import serve_connection
+        from tiny_mindie.server.conn import ConnectionLimits, serve_connection
 
+        limits = ConnectionLimits(**self.limits)
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
 
         async def on_connection(reader, writer):
             self.connections += 1
             try:
-                await serve_connection(reader, writer, self.handler, **self.serve_kw)
+                await serve_connection(reader, writer, self.handler, limits, **self.serve_kw)
             except asyncio.CancelledError:
                 pass   # shutdown; Python 3.11's start_server callback would log a cancelled task
 
@@ -375,15 +378,15 @@ def access_line(server, request_id: str, within: float = 30) -> str:
 def byte_tokenizer():
     """A :class:`~tiny_mindie.model.tokenizer.Tokenizer` of byte tokens 0..255 and ``</s>``
     (256), the end of generation: each byte its token (grammars walked byte by byte)."""
-    from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+    from tiny_mindie.model.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer, Vocabulary
 
     class ByteTokenizer(Tokenizer):
         def encode(self, text: str, *, add_bos=None, parse_special=True,
                    space_prefix=True) -> list[int]:
             return list(text.encode("utf-8"))
 
-    return ByteTokenizer(kind="llama", tokens=[f"<0x{i:02X}>" for i in range(256)] + ["</s>"],
-                         token_types=[TOKEN_NORMAL] * 256 + [TOKEN_CONTROL],
-                         token_bytes=[bytes([i]) for i in range(256)] + [b""], bos_id=None,
-                         eos_id=256, eog_ids=frozenset({256}), add_bos=False,
-                         chat_template=None)
+    vocab = Vocabulary(tokens=[f"<0x{i:02X}>" for i in range(256)] + ["</s>"],
+                       types=[TOKEN_NORMAL] * 256 + [TOKEN_CONTROL], bos_id=None, eos_id=256,
+                       eog_ids=frozenset({256}))
+    return ByteTokenizer(vocab, kind="llama", token_bytes=[bytes([i]) for i in range(256)] + [b""],
+                         add_bos=False, chat_template=None)

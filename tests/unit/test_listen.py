@@ -22,7 +22,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from helpers import chained_client, closed_by_server, make_ca, make_chain_pki, wait_until
 
-from tiny_mindie.server.conn import json_response, serve_connection
+from tiny_mindie.server.conn import ConnectionLimits, json_response, serve_connection
 from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind
 from tiny_mindie.server.refusal_log import RateLimitedLog, RefusalLogs
 from tiny_mindie.server.tls import (
@@ -70,7 +70,7 @@ class Listening:
 
         async def serve(reader, writer):
             self.max_open = max(self.max_open, self.slots.open)
-            await serve_connection(reader, writer, ok, max_body_bytes=2**20)
+            await serve_connection(reader, writer, ok, ConnectionLimits(max_body_bytes=2**20))
 
         async def ok(req, stream):
             return json_response(200, {"ok": True})
@@ -271,7 +271,7 @@ def spawn_listener(nofile: int, main: str) -> subprocess.Popen:
     in scope) and then waiting 30 s; stdout and stderr piped."""
     script = textwrap.dedent(f"""
         import asyncio, logging, resource
-        from tiny_mindie.server.conn import json_response, serve_connection
+        from tiny_mindie.server.conn import ConnectionLimits, json_response, serve_connection
         from tiny_mindie.server.listen import ConnectionSlots, TCPListener, bind, connection_limit
         from tiny_mindie.server.refusal_log import RefusalLogs
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
@@ -281,7 +281,8 @@ def spawn_listener(nofile: int, main: str) -> subprocess.Popen:
             return json_response(200, {{"ok": True}})
 
         async def serve(reader, writer):
-            await serve_connection(reader, writer, ok, max_body_bytes=1024, idle_timeout=60)
+            await serve_connection(reader, writer, ok,
+                                   ConnectionLimits(max_body_bytes=1024, idle_timeout=60))
 
         async def main():
     """) + textwrap.indent(textwrap.dedent(main), "    ") + textwrap.dedent("""

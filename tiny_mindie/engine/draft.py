@@ -23,8 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..model.backend import Backend, SeqChunk
-from ..model.tokenizer import Tokenizer
-from ..model.tokenizer_load import Vocabulary
+from ..model.tokenizer import Tokenizer, Vocabulary
 
 #: A drafted token whose probability under the draft is below this ends the proposal.
 P_MIN = 0.5

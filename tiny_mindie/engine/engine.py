@@ -168,12 +168,10 @@ class Engine:
         matcher = (compile_constraint(self.tokenizer, req.constraint).matcher()
                    if req.constraint is not None else None)
         self.start()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
         max_new = min(req.stop.max_new_tokens, self.limits.max_iter_times,
                       self.max_seq_len - len(req.prompt_ids))
-        seq = Sequence(req, loop, queue, self.tokenizer, max_new, time.monotonic(),
-                        self.limits.max_buffered_events, matcher, self._speculator.policies())
+        seq = Sequence(req, asyncio.get_running_loop(), self.tokenizer, max_new, time.monotonic(),
+                       self.limits.max_buffered_events, matcher, self._speculator.policies())
         with self._cond:
             if self._stopping or self._draining:
                 raise GenerationError.stopped()
@@ -183,7 +181,7 @@ class Engine:
         done = False
         try:
             while True:
-                item = await queue.get()
+                item = await seq.queue.get()
                 if isinstance(item, GenerationError):
                     done = True
                     raise item

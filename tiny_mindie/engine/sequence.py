@@ -18,11 +18,13 @@ from .speculation import SpeculationPolicy
 
 
 class Sequence:
-    """Engine-thread state of one request."""
+    """Engine-thread state of one request. Its events (token events, then maybe a
+    :class:`GenerationError`) reach the caller through :attr:`queue`, on ``loop``; more than
+    ``max_buffered`` unread ends the request."""
 
     def __init__(self, req: GenerationRequest, loop: asyncio.AbstractEventLoop,
-                 queue: asyncio.Queue, tokenizer: Tokenizer, max_new_tokens: int, now: float,
-                 max_buffered: int, matcher: Matcher | None = None,
+                 tokenizer: Tokenizer, max_new_tokens: int, now: float, max_buffered: int,
+                 matcher: Matcher | None = None,
                  policies: dict[str, SpeculationPolicy] | None = None):
         self.req = req
         self.matcher = matcher      # the request's place in its grammar (constraint), or None
@@ -32,7 +34,7 @@ class Sequence:
         self.held = (np.array(sorted(set(tokenizer.eog_ids) | set(req.stop.stop_token_ids)),
                               np.intp) if req.stop.min_tokens else None)
         self.loop = loop
-        self.queue = queue
+        self.queue: asyncio.Queue = asyncio.Queue()
         self.tokens: list[int] = list(req.prompt_ids)
         self.n_prompt = len(req.prompt_ids)
         self.n_cached = 0         # positions [0, n_cached) of the slot hold this sequence's KV

@@ -21,6 +21,7 @@ import os
 import re
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 TOKEN_NORMAL = 1
 TOKEN_UNKNOWN = 2
@@ -35,6 +36,37 @@ TOKEN_BYTE = 6
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The ids, texts and kinds of a model's tokens as its :class:`Tokenizer` holds them, read
+    from the GGUF metadata alone (:func:`~tiny_mindie.model.tokenizer_load.read_vocabulary`: no
+    tokenizer is built); it answers the questions a :class:`Tokenizer` answers about them
+    (``vocab_size``, ``bos_id``, ``eos_id``, ``eog_ids``, :meth:`token_text`,
+    :meth:`is_special`).
+
+    ``tokens``: each token's piece as stored; ``types``: its GGUF token type (``TOKEN_*``,
+    end-of-generation tokens as control); ``bos_id``, ``eos_id``: ``None`` when absent;
+    ``eog_ids``: the ids that end generation."""
+
+    tokens: list[str]
+    types: list[int]
+    bos_id: int | None
+    eos_id: int | None
+    eog_ids: frozenset[int]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The token's piece as stored (``IndexError`` outside the vocabulary)."""
+        return self.tokens[token_id]
+
+    def is_special(self, token_id: int) -> bool:
+        """True for control tokens, end-of-generation ones included."""
+        return self.types[token_id] == TOKEN_CONTROL
 
 
 class Tokenizer:
@@ -66,17 +98,24 @@ class Tokenizer:
     add_bos: bool
     chat_template: str | None
 
-    def __init__(self, *, kind: str, tokens: list[str], token_types: list[int],
-                 token_bytes: list[bytes], bos_id: int | None, eos_id: int | None,
-                 eog_ids: frozenset[int], add_bos: bool, chat_template: str | None,
-                 pre: str | None = None, hf=None, spm=None, add_space_prefix: bool = False):
-        """Internal: use :func:`~tiny_mindie.model.tokenizer_load.load_tokenizer`."""
+    def __init__(self, vocab: Vocabulary, *, kind: str, token_bytes: list[bytes], add_bos: bool,
+                 chat_template: str | None, pre: str | None = None, encoder=None,
+                 add_space_prefix: bool = False):
+        """Internal: use :func:`~tiny_mindie.model.tokenizer_load.load_tokenizer`.
+
+        ``vocab``: the tokens; ``token_bytes``: each token's bytes as :meth:`token_bytes`
+        gives them; ``encoder``: the library that encodes text, a Hugging Face
+        ``tokenizers.Tokenizer`` for ``kind="gpt2"``, a ``sentencepiece.SentencePieceProcessor``
+        for ``kind="llama"``, or ``None`` when :meth:`encode` is never called)."""
+        tokens, token_types = vocab.tokens, vocab.types
+        hf = encoder if kind == "gpt2" else None
+        spm = encoder if kind == "llama" else None
         self.kind = kind
         self.pre = pre
         self.vocab_size = len(tokens)
-        self.bos_id = bos_id
-        self.eos_id = eos_id
-        self.eog_ids = eog_ids
+        self.bos_id = vocab.bos_id
+        self.eos_id = vocab.eos_id
+        self.eog_ids = vocab.eog_ids
         self.add_bos = add_bos
         self.chat_template = chat_template
         self._tokens = tokens

@@ -27,6 +27,7 @@ from .tokenizer import (
     TOKEN_UNKNOWN,
     TOKEN_USER_DEFINED,
     Tokenizer,
+    Vocabulary,
 )
 
 # the tokenizer's one logger, whichever of its modules writes the line
@@ -78,32 +79,6 @@ def _kind(f: GGUFFile) -> str:
     return model
 
 
-@dataclass(frozen=True)
-class Vocabulary:
-    """The ids, texts and kinds of a model's tokens as its :class:`Tokenizer` holds them, read
-    from the GGUF metadata alone (:func:`read_vocabulary`: no tokenizer is built); it answers
-    the questions a :class:`Tokenizer` answers about them (``vocab_size``, ``bos_id``,
-    ``eos_id``, ``eog_ids``, :meth:`token_text`, :meth:`is_special`)."""
-
-    tokens: list[str]
-    types: list[int]
-    bos_id: int | None
-    eos_id: int | None
-    eog_ids: frozenset[int]
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.tokens)
-
-    def token_text(self, token_id: int) -> str:
-        """The token's piece as stored (``IndexError`` outside the vocabulary)."""
-        return self.tokens[token_id]
-
-    def is_special(self, token_id: int) -> bool:
-        """True for control tokens, end-of-generation ones included."""
-        return self.types[token_id] == TOKEN_CONTROL
-
-
 def read_vocabulary(f: GGUFFile) -> Vocabulary:
     """The :class:`Vocabulary` :func:`load_tokenizer` would give ``f``'s tokenizer.
 
@@ -112,6 +87,11 @@ def read_vocabulary(f: GGUFFile) -> Vocabulary:
     """
     kind, v = _kind(f), _read_vocab(f)
     bos_id, eos_id = _sentencepiece_ids(f, v) if kind == "llama" else (v.bos_id, v.eos_id)
+    return _vocabulary(v, bos_id, eos_id)
+
+
+def _vocabulary(v: _Vocab, bos_id: int | None, eos_id: int | None) -> Vocabulary:
+    """``v`` as a :class:`Vocabulary` with these BOS and EOS ids (EOS ends generation too)."""
     return Vocabulary(tokens=v.tokens, types=v.types, bos_id=bos_id, eos_id=eos_id,
                       eog_ids=frozenset(v.eog | _opt(eos_id)))
 
@@ -276,11 +256,10 @@ def _load_byte_level_bpe(f: GGUFFile, v: _Vocab) -> Tokenizer:
         else t.encode("utf-8") if ty == TOKEN_USER_DEFINED else b""
         for t, ty in zip(v.tokens, v.types, strict=True)
     ]
-    return Tokenizer(kind="gpt2", pre=pre_name, tokens=v.tokens, token_types=v.types,
-                     token_bytes=token_bytes, bos_id=v.bos_id, eos_id=v.eos_id,
-                     eog_ids=frozenset(v.eog | _opt(v.eos_id)),
+    return Tokenizer(_vocabulary(v, v.bos_id, v.eos_id), kind="gpt2", pre=pre_name,
+                     token_bytes=token_bytes,
                      add_bos=bool(v.add_bos_key) if v.add_bos_key is not None else pre.add_bos,
-                     chat_template=v.chat_template, hf=hf)
+                     chat_template=v.chat_template, encoder=hf)
 
 
 def _build_hf_bpe(tokens: list[str], types: list[int], merges: list[str], pre: _Pre, path: str):
@@ -366,11 +345,10 @@ def _load_sentencepiece(f: GGUFFile, v: _Vocab) -> Tokenizer:
         else t.encode("utf-8") if ty == TOKEN_USER_DEFINED else b""
         for t, ty in zip(v.tokens, v.types, strict=True)
     ]
-    return Tokenizer(kind="llama", tokens=v.tokens, token_types=v.types,
-                     token_bytes=token_bytes, bos_id=bos_id, eos_id=eos_id,
-                     eog_ids=frozenset(v.eog | _opt(eos_id)),
+    return Tokenizer(_vocabulary(v, bos_id, eos_id), kind="llama", token_bytes=token_bytes,
                      add_bos=True if v.add_bos_key is None else bool(v.add_bos_key),
-                     chat_template=v.chat_template, spm=spm, add_space_prefix=add_space_prefix)
+                     chat_template=v.chat_template, encoder=spm,
+                     add_space_prefix=add_space_prefix)
 
 
 def _build_spm(tokens: list[str], types: list[int], scores: list[float], unk_id: int | None,

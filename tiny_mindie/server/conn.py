@@ -51,8 +51,8 @@ from .http_response import CONTINUE_100, format_response
 from .peer import peer_address, peer_subject, request_id
 from .sse import ChunkedStream, utf8
 
-__all__ = ["ErrorAnswers", "Handler", "Response", "ResponseStream", "json_response",
-           "serve_connection"]
+__all__ = ["ConnectionLimits", "ErrorAnswers", "Handler", "Response", "ResponseStream",
+           "json_response", "serve_connection"]
 
 log = logging.getLogger(__name__)
 
@@ -221,10 +221,30 @@ PLAIN_ANSWERS = ErrorAnswers(
     failed=Response(500, b"Internal server error", "text/plain; charset=utf-8"))
 
 
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one connection may take.
+
+    Attributes:
+        max_body_bytes: Request body limit in bytes; larger bodies are answered with 413
+            (:attr:`HTTPError.limit <.http_message.HTTPError>` names it).
+        idle_timeout: Seconds a request's body may stall between reads (-> 408) and a
+            response write may wait for the client.
+        keep_alive_timeout: Seconds a kept-alive connection may sit idle between two requests
+            before it is closed (``None``: ``idle_timeout``).
+        header_timeout: Seconds a request's header section may take in all, counted from its
+            first byte (-> 408); also how long a new connection may wait before its first
+            request (``None``: ``idle_timeout``).
+    """
+
+    max_body_bytes: int
+    idle_timeout: float = 60.0
+    keep_alive_timeout: float | None = None
+    header_timeout: float | None = None
+
+
 async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                           handler: Handler, *, max_body_bytes: int, idle_timeout: float = 60.0,
-                           keep_alive_timeout: float | None = None,
-                           header_timeout: float | None = None,
+                           handler: Handler, limits: ConnectionLimits, *,
                            server_header: str = "tiny_mindie",
                            answers: ErrorAnswers = PLAIN_ANSWERS) -> None:
     """Serve HTTP/1.1 requests on one connection until it closes; never raises (except
@@ -233,21 +253,11 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
     Args:
         reader, writer: The connection, as given by ``asyncio.start_server``.
         handler: ``async (Request, ResponseStream) -> Response | None`` (see module docstring).
-        max_body_bytes: Request body limit in bytes; larger bodies are answered with 413
-            (:attr:`HTTPError.limit <.http_message.HTTPError>` names it).
-        idle_timeout: Seconds a request's body may stall between reads (-> 408) and a
-            response write may wait for the client.
-        keep_alive_timeout: Seconds a kept-alive connection may sit idle between two requests
-            before it is closed (default: ``idle_timeout``).
-        header_timeout: Seconds a request's header section may take in all, counted from its
-            first byte (-> 408); also how long a new connection may wait before its first
-            request (default: ``idle_timeout``).
+        limits: Its body limit and timeouts (:class:`ConnectionLimits`).
         server_header: Value of the ``Server`` header.
         answers: The bodies of the answers it writes by itself (see :class:`ErrorAnswers`).
     """
-    conn = _Connection(reader, writer, handler, max_body_bytes, idle_timeout, server_header,
-                       idle_timeout if keep_alive_timeout is None else keep_alive_timeout,
-                       idle_timeout if header_timeout is None else header_timeout, answers)
+    conn = _Connection(reader, writer, handler, limits, server_header, answers)
     await conn.run()
 
 
@@ -255,20 +265,21 @@ class _Connection:
     """State of one connection while :func:`serve_connection` runs."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 handler: Handler, max_body_bytes: int, idle_timeout: float,
-                 server_header: str, keep_alive_timeout: float, header_timeout: float,
+                 handler: Handler, limits: ConnectionLimits, server_header: str,
                  answers: ErrorAnswers) -> None:
+        idle = limits.idle_timeout
         self.reader = reader
         self.writer = writer
         self.handler = handler
-        self.max_body_bytes = max_body_bytes
-        self.idle_timeout = idle_timeout
-        self.keep_alive_timeout = keep_alive_timeout
-        self.header_timeout = header_timeout
+        self.max_body_bytes = limits.max_body_bytes
+        self.idle_timeout = idle
+        self.keep_alive_timeout = idle if limits.keep_alive_timeout is None else \
+            limits.keep_alive_timeout
+        self.header_timeout = idle if limits.header_timeout is None else limits.header_timeout
         self.served = 0                 # requests answered on this connection
         self.server_header = server_header
         self.answers = answers
-        self.parser = RequestParser(max_body_bytes=max_body_bytes)
+        self.parser = RequestParser(max_body_bytes=limits.max_body_bytes)
         self.peer = writer.get_extra_info("peername")
         self.client_subject = peer_subject(writer)
 

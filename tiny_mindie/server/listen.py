@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from .conn import PLAIN_ANSWERS, ErrorAnswers, Handler, Response, serve_connection
+from .conn import PLAIN_ANSWERS, ConnectionLimits, ErrorAnswers, Handler, Response, serve_connection
 from .http_response import format_response
 from .peer import peer_address, request_id
 from .refusal_log import RefusalLogs
@@ -407,6 +407,9 @@ async def start_listeners(listeners: list[Listener],
     """
     slots = ConnectionSlots(limits.max_connections)
     logs = RefusalLogs()
+    each = ConnectionLimits(max_body_bytes=limits.max_body_bytes,
+                            keep_alive_timeout=limits.keep_alive_timeout,
+                            header_timeout=limits.header_timeout)
 
     def busy_answer() -> bytes:
         return format_response(busy.status, [("Date", email.utils.formatdate(usegmt=True)),
@@ -420,9 +423,7 @@ async def start_listeners(listeners: list[Listener],
             handle = handler_for(lst.planes)
 
             async def serve(reader, writer, handle=handle) -> None:
-                await serve_connection(reader, writer, handle, max_body_bytes=limits.max_body_bytes,
-                                       keep_alive_timeout=limits.keep_alive_timeout,
-                                       header_timeout=limits.header_timeout, answers=answers)
+                await serve_connection(reader, writer, handle, each, answers=answers)
 
             lst.server = TCPListener(bind(lst.host, lst.port, backlog=LISTEN_BACKLOG),
                                      serve, busy_answer, slots=slots, ssl_ctx=ssl_ctx,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gguf import GGUFFile
+from tiny_mindie.model.gguf import GGUFFile
 
 #: Operators that read only some rows of their tables (one per token or position): the
 #: operator and the positions of its inputs read that way.
