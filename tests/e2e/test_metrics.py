@@ -60,7 +60,7 @@ def test_one_outcome_vocabulary_for_the_access_log_and_the_counters():
     """The request record's outcome words are success and the counters' failure reasons, in
     order; every error kind's reason is one of them."""
     from tiny_mindie.api.errors import Kind
-    from tiny_mindie.engine.metrics import FAIL_REASONS
+    from tiny_mindie.api.metrics import FAIL_REASONS
     from tiny_mindie.server.routing import OUTCOMES
 
     assert OUTCOMES == ("success", *FAIL_REASONS) and FAIL_REASONS == REASONS

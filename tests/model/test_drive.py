@@ -13,7 +13,7 @@ import pytest
 
 from tiny_mindie.api.drive import fan_out, merged
 from tiny_mindie.api.errors import MINDIE, OPENAI, TGI, APIError, Kind, from_generation_error
-from tiny_mindie.engine.metrics import FAIL_REASONS
+from tiny_mindie.api.metrics import FAIL_REASONS
 from tiny_mindie.engine.request import (
     ErrorKind,
     GenerationError,

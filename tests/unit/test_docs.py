@@ -4,12 +4,14 @@ The README stays short (at most 400 lines) and says how to get the source before
 its test command is the one ``.ci/run`` runs; every relative link in the README and in docs/
 points to a file that exists, and every ``#anchor`` to a heading of that file; no commit
 hashes or review notes in user documentation; docs/design/architecture.md's module table names every
-module of ``tiny_mindie/`` and no other.
+module of ``tiny_mindie/`` and no other, and its request path is at most 10 steps, each function
+it names one that exists.
 """
 
 from __future__ import annotations
 
 import glob
+import importlib
 import os
 import re
 
@@ -172,3 +174,56 @@ def test_the_module_table_check_can_fail(tmp_path):
                     "## Later\n\n| `sub/new.py` | outside the section |\n")
     assert module_table_drift(str(page), str(tmp_path / "pkg")) == [
         "not in the table: sub/new.py", "no such module: sub/gone.py"]
+
+
+# ---- the request path ------------------------------------------------------------------------
+# `server/listen.TCPListener._accept`, `drive.merged`, `LLM.stream_async`: a module (its path
+# under tiny_mindie/, or the last part of one named before) or a class named before, then names
+STEP_REFERENCE = re.compile(r"`([\w/]+(?:\.\w+)+)`")
+
+
+def request_path(page: str) -> str:
+    """The section "A request, top to bottom" of ``page``."""
+    text = _read(page)
+    return text.split("## A request, top to bottom", 1)[1].split("\n## ", 1)[0]
+
+
+def path_drift(section: str) -> list[str]:
+    """What is wrong with a request path: more than 10 numbered steps (or none), and each
+    ``module.function`` it names that the package does not have."""
+    steps = re.findall(r"^\d+\. ", section, re.M)
+    bad = [] if 1 <= len(steps) <= 10 else [f"{len(steps)} steps"]
+    known: dict[str, object] = {}
+    for ref in STEP_REFERENCE.findall(section):
+        if ref.endswith(".py"):     # a file
+            continue
+        head, *names = ref.split(".")
+        if "/" in head or head not in known:
+            try:
+                known[head.rsplit("/", 1)[-1]] = obj = importlib.import_module(
+                    "tiny_mindie." + head.replace("/", "."))
+            except ImportError:
+                bad.append(f"no such module: {ref}")
+                continue
+        else:
+            obj = known[head]
+        for name in names:
+            obj = getattr(obj, name, None)
+            if isinstance(obj, type):
+                known[obj.__name__] = obj
+        if obj is None:
+            bad.append(f"no such function: {ref}")
+    return bad
+
+
+def test_the_request_path_is_ten_steps_naming_functions_that_exist():
+    assert path_drift(request_path(ARCHITECTURE)) == []
+
+
+def test_the_request_path_check_can_fail():
+    """Eleven steps, a module that is gone and a function that is gone are all caught."""
+    steps = "".join(f"{i}. step\n" for i in range(1, 12))
+    assert path_drift(steps + "`api/drive.send_stream`, `drive.gone`, `api/gone.f`, "
+                      "`server/routing.Router.handler_for`, `Router.nothing`") == [
+        "11 steps", "no such function: drive.gone", "no such module: api/gone.f",
+        "no such function: Router.nothing"]

@@ -73,15 +73,10 @@ def test_router_dispatches_by_path_method_and_plane():
 
 async def generates(req, stream, params):
     """Stands for a generation route: what api/drive.py adds to the access record."""
-    from tiny_mindie.server.routing import (
-        count_in_access_log,
-        first_token_in_access_log,
-        output_in_access_log,
-    )
-    first_token_in_access_log()
-    count_in_access_log("prompt_tokens", 7)
-    count_in_access_log("generated_tokens", 3)
-    output_in_access_log("the output")
+    stream.record.first_token_out()
+    stream.record.count("prompt_tokens", 7)
+    stream.record.count("generated_tokens", 3)
+    stream.record.keep_output("the output")
     if params["how"] == "gone":
         raise ConnectionResetError("client left")
     if params["how"] == "bug":
@@ -151,16 +146,14 @@ def test_one_outcome_per_request_for_the_access_record_and_its_listeners(caplog)
     in its line, and what the record's ``ended`` listeners (the /metrics counter) get, once."""
     import logging
 
-    from tiny_mindie.server.routing import current_record, report_outcome
-
     ended: list[tuple[str, str]] = []
 
     async def timed_out(req, stream, params):
-        rec = current_record()
+        rec = stream.record
         rec.ended.append(lambda outcome: ended.append((rec.request_id, outcome)))
-        report_outcome("success")          # one generation finished ...
-        report_outcome("timeout")          # ... another did not: the failure wins
-        report_outcome("success")
+        rec.report("success")          # one generation finished ...
+        rec.report("timeout")          # ... another did not: the failure wins
+        rec.report("success")
         return json_response(200, {})
 
     router = Router([Route("GET", "/late", BUSINESS, timed_out)],
@@ -198,12 +191,10 @@ def test_a_request_the_server_cancels_is_stopped(caplog):
     import logging
     import types
 
-    from tiny_mindie.server.routing import report_outcome
-
     started = asyncio.Event()
 
     async def forever(req, stream, params):
-        report_outcome("cancelled")       # what a generation closed early reports
+        stream.record.report("cancelled")       # what a generation closed early reports
         started.set()
         await asyncio.Event().wait()
 

@@ -59,8 +59,8 @@ async def _messages(app, req: Request, stream: ResponseStream) -> Response | Non
     shape = _Shape(app.llm, obj)
     if p.stream:
         events = _Events(shape, Blocks(p))
-        await send_stream(stream, merged(app.llm, [request]), ANTHROPIC, events.render,
-                          closing=events.closing, named=True)
+        await send_stream(stream, merged(app.llm, [request], record=stream.record), ANTHROPIC,
+                          events.render, closing=events.closing, named=True)
         return None
     blocks = await run_blocks(app.llm, request, p, stream)
     if blocks is None:

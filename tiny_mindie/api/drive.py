@@ -2,11 +2,14 @@
 engine and back to the wire. A family module keeps only its request parsing and the shapes of
 its answers; what they share is here, once:
 
-* :func:`route`: a family's route, its errors answered in the family's style;
+* :func:`route` and :func:`serve`: a family's route, and the one wrapper every route's handler
+  runs in: the app's refusal while the model loads, the request counted in ``/metrics``, its
+  errors answered in the family's style and their reason reported to the request's record;
 * :func:`build` and :func:`fan_out`: the engine request (tokenized off the event loop, its
   length checked) and its ``n`` samples, seeded ``seed + j``;
-* :func:`events`: one engine stream, whose outcome it reports to the request's record
-  (:func:`tiny_mindie.server.routing.report_outcome`); every generation of a route goes through it;
+* :func:`events`: one engine stream, whose events' counts and outcome it adds to the request's
+  record (the router's :class:`~tiny_mindie.server.routing.RequestRecord`, which the handler
+  gets as ``stream.record``); every generation of a route goes through it;
 * :func:`merged` and :func:`collect`: several engine streams at once through one bounded queue
   (a slow client holds the engine back, and the engine cuts it off as it would a single
   stream), every stream closed on every way out;
@@ -18,6 +21,7 @@ its answers; what they share is here, once:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
@@ -25,18 +29,10 @@ from ..engine.request import GenerationError, GenerationRequest, TokenEvent, nex
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_text
 from ..server.http import Request
-from ..server.routing import (
-    CANCELLED,
-    SUCCESS,
-    Route,
-    RouteHandler,
-    count_in_access_log,
-    first_token_in_access_log,
-    output_in_access_log,
-    report_outcome,
-)
+from ..server.routing import CANCELLED, SUCCESS, RequestRecord, Route, RouteHandler
 from ..server.sse import sse_event, utf8
 from .errors import MINDIE, APIError, Style, from_generation_error
+from .metrics import RequestCounters
 
 SSE = "text/event-stream"
 _END = object()
@@ -44,17 +40,38 @@ _END = object()
 
 def route(method: str, path: str, plane: str, handler: RouteHandler, *, style: Style = MINDIE,
           generation: bool = False) -> Route:
-    """A family's route: every :class:`APIError` of ``handler`` -- its own, the shared
-    validators', the engine's -- is answered in ``style`` (MindIE's needs nothing: errors
-    have it by default); ``generation`` routes are counted in ``/metrics``."""
-    async def styled(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+    """A family's route: its errors are answered in ``style`` and ``generation`` routes are
+    counted in ``/metrics``, once the app has put it in :func:`serve`."""
+    return Route(method, path, plane, handler, generation=generation, style=style)
+
+
+def serve(route: Route, refusal: Callable[[Route], APIError | None],
+          requests: RequestCounters) -> Route:
+    """``route`` with its handler in the one wrapper every route runs in. For each request:
+    ``refusal(route)`` (the app's answer while the model loads, or on a route the models
+    served lack) is raised instead of running the handler; a generation route's request is
+    counted in ``requests`` (received now, its outcome once its access record is written);
+    every :class:`APIError` -- the handler's own, the shared validators', the engine's, the
+    refusal -- is answered in the route's style and its kind's reason reported to the
+    request's record (``stream.record``: the routes must be served by a
+    :class:`~tiny_mindie.server.routing.Router`)."""
+    style, handler = route.style or MINDIE, route.handler
+
+    async def served(req: Request, stream: ResponseStream, params: dict) -> Response | None:
+        record: RequestRecord = stream.record
         try:
+            refused = refusal(route)
+            if refused is not None:
+                raise refused
+            if route.generation:
+                requests.request_received()
+                record.ended.append(requests.request_done)
             return await handler(req, stream, params)
         except APIError as err:
             err.style = style
+            record.report(err.kind.reason)
             raise
-    return Route(method, path, plane, handler if style is MINDIE else styled,
-                 generation=generation, style=style)
+    return dataclasses.replace(route, handler=served)
 
 
 # ---- requests ----------------------------------------------------------------------------
@@ -83,62 +100,63 @@ def fan_out(request: GenerationRequest, n: int) -> list[GenerationRequest]:
 
 
 # ---- engine streams ----------------------------------------------------------------------
-async def events(llm: LLM, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-    """The token events of ``request`` (``LLM.stream_async``), its outcome reported to the
-    request counter: success at the last event, the error's reason, or ``cancelled`` when
-    closed before its end (which cancels it in the engine); its tokens, first token time and
-    output counted in the access record.
+async def events(llm: LLM, request: GenerationRequest,
+                 record: RequestRecord | None = None) -> AsyncIterator[TokenEvent]:
+    """The token events of ``request`` (``LLM.stream_async``), each event's counts added to
+    the request's ``record`` (``None``: none) -- the prompt and cached tokens and the first
+    token's time with the first event, one generated token with each, the output with the
+    last -- and its outcome reported there: success at the last event, the error's reason, or
+    ``cancelled`` when closed before its end (which cancels it in the engine).
 
     Raises:
         GenerationError: from the engine.
     """
     source = llm.stream_async(request)
+    tally = record if record is not None else RequestRecord("", 0.0)   # outside a request
     ended = False
     try:
         async for ev in source:
             if ev.index == 0:
-                first_token_in_access_log()
-                count_in_access_log("prompt_tokens", ev.prompt_tokens)
-                count_in_access_log("cached_tokens", ev.cached_tokens)
-            count_in_access_log("generated_tokens", 1)
+                tally.first_token_out()
+                tally.count("prompt_tokens", ev.prompt_tokens)
+                tally.count("cached_tokens", ev.cached_tokens)
+            tally.count("generated_tokens", 1)
             if ev.is_last:
                 ended = True
-                report_outcome(SUCCESS)
-                output_in_access_log(ev.generated_text or "")
+                tally.report(SUCCESS)
+                tally.keep_output(ev.generated_text or "")
             yield ev
     except GenerationError as err:
         ended = True
-        report_outcome(from_generation_error(err).kind.reason)
+        tally.report(from_generation_error(err).kind.reason)
         raise
     finally:
         if not ended:
-            report_outcome(CANCELLED)
+            tally.report(CANCELLED)
         await source.aclose()
 
 
 async def merged(llm: LLM, requests: Sequence[GenerationRequest], *,
-                 stop: asyncio.Event | None = None) -> AsyncIterator[tuple[int, TokenEvent]]:
+                 stop: asyncio.Event | None = None, record: RequestRecord | None = None
+                 ) -> AsyncIterator[tuple[int, TokenEvent]]:
     """``(index in requests, event)`` of all ``requests`` as they come, until each has its
-    last event -- or until ``stop`` is set (Triton's stopInfer). The streams run concurrently
-    into a queue of ``max(4, 2 * len(requests))`` events, so a consumer that does not keep up
-    holds them back (and the engine cuts them off past ``max_buffered_events``). Closing this
-    iterator, an error or a cancellation closes every stream (cancelling it in the engine).
+    last event or ``stop`` is set (Triton's stopInfer), counted in ``record`` (:func:`events`).
+    The streams run concurrently into a queue of ``max(4, 2 * len(requests))`` events: a slow
+    consumer holds them back (the engine cuts them off past ``max_buffered_events``). Closing
+    this iterator, an error or a cancellation closes every stream (cancelling it in the engine).
 
     Raises:
         GenerationError: the first engine error.
     """
     if len(requests) == 1 and stop is None:     # one stream needs no queue
-        source = events(llm, requests[0])
-        try:
+        async with contextlib.aclosing(events(llm, requests[0], record)) as source:
             async for ev in source:
                 yield 0, ev
-        finally:
-            await source.aclose()
         return
     queue: asyncio.Queue = asyncio.Queue(maxsize=max(4, 2 * len(requests)))
 
     async def pump(i: int, r: GenerationRequest) -> None:
-        source = events(llm, r)
+        source = events(llm, r, record)
         try:
             async for ev in source:
                 await queue.put((i, ev))
@@ -203,15 +221,16 @@ async def until_done_or_gone(work, stream: ResponseStream, poll_s: float = 0.2):
 
 async def collect(llm: LLM, requests: Sequence[GenerationRequest], stream: ResponseStream, *,
                   stop: asyncio.Event | None = None) -> list[list[TokenEvent]] | None:
-    """Every request's events (as :func:`merged` gives them, so up to ``stop``), one list per
-    request; ``None`` when the client left meanwhile (the requests are then cancelled).
+    """Every request's events (as :func:`merged` gives them, so up to ``stop``, their counts
+    in ``stream.record``), one list per request; ``None`` when the client left meanwhile (the
+    requests are then cancelled).
 
     Raises:
         APIError: the first engine error (the other requests are cancelled).
     """
     async def run() -> list[list[TokenEvent]]:
         got: list[list[TokenEvent]] = [[] for _ in requests]
-        source = merged(llm, requests, stop=stop)
+        source = merged(llm, requests, stop=stop, record=stream.record)
         try:
             async for i, ev in source:
                 got[i].append(ev)

@@ -31,7 +31,7 @@ import numpy as np
 from ..model.encoder_pool import finish
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from ..server.routing import BUSINESS, SUCCESS, count_in_access_log, report_outcome
+from ..server.routing import BUSINESS, SUCCESS, RequestRecord
 from .drive import route
 from .embeddings_request import EmbedJob, parse_llama, parse_openai, parse_tei
 from .errors import OPENAI, TEI, APIError, Kind, invalid
@@ -51,7 +51,7 @@ def routes(app) -> list:
                            f"model served is `{emb.name}`.", param="model",
                            code="model_not_found")
         job = await asyncio.to_thread(parse_openai, obj, emb.model.tokenizer, emb.model.config)
-        vectors = await _encode(emb, job)
+        vectors = await _encode(emb, job, stream.record)
 
         def answer() -> Response:
             data = [{"object": "embedding", "index": i,
@@ -66,13 +66,13 @@ def routes(app) -> list:
     async def tei_route(req: Request, stream: ResponseStream, params: dict) -> Response:
         emb, obj = await _body(app, req)
         job = await asyncio.to_thread(parse_tei, obj, emb.model.tokenizer, emb.model.config)
-        vectors = await _encode(emb, job)
+        vectors = await _encode(emb, job, stream.record)
         return await asyncio.to_thread(lambda: json_response(200, vectors.tolist()))
 
     async def llama_route(req: Request, stream: ResponseStream, params: dict) -> Response:
         emb, obj = await _body(app, req)
         job = await asyncio.to_thread(parse_llama, obj, emb.model.tokenizer, emb.model.config)
-        vectors = await _encode(emb, job)
+        vectors = await _encode(emb, job, stream.record)
         return await asyncio.to_thread(lambda: json_response(
             200, [{"index": i, "embedding": [v.tolist()]} for i, v in enumerate(vectors)]))
 
@@ -96,9 +96,9 @@ async def _body(app, req: Request):
     return emb, await read_json_object(req.body)
 
 
-async def _encode(emb, job: EmbedJob) -> np.ndarray:
+async def _encode(emb, job: EmbedJob, record: RequestRecord | None) -> np.ndarray:
     """The vectors of ``job`` (float32 ``[inputs, dimensions]``), finished as it asks; its
-    tokens counted in the access record.
+    tokens counted in the request's access ``record`` (``None``: none).
 
     Raises:
         APIError: 400 (OpenAI) / 413 (TEI) for ids the encoder refuses."""
@@ -112,8 +112,9 @@ async def _encode(emb, job: EmbedJob) -> np.ndarray:
         vectors = finish(pooled)
     else:
         vectors = finish(pooled, normalize=job.normalize, dimensions=job.dimensions)
-    count_in_access_log("prompt_tokens", job.tokens)
-    report_outcome(SUCCESS)
+    if record is not None:
+        record.count("prompt_tokens", job.tokens)
+        record.report(SUCCESS)
     return vectors
 
 

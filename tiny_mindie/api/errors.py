@@ -72,7 +72,7 @@ class Kind(enum.Enum):
     @property
     def reason(self) -> str:
         """The ``reason`` label of ``request_failed_total``
-        (:data:`~tiny_mindie.engine.metrics.FAIL_REASONS`)."""
+        (:data:`~tiny_mindie.api.metrics.FAIL_REASONS`)."""
         return _ANSWERS[self][1]
 
 

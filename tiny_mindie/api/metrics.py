@@ -1,5 +1,6 @@
-"""``GET /metrics``: Prometheus text exposition (format 0.0.4), written by hand; and the one place
-where HTTP requests to generation routes are counted, by the outcome their request record holds
+"""``GET /metrics``: Prometheus text exposition (format 0.0.4), written by hand; and
+:class:`RequestCounters`, the HTTP requests to generation routes, which the route wrapper
+(:func:`tiny_mindie.api.drive.serve`) counts by the outcome their request record holds
 (:mod:`tiny_mindie.server.routing`).
 
 Series are MindIE's (spec §4, ``prometheus_metrics.cpp``) under the prefix ``tiny_mindie_``
@@ -73,15 +74,18 @@ none.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import threading
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
 from ..engine.metrics import Metrics
 from ..server.conn import Response, ResponseStream
 from ..server.http import Request
-from ..server.routing import METRICS, Route, RouteHandler, current_record
+from ..server.routing import METRICS, OUTCOMES, SUCCESS, Route
+
+#: The ``reason`` label of ``request_failed_total``: every outcome of a request but success
+#: (:data:`~tiny_mindie.server.routing.OUTCOMES`).
+FAIL_REASONS = OUTCOMES[1:]
 
 PREFIX = "tiny_mindie_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -92,24 +96,44 @@ _PROCESS = CollectorRegistry(auto_describe=False)
 ProcessCollector(registry=_PROCESS)
 
 
-def count_requests(routes: list[Route], metrics: Callable[[], Metrics]) -> list[Route]:
-    """``routes`` with the handlers of generation routes (``Route.generation``) wrapped to count
-    each request once in ``metrics()`` (the loaded engine's): received on arrival, then its
-    outcome (:data:`~tiny_mindie.server.routing.OUTCOMES`, the same word as in its access
-    record) when it ends. The routes must be served by a
-    :class:`~tiny_mindie.server.routing.Router`, which keeps that record."""
-    return [dataclasses.replace(r, handler=_counted(r.handler, metrics))
-            if r.generation else r for r in routes]
+class RequestCounters:
+    """The HTTP requests to generation routes, counted once each: received on arrival, then
+    one outcome when the request ends -- ``success`` or a reason of :data:`FAIL_REASONS`, the
+    same word as in its access record. Every method is safe from any thread."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.received = 0
+        self.success = 0
+        self.failed = dict.fromkeys(FAIL_REASONS, 0)
 
-def _counted(handler: RouteHandler, get_metrics: Callable[[], Metrics]) -> RouteHandler:
-    async def counted(req: Request, stream: ResponseStream, params: dict) -> Response | None:
-        metrics = get_metrics()
-        metrics.request_received()
-        current_record().ended.append(metrics.request_done)
-        return await handler(req, stream, params)
+    def request_received(self) -> None:
+        with self._lock:
+            self.received += 1
 
-    return counted
+    def request_done(self, outcome: str) -> None:
+        """Count a request's outcome: ``"success"`` or a reason of :data:`FAIL_REASONS`.
+
+        Raises:
+            KeyError: ``outcome`` is neither.
+        """
+        with self._lock:
+            if outcome == SUCCESS:
+                self.success += 1
+            else:
+                self.failed[outcome] += 1
+
+    @property
+    def in_flight(self) -> int:
+        """Requests received whose outcome is not counted yet."""
+        with self._lock:
+            return self.received - self.success - sum(self.failed.values())
+
+    def snapshot(self) -> dict:
+        """``{"received": int, "success": int, "failed": {reason: int}}``, consistent."""
+        with self._lock:
+            return {"received": self.received, "success": self.success,
+                    "failed": dict(self.failed)}
 
 
 # ---- exposition ---------------------------------------------------------------------------
@@ -149,15 +173,15 @@ class _Exposition:
 
 
 def render(metrics: Metrics | None, stats: dict | None, model_name: str,
-           embedder=None) -> str:
-    """The exposition text of ``metrics`` and the engine's ``stats()`` (``None``: no chat
-    model), the embedding series of ``embedder`` (an
-    :class:`~tiny_mindie.engine.embedder.Embedder`, or ``None``), then the ``process_*`` series
-    of this process."""
+           embedder=None, requests: RequestCounters | None = None) -> str:
+    """The exposition text of the engine's ``metrics`` and ``stats()`` (``None``: no chat
+    model) with the ``requests`` counted (``None``: none), the embedding series of
+    ``embedder`` (an :class:`~tiny_mindie.engine.embedder.Embedder`, or ``None``), then the
+    ``process_*`` series of this process."""
     out = _Exposition(model_name)
     if metrics is not None:
         snap = metrics.snapshot()
-        _requests(out, snap, stats)
+        _requests(out, (requests or RequestCounters()).snapshot(), stats)
         _tokens(out, snap)
         _caches(out, snap, stats)
     if embedder is not None:
@@ -184,7 +208,8 @@ def _embeddings(embedder) -> list[str]:
 
 
 def _requests(out: _Exposition, snap: dict, stats: dict) -> None:
-    """The request counters and the engine's running and waiting gauges."""
+    """The request counters (a :meth:`RequestCounters.snapshot`) and the engine's running
+    and waiting gauges."""
     out.simple("request_received_total", "counter", "Count of received requests.",
                snap["received"])
     out.simple("request_success_total", "counter", "Count of successfully processed requests.",
@@ -255,7 +280,8 @@ def routes(app) -> list[Route]:
         if llm is None:
             text = render(None, None, "", app.embedder)
         else:
-            text = render(llm.engine.metrics, llm.engine.stats(), llm.model_name, app.embedder)
+            text = render(llm.engine.metrics, llm.engine.stats(), llm.model_name, app.embedder,
+                          app.requests)
         return Response(200, text.encode("utf-8"), CONTENT_TYPE)
 
     return [Route("GET", "/metrics", METRICS, metrics_route)]

@@ -140,7 +140,7 @@ async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | No
     prompt, params, streaming, details = await asyncio.to_thread(parse_infer, req.body, llm)
     request = await build(llm, prompt, params)
     if streaming:
-        await send_stream(stream, merged(llm, [request]), MINDIE,
+        await send_stream(stream, merged(llm, [request], record=stream.record), MINDIE,
                           lambda item: [stream_event(item[1], request, details)])
         return None
     done = await collect(llm, [request], stream)

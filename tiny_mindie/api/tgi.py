@@ -211,7 +211,7 @@ async def tgi_stream(req: Request, stream: ResponseStream, llm: LLM, obj: dict) 
                                   **speculation_details(ev)}
         return [out]
 
-    await send_stream(stream, merged(llm, [request]), TGI, event)
+    await send_stream(stream, merged(llm, [request], record=stream.record), TGI, event)
     return None
 
 

@@ -220,8 +220,8 @@ class Triton:
             return [out]
 
         try:
-            await send_stream(stream, merged(self.llm, [request], stop=rec.stop), MINDIE, event,
-                              closing=stopped)
+            events = merged(self.llm, [request], stop=rec.stop, record=stream.record)
+            await send_stream(stream, events, MINDIE, event, closing=stopped)
         finally:
             self.running.pop(client_id, None)
         return None

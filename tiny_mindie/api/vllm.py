@@ -107,6 +107,6 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM,
         texts[k] = ev.generated_text if ev.is_last else texts[k] + ev.text
         return [{"text": [prompt + t for t in texts]}]
 
-    await send_stream(stream, merged(llm, requests), TGI, event, content_type="application/json",
-                      nul_framed=True)
+    await send_stream(stream, merged(llm, requests, record=stream.record), TGI, event,
+                      content_type="application/json", nul_framed=True)
     return None

@@ -106,7 +106,7 @@ class Engine:
         self._cond = threading.Condition()
         self._stopping = False
         self._draining = False    # drain(): no new requests; the admitted ones finish
-        self.metrics = Metrics()  # token counts and latencies (and, from the API layer, requests)
+        self.metrics = Metrics()  # token counts and latencies
         self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
         self._started = False
 

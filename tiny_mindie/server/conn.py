@@ -116,6 +116,8 @@ class ResponseStream:
         peer: The client's address (``host:port``), ``None`` when unknown.
         client_subject: The subject of the client's certificate (:func:`peer_subject`).
         status: The status :meth:`start` sent, ``None`` before.
+        record: What the request's access record shows, which the handler adds to (the
+            router's :class:`~.routing.RequestRecord`); ``None`` outside a router.
     """
 
     def __init__(self, writer: asyncio.StreamWriter, request: Request,
@@ -134,6 +136,7 @@ class ResponseStream:
         self.peer = peer
         self.client_subject = client_subject
         self.status: int | None = None
+        self.record = None
 
     @property
     def started(self) -> bool:

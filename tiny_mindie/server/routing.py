@@ -9,10 +9,12 @@ request itself is wrong, e.g. 404, 405, 422), ``too_long`` (424), ``timeout`` (a
 ``cancelled`` (the client left, asked for the generation to stop, or was cut off for not
 reading, before its answer was delivered), ``stopped`` (the service stopped it: a 503 while
 stopping or loading, a stream cut by the drain, a handler cancelled at the server's exit) or
-``internal`` (a server bug). The handler reports what it knows
-(:func:`report_outcome`: the first failure wins over success); the router adds what it sees
-(the client gone, the task cancelled, an exception). The same word is the request's
-``outcome`` in its access record and, on a generation route, how ``/metrics`` counts it.
+``internal`` (a server bug). The router hands each request's record to its handler as the
+response stream's ``record``; the handler reports what it knows there
+(:meth:`RequestRecord.report`: the first failure wins over success) and adds its token
+counts; the router adds what it sees (the client gone, the task cancelled, an exception).
+The same word is the request's ``outcome`` in its access record and, on a generation route,
+how ``/metrics`` counts it.
 
 The access record (logger ``tiny_mindie.access``, level INFO) is written when the request
 ends, however it ends -- answered, streamed to its end, or abandoned (the client went away,
@@ -41,7 +43,6 @@ client's TLS certificate), ``peer``; and with ``Router.log_bodies`` also ``reque
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import math
 import time
@@ -97,47 +98,22 @@ class RequestRecord:
         if self.outcome is None or (self.outcome == SUCCESS and outcome != SUCCESS):
             self.outcome = outcome
 
+    def count(self, name: str, n: int) -> None:
+        """Add ``n`` to the count ``name`` (one of :data:`TOKEN_COUNTS`, e.g.
+        ``cached_tokens``: prompt tokens served from the prefix cache, summed over the
+        request's generations)."""
+        self.counts[name] = self.counts.get(name, 0) + n
 
-# The record of the request being handled: a mutable object, so the tasks a handler starts
-# (which get a copy of the context) add to it too.
-_record: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
-    "tiny_mindie_request", default=None)
+    def first_token_out(self) -> None:
+        """Note that the request's first token is out (``ttft_ms``); later calls change
+        nothing."""
+        if self.first_token is None:
+            self.first_token = time.monotonic()
 
-
-def current_record() -> RequestRecord | None:
-    """The record of the request being handled in this context; ``None`` outside one."""
-    return _record.get()
-
-
-def report_outcome(outcome: str) -> None:
-    """:meth:`RequestRecord.report` on the current request's record; nothing outside one."""
-    rec = _record.get()
-    if rec is not None:
-        rec.report(outcome)
-
-
-def count_in_access_log(name: str, n: int) -> None:
-    """Add ``n`` to the count ``name`` of the current request's access record (e.g.
-    ``cached_tokens``: prompt tokens served from the prefix cache, summed over the request's
-    generations); nothing outside a request."""
-    rec = _record.get()
-    if rec is not None:
-        rec.counts[name] = rec.counts.get(name, 0) + n
-
-
-def first_token_in_access_log() -> None:
-    """Note that the current request's first token is out (the record's ``ttft_ms``); later
-    calls change nothing."""
-    rec = _record.get()
-    if rec is not None and rec.first_token is None:
-        rec.first_token = time.monotonic()
-
-
-def output_in_access_log(text: str) -> None:
-    """Keep a generated ``text`` for the access record when ``Router.log_bodies`` is on."""
-    rec = _record.get()
-    if rec is not None and rec.keep_text:
-        rec.output.append(text)
+    def keep_output(self, text: str) -> None:
+        """Keep a generated ``text`` for the access record (only with :attr:`keep_text`)."""
+        if self.keep_text:
+            self.output.append(text)
 
 
 # The planes of spec §1: each listens on its own port unless the ports are equal; and
@@ -222,7 +198,7 @@ class Router:
         async def handle(req: Request, stream: ResponseStream) -> Response | None:
             rec = RequestRecord(stream.request_id, time.monotonic(), keep_text=self.log_bodies)
             stream.max_backlog = max_backlog_bytes
-            token = _record.set(rec)
+            stream.record = rec
             resp, seen = None, INTERNAL      # an exception nobody expected: a bug
             try:
                 resp = await _dispatch(routes, error_body, rec, req, stream)
@@ -237,7 +213,6 @@ class Router:
                 seen = rec.outcome = STOPPED     # the server's doing, whatever was reported
                 raise
             finally:
-                _record.reset(token)
                 _end(req, stream, rec, resp, seen)
 
         return handle

@@ -9,10 +9,10 @@ listener (``ServerConfig.healthPort``) serves the health routes only, over plain
 
 The listeners start before the model is loaded (or pulled): until :meth:`App.loaded`, the app
 is *loading* (:class:`Loading`) and every route but the health ones answers 503 with what the
-load is doing, in its family's error style -- one gate, :meth:`App._served`, in front of the
-handlers, which so never see an app without a model. The same wrapper reports the outcome of an
-:class:`~.api.errors.APIError` answer (its kind's reason) to the request's record, which the
-access log and ``/metrics`` read (:mod:`tiny_mindie.server.routing`).
+load is doing, in its family's error style: :meth:`App.refusal`, which the one route wrapper
+(:func:`tiny_mindie.api.drive.serve`) asks before each handler, so that handlers never see an
+app without a model. That wrapper also counts the generation routes' requests in
+:attr:`App.requests` (``/metrics``) and answers every error in its family's style.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from ..api import (
     triton,
     webui,
 )
-from ..api.errors import MINDIE, APIError, Kind, error_body
+from ..api.drive import serve
+from ..api.errors import APIError, Kind, error_body
 from ..api.openai import responses
 from ..api.openai import routes as openai
 from ..api.server_errors import answers
@@ -40,7 +41,7 @@ from ..llm import LLM
 from ..server import listen
 from ..server.conn import Handler, json_response
 from ..server.listen import Listener, bind, connection_limit
-from ..server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router, report_outcome
+from ..server.routing import BUSINESS, HEALTH, MANAGEMENT, METRICS, Route, Router
 from .shutdown import ShutdownControl
 
 #: What the plain-HTTP health listener serves (GET only), and its connections at once.
@@ -107,13 +108,14 @@ class App:
         #: Connections open at once: maxLinkNum, or less when the open files limit is lower
         #: (set by :func:`start_listeners`).
         self.max_link_num = cfg.server.max_link_num
-        # Each API family contributes its routes: ``module.routes(app) -> list[Route]``; those
-        # that generate (``Route.generation``) are counted in /metrics.
-        counted = metrics.count_requests(
-            [r for family in (mindie, manage, metrics, tgi, triton, openai,
-                                           responses, anthropic, tokenize, webui, embeddings)
-             for r in family.routes(self)], lambda: self.llm.engine.metrics)
-        self.routes: list[Route] = [self._served(r) for r in counted]
+        #: The HTTP requests to generation routes (``Route.generation``), for /metrics.
+        self.requests = metrics.RequestCounters()
+        # Each API family contributes its routes: ``module.routes(app) -> list[Route]``.
+        self.routes: list[Route] = [
+            serve(r, self.refusal, self.requests)
+            for family in (mindie, manage, metrics, tgi, triton, openai, responses, anthropic,
+                           tokenize, webui, embeddings)
+            for r in family.routes(self)]
         self.routes += [dataclasses.replace(r, plane=HEALTH) for r in self.routes
                         if r.plane == MANAGEMENT and r.method == "GET" and r.path in HEALTH_PATHS]
         self.router = Router(self.routes, error_body)
@@ -124,7 +126,7 @@ class App:
 
         Raises:
             RuntimeError: still loading, or no chat model is served (no route handler asks
-                then: see :meth:`_served`)."""
+                then: see :meth:`refusal`)."""
         if self._llm is None:
             raise RuntimeError("the model is not loaded yet")
         return self._llm
@@ -141,35 +143,20 @@ class App:
         self.embedder = embedder
         self.loading = None
 
-    def _no_chat(self, route: Route) -> APIError:
-        name = self.embedder.name if self.embedder is not None else "none"
-        return APIError(Kind.NOT_FOUND, f"{route.method} {route.path}: this server serves "
-                        f"the embedding model {name} alone, no chat model (start it with "
-                        "--model to generate); its routes are POST /v1/embeddings, /embed and "
-                        "/embedding")
-
-    def _served(self, route: Route) -> Route:
-        """``route`` answering 503 ``The model is loading: ...`` in its family's error style
-        while the model loads (unless it has ``needs_model`` false), and reporting the
-        reason of each :class:`APIError` it answers as the request's outcome."""
-        inner = route.handler
-
-        async def served(req, stream, params):
-            try:
-                loading = self.loading
-                if loading is not None and route.needs_model:
-                    err = APIError(Kind.LOADING, loading.message, headers=(("Retry-After", "1"),))
-                    err.style = route.style or MINDIE
-                    raise err
-                if loading is None and self._llm is None and route.path not in WITHOUT_CHAT:
-                    err = self._no_chat(route)
-                    err.style = route.style or MINDIE
-                    raise err
-                return await inner(req, stream, params)
-            except APIError as err:
-                report_outcome(err.kind.reason)
-                raise
-        return dataclasses.replace(route, handler=served)
+    def refusal(self, route: Route) -> APIError | None:
+        """What ``route`` answers instead of running its handler, or ``None``: 503 ``The model
+        is loading: ...`` while the model loads (unless the route has ``needs_model`` false),
+        404 on a route that needs the chat model when an embedding model alone is served."""
+        loading = self.loading
+        if loading is not None and route.needs_model:
+            return APIError(Kind.LOADING, loading.message, headers=(("Retry-After", "1"),))
+        if loading is None and self._llm is None and route.path not in WITHOUT_CHAT:
+            name = self.embedder.name if self.embedder is not None else "none"
+            return APIError(Kind.NOT_FOUND, f"{route.method} {route.path}: this server serves "
+                            f"the embedding model {name} alone, no chat model (start it with "
+                            "--model to generate); its routes are POST /v1/embeddings, /embed "
+                            "and /embedding")
+        return None
 
     def handler_for(self, planes: frozenset[str]) -> Handler:
         """The connection handler of a listener that serves ``planes``."""

@@ -153,7 +153,7 @@ async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
     llm, embedder = load.result()
     app.loaded(llm, embedder)
     if llm is not None:
-        ctl.serving(llm.engine)
+        ctl.serving(llm.engine, app.requests)
         threading.Thread(target=_prepare_constraints, args=(llm,), daemon=True,
                          name="tiny_mindie-grammar-vocabulary").start()
     say(banner(cfg, llm, listeners, files, time.monotonic() - t0, embedder))

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..api.metrics import RequestCounters
     from ..engine.engine import Engine
 
 log = logging.getLogger("tiny_mindie")
@@ -32,6 +33,9 @@ class ShutdownControl:
         force: the stop cancels what is running instead of letting it finish.
         signals: the SIGTERM and SIGINT received so far.
         engine: the loaded model's engine; ``None`` while it loads.
+        requests: the app's HTTP requests to generation routes
+            (:class:`~tiny_mindie.api.metrics.RequestCounters`), given with the engine, or
+            ``None``.
     """
 
     def __init__(self) -> None:
@@ -40,15 +44,18 @@ class ShutdownControl:
         self.force = False
         self.signals = 0
         self.engine: Engine | None = None
+        self.requests: RequestCounters | None = None
 
     @property
     def stopping(self) -> bool:
         return self.requested.is_set()
 
-    def serving(self, engine: Engine) -> None:
+    def serving(self, engine: Engine, requests: RequestCounters | None = None) -> None:
         """The model is in: ``engine`` is the one to drain (at once if a stop was asked for
-        while the model loaded)."""
+        while the model loaded), and the ``requests`` in flight the ones to wait for
+        (``None``: no HTTP requests are counted)."""
         self.engine = engine
+        self.requests = requests
         if self.stopping:
             engine.drain()
 
@@ -100,7 +107,7 @@ class ShutdownControl:
                 deadline = loop.time() + force_wait_s
                 if engine is not None:
                     await asyncio.to_thread(engine.stop)
-            if _engine_idle(engine, forced=deadline is not None) and (
+            if _engine_idle(engine, self.requests, forced=deadline is not None) and (
                     idle is None or deadline is not None or idle()):
                 break
             if deadline is not None and loop.time() > deadline:
@@ -109,11 +116,11 @@ class ShutdownControl:
         self.drained.set()
 
 
-def _engine_idle(engine, forced: bool) -> bool:
+def _engine_idle(engine, requests, forced: bool) -> bool:
     """No counted HTTP request in flight and, unless ``forced``, nothing running or waiting
     (no engine: true)."""
     if engine is None:
         return True
     st = engine.stats()
-    return engine.metrics.in_flight == 0 and (
+    return (requests is None or requests.in_flight == 0) and (
         forced or (st["running"] == 0 and st["waiting"] == 0))

@@ -54,7 +54,7 @@ async def _responses(app, req: Request, stream: ResponseStream) -> Response | No
     shape = _Shape(obj, app.llm.model_name)
     if p.stream:
         events = _Events(shape, Blocks(p, cut_call=True))
-        await send_stream(stream, merged(app.llm, [request]),
+        await send_stream(stream, merged(app.llm, [request], record=stream.record),
                           ResponsesEventStyle(events.number), events.render,
                           closing=events.closing, named=True)
         return None

@@ -19,7 +19,7 @@ async def stream_answer(llm: LLM, stream: ResponseStream, p: Parsed, env: Envelo
     ``data: [DONE]``; ``prefixes`` are the echoed prompts. An engine error before the first
     token is raised (its own status), one after it is the stream's last event."""
     chunks = _Chunks(llm, p, env, prefixes, len(flat))
-    await send_stream(stream, merged(llm, flat), OPENAI, chunks.event,
+    await send_stream(stream, merged(llm, flat, record=stream.record), OPENAI, chunks.event,
                       opening=chunks.opening(), closing=chunks.closing, done="[DONE]")
 
 
