@@ -116,8 +116,7 @@ class ResponseStream:
         peer: The client's address (``host:port``), ``None`` when unknown.
         client_subject: The subject of the client's certificate (:func:`peer_subject`).
         status: The status :meth:`start` sent, ``None`` before.
-        record: What the request's access record shows, which the handler adds to (the
-            router's :class:`~.routing.RequestRecord`); ``None`` outside a router.
+        record: The access record the handler adds to (:class:`~.routing.RequestRecord`).
     """
 
     def __init__(self, writer: asyncio.StreamWriter, request: Request,
