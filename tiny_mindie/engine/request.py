@@ -1,7 +1,9 @@
 """The engine's request and event types: what the API adapters hand in and get back.
 
 Nothing here knows about HTTP or numpy; the API families translate their JSON into a
-:class:`GenerationRequest` and each :class:`TokenEvent` back into their own JSON.
+:class:`GenerationParams` (once, complete), whose :meth:`~GenerationParams.requests` are the
+engine's requests (:class:`GenerationRequest`), and each :class:`TokenEvent` back into their
+own JSON.
 """
 
 from __future__ import annotations
@@ -134,9 +136,9 @@ class StopCriteria:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationRequest:
-    """One generation job.
+    """One generation job (built by :meth:`GenerationParams.requests`, never changed after).
 
     Attributes:
         prompt_ids: token ids of the prompt (BOS already added when the model wants it).
