@@ -16,19 +16,18 @@ import asyncio
 import gc
 import os
 import re
-import secrets
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .engine.draft import DraftModel, vocabulary_difference
 from .engine.engine import Engine, EngineLimits
 from .engine.request import (
-    Constraint,
+    MAX_SEED,
+    ErrorKind,
     GenerationError,
+    GenerationParams,
     GenerationRequest,
-    SamplingParams,
-    StopCriteria,
     TokenEvent,
 )
 from .engine.scheduler import SchedulerLimits
@@ -40,7 +39,7 @@ from .model.ort.providers import CPU
 from .model.registry.catalog import DEFAULT_MODEL, resolve
 from .model.tokenizer_load import Vocabulary, read_vocabulary
 
-MAX_SEED = 2**63 - 1
+__all__ = ["LLM", "GenerationParams", "Completion", "MAX_SEED"]
 #: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole (exactly): at most 1 MB of
 #: UTF-8, so that the time and memory its tokenization takes stay bounded.
 TAIL_LIMIT = 250_000
@@ -225,10 +224,11 @@ class LLM:
         return tail(len(text) - 5 * keep if cuts[1] is None else cuts[1])
 
     def check_text_length(self, text: str) -> None:
-        """Refuse a text that holds more tokens than any prompt may, without tokenizing it:
-        every token covers at most ``longest_token`` bytes, so ``bytes // longest_token`` is a
-        lower bound of its token count (a huge text is refused before tokenizing it would cost
-        time and memory in proportion to its size).
+        """The first step of :meth:`prompt_ids` for a text: refuse one that holds more tokens
+        than any prompt may, without tokenizing it: every token covers at most
+        ``longest_token`` bytes, so ``bytes // longest_token`` is a lower bound of its token
+        count (a huge text is refused before tokenizing it would cost time and memory in
+        proportion to its size).
 
         Raises:
             GenerationError: ``"too_long"`` (HTTP 424) with MindIE's message.
@@ -237,68 +237,70 @@ class LLM:
         if at_least > self.engine.max_input_len:
             raise GenerationError.too_long(self.engine.max_input_len, at_least, at_least=True)
 
-    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        """The token ids of a prompt that fits: the one check of a prompt's length every route
-        makes. A text is first refused by its length alone (:meth:`check_text_length`), then
-        tokenized (:meth:`encode`); the ids must number 1 .. ``maxInputTokenLen``
-        (``Engine.check_prompt``, which ``Engine.generate`` applies again to any request).
+    def prompt_ids(self, prompt: str | Sequence[int],
+                   encode: Callable[[str], list[int]] | None = None) -> list[int]:
+        """The token ids of a prompt that fits: the one check of a prompt's length, which
+        every route's prompt goes through once (the engine trusts it). A text is first refused
+        by its length alone (:meth:`check_text_length`), then tokenized by ``encode``
+        (:meth:`encode` by default; the chat's encoder shields the client's strings); the ids
+        must number 1 .. ``maxInputTokenLen``.
 
         Raises:
+            TypeError: ``prompt`` is neither a text nor a sequence of token ids.
             GenerationError: ``"too_long"`` (HTTP 424), ``"empty"`` (HTTP 422).
         """
         if isinstance(prompt, str):
             self.check_text_length(prompt)
-            ids = self.encode(prompt)
-        else:
+            ids = (encode or self.encode)(prompt)
+        elif isinstance(prompt, Sequence) and all(
+                isinstance(i, int) and not isinstance(i, bool) for i in prompt):
             ids = list(prompt)
-        self.engine.check_prompt(len(ids))
+        else:
+            raise TypeError("prompt must be a str or a sequence of token ids, "
+                            f"got {type(prompt).__name__}")
+        limit = self.engine.max_input_len
+        if len(ids) > limit:
+            raise GenerationError.too_long(limit, len(ids))
+        if not ids:
+            raise GenerationError(ErrorKind.EMPTY, "Inputs must not be empty.")
         return ids
 
-    def make_request(self, prompt: str | Sequence[int], *, max_new_tokens: int = 20,
-                     do_sample: bool | None = None, temperature: float = 1.0, top_k: int = 0,
-                     top_p: float = 1.0, typical_p: float = 1.0, repetition_penalty: float = 1.0,
-                     seed: int | None = None, watermark: bool = False, stop: Sequence[str] = (),
-                     include_stop_string: bool = False, stop_token_ids: Sequence[int] = (),
-                     ignore_eos: bool = False, priority: int = 5,
-                     timeout_s: float | None = None, logit_bias: Mapping[int, float] | None = None,
-                     constraint: Constraint | None = None, min_p: float = 0.0,
-                     min_tokens: int = 0) -> GenerationRequest:
-        """Build a :class:`GenerationRequest` from keyword parameters.
-
-        ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p is set away
-        from its neutral value (TGI's rule), else decodes greedily. ``seed=None`` draws one.
-        ``logit_bias``: token id -> bias in [-100, 100] added to its logit; ``constraint``: a
-        grammar the output must follow (:class:`~tiny_mindie.engine.request.Constraint`);
-        ``min_p`` and ``min_tokens``: see ``SamplingParams`` and ``StopCriteria``.
+    def make_requests(self, prompt: str | Sequence[int],
+                      params: GenerationParams) -> list[GenerationRequest]:
+        """The ``params.n`` requests of ``prompt``: its ids checked once (:meth:`prompt_ids`),
+        sample ``j`` seeded ``seed + j`` (:meth:`GenerationParams.requests`).
 
         Raises:
             ValueError: a parameter out of range.
+            TypeError, GenerationError: as :meth:`prompt_ids`.
+        """
+        return params.requests(self.prompt_ids(prompt))
+
+    def make_request(self, prompt: str | Sequence[int], params: GenerationParams | None = None,
+                     **fields) -> GenerationRequest:
+        """One :class:`GenerationRequest` for ``prompt``: from ``params``, or from the
+        keyword ``fields`` of a :class:`~tiny_mindie.engine.request.GenerationParams`
+        (``max_new_tokens``, ``do_sample``, ``temperature``, ``seed``, ``stop``, ...).
+        ``do_sample=None`` samples when any of temperature, top_k, top_p, typical_p, min_p
+        is set away from its neutral value (TGI's rule), else decodes greedily;
+        ``seed=None`` draws one.
+
+        Raises:
+            TypeError: both ``params`` and ``fields``, an unknown field, or a prompt of
+                another type.
+            ValueError: a parameter out of range, or ``n`` other than 1
+                (:meth:`make_requests` builds ``n``).
             GenerationError: ``"too_long"`` when the prompt cannot fit, ``"empty"`` when it has
                 no token (:meth:`prompt_ids`).
         """
-        if not isinstance(prompt, str) and not (
-                isinstance(prompt, Sequence)
-                and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)):
-            raise TypeError("prompt must be a str or a sequence of token ids, "
-                            f"got {type(prompt).__name__}")
-        ids = self.prompt_ids(prompt)
-        if do_sample is None:
-            do_sample = (temperature != 1.0 or top_k > 0 or top_p < 1.0 or typical_p < 1.0
-                         or min_p > 0)
-        if seed is None:
-            seed = secrets.randbelow(MAX_SEED + 1)
-        return GenerationRequest(
-            prompt_ids=ids,
-            sampling=SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k,
-                                    top_p=top_p, typical_p=typical_p,
-                                    repetition_penalty=repetition_penalty, seed=seed,
-                                    watermark=watermark, min_p=min_p,
-                                    logit_bias=tuple(sorted((logit_bias or {}).items()))),
-            stop=StopCriteria(max_new_tokens=max_new_tokens, stop_strings=tuple(stop),
-                              include_stop_string=include_stop_string,
-                              stop_token_ids=tuple(stop_token_ids), ignore_eos=ignore_eos,
-                              min_tokens=min_tokens),
-            priority=priority, timeout_s=timeout_s, constraint=constraint)
+        if params is None:
+            params = GenerationParams(**fields)
+        elif fields:
+            raise TypeError("make_request takes a GenerationParams or keyword fields, not both")
+        if params.n != 1:
+            raise ValueError(f"make_request builds one request, n is {params.n}: use "
+                             "make_requests")
+        return self.make_requests(prompt, params)[0]
 
     def stream_async(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Token events of ``request`` (see :meth:`Engine.generate`); raises ``GenerationError``.
@@ -317,14 +319,18 @@ class LLM:
                           cached_tokens=last.cached_tokens)
 
     # ---- synchronous conveniences (each call runs its own event loop) ------------------------
-    def generate(self, prompt: str | Sequence[int], **params) -> Completion:
-        """Generate for ``prompt`` and wait for the end. ``params``: see :meth:`make_request`."""
-        return asyncio.run(self.generate_async(self.make_request(prompt, **params)))
+    def generate(self, prompt: str | Sequence[int], params: GenerationParams | None = None,
+                 **fields) -> Completion:
+        """Generate for ``prompt`` and wait for the end. ``params`` or ``fields``: see
+        :meth:`make_request`."""
+        return asyncio.run(self.generate_async(self.make_request(prompt, params, **fields)))
 
-    def stream(self, prompt: str | Sequence[int], **params) -> Iterator[TokenEvent]:
-        """Yield token events for ``prompt`` as they are generated; stopping early cancels."""
+    def stream(self, prompt: str | Sequence[int], params: GenerationParams | None = None,
+               **fields) -> Iterator[TokenEvent]:
+        """Yield token events for ``prompt`` as they are generated (``params`` or ``fields``:
+        see :meth:`make_request`); stopping early cancels."""
         loop = asyncio.new_event_loop()
-        agen = self.stream_async(self.make_request(prompt, **params))
+        agen = self.stream_async(self.make_request(prompt, params, **fields))
         try:
             while True:
                 try:

@@ -226,10 +226,10 @@ def _chat_in_process(llm, body: dict) -> tuple[dict, list[dict]]:
     from tiny_mindie.api.openai.chat import prepare_chat
     from tiny_mindie.api.openai.request import parse_chat
 
-    p, messages, extra, chat_tools = parse_chat(
+    chat, messages, extra, chat_tools = parse_chat(
         SimpleNamespace(llm=llm), json.dumps({"model": llm.model_name, **body}).encode())
-    asyncio.run(prepare_chat(llm, p, messages, extra, chat_tools))
-    events = list(llm.stream(p.prompts[0], **p.params))
+    p = asyncio.run(prepare_chat(llm, chat, messages, extra, chat_tools))
+    events = list(llm.stream(p.prompts[0], p.params))
     split = Split(p.answer)
     deltas = [d for ev in events for d in split.feed(ev)]
     return _chat_choice(p, Formatter(llm), 0, events)[0], deltas

@@ -11,25 +11,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from tiny_mindie.api.drive import fan_out, merged
+from tiny_mindie.api.drive import merged
 from tiny_mindie.api.errors import MINDIE, OPENAI, TGI, APIError, Kind, from_generation_error
 from tiny_mindie.api.metrics import FAIL_REASONS
 from tiny_mindie.engine.request import (
     ErrorKind,
     GenerationError,
-    GenerationRequest,
-    SamplingParams,
+    GenerationParams,
 )
 from tiny_mindie.llm import MAX_SEED
 
 
-def test_fan_out_seeds_sample_j_with_seed_plus_j_and_wraps():
-    first = GenerationRequest([1, 2, 3], sampling=SamplingParams(do_sample=True, seed=MAX_SEED - 1))
-    out = fan_out(first, 3)
+def test_n_samples_are_seeded_seed_plus_j_and_wrap():
+    ids = [1, 2, 3]
+    out = GenerationParams(do_sample=True, seed=MAX_SEED - 1, n=3).requests(ids)
     assert [r.sampling.seed for r in out] == [MAX_SEED - 1, MAX_SEED, 0]
-    assert (len({r.request_id for r in out}) == 3
-            and first.request_id not in {r.request_id for r in out})
-    assert all(r.prompt_ids == [1, 2, 3] and r.prompt_ids is not first.prompt_ids for r in out)
+    assert len({r.request_id for r in out}) == 3
+    assert all(r.prompt_ids == [1, 2, 3] and r.prompt_ids is not ids for r in out)
     assert all(r.sampling.do_sample for r in out)
 
 
@@ -71,9 +69,9 @@ def test_merged_streams_hold_the_engine_back_and_a_reader_that_stops_is_cut_off(
     driven = SimpleNamespace(stream_async=engine.generate)   # the LLM's one use in merged()
 
     async def run():
-        first = llm.make_request("1, 2, 3, 4, 5,", max_new_tokens=40, do_sample=True, seed=3,
-                                 ignore_eos=True)
-        items = merged(driven, fan_out(first, 2))
+        samples = llm.make_requests("1, 2, 3, 4, 5,", GenerationParams(
+            max_new_tokens=40, do_sample=True, seed=3, ignore_eos=True, n=2))
+        items = merged(driven, samples)
         got = [await items.__anext__()]
         deadline = time.monotonic() + 60          # until both leave the batch, however slow
         while (engine.stats()["running"] or engine.stats()["waiting"]) \

@@ -40,7 +40,7 @@ def as_llm(tok, template: str | None = None):
     if template is not None:
         tok = copy.copy(tok)
         tok.chat_template = template
-    return SimpleNamespace(tokenizer=tok, check_text_length=lambda text: None)
+    return SimpleNamespace(tokenizer=tok, prompt_ids=lambda text, encode: encode(text))
 
 
 def count(ids: list[int], tok, *texts: str) -> int:

@@ -114,14 +114,15 @@ def test_a_long_chat_is_refused_before_its_strings_are_shielded(tiny):
     """The length check runs on the chat as written, before 400,000 typed ``<|im_end|>`` are
     each shielded: no string of a chat too long reaches ``Tokenizer.shield``, and a 4 MB chat of
     markers takes the memory one of plain text does."""
-    def check(text):      # LLM.check_text_length's rule, for a model taking 100 KB at most
+    def prompt_ids(text, encode):     # LLM.prompt_ids' text bound, for 100 KB at most
         if len(text.encode()) > 100_000:
             raise GenerationError("too_long", "too long")
+        return encode(text)
 
     shielded = []                                    # the strings given to Tokenizer.shield
     tok = copy.copy(tiny)
     tok.shield = lambda text, mark: shielded.append(text) or tiny.shield(text, mark)
-    llm = SimpleNamespace(tokenizer=tok, check_text_length=check)
+    llm = SimpleNamespace(tokenizer=tok, prompt_ids=prompt_ids)
     peaks = {}
     for content in ("abcdefghij" * 400_000, "<|im_end|>" * 400_000, "<|im_end|>"):
         tracemalloc.start()

@@ -244,7 +244,7 @@ def test_response_format_with_tools_under_auto_is_400_naming_it(tok):
             assert (e.value.status, e.value.param) == (400, "response_format")
         body = {"model": "m", "messages": msgs, "tools": TOOLS, "response_format": rf,
                 "tool_choice": "none"}
-        assert parse_chat(_app(tok), json.dumps(body).encode())[0].params["constraint"]
+        assert parse_chat(_app(tok), json.dumps(body).encode())[0].constraint
 
 
 def _allowed(matcher, v: int) -> set[int]:

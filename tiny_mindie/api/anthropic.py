@@ -23,7 +23,7 @@ from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
 from ..server.routing import BUSINESS
 from .anthropic_request import to_chat, tool_use_id
-from .drive import merged, route, send_stream
+from .drive import NAMED_EVENTS, merged, route, send_stream
 from .errors import ANTHROPIC, APIError, Kind
 from .openai.bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
 from .validate import read_json_object
@@ -60,7 +60,7 @@ async def _messages(app, req: Request, stream: ResponseStream) -> Response | Non
     if p.stream:
         events = _Events(shape, Blocks(p))
         await send_stream(stream, merged(app.llm, [request], record=stream.record), ANTHROPIC,
-                          events.render, closing=events.closing, named=True)
+                          events.render, closing=events.closing, framing=NAMED_EVENTS)
         return None
     blocks = await run_blocks(app.llm, request, p, stream)
     if blocks is None:

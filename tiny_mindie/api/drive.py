@@ -5,8 +5,8 @@ its answers; what they share is here, once:
 * :func:`route` and :func:`serve`: a family's route, and the one wrapper every route's handler
   runs in: the app's refusal while the model loads, the request counted in ``/metrics``, its
   errors answered in the family's style and their reason reported to the request's record;
-* :func:`build` and :func:`fan_out`: the engine request (tokenized off the event loop, its
-  length checked) and its ``n`` samples, seeded ``seed + j``;
+* :func:`build`: a prompt's engine requests (tokenized off the event loop, its length checked
+  once, ``LLM.make_requests``), its ``n`` samples seeded ``seed + j``;
 * :func:`events`: one engine stream, whose events' counts and outcome it adds to the request's
   record (the router's :class:`~tiny_mindie.server.routing.RequestRecord`, which the handler
   gets as ``stream.record``); every generation of a route goes through it;
@@ -15,7 +15,9 @@ its answers; what they share is here, once:
   stream), every stream closed on every way out;
 * :func:`send_stream`: a streamed answer -- the first event awaited before the head (so an
   error before any token keeps its own HTTP status), each event in the family's shape, an
-  engine error after the head written in the family's style, the engine streams closed;
+  engine error after the head written in the family's style, the engine streams closed; its
+  framing on the wire (:class:`Framing`) one of :data:`SSE_EVENTS`, :data:`OPENAI_EVENTS`,
+  :data:`NAMED_EVENTS`, :data:`NUL_JSON`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass
 
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent, next_request_id
-from ..llm import LLM, MAX_SEED
+from ..engine.request import GenerationError, GenerationParams, GenerationRequest, TokenEvent
+from ..llm import LLM
 from ..server.conn import Response, ResponseStream, json_text
 from ..server.http import Request
 from ..server.routing import CANCELLED, SUCCESS, RequestRecord, Route, RouteHandler
@@ -75,28 +78,18 @@ def serve(route: Route, refusal: Callable[[Route], APIError | None],
 
 
 # ---- requests ----------------------------------------------------------------------------
-async def build(llm: LLM, prompt: str | Sequence[int], params: dict) -> GenerationRequest:
-    """``LLM.make_request(prompt, **params)`` in a worker thread (a long prompt must not stall
-    the event loop).
+async def build(llm: LLM, prompt: str | Sequence[int],
+                params: GenerationParams) -> list[GenerationRequest]:
+    """``LLM.make_requests(prompt, params)`` in a worker thread (a long prompt must not stall
+    the event loop): ``params.n`` requests, sample ``j`` seeded ``seed + j``.
 
     Raises:
         APIError: 424 when the prompt cannot fit (422 when it has no token).
     """
     try:
-        return await asyncio.to_thread(llm.make_request, prompt, **params)
+        return await asyncio.to_thread(llm.make_requests, prompt, params)
     except GenerationError as err:
         raise from_generation_error(err) from None
-
-
-def fan_out(request: GenerationRequest, n: int) -> list[GenerationRequest]:
-    """``n`` samples of ``request``: copies with their own ids, the ``j``-th seeded
-    ``request.sampling.seed + j`` (that seed drawn by ``make_request`` when the client gave
-    none), so a given seed reproduces all ``n``."""
-    return [dataclasses.replace(
-        request, prompt_ids=list(request.prompt_ids), request_id=next_request_id(),
-        sampling=dataclasses.replace(request.sampling,
-                                     seed=(request.sampling.seed + j) % (MAX_SEED + 1)))
-        for j in range(n)]
 
 
 # ---- engine streams ----------------------------------------------------------------------
@@ -241,22 +234,44 @@ async def collect(llm: LLM, requests: Sequence[GenerationRequest], stream: Respo
 
 
 # ---- streamed answers --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Framing:
+    """How a streamed answer's objects go on the wire.
+
+    Attributes:
+        content_type: the answer's ``Content-Type``.
+        nul_framed: each object as JSON followed by a NUL byte (vLLM 0.2), not an SSE event.
+        named: each SSE event's ``event:`` field the object's ``type`` (Anthropic's and OpenAI
+            Responses' streams).
+        done: a last event sent in any case (OpenAI's ``[DONE]``); ``None``: none.
+    """
+
+    content_type: str = SSE
+    nul_framed: bool = False
+    named: bool = False
+    done: str | None = None
+
+
+SSE_EVENTS = Framing()
+OPENAI_EVENTS = Framing(done="[DONE]")
+NAMED_EVENTS = Framing(named=True)
+NUL_JSON = Framing(content_type="application/json", nul_framed=True)
+
+
 async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style,
                       render: Callable[[object], Iterable[dict]], *,
                       opening: Iterable[dict] = (),
                       closing: Callable[[], Iterable[dict]] = tuple,
-                      done: str | None = None, content_type: str = SSE,
-                      nul_framed: bool = False, named: bool = False) -> None:
+                      framing: Framing = SSE_EVENTS) -> None:
     """Stream ``items`` (an iterator of :func:`merged`) as one answer.
 
     The first item is awaited before the head, so that an error before any token (prompt too
     long, service stopped, timeout in the queue) is answered with its own status. Then: the
-    head (200, ``content_type``); the ``opening`` objects; each item's ``render(item)``
-    objects; once ``items`` end, the ``closing()`` objects. An engine error after the head is
-    sent as the last object, in ``style``; ``done`` (OpenAI's ``[DONE]``) follows in any case.
-    Each object goes as one SSE event (with ``named``, its ``event:`` field the object's
-    ``type``, as Anthropic's and OpenAI Responses' streams have it), or with ``nul_framed`` as
-    JSON followed by a NUL byte (vLLM 0.2). ``items`` is closed on every way out.
+    head (200, ``framing.content_type``); the ``opening`` objects; each item's
+    ``render(item)`` objects; once ``items`` end, the ``closing()`` objects. An engine error
+    after the head is sent as the last object, in ``style``; ``framing.done`` (OpenAI's
+    ``[DONE]``) follows in any case. Each object goes as ``framing`` says (:class:`Framing`).
+    ``items`` is closed on every way out.
 
     Raises:
         APIError: an engine error before the first item.
@@ -267,13 +282,13 @@ async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style
             first = await anext(items, _END)
         except GenerationError as err:
             raise from_generation_error(err) from None
-        out = await stream.start(200, content_type)   # the client may be gone: ConnectionError
+        out = await stream.start(200, framing.content_type)   # may be gone: ConnectionError
 
         async def send(obj) -> None:
             text = obj if isinstance(obj, str) else json_text(obj)
-            if nul_framed:
+            if framing.nul_framed:
                 await out.send(utf8(text) + b"\0")
-            elif named and isinstance(obj, dict) and isinstance(obj.get("type"), str):
+            elif framing.named and isinstance(obj, dict) and isinstance(obj.get("type"), str):
                 await out.send(utf8(f"event: {obj['type']}\n") + sse_event(text))
             else:
                 await out.send_event(text)
@@ -290,8 +305,8 @@ async def send_stream(stream: ResponseStream, items: AsyncIterator, style: Style
                 await send(obj)
         except GenerationError as err:
             await send(style.body(from_generation_error(err)))
-        if done is not None:
-            await send(done)
+        if framing.done is not None:
+            await send(framing.done)
         await out.end()
     finally:
         await items.aclose()

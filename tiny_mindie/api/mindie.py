@@ -1,13 +1,14 @@
 """MindIE's native text inference: ``POST /infer`` (plain and streaming), spec §2.
 
-JSON -> validated :class:`GenerationRequest` -> engine -> MindIE's JSON / SSE events.
+JSON -> validated :class:`GenerationParams` -> :class:`GenerationRequest` -> engine -> MindIE's
+JSON / SSE events.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from ..engine.request import GenerationError, GenerationRequest, TokenEvent
+from ..engine.request import GenerationError, GenerationParams, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
@@ -34,11 +35,12 @@ PARAMETERS = frozenset({"temperature", "top_k", "top_p", "typical_p", "do_sample
 FIELDS = frozenset({"inputs", "input_id", "stream", "parameters"})
 
 
-def parse_infer(body: bytes, llm: LLM) -> tuple[str | list[int], dict, bool, bool]:
+def parse_infer(body: bytes,
+                llm: LLM) -> tuple[str | list[int], GenerationParams, bool, bool]:
     """Validate an ``/infer`` body (cheap: nothing is tokenized here).
 
     Returns:
-        ``(prompt, parameters for LLM.make_request, stream, details)``.
+        ``(prompt, the request's parameters, stream, details)``.
 
     Raises:
         APIError: 422 with MindIE's message for every malformed or out-of-range field, and
@@ -87,10 +89,15 @@ def read_parameters(obj: dict) -> dict:
     return p
 
 
-def mindie_parameters(p: dict, *, top_p_may_be_one: bool = False, top_k_min: int = 1) -> dict:
-    """MindIE's generation parameters (spec §2) -> keyword arguments of ``LLM.make_request``.
-    The Triton routes accept ``top_p == 1.0`` and ``top_k == 0``; /infer does not."""
-    return dict(
+def mindie_parameters(p: dict, *, top_p_may_be_one: bool = False,
+                      top_k_min: int = 1) -> GenerationParams:
+    """MindIE's generation parameters (spec §2) -> the request's :class:`GenerationParams`.
+    The Triton routes accept ``top_p == 1.0`` and ``top_k == 0``; /infer does not.
+
+    Raises:
+        APIError: 422 with MindIE's message for a parameter out of range or of a wrong type.
+    """
+    return GenerationParams(
         temperature=get_float(p, "temperature", 1.0, 0.0, INF, lo_open=True, hi_open=True),
         top_k=get_int(p, "top_k", 0, top_k_min, INT32_MAX),
         top_p=get_float(p, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=not top_p_may_be_one),
@@ -138,7 +145,7 @@ def stream_event(ev: TokenEvent, request: GenerationRequest, details: bool) -> d
 async def infer(req: Request, stream: ResponseStream, llm: LLM) -> Response | None:
     """``POST /infer``: MindIE's text inference, plain JSON or an SSE stream."""
     prompt, params, streaming, details = await asyncio.to_thread(parse_infer, req.body, llm)
-    request = await build(llm, prompt, params)
+    request = (await build(llm, prompt, params))[0]
     if streaming:
         await send_stream(stream, merged(llm, [request], record=stream.record), MINDIE,
                           lambda item: [stream_event(item[1], request, details)])

@@ -29,13 +29,12 @@ TGI's ``error_type`` names (``validation`` 422, ``generation`` 424, ``incomplete
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import os
 import re
 
 from .._version import __version__
-from ..engine.request import GenerationRequest, TokenEvent
+from ..engine.request import GenerationParams, GenerationRequest, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
@@ -73,7 +72,8 @@ def _logprob(x: float | None) -> float | None:
 
 
 class TGIParams:
-    """A validated TGI ``parameters`` object."""
+    """A validated TGI ``parameters`` object: the request's :attr:`generation` parameters
+    (``top_n_tokens`` its ``top_logprobs``) and the answer's options."""
 
     def __init__(self, p: dict, llm: LLM):
         refuse_unknown(p, PARAMETERS)
@@ -84,21 +84,12 @@ class TGIParams:
         top_p = get_float(p, "top_p", None, 0.0, 1.0, lo_open=True, hi_open=True)
         typical_p = get_float(p, "typical_p", None, 0.0, 1.0, lo_open=True, hi_open=True)
         do_sample = get_bool(p, "do_sample", False)
-        # TGI samples when do_sample is true or any warper is set (even with do_sample false).
-        self.make = dict(
-            temperature=1.0 if temperature is None else temperature,
-            top_k=top_k or 0,
-            top_p=1.0 if top_p is None else top_p,
-            typical_p=1.0 if typical_p is None else typical_p,
-            do_sample=True if do_sample else None,
-            seed=get_int(p, "seed", None, 0, MAX_SEED),
-            repetition_penalty=get_float(p, "repetition_penalty", 1.0, 0.0, INF,
-                                         lo_open=True, hi_open=True),
-            max_new_tokens=get_int(p, "max_new_tokens", 20, 1, INT32_MAX),
-            watermark=get_bool(p, "watermark", False),
-            stop=get_stop_list(p, "stop", MAX_STOP_SEQUENCES),
-            include_stop_string=True,
-        )
+        seed = get_int(p, "seed", None, 0, MAX_SEED)
+        repetition_penalty = get_float(p, "repetition_penalty", 1.0, 0.0, INF,
+                                       lo_open=True, hi_open=True)
+        max_new_tokens = get_int(p, "max_new_tokens", 20, 1, INT32_MAX)
+        watermark = get_bool(p, "watermark", False)
+        stop = get_stop_list(p, "stop", MAX_STOP_SEQUENCES)
         self.details = get_bool(p, "details", False)
         self.decoder_input_details = get_bool(p, "decoder_input_details", False)
         self.return_full_text = get_bool(p, "return_full_text", False)
@@ -108,9 +99,18 @@ class TGIParams:
             raise invalid("Parameter best_of != 1 is not allowed for this endpoint "
                           "(max_best_of is 1).")
         self.top_n_tokens = get_int(p, "top_n_tokens", None, 0, MAX_TOP_N_TOKENS) or 0
-        self.make["constraint"] = tgi_grammar(llm.tokenizer, p.get("grammar"))
+        constraint = tgi_grammar(llm.tokenizer, p.get("grammar"))
         refuse_set(p, "adapter_id")
         refuse_set(p, "frequency_penalty", (None, 0, 0.0))
+        # TGI samples when do_sample is true or any warper is set (even with do_sample false).
+        self.generation = GenerationParams(
+            temperature=1.0 if temperature is None else temperature, top_k=top_k or 0,
+            top_p=1.0 if top_p is None else top_p,
+            typical_p=1.0 if typical_p is None else typical_p,
+            do_sample=True if do_sample else None, seed=seed,
+            repetition_penalty=repetition_penalty, max_new_tokens=max_new_tokens,
+            watermark=watermark, stop=stop, include_stop_string=True,
+            top_logprobs=self.top_n_tokens, constraint=constraint)
 
 
 def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
@@ -122,13 +122,10 @@ def parse_tgi(obj: dict, llm: LLM) -> tuple[str, TGIParams]:
 
 async def _tgi_request(llm: LLM, prompt: str, params: TGIParams) -> GenerationRequest:
     if params.truncate is None:
-        request = await build(llm, prompt, params.make)
-    else:   # TGI keeps the last `truncate` tokens of the prompt.
-        ids = await asyncio.to_thread(llm.encode_tail, prompt, params.truncate)
-        request = await build(llm, ids, params.make)
-    if params.top_n_tokens:
-        request = dataclasses.replace(request, top_logprobs=params.top_n_tokens)
-    return request
+        return (await build(llm, prompt, params.generation))[0]
+    # TGI keeps the last `truncate` tokens of the prompt.
+    ids = await asyncio.to_thread(llm.encode_tail, prompt, params.truncate)
+    return (await build(llm, ids, params.generation))[0]
 
 
 def _token_text(llm: LLM, ev: TokenEvent) -> tuple[str, bool]:

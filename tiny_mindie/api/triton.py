@@ -20,7 +20,7 @@ import re
 import secrets
 
 from .._version import __version__
-from ..engine.request import TokenEvent
+from ..engine.request import GenerationParams, TokenEvent
 from ..llm import LLM
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
@@ -45,9 +45,9 @@ _ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
 TRITON_PARAMETERS = PARAMETERS | {"batch_size", "perf_stat"}
 
 
-def parse_parameters(obj: dict) -> tuple[dict, bool, bool]:
+def parse_parameters(obj: dict) -> tuple[GenerationParams, bool, bool]:
     """MindIE's Triton ``parameters``: /infer's ranges, but ``top_p`` may be 1.0.
-    Returns (make_request parameters, details, perf_stat)."""
+    Returns (the request's parameters, details, perf_stat)."""
     p = read_parameters(obj)
     refuse_unknown(p, TRITON_PARAMETERS)
     make = mindie_parameters(p, top_p_may_be_one=True, top_k_min=0)
@@ -173,7 +173,7 @@ class Triton:
         client_id = _client_id(obj)
         text = self._text_request(obj)
         make, details, perf = parse_parameters(obj)
-        return client_id, await build(self.llm, text, make), details, perf
+        return client_id, (await build(self.llm, text, make))[0], details, perf
 
     async def generate(self, req: Request, stream: ResponseStream, params: dict) -> Response | None:
         client_id, request, details, perf = await self._text_generation(req, params)
@@ -260,7 +260,7 @@ class Triton:
         outputs = obj.get("outputs") or [{}]
         out_name = outputs[0].get("name", "output0") if isinstance(outputs[0], dict) else "output0"
         make, _details, _perf = parse_parameters(obj)
-        request = await build(self.llm, ids, make)
+        request = (await build(self.llm, ids, make))[0]
         client_id, got = await self._run_registered(client_id, request, stream)
         if got is None:
             return None

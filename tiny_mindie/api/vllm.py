@@ -5,11 +5,11 @@ such objects each followed by a NUL byte (vLLM 0.2's api_server). Errors have TG
 
 from __future__ import annotations
 
-from ..engine.request import TokenEvent
+from ..engine.request import GenerationParams, TokenEvent
 from ..llm import LLM, MAX_SEED
 from ..server.conn import Response, ResponseStream, json_response
 from ..server.http import Request
-from .drive import build, collect, fan_out, merged, send_stream
+from .drive import NUL_JSON, build, collect, merged, send_stream
 from .errors import TGI, invalid
 from .validate import (
     check_token_ids,
@@ -35,9 +35,14 @@ FIELDS = frozenset({"prompt", "stream", "n", "best_of", "use_beam_search", "leng
                     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens"})
 
 
-def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
+def parse_vllm(obj: dict, llm: LLM) -> tuple[str, GenerationParams, bool]:
     """vLLM 0.2's ``/generate`` body: ``prompt``, ``stream`` and sampling fields at the top
-    level. Returns ``(prompt, make_request parameters, n, stream)``."""
+    level. Returns ``(prompt, params, stream)``, ``params`` the request's (its ``n``
+    samples).
+
+    Raises:
+        APIError: 422 naming a malformed, out-of-range or unknown field, or a refused one.
+    """
     prompt = obj.get("prompt")
     if prompt is None:
         raise invalid("Prompt must not be null")
@@ -65,26 +70,28 @@ def parse_vllm(obj: dict, llm: LLM) -> tuple[str, dict, int, bool]:
         raise invalid("Parameter top_k must be -1 (disable), or at least 1, got 0.")
     top_p = get_float(obj, "top_p", 1.0, 0.0, 1.0, lo_open=True, hi_open=False)
     greedy = temperature == 0.0
-    make = dict(
-        temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
-        do_sample=not greedy,
-        seed=get_int(obj, "seed", None, 0, MAX_SEED),
-        repetition_penalty=get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
-                                     lo_open=True, hi_open=False),
-        max_new_tokens=get_int(obj, "max_tokens", 16, 1, INT32_MAX),
-        min_tokens=get_int(obj, "min_tokens", 0, 0, INT32_MAX),
-        min_p=get_float(obj, "min_p", 0.0, 0.0, 1.0, lo_open=False, hi_open=False),
-        stop=get_stop_list(obj, "stop", 64),
-        include_stop_string=get_bool(obj, "include_stop_str_in_output", False),
-        ignore_eos=get_bool(obj, "ignore_eos", False),
-    )
+    seed = get_int(obj, "seed", None, 0, MAX_SEED)
+    repetition_penalty = get_float(obj, "repetition_penalty", 1.0, 0.0, 2.0,
+                                   lo_open=True, hi_open=False)
+    max_new_tokens = get_int(obj, "max_tokens", 16, 1, INT32_MAX)
+    min_tokens = get_int(obj, "min_tokens", 0, 0, INT32_MAX)
+    min_p = get_float(obj, "min_p", 0.0, 0.0, 1.0, lo_open=False, hi_open=False)
+    stop = get_stop_list(obj, "stop", 64)
+    include_stop_string = get_bool(obj, "include_stop_str_in_output", False)
+    ignore_eos = get_bool(obj, "ignore_eos", False)
     ids = obj.get("stop_token_ids")
-    if ids is not None:
-        make["stop_token_ids"] = check_token_ids(ids, "stop_token_ids", llm.tokenizer.vocab_size)
-    if make["min_tokens"] > make["max_new_tokens"]:
-        raise invalid(f"Parameter min_tokens must be at most max_tokens ({make['max_new_tokens']}"
-                      f"), got {make['min_tokens']}.", "min_tokens")
-    return prompt, make, n, get_bool(obj, "stream", False, "Field")
+    stop_token_ids = () if ids is None else check_token_ids(ids, "stop_token_ids",
+                                                            llm.tokenizer.vocab_size)
+    if min_tokens > max_new_tokens:
+        raise invalid(f"Parameter min_tokens must be at most max_tokens ({max_new_tokens}"
+                      f"), got {min_tokens}.", "min_tokens")
+    params = GenerationParams(
+        temperature=1.0 if greedy else temperature, top_k=max(top_k, 0), top_p=top_p,
+        do_sample=not greedy, seed=seed, repetition_penalty=repetition_penalty,
+        max_new_tokens=max_new_tokens, min_tokens=min_tokens, min_p=min_p, stop=stop,
+        include_stop_string=include_stop_string, ignore_eos=ignore_eos,
+        stop_token_ids=stop_token_ids, n=n)
+    return prompt, params, get_bool(obj, "stream", False, "Field")
 
 
 async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM,
@@ -92,15 +99,15 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM,
     """``{"prompt", ...}`` -> ``{"text": [prompt + output, ...]}`` (``n`` outputs); with
     ``"stream": true`` a chunked body of ``{"text": [...]}`` objects each followed by a NUL
     byte, every one holding the texts so far (vLLM 0.2's api_server)."""
-    prompt, make, n, streaming = parse_vllm(obj, llm)
-    requests = fan_out(await build(llm, prompt, make), n)
+    prompt, params, streaming = parse_vllm(obj, llm)
+    requests = await build(llm, prompt, params)
     if not streaming:
         done = await collect(llm, requests, stream)
         if done is None:
             return None
         return json_response(200, {"text": [prompt + (evs[-1].generated_text or "")
                                             for evs in done]})
-    texts = [""] * n
+    texts = [""] * params.n
 
     def event(item: tuple[int, TokenEvent]) -> list[dict]:
         k, ev = item
@@ -108,5 +115,5 @@ async def vllm_generate(req: Request, stream: ResponseStream, llm: LLM,
         return [{"text": [prompt + t for t in texts]}]
 
     await send_stream(stream, merged(llm, requests, record=stream.record), TGI, event,
-                      content_type="application/json", nul_framed=True)
+                      framing=NUL_JSON)
     return None

@@ -103,8 +103,8 @@ class LocalChat(Answerer):
 
         llm, stats, t0 = self.llm, Stats(), time.monotonic()
         try:
-            p, messages, extra, tools = parse_chat(SimpleNamespace(llm=llm), body)
-            await prepare_chat(llm, p, messages, extra, tools)
+            chat, messages, extra, tools = parse_chat(SimpleNamespace(llm=llm), body)
+            p = await prepare_chat(llm, chat, messages, extra, tools)
             requests = (await make_requests(llm, p))[0]
             split = Split(p.answer) if p.answer is not None else None
             async for _, ev in merged(llm, requests):

@@ -140,27 +140,21 @@ class Engine:
         with self._cond:
             self._slots.forget()
 
-    def check_prompt(self, n_prompt: int) -> None:
-        """Raise ``GenerationError(TOO_LONG)`` (MindIE's 424) when a prompt cannot run."""
-        if n_prompt > self.max_input_len:
-            raise GenerationError.too_long(self.max_input_len, n_prompt)
-        if n_prompt < 1:
-            raise GenerationError(ErrorKind.EMPTY, "Inputs must not be empty.")
-
     async def generate(self, req: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Generate for ``req``; yields one :class:`TokenEvent` per token, the last one carrying
         ``finish_reason`` and ``generated_text``.
 
         Leaving the iteration early (client gone) cancels the request in the engine.
+        ``req.prompt_ids`` must number 1 .. :attr:`max_input_len` (``LLM.prompt_ids``, the one
+        check of a prompt's length, builds every request's ids: the engine does not check
+        them again).
 
         Raises:
-            GenerationError: prompt too long, timeout, engine stopped or draining, or an
-                internal error.
+            GenerationError: timeout, engine stopped or draining, or an internal error.
             ConstraintError: ``req.constraint`` cannot be compiled (a ``ValueError``; the
                 API layers compile it while validating, so that it is a 400 there).
             ValueError: a ``logit_bias`` token id outside the vocabulary.
         """
-        self.check_prompt(len(req.prompt_ids))
         for token_id, _ in req.sampling.logit_bias:
             if token_id >= self.tokenizer.vocab_size:
                 raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary "

@@ -1,16 +1,22 @@
 """The engine's request and event types: what the API adapters hand in and get back.
 
 Nothing here knows about HTTP or numpy; the API families translate their JSON into a
-:class:`GenerationRequest` and each :class:`TokenEvent` back into their own JSON.
+:class:`GenerationParams` (once, complete), whose :meth:`~GenerationParams.requests` are the
+engine's requests (:class:`GenerationRequest`), and each :class:`TokenEvent` back into their
+own JSON.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 _ids = itertools.count(1)
+#: The largest seed: seeds are 0 .. 2**63-1.
+MAX_SEED = 2**63 - 1
 
 
 def next_request_id() -> str:
@@ -67,7 +73,7 @@ class SamplingParams:
             raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if not 0 <= self.seed <= 2**63 - 1:
+        if not 0 <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be in 0..2**63-1, got {self.seed}")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
@@ -130,9 +136,9 @@ class StopCriteria:
             raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationRequest:
-    """One generation job.
+    """One generation job (built by :meth:`GenerationParams.requests`, never changed after).
 
     Attributes:
         prompt_ids: token ids of the prompt (BOS already added when the model wants it).
@@ -165,6 +171,99 @@ class GenerationRequest:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
         if self.top_logprobs < 0:
             raise ValueError(f"top_logprobs must be >= 0, got {self.top_logprobs}")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Everything a request asks besides its prompt, in one immutable value: what each API
+    family's parser builds once from a body, and :meth:`requests` turns into the engine's
+    requests (``LLM.make_requests``). Its fields are the keyword arguments of
+    ``LLM.generate`` / ``LLM.stream``.
+
+    Attributes:
+        max_new_tokens, include_stop_string, stop_token_ids, ignore_eos, min_tokens: see
+            :class:`StopCriteria`; ``stop``: its ``stop_strings``.
+        do_sample: ``None`` samples when any of temperature, top_k, top_p, typical_p, min_p is
+            set away from its neutral value (TGI's rule), else decodes greedily.
+        temperature, top_k, top_p, typical_p, min_p, repetition_penalty, presence_penalty,
+            frequency_penalty, watermark: see :class:`SamplingParams`.
+        logit_bias: token id -> bias in [-100, 100] added to its logit (a mapping, or
+            ``(id, bias)`` pairs; kept as sorted pairs).
+        seed: the first sample's seed, 0 .. 2**63-1; ``None``: one drawn by :meth:`requests`.
+        priority, timeout_s, top_logprobs, constraint: see :class:`GenerationRequest`.
+        n: samples of the prompt (>= 1), sample ``j`` seeded ``seed + j`` (mod 2**63), so a
+            given seed reproduces all ``n``.
+
+    A value out of range raises ``ValueError`` when the requests are built (:meth:`requests`:
+    the ranges of :class:`SamplingParams`, :class:`StopCriteria`, :class:`GenerationRequest`).
+    """
+
+    max_new_tokens: int = 20
+    do_sample: bool | None = None
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+    watermark: bool = False
+    stop: Sequence[str] = ()
+    include_stop_string: bool = False
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    priority: int = 5
+    timeout_s: float | None = None
+    top_logprobs: int = 0
+    constraint: Constraint | None = None
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        """Sequences kept as tuples, ``logit_bias`` as sorted pairs (the value stays
+        immutable and hashable)."""
+        bias = self.logit_bias
+        pairs = bias.items() if isinstance(bias, Mapping) else bias
+        object.__setattr__(self, "logit_bias", tuple(sorted(pairs)))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+    def requests(self, prompt_ids: Sequence[int]) -> list[GenerationRequest]:
+        """The :attr:`n` engine requests of ``prompt_ids`` (whose length ``LLM.prompt_ids``
+        checked), each with its own copy of the ids and its own request id, sample ``j``
+        seeded ``seed + j`` (mod 2**63; the seed drawn here when :attr:`seed` is ``None``).
+
+        Raises:
+            ValueError: a field out of range, or ``n < 1``.
+        """
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        seed = secrets.randbelow(MAX_SEED + 1) if self.seed is None else self.seed
+        stop = StopCriteria(max_new_tokens=self.max_new_tokens, stop_strings=self.stop,
+                            include_stop_string=self.include_stop_string,
+                            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+                            min_tokens=self.min_tokens)
+        return [GenerationRequest(prompt_ids=list(prompt_ids),
+                                  sampling=self._sampling(seed if j == 0
+                                                          else (seed + j) % (MAX_SEED + 1)),
+                                  stop=stop, priority=self.priority, timeout_s=self.timeout_s,
+                                  top_logprobs=self.top_logprobs, constraint=self.constraint)
+                for j in range(self.n)]
+
+    def _sampling(self, seed: int) -> SamplingParams:
+        do_sample = self.do_sample
+        if do_sample is None:
+            do_sample = (self.temperature != 1.0 or self.top_k > 0 or self.top_p < 1.0
+                         or self.typical_p < 1.0 or self.min_p > 0)
+        return SamplingParams(
+            do_sample=do_sample, temperature=self.temperature, top_k=self.top_k,
+            top_p=self.top_p, typical_p=self.typical_p,
+            repetition_penalty=self.repetition_penalty, seed=seed, watermark=self.watermark,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias, min_p=self.min_p)
 
 
 @dataclass(frozen=True)

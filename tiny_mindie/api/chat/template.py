@@ -194,29 +194,34 @@ def encode_chat(llm: LLM, messages: list[dict], extra: dict,
     message cannot forge a turn. A chat whose strings spell none tokenizes exactly as
     ``llm.tokenizer.encode(render_chat(...), parse_special=True)``.
 
-    The length check comes first, on the chat rendered as it is (cheap: a 40 MB chat is refused
-    before its strings are shielded). Where a marker the template writes (:func:`template_markers`)
-    is no control token of the vocabulary -- the ChatML fallback on Gemma 3 -- the model cannot
-    tell a client's copy from the template's, so a client string holding one is refused.
+    The length check (``LLM.prompt_ids``, the one check of a prompt's length) takes the chat
+    rendered as it is: its text bound comes first (cheap: a 40 MB chat is refused before its
+    strings are shielded), the count of the ids after encoding. Where a marker the template
+    writes (:func:`template_markers`) is no control token of the vocabulary -- the ChatML
+    fallback on Gemma 3 -- the model cannot tell a client's copy from the template's, so a
+    client string holding one is refused.
 
     Raises:
         APIError: 400 as :func:`render_chat`; 400 when a client string holds a marker of
             the template that the vocabulary writes as plain text.
-        GenerationError: ``"too_long"`` (HTTP 424) when the rendered text cannot fit.
+        GenerationError: ``"too_long"`` (HTTP 424) when the rendered chat cannot fit.
     """
     tok = llm.tokenizer
     template = tok.chat_template or CHATML
     text = render_chat(llm, messages, extra, end=end)
-    llm.check_text_length(text)
-    strings = [*_strings(messages), *_strings(extra)]
-    for marker in tok.plain_text_of(template_markers(template)):
-        if any(marker in s for s in strings):
-            raise bad(f"The messages hold {marker!r}, but {marker!r} is this model's chat turn "
-                      "marker, which its vocabulary cannot keep apart from text.", "messages")
-    mark = _free_mark([*strings, template])
-    if not _any_shielded(tok, strings, mark):   # the usual chat: the render above is the one
-        return tok.encode(text, parse_special=True)
-    return tok.encode_shielded(render_chat(llm, messages, extra, mark, end), mark)
+
+    def encode(rendered: str) -> list[int]:
+        strings = [*_strings(messages), *_strings(extra)]
+        for marker in tok.plain_text_of(template_markers(template)):
+            if any(marker in s for s in strings):
+                raise bad(f"The messages hold {marker!r}, but {marker!r} is this model's chat "
+                          "turn marker, which its vocabulary cannot keep apart from text.",
+                          "messages")
+        mark = _free_mark([*strings, template])
+        if not _any_shielded(tok, strings, mark):   # the usual chat: the render is the one
+            return tok.encode(rendered, parse_special=True)
+        return tok.encode_shielded(render_chat(llm, messages, extra, mark, end), mark)
+    return llm.prompt_ids(text, encode)
 
 
 def _any_shielded(tok, strings: list[str], mark: str) -> bool:

@@ -6,7 +6,6 @@ reasons and a chat choice's split into ``reasoning_content``, ``content`` and ``
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import uuid
 
@@ -14,28 +13,24 @@ from ...engine.request import GenerationRequest, TokenEvent
 from ...llm import LLM
 from ...server.conn import Response, ResponseStream, json_response
 from ..chat import tool_calls as tc
-from ..drive import build, collect, fan_out
+from ..drive import build, collect
 from .request import Answer, Parsed
 
 MIN_LOGPROB = -9999.0       # JSON has no -inf (vLLM's convention)
 
 
 async def make_requests(llm: LLM, p: Parsed) -> list[list[GenerationRequest]]:
-    """One request per prompt and choice (:func:`~.drive.fan_out`: choice j seeded
-    ``seed + j``); each prompt is tokenized once, off the event loop.
+    """One group of ``p.n`` requests per prompt, choice ``j`` seeded ``seed + j``
+    (:meth:`~tiny_mindie.engine.request.GenerationParams.requests`): a chat's ids, checked
+    when it was encoded, as they are; each other prompt tokenized and checked once, off the
+    event loop (:func:`~..drive.build`).
 
     Raises:
         APIError: 424 (``TOO_LONG``) when a prompt cannot fit, 422 when it has no token.
     """
-    out = []
-    for prompt in p.prompts:
-        first = await build(llm, prompt, p.params)
-        first = dataclasses.replace(
-            first, top_logprobs=p.top_logprobs,
-            sampling=dataclasses.replace(first.sampling, presence_penalty=p.presence_penalty,
-                                         frequency_penalty=p.frequency_penalty))
-        out.append(fan_out(first, p.n))
-    return out
+    if p.checked:
+        return [p.params.requests(ids) for ids in p.prompts]
+    return [await build(llm, prompt, p.params) for prompt in p.prompts]
 
 
 # ---- shapes both answers share -----------------------------------------------------------

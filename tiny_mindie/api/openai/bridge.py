@@ -51,8 +51,8 @@ async def chat_requests(app, chat: dict, rename: dict[str, str],
     """
     body = json.dumps(chat).encode()
     try:
-        p, messages, extra, tools = await asyncio.to_thread(parse_chat, app, body)
-        await prepare_chat(app.llm, p, messages, extra, tools)
+        chat_body, messages, extra, tools = await asyncio.to_thread(parse_chat, app, body)
+        p = await prepare_chat(app.llm, chat_body, messages, extra, tools)
         groups = await make_requests(app.llm, p)
     except APIError as err:
         if err.param is None and err.kind is Kind.TOO_LONG:

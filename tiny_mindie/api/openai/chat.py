@@ -6,7 +6,8 @@ none (:func:`_with_tools`); ``tool_choice`` ``required`` and a named function ho
 a JSON schema of the calls, ``auto`` with ``strict`` tools holds each call the model starts to
 it (a lazy grammar); the messages are rendered and encoded (:mod:`..chat.template`); the
 ChatML fallback and a single Hermes call add their stops; a template that thinks, or a tool-call
-format to parse, sets :attr:`~.request.Parsed.answer`.
+format to parse, sets :attr:`~.request.Parsed.answer`. The request is built once, at the end
+(:meth:`~.request.ChatBody.parsed`).
 """
 
 from __future__ import annotations
@@ -22,17 +23,18 @@ from ..chat import tool_request as tr
 from ..chat.structured import compiled
 from ..chat.template import CHATML, chatml_stops, encode_chat, template_uses_tools
 from ..errors import APIError, Kind, bad, from_generation_error
-from .request import Answer, ChatTools, Parsed
+from .request import Answer, ChatBody, ChatTools, Parsed
 
 
-async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
-                       tools: ChatTools) -> None:
-    """Set ``p``'s prompt (the chat's token ids), the stops and constraint the tools need, and
+async def prepare_chat(llm: LLM, chat: ChatBody, messages: list[dict], extra: dict,
+                       tools: ChatTools) -> Parsed:
+    """The request of ``chat``: its prompt (the chat's token ids, their length checked by
+    :func:`~..chat.template.encode_chat`), the stops and constraint the tools need, and
     :attr:`~.request.Parsed.answer`; compiling and encoding run off the event loop.
 
     Raises:
         APIError: 400 ``unsupported_parameter`` naming a field that asks for reasoning
-            (:attr:`~.request.Parsed.thinking`) when the template does not think;
+            (:attr:`~.request.ChatBody.thinking`) when the template does not think;
             400 as :func:`_with_tools`; 400 (``tool_choice``) for ``required`` or a
             named function with a ``response_format``; 400 (``tools``) when the tools'
             schemas cannot be enforced; 400 as :func:`~..chat.template.encode_chat`; 424
@@ -40,33 +42,36 @@ async def prepare_chat(llm: LLM, p: Parsed, messages: list[dict], extra: dict,
     """
     template = llm.tokenizer.chat_template or CHATML
     reasoning = tc.thinks(template)
-    if p.thinking and not reasoning:
-        raise APIError(Kind.BAD_REQUEST, f"Unsupported parameter: '{p.thinking[0]}' is not "
+    if chat.thinking and not reasoning:
+        raise APIError(Kind.BAD_REQUEST, f"Unsupported parameter: '{chat.thinking[0]}' is not "
                        "supported with this model: it does not think (its chat template has "
-                       "no reasoning).", param=p.thinking[0], code="unsupported_parameter")
+                       "no reasoning).", param=chat.thinking[0], code="unsupported_parameter")
     messages, extra, fmt = _with_tools(template, messages, extra, tools)
+    constraint = chat.constraint
     if fmt == tc.JSON:
-        if p.params.get("constraint") is not None:
+        if constraint is not None:
             raise bad(f"tool_choice {tools.choice.mode!r} constrains the answer to tool "
                       "calls: it cannot be combined with response_format.", "tool_choice")
-        p.params["constraint"] = await asyncio.to_thread(_call_constraint, llm, tools)
+        constraint = await asyncio.to_thread(_call_constraint, llm, tools)
     elif fmt is not None and any(t.strict for t in tools.tools):
-        p.params["constraint"] = await asyncio.to_thread(_lazy_constraint, llm, tools, fmt)
+        constraint = await asyncio.to_thread(_lazy_constraint, llm, tools, fmt)
     try:
-        ids = await asyncio.to_thread(encode_chat, llm, messages, extra, p.chat_end)
+        ids = await asyncio.to_thread(encode_chat, llm, messages, extra, chat.chat_end)
     except GenerationError as err:
         raise from_generation_error(err) from None
-    p.prompts = [ids]
+    stop = chat.stop
     if llm.tokenizer.chat_template is None:
-        p.params["stop"] += chatml_stops(llm.tokenizer)
+        stop += chatml_stops(llm.tokenizer)
     if fmt == tc.HERMES and tools.parallel is False:
-        p.params["stop"] += (tc.TOOL_CALL_CLOSE,)    # one call: stop at its end
-    in_reasoning = reasoning and opens_thinking(llm.tokenizer, ids)
+        stop += (tc.TOOL_CALL_CLOSE,)    # one call: stop at its end
+    answer = None
     if fmt is not None or reasoning:
-        p.answer = Answer(fmt, reasoning, in_reasoning, one_call=tools.parallel is False,
-                          markers=tc.marker_tokens(llm.tokenizer),
-                          names=frozenset(t.name for t in tools.tools or ()),
-                          schemas={t.name: t.parameters for t in tools.tools or ()} or None)
+        answer = Answer(fmt, reasoning, reasoning and opens_thinking(llm.tokenizer, ids),
+                        one_call=tools.parallel is False,
+                        markers=tc.marker_tokens(llm.tokenizer),
+                        names=frozenset(t.name for t in tools.tools or ()),
+                        schemas={t.name: t.parameters for t in tools.tools or ()} or None)
+    return chat.parsed(ids, stop, constraint, answer)
 
 
 def _with_tools(template: str, messages: list[dict], extra: dict,

@@ -1,5 +1,7 @@
 """The OpenAI family's request bodies validated (spec §4): ``/v1/chat/completions`` and
-``/v1/completions`` JSON -> :class:`Parsed` (the engine's parameters and the answer's options).
+``/v1/completions`` JSON -> :class:`Parsed` (the prompts, the request's
+:class:`~tiny_mindie.engine.request.GenerationParams` and the answer's options), built once; a
+chat's is built by :func:`~.chat.prepare_chat` from its :class:`ChatBody`.
 
 A bad field is a 400 naming it (the shared validators' 422 is turned into 400 by OpenAI's error
 style, :class:`~.errors.OpenAIStyle`), an unknown model a 404, a body that is no JSON object a
@@ -12,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
+from types import MappingProxyType
 
+from ...engine.request import Constraint, GenerationParams
 from ...llm import LLM, MAX_SEED
 from ..chat import tool_calls as tc
 from ..chat import tool_request as tr
@@ -71,23 +76,64 @@ class Answer:
                                schemas=self.schemas)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Parsed:
-    """A validated request: prompts (text or ids), engine parameters, and response options."""
+    """A validated request: its prompts, the request's parameters (``n`` choices a prompt,
+    penalties, ``top_logprobs``, stops, constraint, ...), and the answer's options.
 
-    prompts: list                     # str | list[int] each
-    params: dict                      # keyword arguments of LLM.make_request
-    n: int
+    Attributes:
+        prompts: a text or token ids each, checked when their requests are built
+            (``LLM.make_requests``); with ``checked``, ids already checked (a chat's).
+        logprobs: report logprobs at all (``params.top_logprobs``: alternatives per token).
+        answer: chat: how to split the output (``None``: plain text).
+    """
+
+    prompts: tuple
+    params: GenerationParams
     stream: bool
     include_usage: bool
-    logprobs: bool                    # report logprobs at all
-    top_logprobs: int                 # alternatives per token
-    presence_penalty: float
-    frequency_penalty: float
+    logprobs: bool
     echo: bool = False
-    answer: Answer | None = None             # chat: how to split the output (None: plain text)
-    thinking: tuple[str, ...] = ()           # chat: the fields sent that ask the model to think
-    chat_end: str = "generation"             # chat: how the prompt ends (chat_template.ENDS)
+    answer: Answer | None = None
+    checked: bool = False
+
+    @property
+    def n(self) -> int:         # choices a prompt
+        return self.params.n
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatBody:
+    """A validated chat body, before its messages are rendered (:func:`~.chat.prepare_chat`
+    makes its :class:`Parsed`).
+
+    Attributes:
+        fields: the request's :class:`GenerationParams` fields sent, but the two the chat
+            pipeline completes: ``stop`` (the template's stops added) and ``constraint``
+            (the tools' may take its place).
+        stop, constraint: the client's.
+        stream, include_usage, logprobs: as :class:`Parsed`'s.
+        thinking: the fields sent that ask the model to think.
+        chat_end: how the prompt ends (:data:`~..chat.template.ENDS`).
+    """
+
+    fields: Mapping[str, object]
+    stop: tuple[str, ...]
+    constraint: Constraint | None
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    thinking: tuple[str, ...] = ()
+    chat_end: str = "generation"
+
+    def parsed(self, ids: list[int], stop: tuple[str, ...], constraint: Constraint | None,
+               answer: Answer | None) -> Parsed:
+        """The request of the chat rendered as ``ids`` (checked), with the stops and the
+        constraint the chat pipeline settled."""
+        return Parsed(prompts=(ids,), params=GenerationParams(**self.fields, stop=stop,
+                                                              constraint=constraint),
+                      stream=self.stream, include_usage=self.include_usage,
+                      logprobs=self.logprobs, answer=answer, checked=True)
 
 
 @dataclasses.dataclass
@@ -140,8 +186,9 @@ def _include_usage(obj: dict, stream: bool) -> bool:
     return get_bool(opts, "include_usage", False)
 
 
-def _common(llm: LLM, obj: dict, default_max_tokens: int) -> dict:
-    """The fields both completion routes share, as :class:`Parsed` keyword arguments."""
+def _common(llm: LLM, obj: dict, default_max_tokens: int) -> tuple[dict, dict]:
+    """The fields both completion routes share: the request's (:class:`GenerationParams`
+    keyword arguments) and the answer's (``stream``, ``include_usage``)."""
     _check_model(llm, obj)
     n = get_int(obj, "n", 1, 1, MAX_CHOICES)
     stream = get_bool(obj, "stream", False)
@@ -158,18 +205,19 @@ def _common(llm: LLM, obj: dict, default_max_tokens: int) -> dict:
                   f"({max_tokens}).", "min_tokens")
     if best_of is not None and best_of != n:
         raise bad("Parameter best_of is not supported (only best_of == n).", "best_of")
-    params = dict(max_new_tokens=max_tokens or default_max_tokens, do_sample=temperature > 0,
+    fields = dict(max_new_tokens=max_tokens or default_max_tokens, do_sample=temperature > 0,
                   temperature=temperature if temperature > 0 else 1.0, top_k=max(top_k, 0),
-                  min_tokens=min_tokens, **_more_params(llm, obj))
-    return dict(params=params, n=n, stream=stream, include_usage=include_usage,
-                presence_penalty=get_float(obj, "presence_penalty", 0.0, -2.0, 2.0,
-                                           lo_open=False, hi_open=False),
-                frequency_penalty=get_float(obj, "frequency_penalty", 0.0, -2.0, 2.0,
-                                            lo_open=False, hi_open=False))
+                  min_tokens=min_tokens, n=n, **_more_params(llm, obj),
+                  presence_penalty=get_float(obj, "presence_penalty", 0.0, -2.0, 2.0,
+                                             lo_open=False, hi_open=False),
+                  frequency_penalty=get_float(obj, "frequency_penalty", 0.0, -2.0, 2.0,
+                                              lo_open=False, hi_open=False))
+    return fields, dict(stream=stream, include_usage=include_usage)
 
 
 def _more_params(llm: LLM, obj: dict) -> dict:
-    """``LLM.make_request``'s keyword arguments past the length, temperature and top_k."""
+    """:class:`GenerationParams`' keyword arguments past the length, temperature, top_k and
+    ``n``."""
     get_bool(obj, "skip_special_tokens", True)   # special tokens never reach the text
     stop_token_ids = obj.get("stop_token_ids")
     return dict(
@@ -207,8 +255,8 @@ def _constraint(llm: LLM, obj: dict):
 
 
 # ---- chat --------------------------------------------------------------------------------
-def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
-    """Validate a chat body for ``app``'s model; returns the request, the messages for the
+def parse_chat(app, body: bytes) -> tuple[ChatBody, list[dict], dict, ChatTools]:
+    """Validate a chat body for ``app``'s model; returns the body, the messages for the
     template (assistant ``tool_calls`` arguments as objects), the template's extra keyword
     arguments (``chat_template_kwargs``) and the tools.
 
@@ -218,7 +266,7 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
             is no JSON object.
     """
     obj = parse_json_object(body)
-    common = _common(app.llm, obj, INT32_MAX)  # the engine caps it by maxIterTimes / maxSeqLen
+    fields, options = _common(app.llm, obj, INT32_MAX)  # the engine caps it (maxIterTimes...)
     messages = _chat_messages(obj.get("messages"))
     logprobs = get_bool(obj, "logprobs", False)
     top = get_int(obj, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
@@ -227,11 +275,13 @@ def parse_chat(app, body: bytes) -> tuple[Parsed, list[dict], dict, ChatTools]:
     extra = obj.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict):
         raise bad("Parameter chat_template_kwargs must be an object.", "chat_template_kwargs")
-    tools = _chat_tools(obj, common["params"]["constraint"] is not None)
-    p = Parsed(prompts=[], logprobs=logprobs, top_logprobs=top, thinking=_thinking(obj, extra),
-               chat_end=_chat_end(obj, messages), **common)
+    stop, constraint = fields.pop("stop"), fields.pop("constraint")
+    tools = _chat_tools(obj, constraint is not None)
+    chat = ChatBody(fields=MappingProxyType({**fields, "top_logprobs": top}), stop=stop,
+                    constraint=constraint, logprobs=logprobs, thinking=_thinking(obj, extra),
+                    chat_end=_chat_end(obj, messages), **options)
     check_fields(obj, chat=True)
-    return p, messages, extra, tools
+    return chat, messages, extra, tools
 
 
 def _chat_end(obj: dict, messages: list[dict]) -> str:
@@ -416,9 +466,9 @@ def parse_completion(app, body: bytes) -> Parsed:
                            "on /v1/completions (the prompt is raw text: no chat template turns "
                            "thinking on or off); use /v1/chat/completions.", param=name,
                            code="unsupported_parameter")
-    common = _common(app.llm, obj, 16)         # OpenAI's default for completions
+    fields, options = _common(app.llm, obj, 16)        # OpenAI's default for completions
     prompts = _prompts(app.llm, obj.get("prompt"))
-    if len(prompts) * common["n"] > MAX_CHOICES:
+    if len(prompts) * fields["n"] > MAX_CHOICES:
         raise bad(f"At most {MAX_CHOICES} choices (prompts x n) per request.", "n")
     if obj.get("suffix") is not None:
         raise bad("Parameter suffix is not supported.", "suffix")
@@ -427,8 +477,8 @@ def parse_completion(app, body: bytes) -> Parsed:
     if echo and lp is not None:
         raise bad("Parameter echo together with logprobs is not supported.", "echo")
     check_fields(obj, chat=False)
-    return Parsed(prompts=prompts, logprobs=lp is not None, top_logprobs=lp or 0, echo=echo,
-                  **common)
+    return Parsed(prompts=tuple(prompts), params=GenerationParams(**fields, top_logprobs=lp or 0),
+                  logprobs=lp is not None, echo=echo, **options)
 
 
 def _prompts(llm: LLM, prompt) -> list:

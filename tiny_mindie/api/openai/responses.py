@@ -24,7 +24,7 @@ import uuid
 from ...server.conn import Response, ResponseStream, json_response
 from ...server.http import Request
 from ...server.routing import BUSINESS
-from ..drive import merged, route, send_stream
+from ..drive import NAMED_EVENTS, merged, route, send_stream
 from ..errors import OPENAI, ResponsesEventStyle
 from ..validate import read_json_object
 from .bridge import CALL, REASONING, Block, Blocks, chat_requests, run_blocks
@@ -56,7 +56,7 @@ async def _responses(app, req: Request, stream: ResponseStream) -> Response | No
         events = _Events(shape, Blocks(p, cut_call=True))
         await send_stream(stream, merged(app.llm, [request], record=stream.record),
                           ResponsesEventStyle(events.number), events.render,
-                          closing=events.closing, named=True)
+                          closing=events.closing, framing=NAMED_EVENTS)
         return None
     blocks = await run_blocks(app.llm, request, p, stream, cut_call=True)
     if blocks is None:

@@ -4,9 +4,10 @@ context in tokens as vLLM's ``max_model_len``, and llama-server's ``meta``; an e
 served beside it, ``--embedding-model``, has a card too, marked ``"task": "embedding"`` with
 its ``dimensions``).
 
-JSON -> validated :class:`~.request.Parsed` (:mod:`.request`) -> for chat, the
-prompt rendered with the tools and reasoning in (:mod:`.chat`) -> one
-:class:`~tiny_mindie.engine.request.GenerationRequest` per prompt and choice -> engine ->
+JSON -> validated :class:`~.request.Parsed` (:mod:`.request`; for chat, a
+:class:`~.request.ChatBody` whose prompt is rendered with the tools and reasoning in,
+:mod:`.chat`) -> one :class:`~tiny_mindie.engine.request.GenerationRequest` per prompt and
+choice -> engine ->
 OpenAI's JSON object (:mod:`.answer`) or SSE chunks ending with ``data: [DONE]``
 (:mod:`.stream`).
 
@@ -96,9 +97,9 @@ async def _chat(app, req: Request, stream: ResponseStream) -> Response | None:
     """``/v1/chat/completions``: parse, the chat pipeline, the answer."""
     try:
         # off the event loop: a constraint's first compile builds llguidance's vocabulary
-        p, messages, extra, tools = await asyncio.to_thread(parse_chat, app, req.body)
+        chat, messages, extra, tools = await asyncio.to_thread(parse_chat, app, req.body)
         llm = app.llm
-        await prepare_chat(llm, p, messages, extra, tools)
+        p = await prepare_chat(llm, chat, messages, extra, tools)
         return await _answer(llm, stream, p, Envelope(chat=True, model=llm.model_name), [])
     except APIError as err:
         raise _context_error(err, "messages") from None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...engine.request import GenerationRequest, TokenEvent
 from ...llm import LLM
 from ...server.conn import ResponseStream
-from ..drive import merged, send_stream
+from ..drive import OPENAI_EVENTS, merged, send_stream
 from ..errors import OPENAI
 from .answer import Envelope, Formatter, Split, counted, finish_reason, usage_dict
 from .request import Parsed
@@ -20,7 +20,7 @@ async def stream_answer(llm: LLM, stream: ResponseStream, p: Parsed, env: Envelo
     token is raised (its own status), one after it is the stream's last event."""
     chunks = _Chunks(llm, p, env, prefixes, len(flat))
     await send_stream(stream, merged(llm, flat, record=stream.record), OPENAI, chunks.event,
-                      opening=chunks.opening(), closing=chunks.closing, done="[DONE]")
+                      opening=chunks.opening(), closing=chunks.closing, framing=OPENAI_EVENTS)
 
 
 class _Chunks:
