@@ -250,7 +250,7 @@ def _verdict(be, results: list[Comparison], n: int, say) -> int:
             "tokens may differ from the reference's (shown for information); the exact check "
             "is the float32 standard graph's")
         return 0
-    exact = be.providers[0] == CPU and be.standard_dtype == "float32"
+    exact = be.providers[0] == CPU and be.shapes.dtype == "float32"
     if exact:
         ok = all(r.same and r.max_diff <= LOGITS_TOLERANCE for r in results)
         how = f"same tokens, logits within {LOGITS_TOLERANCE:g}"
