@@ -9,15 +9,15 @@ start-up checks (:class:`.startup_checks.StartupChecks`). This module schedules 
 
 KV cache and continuous batching
 --------------------------------
-The backend owns one buffer per layer for keys and one for values, each
-``float32 [P, Nkv, max_seq_len, H]`` with ``P = num_slots`` physical rows; pages are allocated
-lazily by the OS, so unused positions cost no resident memory. GroupQueryAttention reads and
-writes these buffers in place: for a session run over physical rows ``[r, r + B)``,
-``past_key.{i}`` and ``present_key.{i}`` are both bound (I/O binding) to the view
-``k[i][r:r+B]``. That view must be contiguous, so a batch must occupy *consecutive* physical
-rows: the backend keeps a map slot -> physical row and, when the slots of a decode batch are not
-consecutive, swaps rows (copying only the positions in use) to make them so. Engines that hand
-out slots from a free list rarely trigger a swap.
+The KV cache (:class:`.kv_cache.KVCache`) is one buffer per layer for keys and one for
+values, each ``float32 [P, Nkv, max_seq_len, H]`` with ``P = num_slots`` physical rows; pages
+are allocated lazily by the OS, so unused positions cost no resident memory.
+GroupQueryAttention reads and writes these buffers in place: for a session run over physical
+rows ``[r, r + B)``, ``past_key.{i}`` and ``present_key.{i}`` are both bound (I/O binding) to
+the view ``k[i][r:r+B]``. That view must be contiguous, so a batch must occupy *consecutive*
+physical rows: the cache keeps a map slot -> physical row and, when the slots of a decode batch
+are not consecutive, swaps rows (copying only the positions in use) to make them so. Engines
+that hand out slots from a free list rarely trigger a swap.
 
 One :meth:`OrtBackend.forward` call is split into session runs:
 
@@ -61,7 +61,7 @@ positions, so row swaps carry it along); the engine reuses it for a later prompt
 prefix, or copies it into another slot (:meth:`OrtBackend.copy_kv`). That keeps the answer
 the same only if a prompt's KV does not depend on how it was chunked:
 :meth:`.startup_checks.StartupChecks.check_prefix_split_invariance` checks that at start-up
-(recorded beside the batch check) and sets ``prefix_split_invariant``.
+(recorded beside the batch check); its outcome is ``prefix_split_invariant``.
 
 Why prefill chunks run alone: onnxruntime's GroupQueryAttention rejects ``S > 1`` with past
 context at ``B > 1``, and on CPU a prompt's matmuls are already wide (``M = n``), so batching
