@@ -186,7 +186,6 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
         kw = {}
         if mode == "standard":
             from tiny_mindie.model.onnx.graph_options import GraphOptions
-            from tiny_mindie.model.ort.ort_standard import StandardOrtBackend as OrtBackend
             kw["graph_options"] = GraphOptions(flavour="standard")
         elif mode == "custom":             # the GGUF-block kernels (tiny_mindie/kernels)
             from tiny_mindie.model.onnx.graph_options import GraphOptions

@@ -19,7 +19,7 @@ from helpers import TEST_CONFIG, request, serving, start_server
 
 from tiny_mindie.cli.check_graph import KL_TOLERANCE, LOGITS_TOLERANCE, PROMPTS, greedy_compare
 from tiny_mindie.model.onnx import cann_ops
-from tiny_mindie.model.ort.ort_standard import bucket, buckets
+from tiny_mindie.model.ort.shapes import bucket, buckets
 
 # ---- unit ------------------------------------------------------------------------------------
 
@@ -40,7 +40,7 @@ def test_the_dtypes_are_the_settings():
     from tiny_mindie.model import STANDARD_DTYPES
     from tiny_mindie.model.onnx.graph_standard import DTYPES
     from tiny_mindie.model.ort.ort_backend import OrtBackend
-    from tiny_mindie.model.ort.ort_standard import MAX_CHUNK_TOKENS
+    from tiny_mindie.model.ort.shapes import MAX_CHUNK_TOKENS
 
     assert tuple(DTYPES) == STANDARD_DTYPES
     assert OrtBackend.__init__.__kwdefaults__["max_chunk_tokens"] == MAX_CHUNK_TOKENS
@@ -137,8 +137,8 @@ def test_the_float16_graph_holds_float16_matrices_and_kv(smollm_standard, smollm
     assert {t for t, n in types.values() if n == 2 and t != "FLOAT"} == {"FLOAT16"}
     kv = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
     assert kv["past_key.0"] == onnx.TensorProto.FLOAT16
-    assert be.kv_dtype == np.float16 and be._k[0].dtype == np.float16
-    assert be.standard_dtype == "float16" and be.kernels == "onnxruntime MatMul (float16)"
+    assert be.kv.dtype == np.float16 and be.kv.k[0].dtype == np.float16
+    assert be.shapes.dtype == "float16" and be.kernels == "onnxruntime MatMul (float16)"
     values, _ = f.tensor_totals()
 
     def entry(b):
@@ -173,8 +173,8 @@ def test_compact_weights_where_auto_picks_the_standard_graph_are_refused(model_p
 
 def test_runs_use_the_static_shapes_only(smollm_standard):
     _, _, _, be = smollm_standard
-    assert be.decode_batches == (1, 2, 4) and be.chunk_lengths == (8, 32, 128, 256)
-    assert be.spans == (256, 512) and be.cache_len == be.max_seq_len + 1
+    assert be.shapes.decode_batches == (1, 2, 4) and be.shapes.chunk_lengths == (8, 32, 128, 256)
+    assert be.shapes.spans == (256, 512) and be.kv.cache_len == be.max_seq_len + 1
     assert be.static_shapes() == (3 + 4 + 1) * 2
 
 
@@ -336,7 +336,7 @@ def test_the_greedy_check_command_passes(model_path, capsys):
 
 def test_warm_up_runs_every_shape_and_writes_only_the_scratch_position(smollm_standard):
     _, _, _, be = smollm_standard
-    bufs = be._k + be._v
+    bufs = be.kv.k + be.kv.v
     rng = np.random.default_rng(0)
     for buf in bufs:
         buf[:, :, :be.max_seq_len] = rng.standard_normal(buf[:, :, :be.max_seq_len].shape)

@@ -166,7 +166,7 @@ def test_greedy_identical_at_batch_1_and_batch_4(ort, prompts):
             pos[i] += 1
     for i in range(4):
         assert toks[i] == single[i], i
-    assert ort.swaps > 0        # the scattered slots really were regrouped
+    assert ort.kv.swaps > 0        # the scattered slots really were regrouped
 
 
 @pytest.mark.parametrize("threads, runs", [(1, 1), (1, 2), (2, 1)])
@@ -271,7 +271,7 @@ def test_parallel_runs_give_the_tokens_of_single_runs(gguf, config, prompts):
                     parallel_runs=3)
     try:
         single = [_greedy_single(be, 0, p, 24) for p in prompts]
-        spy = be._session = _RunSpy(be._session)
+        spy = be.shapes.session = _RunSpy(be.shapes.session)
         slots = [5, 2, 7, 4]
         toks = [[] for _ in prompts]
         logits = be.forward([SeqChunk(slots[i], 0, p) for i, p in enumerate(prompts[:3])])
@@ -426,7 +426,7 @@ def test_graph_is_ir10_with_contrib_ops(ort):
     head_block = next(a.i for a in head.attribute if a.name == "block_size")
     assert head_block == 32                  # 576 inputs: no blocks of 128 (lm_head_weight)
     assert meta[graph_mod.LOGITS_ROWS_KEY] == str(GraphOptions().row_multiple(8, head_block)) \
-        == str(ort._logits_row_multiple)
+        == str(ort.shapes.logits_row_multiple)
     pads = sum(n.op_type == "Pad" for n in m.graph.node)   # 4-bit blocks of 32: Q4_1 matrices
     assert pads == (4 * 30 if GraphOptions().row_multiple(4, 32) > 1 else 0) + \
         (GraphOptions().row_multiple(8, head_block) > 1)

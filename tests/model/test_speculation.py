@@ -148,13 +148,13 @@ def _verify_equals_decode(backend, past: int, n: int, seed: int) -> None:
     backend.forward([SeqChunk(0, 0, ids[:past])])
     steps = np.stack([backend.forward([SeqChunk(0, past + k, ids[past + k:past + k + 1])])[0]
                       for k in range(n)])
-    row0, row1 = backend._phys[0], backend._phys[1]
+    row0, row1 = backend.kv.row(0), backend.kv.row(1)
     backend.forward([SeqChunk(1, 0, ids[:past])])
     rows = backend.verify(1, past, ids[past:])
     assert rows.shape == (n, V)
     for k in range(n):
         assert np.array_equal(rows[k], steps[k]), f"row {k} of {n} after {past} positions"
-    for a, b in zip(backend._k + backend._v, backend._k + backend._v, strict=True):
+    for a, b in zip(backend.kv.k + backend.kv.v, backend.kv.k + backend.kv.v, strict=True):
         assert np.array_equal(a[row0, :, :past + n], b[row1, :, :past + n])
 
 
@@ -210,7 +210,7 @@ def test_the_start_up_check_catches_a_graph_whose_chunks_are_not_decode_rows(mod
                                                        strict=True))
         if "avx2" in cpu_flags() and "avx512f" not in cpu_flags():
             assert not same                 # measured: the one-row kernel rounds otherwise
-        assert be.check_verify_matches_decode() is same
+        assert be.checks.check_verify_matches_decode() is same
     finally:
         be.close()
 

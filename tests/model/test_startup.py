@@ -20,7 +20,7 @@ from tiny_mindie.model.gguf import GGUFFile, ModelFileError  # noqa: E402
 from tiny_mindie.model.loader import load_model  # noqa: E402
 from tiny_mindie.model.ort import ort_backend  # noqa: E402
 from tiny_mindie.model.ort.ort_backend import OrtBackend  # noqa: E402
-from tiny_mindie.model.ort.startup_checks import BATCH_CHECKS  # noqa: E402
+from tiny_mindie.model.ort.startup_checks import BATCH_CHECKS, StartupChecks  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, capl
     def not_again(self):
         raise AssertionError("the prefix-split check ran again")
 
-    monkeypatch.setattr(OrtBackend, "check_prefix_split_invariance", not_again)
+    monkeypatch.setattr(StartupChecks, "check_prefix_split_invariance", not_again)
     second = backend(1)
     assert second.batch_invariant and second.rows_per_decode_run == 0
     assert second.prefix_split_invariant == first.prefix_split_invariant
@@ -112,7 +112,7 @@ def test_the_verification_check_fits_a_short_max_seq_len(tiny, tmp_path):
     for n, pasts in ((2, []), (3, [1]), (5, [1]), (30, [21]), (128, [21])):
         be = OrtBackend(f, cfg, num_slots=2, max_seq_len=n, threads=1, cache_dir=str(tmp_path),
                         huge_pages=False, graph_options=GraphOptions(verify_rows=5))
-        assert be._verify_check_pasts() == pasts, n
+        assert be.checks._verify_check_pasts() == pasts, n
         if not pasts:                   # (elsewhere the check's outcome is this CPU's)
             assert not be.fast_verify
         be.close()

@@ -234,8 +234,8 @@ def _describe(be, say) -> None:
     t0 = time.perf_counter()
     runs = be.warm_up()
     say(f"shapes     {runs} sets of input shapes, each run once in "
-        f"{time.perf_counter() - t0:.1f} s (decode rows {list(be.decode_batches)}, prompt "
-        f"pieces {list(be.chunk_lengths)}, spans {list(be.spans)})")
+        f"{time.perf_counter() - t0:.1f} s (decode rows {list(be.shapes.decode_batches)}, "
+        f"prompt pieces {list(be.shapes.chunk_lengths)}, spans {list(be.shapes.spans)})")
     say(f"checks     decode rows the same alone and in batches: {be.rows_per_decode_run != 1}; "
         f"prompt KV the same in any chunks: {be.prefix_split_invariant}; verification the "
         f"same as decoding: {be.fast_verify}")
@@ -250,7 +250,7 @@ def _verdict(be, results: list[Comparison], n: int, say) -> int:
             "tokens may differ from the reference's (shown for information); the exact check "
             "is the float32 standard graph's")
         return 0
-    exact = be.providers[0] == CPU and be.standard_dtype == "float32"
+    exact = be.providers[0] == CPU and be.shapes.dtype == "float32"
     if exact:
         ok = all(r.same and r.max_diff <= LOGITS_TOLERANCE for r in results)
         how = f"same tokens, logits within {LOGITS_TOLERANCE:g}"

@@ -156,7 +156,6 @@ def _ort_backend(f: GGUFFile, cfg: ModelConfig, num_slots: int | None, kv_cache_
     from .ort.memory_need import check_standard_memory
     from .ort.ort_backend import OrtBackend
     from .ort.ort_session import resolve_kernels
-    from .ort.ort_standard import StandardOrtBackend
     from .ort.providers import graph_flavour, select_providers
 
     chosen = select_providers(list(providers) if providers else None, device_id)
@@ -175,9 +174,8 @@ def _ort_backend(f: GGUFFile, cfg: ModelConfig, num_slots: int | None, kv_cache_
                                      device_id=device_id, slots=num_slots,
                                      max_seq_len=max_seq_len, speculation=speculation,
                                      threads=threads, parallel_runs=parallel_runs, log=log)
-    cls = StandardOrtBackend if flavour == "standard" else OrtBackend
     kernels = resolve_kernels(kernels, flavour, WEIGHT_MODES[weights])
-    be = cls(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len, threads=threads,
+    be = OrtBackend(f, cfg, num_slots=num_slots, max_seq_len=max_seq_len, threads=threads,
                parallel_runs=parallel_runs, device_id=device_id, providers=chosen,
                graph_options=GraphOptions(
                    verify_rows=VERIFY_ROWS if speculation else 0,

@@ -34,7 +34,7 @@ float32 (a few MB).
 Graph inputs and outputs (``B`` rows, ``S`` tokens per row, ``Lb`` key positions attended to,
 ``Lc`` the KV cache's positions, ``Nkv`` KV heads, ``H`` head_dim, ``R`` logits rows, ``V``
 vocabulary, ``kv`` the graph's dtype; ``B``, ``S``, ``Lb``, ``R`` are dimensions a caller keeps
-to a small fixed set (:mod:`.ort_standard`), so a compiling provider builds a fixed number of
+to a small fixed set (:mod:`.shapes`), so a compiling provider builds a fixed number of
 graphs)::
 
     input_ids              int64   [B, S]            token ids (padding: any valid id)

@@ -1,3 +1,3 @@
 """Running the graphs in onnxruntime: the decoder backend (:mod:`.ort_backend`, its session,
-KV layout and start-up checks; :mod:`.ort_standard` for the standard graph), the encoder's
+KV cache, shape policies and start-up checks), the encoder's
 session, the execution providers and the memory a model needs."""

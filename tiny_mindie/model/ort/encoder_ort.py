@@ -19,8 +19,8 @@ import numpy as np
 
 from ..encoder_load import EncoderModel
 from ..encoder_pool import MIN_BUCKET, bucket, pool_weights
-from .ort_standard import bucket as static_bucket
-from .ort_standard import buckets
+from .shapes import bucket as static_bucket
+from .shapes import buckets
 
 #: The most attention scores (float32 ``rows x heads x width x width``) one run may hold: long
 #: texts run fewer rows at a time (one at least), so memory stays bounded whatever the batch.

@@ -10,7 +10,7 @@ loads, and the refusal when the device or the host cannot hold it.
   embedding's float16 table for the ``Gather`` too when the LM head shares it); vectors
   (norms, biases) and the rotary tables (cos and sin) float32;
 - **KV cache**: keys and values of every layer for ``num_slots`` rows of ``max_seq_len + 1``
-  positions (the scratch position, :mod:`.ort_standard`) at the graph's dtype, held in host
+  positions (the scratch position, :mod:`.shapes`) at the graph's dtype, held in host
   memory and bound to every run; on an NPU a run's rows are copied to the device and back, so
   the device needs twice the cache for a decode run over every slot;
 - **activations**: a bound on one session run's tensors: every tensor one decoder layer
@@ -278,15 +278,15 @@ def check_standard_memory(f, config: ModelConfig, *, dtype: str, chosen: list, d
                           parallel_runs: int, log) -> MemoryNeed:
     """State (``log.info``) and check (:func:`check_fits`) what the standard graph of the
     GGUF ``f`` needs on the first of the ``chosen`` providers, with the backend's settings as
-    :class:`.ort_standard.StandardOrtBackend` will use them. Returns the :class:`MemoryNeed`.
+    :class:`.shapes.StaticShapes` will use them. Returns the :class:`MemoryNeed`.
 
     Raises:
         ModelFileError: the device or the host cannot hold it (one line).
     """
     from ..backend import available_cpus
     from ..onnx.graph_options import VERIFY_ROWS
-    from .ort_standard import MAX_CHUNK_TOKENS, MIN_CHUNK, bucket, buckets
     from .providers import CPU, default_threads, device_name, provider_name
+    from .shapes import MAX_CHUNK_TOKENS, MIN_CHUNK, bucket, buckets
 
     first = provider_name(chosen[0])
     on_cpu = first == CPU

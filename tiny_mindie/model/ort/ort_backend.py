@@ -2,20 +2,22 @@
 
 The graph comes from the cache of built graphs (:mod:`.graph_cache`); the session's providers,
 threads and options from :mod:`.providers`; it is opened by :mod:`.ort_session`, and its resident
-memory is kept low by :mod:`.memory`; the start-up self-checks are :mod:`.startup_checks`. This
-module owns the session runs and the KV cache.
+memory is kept low by :mod:`.memory`. The backend is one class made of parts, each with its own
+state: the KV cache (:class:`.kv_cache.KVCache`), the shape policy of its graph's runs
+(:mod:`.shapes`: dynamic for the contrib graph, static, padded, for the standard graph) and the
+start-up checks (:class:`.startup_checks.StartupChecks`). This module schedules the session runs.
 
 KV cache and continuous batching
 --------------------------------
-The backend owns one buffer per layer for keys and one for values, each
-``float32 [P, Nkv, max_seq_len, H]`` with ``P = num_slots`` physical rows; pages are allocated
-lazily by the OS, so unused positions cost no resident memory. GroupQueryAttention reads and
-writes these buffers in place: for a session run over physical rows ``[r, r + B)``,
-``past_key.{i}`` and ``present_key.{i}`` are both bound (I/O binding) to the view
-``k[i][r:r+B]``. That view must be contiguous, so a batch must occupy *consecutive* physical
-rows: the backend keeps a map slot -> physical row and, when the slots of a decode batch are not
-consecutive, swaps rows (copying only the positions in use) to make them so. Engines that hand
-out slots from a free list rarely trigger a swap.
+The KV cache (:class:`.kv_cache.KVCache`) is one buffer per layer for keys and one for
+values, each ``float32 [P, Nkv, max_seq_len, H]`` with ``P = num_slots`` physical rows; pages
+are allocated lazily by the OS, so unused positions cost no resident memory.
+GroupQueryAttention reads and writes these buffers in place: for a session run over physical
+rows ``[r, r + B)``, ``past_key.{i}`` and ``present_key.{i}`` are both bound (I/O binding) to
+the view ``k[i][r:r+B]``. That view must be contiguous, so a batch must occupy *consecutive*
+physical rows: the cache keeps a map slot -> physical row and, when the slots of a decode batch
+are not consecutive, swaps rows (copying only the positions in use) to make them so. Engines
+that hand out slots from a free list rarely trigger a swap.
 
 One :meth:`OrtBackend.forward` call is split into session runs:
 
@@ -51,18 +53,15 @@ products whose kernels need it (see ``graph_nodes._pad_rows``); after loading,
 differs, decode rows run one per session run (``rows_per_decode_run = 1``): the same answers,
 slower under load.
 
-GroupQueryAttention places a row's new tokens at ``[seqlens_k + 1 - S, seqlens_k + 1)``; for a
-chunk ``(start, n)`` run alone that is ``seqlens_k = start + n - 1``, and in a decode batch each
-row has its own ``seqlens_k = start``. Positions a chunk writes past ``start + n`` never exist
-(no padding); stale positions from an older, longer sequence in the slot sit after the new
-sequence's end, where the causal mask hides them until they are overwritten.
+How a run is bound and what its tokens and rows are padded to is the shape policy's
+(:mod:`.shapes`).
 
-Prefix caching: a slot keeps its KV after its sequence ends (``_used`` still counts its
+Prefix caching: a slot keeps its KV after its sequence ends (``KVCache.used`` still counts its
 positions, so row swaps carry it along); the engine reuses it for a later prompt with the same
 prefix, or copies it into another slot (:meth:`OrtBackend.copy_kv`). That keeps the answer
 the same only if a prompt's KV does not depend on how it was chunked:
 :meth:`.startup_checks.StartupChecks.check_prefix_split_invariance` checks that at start-up
-(recorded beside the batch check) and sets ``prefix_split_invariant``.
+(recorded beside the batch check); its outcome is ``prefix_split_invariant``.
 
 Why prefill chunks run alone: onnxruntime's GroupQueryAttention rejects ``S > 1`` with past
 context at ``B > 1``, and on CPU a prompt's matmuls are already wide (``M = n``), so batching
@@ -84,13 +83,12 @@ import numpy as np
 from ..arch import ModelConfig
 from ..backend import Backend, SeqChunk, available_cpus, check_chunks
 from ..gguf import GGUFFile
-from ..onnx.graph import LOGITS_ROWS_KEY, VERIFY_ROWS_KEY
 from ..onnx.graph_cache import cached_graph
 from ..onnx.graph_options import GraphOptions
-from .kv_layout import KVLayout
+from ..registry.progress import slow_step
+from .kv_cache import KVCache
 from .ort_session import (
     HugePageMove,
-    describe_kernels,
     for_provider,
     gguf_initializers,
     kernel_library,
@@ -107,6 +105,7 @@ from .providers import (
     select_providers,
     session_options,
 )
+from .shapes import shape_policy
 from .startup_checks import StartupChecks
 
 log = logging.getLogger(__name__)
@@ -124,7 +123,7 @@ def _run_all(runs: Sequence[Callable[[], None]]) -> None:
 
 # ---- the backend -----------------------------------------------------------------------------
 
-class OrtBackend(StartupChecks, KVLayout, Backend):
+class OrtBackend(Backend):
     """The decoder as an ONNX Runtime session with a slot-based, in-place KV cache.
 
     Args:
@@ -149,8 +148,9 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
             threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
             docstring.
-        check_batching: run :meth:`check_batch_invariance` after loading, and if it fails run
-            every decode row alone (``rows_per_decode_run = 1``).
+        check_batching: run the batch check (:meth:`.startup_checks.StartupChecks.
+            check_batch_invariance`) after loading, and if it fails run every decode row alone
+            (``rows_per_decode_run = 1``).
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
@@ -158,9 +158,15 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
             (:func:`.providers.node_placement`; empty where onnxruntime does not tell);
             ``placement_ops``: the same per operator type (:func:`.providers.ops_by_provider`).
         graph: the graph's flavour, ``"contrib"`` or ``"standard"`` (``GraphOptions.flavour``).
+        kv: the KV cache (:class:`.kv_cache.KVCache`).
+        shapes: the shape policy of the runs, chosen by the flavour
+            (:func:`.shapes.shape_policy`): :class:`.shapes.StaticShapes` for the standard graph
+            (its padding sizes ``decode_batches``, ``chunk_lengths``, ``spans``),
+            :class:`.shapes.DynamicShapes` for the contrib graph.
+        checks: the start-up checks (:class:`.startup_checks.StartupChecks`: their outcomes).
         graph_path: the ``model.onnx`` in use; ``built``: whether this start built it;
         load_seconds: start-up times in seconds, ``{"graph": ..., "session": ...}``, plus
-            ``"batch check"`` when :meth:`check_batch_invariance` ran.
+            ``"batch check"``, ``"split check"``, ``"verify check"`` for the checks that ran.
         mapped_weight_bytes: bytes of the GGUF the session reads in place, mapped (the custom
             kernels' blocks, :func:`.ort_session.gguf_initializers`); 0 with onnxruntime's
             kernels. They count in resident memory as file-backed pages once touched.
@@ -209,6 +215,10 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
             self._huge_pages.start()
         t2 = time.perf_counter()
         self.load_seconds = {"graph": t1 - t0, "session": t2 - t1}
+        shapes = shape_policy(graph_options)
+        self.kv = KVCache(config, num_slots, shapes.cache_len(max_seq_len),
+                          shapes.kv_dtype(graph_options))
+        self.shapes = shapes(self._session, self.kv, config, graph_options, self.max_chunk_tokens)
         self._read_session(device_id)
         self.parallel_runs = self._lanes(parallel_runs)
         self._pool = (ThreadPoolExecutor(self.parallel_runs - 1,
@@ -217,25 +227,20 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         log.info("onnxruntime session on %s (graph %s in %.2f s, session %.2f s)", self.device,
                  "built" if self.built else "cached", t1 - t0, t2 - t1)
 
-        self._make_kv_cache()
-        self._decode_bindings: dict[tuple[int, int], tuple] = {}
-        self._prefill_bindings: dict[int, tuple] = {}
         self._lock = threading.Lock()
-        self.swaps = 0                                  # row swaps done (for tests / metrics)
         self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
         self.batch_invariant = check_batching           # by the graph, or row by row (checks)
-        self._run_startup_checks(session_config, check_batching)
+        self.checks = StartupChecks(self, session_config, graph_options.row_multiples)
+        self._apply_checks(self.checks.run(batch=check_batching,
+                                           verify=self.fast_verify and check_batching))
+        self._compile_shapes()
 
     def _read_session(self, device_id: int) -> None:
-        """What the session tells: the graph's metadata, the providers in use, node placement."""
-        # the graph's logits may have padding rows (see graph.py, output ``logits``)
-        meta = self._session.get_modelmeta().custom_metadata_map
-        self._logits_row_multiple = int(meta.get(LOGITS_ROWS_KEY, "1"))
-        self.max_verify_rows = int(meta.get(VERIFY_ROWS_KEY, "0"))
-        self._verify_input = self.max_verify_rows > 0       # the graph has the verify input
-        self.fast_verify = self._verify_input
+        """What the session and its shape policy tell: the kernels, the verification rows, the
+        providers in use, node placement."""
+        self.kernels, self.max_verify_rows = self.shapes.kernels, self.shapes.max_verify_rows
+        self.fast_verify = self.max_verify_rows > 0
         self.graph = self._graph_options.flavour
-        self.kernels = describe_kernels(self._graph_options.kernels, self.graph)
         self.providers = self._session.get_providers()
         self.device = device_name(self.providers[0], device_id)
         self.placement_ops = ops_by_provider(self._session)
@@ -253,6 +258,40 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
                         "runs will only take turns", parallel_runs, self.threads, available_cpus())
         # more runs than slots could never all be busy (a run has at least one row)
         return min(parallel_runs or max(1, available_cpus() // self.threads), self.num_slots)
+
+    def _apply_checks(self, outcomes: dict[str, bool]) -> None:
+        """The start-up checks' ``outcomes`` (:meth:`.startup_checks.StartupChecks.run`) as the
+        backend's ways: decode rows one per run where the batch check failed, prefix reuse of
+        any length where the split check passed, verification in one run where its check
+        passed (and only then)."""
+        self.rows_per_decode_run = 0 if outcomes.get("batch", True) else 1
+        self.prefix_split_invariant = outcomes.get("prefix split", False)
+        self.fast_verify = outcomes.get("verify", False)
+        self.load_seconds.update(self.checks.seconds)
+
+    def _compile_shapes(self) -> None:
+        """On a provider other than the CPU's, run the shape policy's every static shape once
+        (:meth:`warm_up`; none for dynamic shapes), so that none is compiled while a request
+        waits."""
+        n = self.static_shapes()
+        if self.providers[0] == CPU or not n:
+            return
+        with slow_step(log, f"compiling the graph for {n} input shapes"):
+            t0 = time.perf_counter()
+            runs = self.warm_up()
+        log.info("%d input shapes run once (%.1f s)", runs, time.perf_counter() - t0)
+
+    def static_shapes(self) -> int:
+        """How many sets of input shapes the runs use at most (graphs a compiling provider
+        builds; :meth:`.shapes.StaticShapes.static_shapes`); 0 for dynamic shapes."""
+        return self.shapes.static_shapes()
+
+    def warm_up(self) -> int:
+        """Run every static shape once, padding only, writing only scratch positions
+        (:meth:`.shapes.StaticShapes.warm_up`); returns the number of runs (0 for dynamic
+        shapes)."""
+        with self._lock:
+            return self.shapes.warm_up()
 
     @property
     def huge_page_bytes(self) -> int:
@@ -303,12 +342,22 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
                            self.config.vocab_size)[0]
         out = np.empty((len(ids), self.config.vocab_size), np.float32)
         with self._lock:
-            self._used[slot] = min(self._used[slot], start)
+            self.kv.used[slot] = min(self.kv.used[slot], start)
             for j in range(0, len(ids), self.max_verify_rows):
                 piece = ids[j:j + self.max_verify_rows]
-                out[j:j + len(piece)] = self._chunk_logits(slot, start + j, piece,
-                                                           list(range(len(piece))), verify=True)
+                out[j:j + len(piece)] = self._piece(slot, start + j, piece,
+                                                    list(range(len(piece))), verify=True)
         return out
+
+    def copy_kv(self, src_slot: int, dst_slot: int, n: int) -> None:
+        """See :meth:`.backend.Backend.copy_kv`: positions ``[0, n)`` of every layer's key and
+        value buffer (:meth:`.kv_cache.KVCache.copy`)."""
+        self._check_copy(src_slot, dst_slot, n)
+        with self._lock:
+            self.kv.copy(src_slot, dst_slot, n)
+
+    def kv_cache_bytes(self) -> int:
+        return self.kv.nbytes
 
     def close(self) -> None:
         if self._huge_pages is not None:
@@ -316,12 +365,10 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        self._decode_bindings.clear()
-        self._prefill_bindings.clear()
+        self.shapes.close()
         self._session = None
         self._gguf_values = []
-        self._k = self._v = []
-        self._kv_map = None             # unmapped once the last view is gone
+        self.kv.close()
 
     # ---- internals --------------------------------------------------------------------------
     def _run_lanes(self, lanes: list[list[Callable[[], None]]]) -> None:
@@ -344,9 +391,9 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
         the cost in prompt-token equivalents (:data:`DECODE_RUN_COST` + rows)."""
         # positions >= start are about to be rewritten
         for s, st in zip(slots, starts, strict=True):
-            self._used[s] = min(self._used[s], st)
-        self._arrange(slots)
-        order = sorted(range(len(slots)), key=lambda j: self._phys[slots[j]])
+            self.kv.used[s] = min(self.kv.used[s], st)
+        self.kv.arrange(slots)
+        order = sorted(range(len(slots)), key=lambda j: self.kv.row(slots[j]))
         if self.rows_per_decode_run == 1:          # see check_batch_invariance
             groups = len(slots)
         return [(DECODE_RUN_COST + len(g), self._decode_group(
@@ -358,103 +405,34 @@ class OrtBackend(StartupChecks, KVLayout, Backend):
                       out_rows: list[int], out: np.ndarray) -> Callable[[], None]:
         """The run giving one token to each of ``slots`` (on consecutive physical rows, in row
         order), its logits to ``out[out_rows]``; its binding is made now, not in a worker
-        thread."""
-        entry = self._decode_binding(self._phys[slots[0]], len(slots))
-        return lambda: self._run_decode(entry, slots, starts, tokens, out_rows, out)
+        thread (:meth:`.shapes.DynamicShapes.decode`)."""
+        decode = self.shapes.decode(self.kv.row(slots[0]), len(slots))
 
-    def _run_decode(self, entry: tuple, slots: list[int], starts: list[int], tokens: list[int],
-                    out_rows: list[int], out: np.ndarray) -> None:
-        """One decode run over the consecutive physical rows of ``slots`` (in row order)."""
-        binding, logits, ids, seqlens, total = entry
-        ids[:, 0] = tokens
-        seqlens[:] = starts
-        total[()] = max(starts) + 1
-        self._session.run_with_iobinding(binding)
-        out[out_rows] = logits
-        for s, st in zip(slots, starts, strict=True):
-            self._used[s] = st + 1
+        def run() -> None:
+            out[out_rows] = decode(starts, tokens)
+            for s, st in zip(slots, starts, strict=True):
+                self.kv.used[s] = st + 1
+        return run
 
     def _prefill_run(self, slot: int, start: int, tokens: np.ndarray, out: np.ndarray,
                      out_row: int) -> Callable[[], None]:
-        """The run(s) of one prompt chunk (``B = 1``, no padding), in pieces of
-        ``max_chunk_tokens``; the last piece's logits go to ``out[out_row]``."""
-        self._used[slot] = min(self._used[slot], start)
-        self._prepare_chunks(slot)
+        """The run(s) of one prompt chunk (``B = 1``), in pieces of ``max_chunk_tokens``; the
+        last piece's logits go to ``out[out_row]``. Its binding is made now."""
+        self.kv.used[slot] = min(self.kv.used[slot], start)
+        self.shapes.prepare_piece(self.kv.row(slot))
 
         def run() -> None:
             for j in range(0, len(tokens), self.max_chunk_tokens):
                 piece = tokens[j:j + self.max_chunk_tokens]
-                logits = self._chunk_logits(slot, start + j, piece, [len(piece) - 1])
+                logits = self._piece(slot, start + j, piece, [len(piece) - 1])
             out[out_row] = logits[0]
         return run
 
-    def _prepare_chunks(self, slot: int) -> None:
-        """Make the binding :meth:`_chunk_logits` uses for ``slot`` (in this thread, not a
-        worker's)."""
-        self._prefill_binding(self._phys[slot])
-
-    def _chunk_logits(self, slot: int, start: int, piece: np.ndarray, rows: list[int], *,
-                      verify: bool = False) -> np.ndarray:
-        """One session run of ``piece`` (int64 ``[n]``) of ``slot`` at ``start`` (``B = 1``),
-        with the graph's ``verify`` input set when ``verify``. Returns the logits of its
-        ``rows`` (indexes into the piece), float32 ``[len(rows), V]``: a view of a bound buffer,
-        valid until the slot's next run."""
-        if verify:
-            binding = self._session.io_binding()
-            logits = self._bind_kv(binding, self._phys[slot], 1, rows=len(rows), verify=True)
-        else:
-            binding, logits = self._prefill_binding(self._phys[slot])
-        self._run_chunk(binding, slot, start, piece, rows)
+    def _piece(self, slot: int, start: int, piece: np.ndarray, rows: list[int], *,
+               verify: bool = False) -> np.ndarray:
+        """One session run of ``piece`` (int64 ``[n]``) of ``slot`` at ``start``
+        (:meth:`.shapes.DynamicShapes.piece`); returns the logits of its ``rows``, float32
+        ``[len(rows), V]``, valid until the slot's next run."""
+        logits = self.shapes.piece(self.kv.row(slot), start, piece, rows, verify=verify)
+        self.kv.used[slot] = start + len(piece)
         return logits
-
-    def _run_chunk(self, binding, slot: int, start: int, piece: np.ndarray, rows) -> None:
-        """One session run of ``piece`` (int64 ``[n]``) of ``slot`` at ``start`` on
-        ``binding`` (its KV and logits bound), the logits of its ``rows`` (indexes into the
-        piece) into the bound logits buffer."""
-        end = start + len(piece)
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(piece[None, :]))
-        binding.bind_cpu_input("seqlens_k", np.array([end - 1], np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.array(end, np.int32))
-        binding.bind_cpu_input("logits_index", np.asarray(rows, np.int64))
-        self._session.run_with_iobinding(binding)
-        self._used[slot] = end
-
-    def _bind_kv(self, binding, r0: int, B: int, *, rows: int = 0, verify: bool = False
-                 ) -> np.ndarray:
-        """Bind the KV buffers of physical rows ``[r0, r0 + B)`` in place (past and present share
-        memory), the ``verify`` input where the graph has one, and a logits buffer; returns the
-        logits buffer's first ``rows`` (default ``B``) rows ``[rows, vocab]`` (the buffer has
-        them rounded up to the graph's row multiple)."""
-        c = self.config
-        self._bind_cache(binding, r0, B)
-        if self._verify_input:
-            binding.bind_cpu_input("verify", np.array(verify))
-        rows, m = rows or B, self._logits_row_multiple
-        logits = np.empty((-(-rows // m) * m, c.vocab_size), np.float32)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        return logits[:rows]
-
-    def _prefill_binding(self, r0: int):
-        entry = self._prefill_bindings.get(r0)
-        if entry is None:
-            binding = self._session.io_binding()
-            entry = self._prefill_bindings[r0] = (binding, self._bind_kv(binding, r0, 1))
-        return entry
-
-    def _decode_binding(self, r0: int, B: int):
-        """Binding for ``B`` decode rows at ``r0`` with its small inputs bound to reusable
-        buffers (filled in place before each run)."""
-        entry = self._decode_bindings.get((r0, B))
-        if entry is None:
-            binding = self._session.io_binding()
-            logits = self._bind_kv(binding, r0, B)
-            ids = np.zeros((B, 1), np.int64)
-            seqlens = np.zeros(B, np.int32)
-            total = np.zeros((), np.int32)
-            last = np.arange(B, dtype=np.int64)
-            for name, arr in (("input_ids", ids), ("seqlens_k", seqlens),
-                              ("total_sequence_length", total), ("logits_index", last)):
-                binding.bind_input(name, "cpu", 0, arr.dtype, list(arr.shape), arr.ctypes.data)
-            entry = (binding, logits, ids, seqlens, total, last)
-            self._decode_bindings[(r0, B)] = entry
-        return entry[:5]

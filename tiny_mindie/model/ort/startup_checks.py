@@ -18,15 +18,15 @@ so a later start with the same key reads it instead of checking again. The batch
 passes only (a failure is checked again at the next start); the other two record either outcome
 (a failure only means the safe, slower path).
 
-The checks are a mixin of :class:`.ort_backend.OrtBackend`: they run its session and KV cache,
-and they log through its logger, being part of its start.
+:class:`StartupChecks` runs them on a backend through its interface (``forward``, ``verify``,
+``copy_kv``) and its KV cache (``kv``); they log through the backend's logger, being part of its
+start.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import time
 from collections.abc import Callable
@@ -86,31 +86,53 @@ def _record_batch_check(graph_path: str, key: dict, passed: bool = True) -> None
 
 
 class StartupChecks:
-    """The start-up checks of :class:`.ort_backend.OrtBackend` (see the module docstring).
+    """The start-up checks of a loaded :class:`.ort_backend.OrtBackend` (see the module
+    docstring) and their records.
 
-    They use the backend's session runs (``forward``, ``verify`` and the prefill runs), its KV
-    buffers and slot layout, and set its ``rows_per_decode_run``, ``prefix_split_invariant``,
-    ``fast_verify`` and ``load_seconds`` entries.
+    Args:
+        backend: runs the checks: its ``forward``, ``verify`` and ``copy_kv``, on its KV cache
+            (``backend.kv``, left empty afterwards); its ``parallel_runs`` is 1 during the batch
+            check. Read from it: ``config``, ``num_slots``, ``max_seq_len``, ``max_verify_rows``,
+            ``graph_path``, ``providers``, ``threads``.
+        session_config: the session's extra config entries (part of each record's key).
+        row_multiples: the graph's row multiples (``GraphOptions.row_multiples``).
+
+    Attributes:
+        outcomes: each check's outcome by name (``"batch"``, ``"prefix split"``,
+            ``"verify"``), of those :meth:`run` ran or read from their record.
+        seconds: the time each took, checked or read, by ``load_seconds`` name (``"batch
+            check"``, ``"split check"``, ``"verify check"``).
     """
 
-    def _run_startup_checks(self, session_config: dict[str, str] | None,
-                            check_batching: bool) -> None:
-        """The checks after loading, each read from its record where there is one: the batch
-        and prefix-split checks with ``check_batching``, the verification check where the graph
-        verifies (and its rows are padded as decode's: ``check_batching`` too)."""
-        if check_batching and self.num_slots > 1:       # one slot: never a batch
-            self._start_batch_check(session_config)
-        if check_batching:
-            self._start_split_check(session_config)
-        if self.fast_verify and not check_batching:
-            self.fast_verify = False    # unpadded rows: a chunk's rows are not decode's
-        if self.fast_verify:
-            self._start_verify_check(session_config)
+    def __init__(self, backend, session_config: dict[str, str] | None,
+                 row_multiples: tuple = ()):
+        self.backend = backend
+        self.graph_path: str = backend.graph_path
+        self.outcomes: dict[str, bool] = {}
+        self.seconds: dict[str, float] = {}
+        self._session_config = session_config
+        self._row_multiples = row_multiples
+        #: positions of slot 0 that hold the KV of :meth:`_check_prompt` (left by the split
+        #: check for the verification check, which needs such a past)
+        self._check_kv_len = 0
 
-    def _start_batch_check(self, session_config: dict[str, str] | None) -> None:
+    def run(self, batch: bool, verify: bool) -> dict[str, bool]:
+        """The checks after loading, each read from its record where there is one: the batch
+        check (with 2+ slots: else never a batch) and the prefix-split check with ``batch``, the
+        verification check with ``verify``. Returns :attr:`outcomes`."""
+        if batch and self.backend.num_slots > 1:
+            self._start_batch_check()
+        if batch:
+            self._start_split_check()
+        if verify:
+            self._start_verify_check()
+        return self.outcomes
+
+    def _start_batch_check(self) -> None:
         t0 = time.perf_counter()
-        key = self._batch_check_key(session_config)
+        key = self._batch_check_key()
         if _recorded_check(self.graph_path, key):       # only passes are recorded
+            invariant = True
             log.info("decode rows: the same logits alone and in batches (checked at an "
                      "earlier start, with this onnxruntime, CPU and thread count)")
         else:
@@ -121,40 +143,40 @@ class StartupChecks:
                 log.info("decode rows checked: the same logits alone and in batches "
                          "(%.2f s)", time.perf_counter() - t0)
             else:
-                self.rows_per_decode_run = 1
                 log.warning("onnxruntime computes a decode row differently alone and in a "
                             "batch on this CPU: decode rows run one per session run, so "
                             "that every answer stays the same under any load (slower with "
                             "many streams)")
-        self.load_seconds["batch check"] = time.perf_counter() - t0
+        self.outcomes["batch"] = invariant
+        self.seconds["batch check"] = time.perf_counter() - t0
 
-    def _start_split_check(self, session_config: dict[str, str] | None) -> None:
+    def _start_split_check(self) -> None:
         t0 = time.perf_counter()
         n, pieces = self._split_check_pieces()
-        key = dict(self._batch_check_key(session_config), check="prefix split",
+        key = dict(self._batch_check_key(), check="prefix split",
                    tokens=n, pieces=[list(p) for p in pieces])
         # both outcomes are recorded: a failure only means the safe, shorter reuse
-        self.prefix_split_invariant = self._recorded_outcome(
+        same = self.outcomes["prefix split"] = self._recorded_outcome(
             key, "checking that prompts get the same KV in any chunks",
             self.check_prefix_split_invariance)
         log.info("prefix cache: %s", "a prefix of any length is reused (prompt KV checked: "
-                 "the same in any chunks of 2+ tokens)" if self.prefix_split_invariant else
+                 "the same in any chunks of 2+ tokens)" if same else
                  "prompt KV depends on the chunks it is computed in on this CPU: only "
                  "prefixes ending at a prefill cut are reused")
-        self.load_seconds["split check"] = time.perf_counter() - t0
+        self.seconds["split check"] = time.perf_counter() - t0
 
-    def _start_verify_check(self, session_config: dict[str, str] | None) -> None:
+    def _start_verify_check(self) -> None:
         t0 = time.perf_counter()
-        key = dict(self._batch_check_key(session_config), check="verify",
+        key = dict(self._batch_check_key(), check="verify",
                    lengths=self._verify_check_pasts())
-        self.fast_verify = self._recorded_outcome(
+        same = self.outcomes["verify"] = self._recorded_outcome(
             key, "checking that verification matches decoding",
             self.check_verify_matches_decode)
         log.info("speculative decoding: %s", "proposed tokens are verified in one run "
-                 "(checked: the same logits and KV as decoding them)" if self.fast_verify
+                 "(checked: the same logits and KV as decoding them)" if same
                  else "a chunk's rows are not computed as decoding computes them on this "
                  "CPU: no speculation")
-        self.load_seconds["verify check"] = time.perf_counter() - t0
+        self.seconds["verify check"] = time.perf_counter() - t0
 
     def _recorded_outcome(self, key: dict, doing: str, check: Callable[[], bool]) -> bool:
         """The outcome of ``check`` recorded with the graph under ``key``; else ``check()``
@@ -167,70 +189,67 @@ class StartupChecks:
         _record_batch_check(self.graph_path, key, passed)
         return passed
 
-    def _batch_check_key(self, session_config: dict[str, str] | None) -> dict:
+    def _batch_check_key(self) -> dict:
         """What the outcome of :meth:`check_batch_invariance` depends on besides the graph (whose
         entry keeps the record): onnxruntime's version and build (``onnxruntime`` and
         ``onnxruntime-cann`` share version numbers), the CPU (model and feature flags), the
         providers, intra-op threads, session config entries and the rows checked."""
         import onnxruntime as ort
 
+        be = self.backend
         build = f"{ort.__version__} {ort.get_device()} {ort.get_build_info()}"
+        config = self._session_config or {}
         return {"onnxruntime": build, "cpu": cpu_identity(),
-                "providers": [str(p) for p in self.providers], "threads": self.threads,
-                "session_config": {k: str(v) for k, v in sorted((session_config or {}).items())},
+                "providers": [str(p) for p in be.providers], "threads": be.threads,
+                "session_config": {k: str(v) for k, v in sorted(config.items())},
                 "rows": self._batch_check_rows(), "positions": self._batch_check_positions()}
 
     # ---- batch invariance ---------------------------------------------------------------------
     def _batch_check_positions(self) -> list[int]:
         """The position each row of :meth:`check_batch_invariance` decodes at: ``3 + s`` for row
         ``s``, wrapped into ``[1, max_seq_len)`` where that is shorter."""
-        return [1 + (2 + s) % max(1, self.max_seq_len - 1)
+        return [1 + (2 + s) % max(1, self.backend.max_seq_len - 1)
                 for s in range(self._batch_check_rows())]
 
     def _batch_check_rows(self) -> int:
-        tile = max(m for *_, m in (*self._graph_options.row_multiples,
-                                   *default_row_multiples()))
-        return min(self.num_slots, max(5, 2 * tile + 1))
+        tile = max(m for *_, m in (*self._row_multiples, *default_row_multiples()))
+        return min(self.backend.num_slots, max(5, 2 * tile + 1))
 
     def check_batch_invariance(self) -> bool:
         """Whether a decode row gets bit for bit the same logits alone and in one session run
         of 2 .. ``n`` rows, ``n = min(num_slots, max(5, 2 m + 1))`` with ``m`` the largest row
         multiple of the graph or of this CPU's default (its kernels' row tile). One run of
-        ``b`` rows is what :meth:`forward` makes of a decode batch beside a prompt; split over
+        ``b`` rows is what ``forward`` makes of a decode batch beside a prompt; split over
         parallel runs, a batch is runs of fewer rows, each covered too. Row ``s`` sits at its
         own position (a prompt of ``3 + s`` fixed token ids, see
-        :meth:`_batch_check_positions`). Afterwards the slots are forgotten
-        (layout reset, KV pages given back).
+        :meth:`_batch_check_positions`). Afterwards the KV cache is emptied
+        (:meth:`.kv_cache.KVCache.forget`).
 
         The graph is built so that this holds (see ``graph_nodes._pad_rows``); the check
         catches a CPU or an onnxruntime build whose kernels do otherwise. Costs about ``3 n``
         session runs.
         """
+        be = self.backend
         n = self._batch_check_rows()
-        if self.max_seq_len < 2:                        # no position to decode at
+        if be.max_seq_len < 2:                          # no position to decode at
             return True
-        vocab = self.config.vocab_size
+        vocab = be.config.vocab_size
         prompts = [np.arange(1, 1 + p, dtype=np.int64) % vocab
                    for p in self._batch_check_positions()]
         tokens = [np.array([(7 + 101 * s) % vocab]) for s in range(n)]
 
         def step(rows: range) -> np.ndarray:
-            return self.forward([SeqChunk(s, len(prompts[s]), tokens[s]) for s in rows])
+            return be.forward([SeqChunk(s, len(prompts[s]), tokens[s]) for s in rows])
 
-        lanes, self.parallel_runs = self.parallel_runs, 1       # one run per forward call
+        lanes, be.parallel_runs = be.parallel_runs, 1           # one run per forward call
         try:
-            self.forward([SeqChunk(s, 0, prompts[s]) for s in range(n)])
+            be.forward([SeqChunk(s, 0, prompts[s]) for s in range(n)])
             alone = [step(range(s, s + 1))[0] for s in range(n)]
             return all(np.array_equal(row, alone[s])
                        for b in range(2, n + 1) for s, row in enumerate(step(range(b))))
         finally:
-            self.parallel_runs = lanes
-            self._phys = list(range(self.num_slots))
-            self._slot_at = list(range(self.num_slots))
-            self._used = [0] * self.num_slots
-            self.swaps = 0
-            if hasattr(mmap, "MADV_REMOVE"):            # shared anonymous: pages freed, zeros again
-                self._kv_map.madvise(mmap.MADV_REMOVE)
+            be.parallel_runs = lanes
+            be.kv.forget()
 
     # ---- prefix-split invariance --------------------------------------------------------------
     #: The pieces ``[a, b)`` :meth:`check_prefix_split_invariance` recomputes of a prompt of
@@ -239,9 +258,6 @@ class StartupChecks:
     #: on MLAS gives other KV in chunks of <= 64 tokens than in chunks of >= 100).
     SPLIT_CHECK_TOKENS = 160
     SPLIT_CHECK_PIECES = ((0, 2), (2, 160), (0, 17), (17, 81), (150, 160))
-    #: positions of slot 0 that hold the KV of :meth:`_check_prompt` (left by the split check
-    #: for the verification check, which needs such a past)
-    _check_kv_len = 0
 
     def check_prefix_split_invariance(self) -> bool:
         """Whether a prompt's KV cache (every layer, every position) and last logits are bit for
@@ -255,54 +271,47 @@ class StartupChecks:
         induction over the pieces of any chunking, that is the same outcome as prefilling the
         chunking from the start, for fewer positions computed: one prefill of
         :data:`SPLIT_CHECK_TOKENS` tokens and the pieces' tokens, spread over the parallel
-        runs (each lane's slot gets a copy of the whole prefill's KV). Slot 0 keeps the
-        prompt's KV for :meth:`check_verify_matches_decode`; the other slots' is forgotten.
-        Either outcome is recorded beside the batch check, keyed by what was checked.
+        runs (a piece per lane's slot in each ``forward``; each of those slots gets a copy of
+        the whole prefill's KV). Slot 0 keeps the prompt's KV for
+        :meth:`check_verify_matches_decode`; the other slots' is forgotten. Either outcome is
+        recorded beside the batch check, keyed by what was checked.
 
         Fails where a kernel chooses its path by the number of rows: a position computed in a
         short chunk then gets other KV than in a long one.
         """
+        be, kv = self.backend, self.backend.kv
         n, pieces = self._split_check_pieces()
         prompt = self._check_prompt(n)
-        lanes = min(self.parallel_runs, self.num_slots, max(1, len(pieces)))
-        logits = np.empty((1 + len(pieces), self.config.vocab_size), np.float32)
-        rows = [self._phys[slot] for slot in range(lanes)]
-        same = [True] * len(pieces)
-
-        def lane(slot: int) -> None:
-            for i in range(slot, len(pieces), lanes):
-                a, b = pieces[i]
-                before = [buf[rows[slot], :, a:b].copy() for buf in self._k + self._v]
-                self._prefill_run(slot, a, prompt[a:b], logits, 1 + i)()
-                same[i] = (b < n or np.array_equal(logits[1 + i], logits[0])) and all(
-                    np.array_equal(x, buf[rows[slot], :, a:b])
-                    for x, buf in zip(before, self._k + self._v, strict=True))
-
+        lanes = min(be.parallel_runs, be.num_slots, max(1, len(pieces)))
+        same: list[bool] = []
         try:
-            with self._lock:
-                self._prefill_run(0, 0, prompt, logits, 0)()
-                for buf in self._k + self._v:
-                    for row in rows[1:]:
-                        buf[row, :, :n] = buf[rows[0], :, :n]
-                for slot in range(lanes):       # bindings made here, not in a worker thread
-                    self._prepare_chunks(slot)
-                self._run_lanes([[lambda s=slot: lane(s)] for slot in range(lanes)])
+            whole = be.forward([SeqChunk(0, 0, prompt)])[0]
+            for slot in range(1, lanes):
+                be.copy_kv(0, slot, n)
+            for first in range(0, len(pieces), lanes):
+                run = list(enumerate(pieces[first:first + lanes]))     # (slot, piece)
+                before = [kv.positions(slot, a, b) for slot, (a, b) in run]
+                logits = be.forward([SeqChunk(slot, a, prompt[a:b]) for slot, (a, b) in run])
+                same += [(b < n or np.array_equal(logits[slot], whole)) and all(
+                    np.array_equal(x, y)
+                    for x, y in zip(before[slot], kv.positions(slot, a, b), strict=True))
+                    for slot, (a, b) in run]
             self._check_kv_len = n
             return all(same)
         finally:
             for slot in range(lanes):
-                self._used[slot] = 0
+                kv.used[slot] = 0
 
     def _check_prompt(self, n: int) -> np.ndarray:
         """int64 ``[n]``: the fixed token ids the prompt and verification checks prefill."""
-        return (np.arange(n, dtype=np.int64) * 7919 + 11) % self.config.vocab_size
+        return (np.arange(n, dtype=np.int64) * 7919 + 11) % self.backend.config.vocab_size
 
     def _split_check_pieces(self) -> tuple[int, list[tuple[int, int]]]:
         """``(n, pieces)`` of :meth:`check_prefix_split_invariance`: its prompt's length
         ``n = min(SPLIT_CHECK_TOKENS, max_seq_len)`` and :data:`SPLIT_CHECK_PIECES` cut to it,
         those left shorter than 2 tokens (what the check vouches for) or whole dropped -- part
         of its record's key."""
-        n = min(self.SPLIT_CHECK_TOKENS, self.max_seq_len)
+        n = min(self.SPLIT_CHECK_TOKENS, self.backend.max_seq_len)
         pieces = [(a, min(b, n)) for a, b in self.SPLIT_CHECK_PIECES]
         return n, [(a, b) for a, b in pieces if b - a >= 2 and (a, b) != (0, n)]
 
@@ -316,17 +325,18 @@ class StartupChecks:
         tokens after, longest first: those of :data:`VERIFY_CHECK_LENGTHS` and
         ``sliding_window + 7`` that ``max_seq_len`` leaves room for, else the last that does
         (none below 3 positions) -- part of its record's key."""
-        w = self.config.sliding_window
+        be = self.backend
+        w, rows, size = be.config.sliding_window, be.max_verify_rows, be.max_seq_len
         fit = [p for p in {*self.VERIFY_CHECK_LENGTHS, *([w + 7] if w else [])}
-               if min(self.max_verify_rows, self.max_seq_len - p) >= 2]
-        if not fit and self.max_seq_len >= 3:
-            fit = [max(1, self.max_seq_len - self.max_verify_rows)]
+               if min(rows, size - p) >= 2]
+        if not fit and size >= 3:
+            fit = [max(1, size - rows)]
         return sorted(fit, reverse=True)
 
     def check_verify_matches_decode(self) -> bool:
-        """Whether :meth:`verify` gives bit for bit the logits and KV of decoding the same
-        tokens one by one (:func:`.graph_layers.verify_attention`), for a chunk of
-        :attr:`max_verify_rows` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
+        """Whether the backend's ``verify`` gives bit for bit the logits and KV of decoding the
+        same tokens one by one (:func:`.graph_layers.verify_attention`), for a chunk of
+        ``max_verify_rows`` tokens after each of :data:`VERIFY_CHECK_LENGTHS` positions
         (and ``sliding_window + 7``). One prompt is prefilled once, up to the longest of those
         positions (on from the positions the split check left in slot 0); the chunks are then
         decoded and verified from the longest position down (each leaves the positions before
@@ -336,26 +346,26 @@ class StartupChecks:
         rows, or where an onnxruntime version computes GroupQueryAttention otherwise than
         :func:`.graph_layers.verify_attention` assumes; speculation is then off.
         """
-        row = self._phys[0]
+        be, kv = self.backend, self.backend.kv
         pasts = self._verify_check_pasts()
         if not pasts:                   # no room for a verification of 2+ tokens: none vouched
             return False
-        ids = self._check_prompt(pasts[0] + self.max_verify_rows)
+        ids = self._check_prompt(pasts[0] + be.max_verify_rows)
         have = min(self._check_kv_len, pasts[0])    # left by the split check: not again
         try:
             if have < pasts[0]:
-                self.forward([SeqChunk(0, have, ids[have:pasts[0]])])
+                be.forward([SeqChunk(0, have, ids[have:pasts[0]])])
             for past in pasts:
-                n = min(self.max_verify_rows, self.max_seq_len - past)
-                steps = np.stack([self.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
+                n = min(be.max_verify_rows, be.max_seq_len - past)
+                steps = np.stack([be.forward([SeqChunk(0, past + k, ids[past + k:][:1])])[0]
                                   for k in range(n)])
-                kv = [buf[row, :, :past + n].copy() for buf in self._k + self._v]
-                rows = self.verify(0, past, ids[past:past + n])
+                decoded = kv.positions(0, 0, past + n)
+                rows = be.verify(0, past, ids[past:past + n])
                 if not (np.array_equal(rows, steps) and all(
-                        np.array_equal(a, buf[row, :, :past + n])
-                        for a, buf in zip(kv, self._k + self._v, strict=True))):
+                        np.array_equal(a, b)
+                        for a, b in zip(decoded, kv.positions(0, 0, past + n), strict=True))):
                     return False
             return True
         finally:
-            self._used[0] = 0
+            kv.used[0] = 0
             self._check_kv_len = 0
