@@ -79,8 +79,11 @@ def test_row_pieces_dequantize_as_the_whole_matrix(which, request):
 
 def _load(path, graph, **kw):
     from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.options import BackendOptions
 
-    return load_model(path, graph=graph, **kw)
+    size = {k: kw.pop(k) for k in ("num_slots", "max_seq_len") if k in kw}
+    options = {"graph": graph, "kernels": "onnxruntime", "speculation": False, **kw}
+    return load_model(path, BackendOptions(**options), **size)
 
 
 @pytest.fixture(scope="module")
