@@ -39,11 +39,11 @@ def test_static_sizes_are_few_and_cover_every_value():
 def test_the_dtypes_are_the_settings():
     from tiny_mindie.model import STANDARD_DTYPES
     from tiny_mindie.model.onnx.graph_standard import DTYPES
-    from tiny_mindie.model.ort.ort_backend import OrtBackend
+    from tiny_mindie.model.options import SessionTuning
     from tiny_mindie.model.ort.ort_standard import MAX_CHUNK_TOKENS
 
     assert tuple(DTYPES) == STANDARD_DTYPES
-    assert OrtBackend.__init__.__kwdefaults__["max_chunk_tokens"] == MAX_CHUNK_TOKENS
+    assert SessionTuning().max_chunk_tokens == MAX_CHUNK_TOKENS
 
 
 # ---- model -----------------------------------------------------------------------------------

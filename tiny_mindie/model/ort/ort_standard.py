@@ -40,7 +40,7 @@ log = logging.getLogger(f"{__package__}.ort_backend")
 MIN_SPAN = 256
 #: the shortest prompt piece; lengths grow fourfold from it up to ``max_chunk_tokens``
 MIN_CHUNK = 8
-#: ``max_chunk_tokens`` as the loader builds the backend (:class:`.ort_backend.OrtBackend`'s
+#: ``max_chunk_tokens`` as the loader builds the backend (:class:`~..options.SessionTuning`'s
 #: default): the longest prompt piece of a run
 MAX_CHUNK_TOKENS = 256
 
