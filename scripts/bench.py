@@ -195,7 +195,9 @@ def child_tiny(backend: str, model: str, prompt: list[int], threads: int, root: 
             from tiny_mindie.model.onnx.graph_options import GraphOptions
             compact = WEIGHT_MODES[mode] if mode in WEIGHT_MODES else int(mode)
             kw["graph_options"] = GraphOptions(compact=compact)
-        be = OrtBackend(f, cfg, num_slots=4, max_seq_len=1024, threads=threads, **kw)
+        from tiny_mindie.model.options import BackendOptions
+        be = OrtBackend(f, cfg, BackendOptions(threads=threads), num_slots=4, max_seq_len=1024,
+                        **kw)
         extra = {"graph": "built" if be.built else "cached", "device": be.device,
                  "graph_s": be.load_seconds["graph"], "session_s": be.load_seconds["session"],
                  "threads": threads, "huge_mb": getattr(be, "huge_page_bytes", 0) / 1e6}

@@ -525,12 +525,14 @@ def main(argv: list[str] | None = None) -> int:
             for t in texts:
                 record(engine, t, dict(ref_res[t], nll_ratio=1.0), **ref_info[t])
         elif kind == "onnxruntime":
+            from tiny_mindie.model.options import BackendOptions
             from tiny_mindie.model.ort.ort_backend import OrtBackend
 
             t0 = time.perf_counter()
-            be = OrtBackend(f, cfg, num_slots=1, max_seq_len=max_len, threads=args.threads,
-                            cache_dir=args.graph_cache, parallel_runs=1, check_batching=False,
-                            spinning=False,     # a shared machine; speed is not measured here
+            # spinning off: a shared machine; speed is not measured here
+            be = OrtBackend(f, cfg, BackendOptions(threads=args.threads, parallel_runs=1,
+                                                   batch_invariant=False, spinning=False),
+                            num_slots=1, max_seq_len=max_len, cache_dir=args.graph_cache,
                             graph_options=graph_options(arg))
             load_s = time.perf_counter() - t0
             for t in texts:

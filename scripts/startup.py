@@ -38,6 +38,7 @@ def child(path: str, cache_dir: str, profile: str | None) -> None:
     import logging
     logging.basicConfig(level=logging.INFO, format="      log: %(message)s")
     from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.options import BackendOptions
 
     steps = {"import": time.perf_counter() - t0}
     # the graph cache sits next to the GGUF: a link to it in the scratch directory
@@ -50,8 +51,8 @@ def child(path: str, cache_dir: str, profile: str | None) -> None:
         prof = cProfile.Profile()
         prof.enable()
     t = time.perf_counter()
-    _, _, _, be = load_model(link, max_seq_len=2560, kv_cache_mb=1024, max_batch=200,
-                             kernels="auto", speculation=True)     # the server's defaults
+    _, _, _, be = load_model(link, BackendOptions(), max_seq_len=2560, kv_cache_mb=1024,
+                             max_batch=200)     # the server's defaults
     steps["load_model"] = time.perf_counter() - t
     if prof is not None:
         prof.disable()

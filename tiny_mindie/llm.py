@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
-from .engine.draft import DraftModel, vocabulary_difference
+from .engine.draft_load import DRAFT_NEEDS, check_draft, load_draft
 from .engine.engine import Engine, EngineLimits
 from .engine.request import (
     MAX_SEED,
@@ -30,25 +30,27 @@ from .engine.request import (
     GenerationRequest,
     TokenEvent,
 )
-from .engine.scheduler import SchedulerLimits
-from .model.arch import ModelConfig
-from .model.backend import DEFAULT_BACKEND
-from .model.gguf import GGUFFile, ModelFileError
-from .model.loader import check_weight_mode, load_model
-from .model.ort.providers import CPU
+from .model.loader import load_model
+from .model.options import BackendOptions
 from .model.registry.catalog import DEFAULT_MODEL, resolve
-from .model.tokenizer_load import Vocabulary, read_vocabulary
 
 __all__ = ["LLM", "GenerationParams", "Completion", "MAX_SEED"]
 #: Longest text (characters) :meth:`LLM.encode_tail` tokenizes whole (exactly): at most 1 MB of
 #: UTF-8, so that the time and memory its tokenization takes stay bounded.
 TAIL_LIMIT = 250_000
-#: KV slots of a draft model: only a sequence decoding alone speculates, so a few suffice (a
-#: sequence coming back after another one finds its draft KV still there).
-DRAFT_SLOTS = 2
 _WORD_START = re.compile(r"(?<=\S) (?=\S)")
-DRAFT_NEEDS = ("a draft model needs speculative decoding on the onnxruntime backend "
-               "(not --no-speculation, not --backend numpy)")
+#: :class:`LLM`'s keywords that are neither options nor limits, and their defaults.
+OWN_KEYWORDS: dict[str, Any] = {"num_slots": None, "kv_cache_mb": 1024,
+                                "parse_special_tokens": True, "model_name": None,
+                                "draft_model": None}
+#: The keywords :class:`LLM` takes besides ``model``, ``options``, ``limits`` and ``log``: the
+#: fields of :class:`~.model.options.BackendOptions` and :class:`~.engine.engine.EngineLimits`
+#: the configuration sets, and :data:`OWN_KEYWORDS`.
+KEYWORDS = frozenset({"backend", "threads", "parallel_runs", "batch_invariant", "weights",
+                      "device_id", "providers", "graph", "kernels", "standard_dtype",
+                      "speculation", "max_seq_len", "max_input_len", "max_iter_times",
+                      "token_timeout_s", "e2e_timeout_s", "schedule", "prefix_cache",
+                      *OWN_KEYWORDS})
 
 
 @dataclass(frozen=True)
@@ -81,80 +83,72 @@ class LLM:
 
     Args:
         model: a ``.gguf`` path or a registry name (pulled on first use).
-        backend: ``"onnxruntime"`` (default) or ``"numpy"`` (the reference decoder).
-        max_seq_len: prompt + output tokens per sequence.
-        max_input_len: prompt tokens at most.
-        num_slots: sequences decoded together; default from ``kv_cache_mb``.
-        kv_cache_mb: KV-cache budget in MB used to size ``num_slots``.
-        threads: intra-op threads for the backend (0 = its default).
-        parallel_runs: onnxruntime session runs executed at once (0 = CPUs // threads; see
-            :mod:`tiny_mindie.model.ort.ort_backend`).
-        batch_invariant: onnxruntime: give a row the same logits alone and in any batch (see
-            :func:`tiny_mindie.model.loader.load_model`).
-        weights: onnxruntime: ``exact`` (the GGUF's values) or ``compact`` (4-bit blocks of
-            64; see :func:`tiny_mindie.model.loader.load_model`).
-        device_id, providers: the NPU and the onnxruntime execution providers (see
-            :func:`tiny_mindie.model.loader.load_model`).
-        graph: onnxruntime: ``auto``, ``contrib`` or ``standard`` (see
-            :func:`tiny_mindie.model.loader.load_model`).
-        kernels: onnxruntime: the matrix products' kernels, ``onnxruntime``, ``custom`` or
-            ``auto`` (see :func:`tiny_mindie.model.loader.load_model`).
-        standard_dtype: onnxruntime: the standard graph's ``float16`` or ``float32``.
-        parse_special_tokens: whether control tokens written in a text prompt
-            (``<|im_start|>``) become their ids (:meth:`encode`); False keeps them plain text.
-        schedule: batching limits; ``max_iter_times``, timeouts: see :class:`EngineLimits`.
-        prefix_cache: reuse the KV of prompt prefixes seen before (see :class:`EngineLimits`).
-        speculation: speculative decoding by prompt lookup (see :class:`EngineLimits`).
-        draft_model: a ``.gguf`` path or registry name of a smaller model with the same
-            vocabulary, loaded beside this one to propose tokens for speculative decoding
-            (:mod:`tiny_mindie.engine.draft`; needs ``speculation`` and the onnxruntime
-            backend); ``None``: prompt lookup alone.
+        options: the backend's choices (:class:`~tiny_mindie.model.options.BackendOptions`);
+            ``None``: its defaults.
+        limits: the engine's limits (:class:`~tiny_mindie.engine.engine.EngineLimits`);
+            ``None``: its defaults. Its ``schedule.max_batch_size`` is capped by the KV slots.
         log: where progress lines go (``print`` by default; ``None`` for silence).
+        settings: keywords of :data:`KEYWORDS`, each overriding the same-named field of
+            ``options`` and of ``limits`` (``speculation`` is a field of both):
+
+            - of the options: ``backend`` (``"onnxruntime"``, the default, or ``"numpy"``, the
+              reference decoder), ``threads``, ``parallel_runs``, ``batch_invariant``,
+              ``weights`` (``exact`` or ``compact``), ``device_id``, ``providers``, ``graph``
+              (``auto``, ``contrib`` or ``standard``), ``kernels``, ``standard_dtype``,
+              ``speculation``;
+            - of the limits: ``max_seq_len`` (prompt + output tokens per sequence),
+              ``max_input_len`` (prompt tokens at most), ``max_iter_times``,
+              ``token_timeout_s``, ``e2e_timeout_s``, ``schedule`` (batching limits),
+              ``prefix_cache`` (reuse the KV of prompt prefixes seen before),
+              ``speculation`` (speculative decoding by prompt lookup);
+            - the model's own (:data:`OWN_KEYWORDS`): ``num_slots`` (sequences decoded
+              together; default from ``kv_cache_mb``), ``kv_cache_mb`` (the KV-cache budget
+              in MB used to size ``num_slots``), ``parse_special_tokens`` (whether control
+              tokens written in a text prompt, ``<|im_start|>``, become their ids,
+              :meth:`encode`; False keeps them plain text), ``model_name`` (the name clients
+              use; default the file's ``general.name``) and ``draft_model`` (a ``.gguf`` path
+              or registry name of a smaller model with the same vocabulary, loaded beside this
+              one to propose tokens for speculative decoding, :mod:`tiny_mindie.engine.draft`;
+              needs ``speculation`` and the onnxruntime backend; ``None``: prompt lookup
+              alone).
 
     Attributes:
         model_meta: what the model file says of the model, in llama-server's ``meta`` terms
             (:func:`model_meta`).
+        options: the backend's choices it was loaded with.
 
     Raises:
+        TypeError: a keyword not in :data:`KEYWORDS`.
         ModelFileError: the model file (or the draft's) is missing, a directory, unreadable or
             unsupported, or the draft's vocabulary is not the model's (both found before
-            anything is built: :func:`check_draft`).
+            anything is built: :func:`~.engine.draft_load.check_draft`).
         ValueError: an unknown backend, a weight mode the backend does not take, or a draft
             model without speculation on the onnxruntime backend.
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, backend: str = DEFAULT_BACKEND,
-                 max_seq_len: int = 2560, max_input_len: int = 2048, num_slots: int | None = None,
-                 kv_cache_mb: int = 1024, threads: int = 0, parallel_runs: int = 0,
-                 batch_invariant: bool = True, weights: str = "exact", device_id: int = 0,
-                 providers: list | None = None, parse_special_tokens: bool = True,
-                 schedule: SchedulerLimits | None = None, max_iter_times: int = 512,
-                 token_timeout_s: float = 600.0, e2e_timeout_s: float = 600.0,
-                 model_name: str | None = None, prefix_cache: bool = True,
-                 speculation: bool = True, draft_model: str | None = None, graph: str = "auto",
-                 kernels: str = "auto", standard_dtype: str = "float16", log=print):
+    def __init__(self, model: str = DEFAULT_MODEL, *, options: BackendOptions | None = None,
+                 limits: EngineLimits | None = None, log=print, **settings):
         say = log or (lambda _msg: None)
-        check_weight_mode(backend, weights, graph, kernels, standard_dtype)  # before a pull
-        if draft_model and (backend != "onnxruntime" or not speculation):
+        # the options are checked when made (BackendOptions): before a pull
+        options, limits, own = resolve_settings(settings, options, limits)
+        if own["draft_model"] and (options.backend != "onnxruntime" or not options.speculation):
             raise ValueError(DRAFT_NEEDS)
-        self.parse_special_tokens = parse_special_tokens
+        self.options = options
+        self.parse_special_tokens = own["parse_special_tokens"]
         self.model_path = resolve(model, log=say)
         # the draft's file and vocabulary, from both headers: before either graph is built
-        draft_path = check_draft(self.model_path, draft_model, say) if draft_model else None
+        draft_path = (check_draft(self.model_path, own["draft_model"], say)
+                      if own["draft_model"] else None)
         t0 = time.monotonic()
-        say(f"loading {self.model_path} on the {backend} backend ...")
-        schedule = schedule or SchedulerLimits()
+        say(f"loading {self.model_path} on the {options.backend} backend ...")
         gguf_file, self.config, self.tokenizer, self.backend = load_model(
-            self.model_path, backend=backend, num_slots=num_slots, kv_cache_mb=kv_cache_mb,
-            max_batch=schedule.max_batch_size, max_seq_len=max_seq_len, threads=threads,
-            parallel_runs=parallel_runs, batch_invariant=batch_invariant, weights=weights,
-            device_id=device_id, providers=providers, speculation=speculation, graph=graph,
-            kernels=kernels, standard_dtype=standard_dtype)
+            self.model_path, options, num_slots=own["num_slots"], kv_cache_mb=own["kv_cache_mb"],
+            max_batch=limits.schedule.max_batch_size, max_seq_len=limits.max_seq_len)
         num_slots = self.backend.num_slots
-        if self.backend.max_seq_len < max_seq_len:
-            say(f"maxSeqLen {max_seq_len} is more than the model's trained context; using "
-                f"{self.backend.max_seq_len}")
-        self.model_name = model_name or gguf_file.get("general.name") or model
+        if self.backend.max_seq_len < limits.max_seq_len:
+            say(f"maxSeqLen {limits.max_seq_len} is more than the model's trained context; "
+                f"using {self.backend.max_seq_len}")
+        self.model_name = own["model_name"] or gguf_file.get("general.name") or model
         self.model_meta = model_meta(gguf_file, self.config)
         # The reader's parsed metadata (~160 MB for a 49k vocabulary) is not needed any more.
         del gguf_file
@@ -165,20 +159,16 @@ class LLM:
             f"{num_slots} KV slots x {self.backend.max_seq_len} tokens on {self.backend.device}"
             + _mapped_note(self.backend))
         try:
-            self.draft = load_draft(
-                draft_path, self, say, threads=threads, parallel_runs=parallel_runs,
-                device_id=device_id, providers=providers,
-                max_chunk=schedule.max_prefill_tokens) if draft_model else None
+            self.draft = load_draft(draft_path, self.backend, self.tokenizer, options, say,
+                                    limits.schedule.max_prefill_tokens) if draft_path else None
         except BaseException:
             self.backend.close()
             raise
-        self.engine = Engine(self.backend, self.tokenizer, EngineLimits(
-            max_seq_len=max_seq_len, max_input_len=max_input_len, max_iter_times=max_iter_times,
-            token_timeout_s=token_timeout_s, e2e_timeout_s=e2e_timeout_s,
-            prefix_cache=prefix_cache, speculation=speculation,
-            schedule=SchedulerLimits(max_batch_size=min(schedule.max_batch_size, num_slots),
-                                     max_prefill_batch_size=schedule.max_prefill_batch_size,
-                                     max_prefill_tokens=schedule.max_prefill_tokens)),
+        schedule = replace(limits.schedule,
+                           max_batch_size=min(limits.schedule.max_batch_size, num_slots))
+        self.engine = Engine(self.backend, self.tokenizer,
+                             replace(limits, schedule=schedule,
+                                     speculation=limits.speculation and options.speculation),
                              draft=self.draft)
         self.engine.start()
         self._longest_token = max(1, max(len(self.tokenizer.token_bytes(i))
@@ -355,93 +345,33 @@ class LLM:
         self.close()
 
 
-def check_draft(model_path: str, draft: str, say=print) -> str:
-    """The path of the draft model ``draft`` (a ``.gguf`` path, or a registry name pulled if
-    missing) for the model in the GGUF file ``model_path``, once the metadata of both files
-    show the same vocabulary (:func:`~.engine.draft.vocabulary_difference`) and logits of as
-    many rows. Only the files' headers are read (a fraction of a second): no tokenizer, no
-    graph is built.
+def resolve_settings(settings: Mapping[str, Any], options: BackendOptions | None = None,
+                     limits: EngineLimits | None = None
+                     ) -> tuple[BackendOptions, EngineLimits, dict[str, Any]]:
+    """``(options, limits, own)``: ``options`` and ``limits`` (their defaults for ``None``)
+    with the same-named fields of ``settings`` (keywords of :data:`KEYWORDS`) put in, and the
+    other keywords (:data:`OWN_KEYWORDS`, their defaults where not given). ``schedule=None``
+    and ``providers=None`` stand for the defaults.
 
     Raises:
-        ModelFileError: the draft is missing, a directory, not a GGUF file or unsupported
-            (``draft model: ...``), or its vocabulary is not the model's (the message names
-            the first difference).
+        TypeError: a keyword not in :data:`KEYWORDS` (named, as Python names one).
+        ValueError: options that do not go together (:class:`BackendOptions`).
     """
-    try:
-        path = resolve(draft, log=say)
-        vocab, rows = _vocabulary(path)
-    except ModelFileError as exc:
-        raise ModelFileError(f"draft model: {exc}") from None
-    target_vocab, target_rows = _vocabulary(model_path)
-    diff = vocabulary_difference(target_vocab, vocab)
-    if diff is None and rows != target_rows:
-        diff = f"the draft's logits have {rows} rows, the target's {target_rows}"
-    if diff is not None:
-        raise ModelFileError(f"draft model {os.path.basename(path)}: its vocabulary is not "
-                             f"the model's: {diff}")
-    return path
-
-
-def _vocabulary(path: str) -> tuple[Vocabulary, int]:
-    """The vocabulary in the GGUF file ``path`` and the rows of its model's logits."""
-    f = GGUFFile(path)
-    return read_vocabulary(f), ModelConfig.from_gguf(f).vocab_size
-
-
-def load_draft(model: str, target: LLM, say, *, max_chunk: int,
-               **options) -> DraftModel | None:
-    """The draft model ``model`` (a path or registry name) for ``target``, loaded on its
-    backend with :data:`DRAFT_SLOTS` KV slots, no verification path, ``compact`` weights
-    (4-bit blocks: fewer bytes per step, and a draft's weights never change an answer, only
-    how many of its proposals are kept) and idle threads that do not spin (its runs alternate
-    with the model's, whose threads would lose the cores to them); ``options``: the target's
-    ``threads``,
-    ``parallel_runs``, ``device_id``, ``providers``.
-
-    ``None`` (and a line saying so) where the target's start-up check found that a
-    verification is not bit for bit decoding on this CPU (speculation stays off there).
-
-    Raises:
-        ModelFileError: the file cannot be loaded, or its vocabulary is not the target's (the
-            message names the first difference; :class:`LLM` finds that from the files'
-            headers before anything is built, :func:`check_draft`, and the built tokenizers
-            are compared here again).
-        ValueError: speculation is off, or the backend is not onnxruntime.
-    """
-    if target.backend.name != "onnxruntime" or target.backend.max_verify_rows < 2:
-        raise ValueError(DRAFT_NEEDS)
-    if target.backend.providers[0] != CPU:
-        say(f"draft model not loaded: a draft runs beside a model on the CPU execution provider "
-            f"only, and this one runs on {target.backend.device}")
-        return None
-    if not target.backend.fast_verify:
-        say("draft model not loaded: on this CPU a verification is not bit for bit decoding "
-            "(see the start-up check above), so speculative decoding stays off")
-        return None
-    try:
-        path = resolve(model, log=say)
-    except ModelFileError as exc:
-        raise ModelFileError(f"draft model: {exc}") from None
-    t0, rss0 = time.monotonic(), _resident_bytes()
-    say(f"loading draft model {path} ...")
-    _, cfg, tokenizer, backend = load_model(
-        path, backend=target.backend.name, num_slots=min(DRAFT_SLOTS, target.backend.num_slots),
-        max_seq_len=target.backend.max_seq_len, batch_invariant=False, speculation=False,
-        weights="compact", graph="contrib", spinning=False, **options)
-    diff = vocabulary_difference(target.tokenizer, tokenizer)
-    if diff is None and cfg.vocab_size != target.config.vocab_size:
-        diff = f"the draft's logits have {cfg.vocab_size} rows, the target's " \
-               f"{target.config.vocab_size}"
-    if diff is not None:
-        backend.close()
-        raise ModelFileError(f"draft model {os.path.basename(path)}: its vocabulary is not "
-                             f"the model's: {diff}")
-    gc.collect()
-    grown = max(0, _resident_bytes() - rss0)
-    say(f"loaded draft model ({cfg.architecture}, {cfg.num_layers} layers) in "
-        f"{time.monotonic() - t0:.1f} s; {backend.num_slots} KV slots, "
-        f"{grown / 1e6:.0f} MB more resident memory")
-    return DraftModel(backend, max_chunk, path=path, resident_bytes=grown)
+    unknown = sorted(set(settings) - KEYWORDS)
+    if unknown:
+        raise TypeError(f"LLM() got an unexpected keyword argument {unknown[0]!r}"
+                        if len(unknown) == 1 else "LLM() got unexpected keyword arguments "
+                        + ", ".join(map(repr, unknown)))
+    settings = {k: v for k, v in settings.items() if not (k == "schedule" and v is None)}
+    backend = {k: v for k, v in settings.items() if k in BackendOptions.names()}
+    if options is None:
+        options = BackendOptions(**backend)
+    elif backend:
+        options = replace(options, **backend)
+    engine = {f.name for f in fields(EngineLimits)}
+    limits = replace(limits or EngineLimits(), **{k: v for k, v in settings.items()
+                                                   if k in engine})
+    return options, limits, {k: settings.get(k, v) for k, v in OWN_KEYWORDS.items()}
 
 
 #: llama.cpp's ``llama_vocab_type`` of each GGUF ``tokenizer.ggml.model``.
@@ -471,12 +401,3 @@ def _mapped_note(backend) -> str:
     mapped = getattr(backend, "mapped_weight_bytes", 0)
     return (f"; {mapped / 1e6:.0f} MB of weights read in place from the GGUF (its file pages: "
             "shared with other processes mapping it, reclaimable)") if mapped else ""
-
-
-def _resident_bytes() -> int:
-    """This process's resident memory in bytes (``/proc/self/statm``; 0 where unreadable)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0

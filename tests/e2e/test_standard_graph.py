@@ -39,11 +39,11 @@ def test_static_sizes_are_few_and_cover_every_value():
 def test_the_dtypes_are_the_settings():
     from tiny_mindie.model import STANDARD_DTYPES
     from tiny_mindie.model.onnx.graph_standard import DTYPES
-    from tiny_mindie.model.ort.ort_backend import OrtBackend
+    from tiny_mindie.model.options import SessionTuning
     from tiny_mindie.model.ort.shapes import MAX_CHUNK_TOKENS
 
     assert tuple(DTYPES) == STANDARD_DTYPES
-    assert OrtBackend.__init__.__kwdefaults__["max_chunk_tokens"] == MAX_CHUNK_TOKENS
+    assert SessionTuning().max_chunk_tokens == MAX_CHUNK_TOKENS
 
 
 # ---- model -----------------------------------------------------------------------------------
@@ -79,8 +79,11 @@ def test_row_pieces_dequantize_as_the_whole_matrix(which, request):
 
 def _load(path, graph, **kw):
     from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.options import BackendOptions
 
-    return load_model(path, graph=graph, **kw)
+    size = {k: kw.pop(k) for k in ("num_slots", "max_seq_len") if k in kw}
+    options = {"graph": graph, "kernels": "onnxruntime", "speculation": False, **kw}
+    return load_model(path, BackendOptions(**options), **size)
 
 
 @pytest.fixture(scope="module")

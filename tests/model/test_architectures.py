@@ -167,11 +167,13 @@ def reference(model) -> NumpyBackend:
 
 def _ort(model, tmp_path_factory, **graph):
     pytest.importorskip("onnxruntime")
+    from tiny_mindie.model.options import BackendOptions
     from tiny_mindie.model.ort.ort_backend import OrtBackend
 
-    return OrtBackend(model, ModelConfig.from_gguf(model), num_slots=4, max_seq_len=MAX_SEQ_LEN,
-                      threads=1, cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),
-                      graph_options=GraphOptions(**graph), check_batching=False)
+    return OrtBackend(model, ModelConfig.from_gguf(model),
+                      BackendOptions(threads=1, batch_invariant=False), num_slots=4,
+                      max_seq_len=MAX_SEQ_LEN, cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),
+                      graph_options=GraphOptions(**graph))
 
 
 @pytest.fixture(scope="module")

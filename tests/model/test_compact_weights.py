@@ -44,14 +44,16 @@ def graphs(smollm2, tmp_path_factory):
     """The exact and the compact graph of SmolLM2 (built cold into a fresh cache)."""
     from tiny_mindie.model.arch import ModelConfig
     from tiny_mindie.model.onnx.graph_options import GraphOptions
+    from tiny_mindie.model.options import BackendOptions
     from tiny_mindie.model.ort.ort_backend import OrtBackend
 
     cfg = ModelConfig.from_gguf(smollm2)
     cache = str(tmp_path_factory.mktemp("weight-modes"))
     out = {}
     for mode, block in WEIGHT_MODES.items():
-        out[mode] = OrtBackend(smollm2, cfg, num_slots=2, max_seq_len=128, threads=1,
-                               cache_dir=cache, graph_options=GraphOptions(compact=block))
+        out[mode] = OrtBackend(smollm2, cfg, BackendOptions(threads=1), num_slots=2,
+                               max_seq_len=128, cache_dir=cache,
+                               graph_options=GraphOptions(compact=block))
     yield out
     for be in out.values():
         be.close()

@@ -29,6 +29,7 @@ from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx.graph_options import GraphOptions
 from tiny_mindie.model.onnx.weights import PACKERS, quantize_8bit, unpack_nbits
+from tiny_mindie.model.options import BackendOptions
 from tiny_mindie.model.ort.ort_backend import OrtBackend
 from tiny_mindie.model.reference.decoder import NumpyBackend
 from tiny_mindie.model.tokenizer_load import load_tokenizer
@@ -77,7 +78,7 @@ def reference(path, config) -> NumpyBackend:
 
 @pytest.fixture(scope="module")
 def ort_float(gguf, config, tmp_path_factory) -> OrtBackend:
-    be = OrtBackend(gguf, config, num_slots=2, max_seq_len=MAX_SEQ_LEN, threads=2,
+    be = OrtBackend(gguf, config, BackendOptions(threads=2), num_slots=2, max_seq_len=MAX_SEQ_LEN,
                     cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),
                     graph_options=GraphOptions(accuracy_level=0, lm_head_accuracy_level=0,
                                                lm_head_block=32, max_positions=1024))
@@ -88,7 +89,8 @@ def ort_float(gguf, config, tmp_path_factory) -> OrtBackend:
 @pytest.fixture(scope="module")
 def ort(gguf, config) -> OrtBackend:
     """The default backend (int8 activations, graph cached next to the model)."""
-    be = OrtBackend(gguf, config, num_slots=3, max_seq_len=MAX_SEQ_LEN, threads=2, parallel_runs=1)
+    be = OrtBackend(gguf, config, BackendOptions(threads=2, parallel_runs=1), num_slots=3,
+                    max_seq_len=MAX_SEQ_LEN)
     yield be
     be.close()
 
@@ -142,7 +144,8 @@ def test_default_graph_gives_a_row_the_same_logits_alone_and_in_any_batch(gguf, 
     not depend on the batch -- also with the LM head in blocks of 128, whose kernel computes an
     odd last row by another path on some CPUs (the graph pads every matrix product to a
     multiple of 2 or 4 rows; see ``graph_nodes._pad_rows``)."""
-    be = OrtBackend(gguf, config, num_slots=5, max_seq_len=64, threads=1, parallel_runs=2)
+    be = OrtBackend(gguf, config, BackendOptions(threads=1, parallel_runs=2), num_slots=5,
+                    max_seq_len=64)
     try:
         assert be.rows_per_decode_run == 0
         assert_rows_batch_invariant(be, config.vocab_size, batch_sizes=(1, 2, 3, 4))

@@ -24,6 +24,7 @@ from tiny_mindie import kernels
 from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx.graph_options import VERIFY_ROWS, GraphOptions
+from tiny_mindie.model.options import BackendOptions
 from tiny_mindie.model.ort.ort_backend import OrtBackend
 from tiny_mindie.model.reference.decoder import NumpyBackend
 
@@ -43,8 +44,8 @@ def gguf(model_path) -> GGUFFile:
 @pytest.fixture(scope="module")
 def custom(gguf, tmp_path_factory) -> OrtBackend:
     """The exact graph on the custom kernels, built into a fresh cache, 9 slots."""
-    be = OrtBackend(gguf, ModelConfig.from_gguf(gguf), num_slots=9, max_seq_len=MAX_SEQ_LEN,
-                    threads=2, cache_dir=str(tmp_path_factory.mktemp("onnx-kernels")),
+    be = OrtBackend(gguf, ModelConfig.from_gguf(gguf), BackendOptions(threads=2), num_slots=9,
+                    max_seq_len=MAX_SEQ_LEN, cache_dir=str(tmp_path_factory.mktemp("onnx-kernels")),
                     graph_options=GraphOptions(kernels="custom"))
     yield be
     be.close()
@@ -105,13 +106,14 @@ from tiny_mindie.model.backend import SeqChunk
 from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx.graph_options import VERIFY_ROWS, GraphOptions
+from tiny_mindie.model.options import BackendOptions
 from tiny_mindie.model.ort.memory import file_resident_bytes, resident_split
 from tiny_mindie.model.ort.ort_backend import OrtBackend
 f = GGUFFile({model_path!r})
 own = resident_split()[0]
-be = OrtBackend(f, ModelConfig.from_gguf(f), num_slots=1, max_seq_len={MAX_SEQ_LEN},
-                threads=1, cache_dir={cache!r}, graph_options=GraphOptions(kernels="custom"),
-                check_batching=False)
+be = OrtBackend(f, ModelConfig.from_gguf(f), BackendOptions(threads=1, batch_invariant=False),
+                num_slots=1, max_seq_len={MAX_SEQ_LEN}, cache_dir={cache!r},
+                graph_options=GraphOptions(kernels="custom"))
 be.forward([SeqChunk(0, 0, np.arange(1, 9, dtype=np.int64))])
 print(json.dumps({{"built": be.built, "mapped": be.mapped_weight_bytes,
                   "gguf": file_resident_bytes({model_path!r}),
@@ -166,8 +168,8 @@ def test_the_start_up_checks_pass_on_another_kernel_path(gguf, path, tmp_path):
     best = kernels.isa()
     kernels.set_isa(path)
     try:
-        be = OrtBackend(gguf, ModelConfig.from_gguf(gguf), num_slots=9,
-                        max_seq_len=MAX_SEQ_LEN, threads=2, cache_dir=str(tmp_path),
+        be = OrtBackend(gguf, ModelConfig.from_gguf(gguf), BackendOptions(threads=2),
+                        num_slots=9, max_seq_len=MAX_SEQ_LEN, cache_dir=str(tmp_path),
                         graph_options=GraphOptions(kernels="custom", verify_rows=VERIFY_ROWS))
         try:
             assert be.kernels.endswith({"avx2": "AVX2", "avxvnni": "AVX-VNNI"}[path])
@@ -191,7 +193,7 @@ def test_gemma3s_k_quants_give_the_references_greedy_answer(gemma_path, tmp_path
     f = GGUFFile(gemma_path)
     c = ModelConfig.from_gguf(f)
     ids = np.array(load_tokenizer(f).encode(QUESTION), dtype=np.int64)
-    be = OrtBackend(f, c, num_slots=3, max_seq_len=MAX_SEQ_LEN, threads=2,
+    be = OrtBackend(f, c, BackendOptions(threads=2), num_slots=3, max_seq_len=MAX_SEQ_LEN,
                     cache_dir=str(tmp_path), graph_options=GraphOptions(kernels="custom"))
     try:
         got, _ = greedy_margins(be, ids, 6)

@@ -17,6 +17,7 @@ from tiny_mindie.model.arch import ModelConfig
 from tiny_mindie.model.gguf import ModelFileError
 from tiny_mindie.model.ort.memory_need import (
     MemoryNeed,
+    StandardPlan,
     activation_bytes,
     check_fits,
     device_free,
@@ -44,7 +45,7 @@ ROPE = 2 * 64 * 8 * 4                   # cos, sin: 64 positions x rope_dim / 2,
 def _need(**kw) -> MemoryNeed:
     args = dict(dtype="float16", where="CPU", slots=4, max_seq_len=63, max_chunk_tokens=16,
                 verify_rows=0, parallel_runs=1, max_positions=64)
-    return standard_need(SHAPES, CFG, **{**args, **kw})
+    return standard_need(SHAPES, CFG, StandardPlan(**{**args, **kw}))
 
 
 def test_weights_at_the_graphs_dtype_where_they_are_held():

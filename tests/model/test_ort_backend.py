@@ -46,6 +46,7 @@ from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx import graph as graph_mod
 from tiny_mindie.model.onnx import graph_cache
 from tiny_mindie.model.onnx.graph_options import GraphOptions, cpu_flags
+from tiny_mindie.model.options import BackendOptions
 from tiny_mindie.model.ort import providers
 from tiny_mindie.model.ort.ort_backend import OrtBackend
 from tiny_mindie.model.reference.decoder import NumpyBackend
@@ -69,7 +70,8 @@ def config(gguf) -> ModelConfig:
 @pytest.fixture(scope="module")
 def ort(gguf, config) -> OrtBackend:
     """The default backend (graph cached next to the model), 8 slots of 256 positions."""
-    be = OrtBackend(gguf, config, num_slots=8, max_seq_len=MAX_SEQ_LEN, threads=1)
+    be = OrtBackend(gguf, config, BackendOptions(threads=1), num_slots=8,
+                    max_seq_len=MAX_SEQ_LEN)
     yield be
     be.close()
 
@@ -87,7 +89,7 @@ def float_cache(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def ort_float(gguf, config, float_cache) -> OrtBackend:
     """The float32-compute graph, built cold into a fresh cache directory."""
-    be = OrtBackend(gguf, config, num_slots=4, max_seq_len=MAX_SEQ_LEN, threads=1,
+    be = OrtBackend(gguf, config, BackendOptions(threads=1), num_slots=4, max_seq_len=MAX_SEQ_LEN,
                     cache_dir=float_cache,
                     graph_options=GraphOptions(accuracy_level=0, lm_head_accuracy_level=0))
     yield be
@@ -174,7 +176,8 @@ def test_a_row_gets_the_same_logits_alone_and_in_any_batch(gguf, config, threads
     """Batches of 1, 2, 3, 4 and 8 rows, as one session run, split into two runs at once, or
     run by two intra-op threads: every row's logits are bit for bit its logits alone -- by the
     graph itself (rows padded to a multiple of 2 or 4), not by the start-up check's fallback."""
-    be = OrtBackend(gguf, config, num_slots=9, max_seq_len=64, threads=threads, parallel_runs=runs)
+    be = OrtBackend(gguf, config, BackendOptions(threads=threads, parallel_runs=runs),
+                    num_slots=9, max_seq_len=64)
     try:
         assert be.rows_per_decode_run == 0 and be.parallel_runs == runs
         assert_rows_batch_invariant(be, config.vocab_size)
@@ -191,8 +194,9 @@ def test_a_row_gets_the_same_logits_whatever_the_intra_op_thread_count(gguf, con
     tokens = [np.array([(5 + 101 * s) % config.vocab_size]) for s in range(4)]
 
     def logits(threads: int) -> list[np.ndarray]:
-        be = OrtBackend(gguf, config, num_slots=4, max_seq_len=64, threads=threads,
-                        parallel_runs=1, check_batching=False)
+        be = OrtBackend(gguf, config, BackendOptions(threads=threads, parallel_runs=1,
+                                                     batch_invariant=False),
+                        num_slots=4, max_seq_len=64)
         try:
             out = [be.forward([SeqChunk(s, 0, p)]) for s, p in enumerate(prompts)]
             out.append(be.forward([SeqChunk(0, len(prompts[0]), tokens[0])]))     # alone
@@ -213,8 +217,8 @@ def test_a_graph_whose_rows_depend_on_the_batch_is_caught_and_run_row_by_row(ggu
     4-bit GEMV for M = 1): the start-up check sees it and decode rows then run one per session
     run, which keeps every row's logits the same alone and in a batch. (On CPUs whose kernels
     do not depend on M the check passes and nothing changes: the rows are still the same.)"""
-    be = OrtBackend(gguf, config, num_slots=9, max_seq_len=64, threads=1, cache_dir=str(tmp_path),
-                    graph_options=GraphOptions(row_multiples=()))
+    be = OrtBackend(gguf, config, BackendOptions(threads=1), num_slots=9, max_seq_len=64,
+                    cache_dir=str(tmp_path), graph_options=GraphOptions(row_multiples=()))
     try:
         flags = cpu_flags()
         if "avx2" in flags and "avx512bw" not in flags:
@@ -231,15 +235,18 @@ def test_batch_invariance_can_be_turned_off(model_path):
 
     from tiny_mindie.model.loader import load_model
 
-    *_, be = load_model(model_path, num_slots=2, max_seq_len=64, threads=1,
-                        batch_invariant=False)
+    *_, be = load_model(model_path, BackendOptions(threads=1, batch_invariant=False,
+                                                   kernels="onnxruntime", speculation=False),
+                        num_slots=2, max_seq_len=64)
     try:
         assert be.batch_invariant is False and "batch check" not in be.load_seconds
         m = onnx.load(be.graph_path, load_external_data=False)
         assert not any(n.op_type == "Pad" for n in m.graph.node)
     finally:
         be.close()
-    *_, be = load_model(model_path, num_slots=2, max_seq_len=64, threads=1)
+    *_, be = load_model(model_path, BackendOptions(threads=1, kernels="onnxruntime",
+                                                   speculation=False),
+                        num_slots=2, max_seq_len=64)
     try:
         assert be.batch_invariant is True and "batch check" in be.load_seconds
     finally:
@@ -267,8 +274,8 @@ def test_parallel_runs_give_the_tokens_of_single_runs(gguf, config, prompts):
     """Three runs at once (decode rows split into groups, prompts prefilled beside decode rows
     and beside each other) decode greedily exactly as every sequence alone, and the runs
     really overlap in time on different threads."""
-    be = OrtBackend(gguf, config, num_slots=8, max_seq_len=MAX_SEQ_LEN, threads=1,
-                    parallel_runs=3)
+    be = OrtBackend(gguf, config, BackendOptions(threads=1, parallel_runs=3), num_slots=8,
+                    max_seq_len=MAX_SEQ_LEN)
     try:
         single = [_greedy_single(be, 0, p, 24) for p in prompts]
         spy = be.shapes.session = _RunSpy(be.shapes.session)
@@ -372,7 +379,8 @@ def test_start_up_prints_nothing(model_path, ort):
 def test_graph_cache_warm_start(gguf, config, float_cache, ort_float):
     """The float graph was built cold into ``float_cache``; a second backend loads it."""
     assert ort_float.built
-    again = OrtBackend(gguf, config, num_slots=1, max_seq_len=16, threads=1, cache_dir=float_cache,
+    again = OrtBackend(gguf, config, BackendOptions(threads=1), num_slots=1, max_seq_len=16,
+                       cache_dir=float_cache,
                        graph_options=GraphOptions(accuracy_level=0, lm_head_accuracy_level=0))
     assert not again.built and again.graph_path == ort_float.graph_path
     entry = os.path.basename(os.path.dirname(again.graph_path))

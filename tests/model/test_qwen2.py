@@ -66,9 +66,10 @@ def reference(model, config) -> NumpyBackend:
 
 
 def _ort(model, config, tmp_path_factory, **graph):
+    from tiny_mindie.model.options import BackendOptions
     from tiny_mindie.model.ort.ort_backend import OrtBackend
 
-    be = OrtBackend(model, config, num_slots=4, max_seq_len=MAX_SEQ_LEN, threads=1,
+    be = OrtBackend(model, config, BackendOptions(threads=1), num_slots=4, max_seq_len=MAX_SEQ_LEN,
                     cache_dir=str(tmp_path_factory.mktemp("onnx-cache")),
                     graph_options=GraphOptions(**graph))
     return be

@@ -197,9 +197,11 @@ def test_the_start_up_check_catches_a_graph_whose_chunks_are_not_decode_rows(mod
     from tiny_mindie.model.backend import SeqChunk
     from tiny_mindie.model.loader import load_model
     from tiny_mindie.model.onnx.graph_options import cpu_flags
+    from tiny_mindie.model.options import BackendOptions
 
-    _, _, _, be = load_model(model_path, num_slots=2, max_seq_len=256, speculation=True,
-                             batch_invariant=False)
+    _, _, _, be = load_model(model_path, BackendOptions(speculation=True, batch_invariant=False,
+                                                        kernels="onnxruntime"),
+                             num_slots=2, max_seq_len=256)
     try:
         assert be.max_verify_rows == 5 and not be.fast_verify    # not checked: left off
         be.fast_verify = True               # let verify() use the chunk path, to compare
@@ -217,8 +219,10 @@ def test_the_start_up_check_catches_a_graph_whose_chunks_are_not_decode_rows(mod
 
 def test_gemma3_verification_matches_decoding_past_its_sliding_window(gemma_path):
     from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.options import BackendOptions
 
-    _, cfg, _, be = load_model(gemma_path, num_slots=2, max_seq_len=640, speculation=True)
+    _, cfg, _, be = load_model(gemma_path, BackendOptions(speculation=True, kernels="onnxruntime"),
+                               num_slots=2, max_seq_len=640)
     try:
         assert cfg.sliding_window == 512 and be.fast_verify
         _verify_equals_decode(be, 600, 5, 3)        # local layers see only their window
@@ -319,11 +323,13 @@ def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path
     without them, and the log says why (onnxruntime without CANN then runs it on the CPU). The
     standard graph, which ``auto`` picks for CANN, verifies as a prompt piece and keeps it."""
     from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.options import BackendOptions
 
     cann = [("CANNExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"]
     with caplog.at_level("INFO", logger="tiny_mindie.model.ort.ort_backend"):
-        _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
-                                 providers=cann, graph="contrib")
+        _, _, _, be = load_model(model_path, BackendOptions(
+            speculation=True, providers=cann, graph="contrib", kernels="onnxruntime"),
+            num_slots=1, max_seq_len=64)
     try:
         assert be.max_verify_rows == 0 and not be.fast_verify
         assert "off on CANNExecutionProvider" in caplog.text
@@ -332,8 +338,8 @@ def test_an_npu_provider_gets_the_graph_without_the_verification_path(model_path
     from tiny_mindie.model.ort import providers
 
     monkeypatch.setattr(providers, "ascend_available", lambda: True)    # as if it loaded
-    _, _, _, be = load_model(model_path, num_slots=1, max_seq_len=64, speculation=True,
-                             providers=cann)
+    _, _, _, be = load_model(model_path, BackendOptions(
+        speculation=True, providers=cann, kernels="onnxruntime"), num_slots=1, max_seq_len=64)
     try:
         assert be.graph == "standard" and be.max_verify_rows == 5
     finally:

@@ -18,6 +18,7 @@ from tiny_qwen2 import write_tiny_qwen2  # noqa: E402
 from tiny_mindie.model.arch import ModelConfig  # noqa: E402
 from tiny_mindie.model.gguf import GGUFFile, ModelFileError  # noqa: E402
 from tiny_mindie.model.loader import load_model  # noqa: E402
+from tiny_mindie.model.options import BackendOptions, SessionTuning  # noqa: E402
 from tiny_mindie.model.ort import ort_backend  # noqa: E402
 from tiny_mindie.model.ort.ort_backend import OrtBackend  # noqa: E402
 from tiny_mindie.model.ort.startup_checks import BATCH_CHECKS, StartupChecks  # noqa: E402
@@ -41,8 +42,8 @@ def test_the_batch_check_runs_once_per_cpu_and_thread_count(tiny, tmp_path, capl
     cfg = ModelConfig.from_gguf(f)
 
     def backend(threads: int) -> OrtBackend:
-        return OrtBackend(f, cfg, num_slots=4, max_seq_len=32, threads=threads,
-                          cache_dir=str(tmp_path), huge_pages=False)
+        return OrtBackend(f, cfg, BackendOptions(threads=threads), num_slots=4, max_seq_len=32,
+                          cache_dir=str(tmp_path), tuning=SessionTuning(huge_pages=False))
 
     def recorded(check: str | None = None) -> list[dict]:
         return [k for k in json.load(open(record)) if k.get("check") == check]
@@ -87,11 +88,12 @@ def test_a_check_record_names_what_was_checked(tiny, tmp_path):
     f = GGUFFile(tiny)
     cfg = ModelConfig.from_gguf(f)
     for n in (5, 20, 32, 20):
-        OrtBackend(f, cfg, num_slots=4, max_seq_len=n, threads=1, cache_dir=str(tmp_path),
-                   huge_pages=False).close()
+        OrtBackend(f, cfg, BackendOptions(threads=1), num_slots=4, max_seq_len=n,
+                   cache_dir=str(tmp_path), tuning=SessionTuning(huge_pages=False)).close()
     record = os.path.join(os.path.dirname(
-        OrtBackend(f, cfg, num_slots=4, max_seq_len=20, threads=1, cache_dir=str(tmp_path),
-                   huge_pages=False).graph_path), BATCH_CHECKS)
+        OrtBackend(f, cfg, BackendOptions(threads=1), num_slots=4, max_seq_len=20,
+                   cache_dir=str(tmp_path), tuning=SessionTuning(huge_pages=False)).graph_path),
+        BATCH_CHECKS)
     keys = json.load(open(record))
     assert [(k["tokens"], k["pieces"]) for k in keys if k.get("check") == "prefix split"] == [
         (5, [[0, 2], [2, 5]]), (20, [[0, 2], [2, 20], [0, 17], [17, 20]]),
@@ -110,8 +112,9 @@ def test_the_verification_check_fits_a_short_max_seq_len(tiny, tmp_path):
     f = GGUFFile(tiny)
     cfg = ModelConfig.from_gguf(f)
     for n, pasts in ((2, []), (3, [1]), (5, [1]), (30, [21]), (128, [21])):
-        be = OrtBackend(f, cfg, num_slots=2, max_seq_len=n, threads=1, cache_dir=str(tmp_path),
-                        huge_pages=False, graph_options=GraphOptions(verify_rows=5))
+        be = OrtBackend(f, cfg, BackendOptions(threads=1), num_slots=2, max_seq_len=n,
+                        cache_dir=str(tmp_path), graph_options=GraphOptions(verify_rows=5),
+                        tuning=SessionTuning(huge_pages=False))
         assert be.checks._verify_check_pasts() == pasts, n
         if not pasts:                   # (elsewhere the check's outcome is this CPU's)
             assert not be.fast_verify
@@ -119,7 +122,9 @@ def test_the_verification_check_fits_a_short_max_seq_len(tiny, tmp_path):
 
 
 def test_load_model_reads_the_tokenizer_beside_the_backend(tiny):
-    f, cfg, tok, be = load_model(tiny, num_slots=2, max_seq_len=32, threads=1)
+    f, cfg, tok, be = load_model(tiny, BackendOptions(threads=1, kernels="onnxruntime",
+                                                      speculation=False),
+                                 num_slots=2, max_seq_len=32)
     try:
         assert be.name == "onnxruntime" and cfg.architecture == "qwen2"
         assert tok.vocab_size == cfg.vocab_size
@@ -134,4 +139,5 @@ def test_a_tokenizer_error_still_stops_the_load(tiny, tmp_path):
     bad = tmp_path / "bert-tokenizer.gguf"
     bad.write_bytes(data[:at] + b"bert" + data[at + 4:])  # same length: still a valid GGUF
     with pytest.raises(ModelFileError, match="unsupported tokenizer model 'bert'"):
-        load_model(str(bad), num_slots=2, max_seq_len=32, threads=1)
+        load_model(str(bad), BackendOptions(threads=1, kernels="onnxruntime", speculation=False),
+                   num_slots=2, max_seq_len=32)

@@ -762,14 +762,32 @@ def test_each_setting_has_one_key_one_field_and_its_own_flags():
 def test_the_settings_passed_to_the_llm_are_its_keywords():
     """Each ``llm`` name of the table is a keyword of LLM; every keyword is fed by the table or
     derived in lifecycle.load_llm."""
-    import inspect
-
     from tiny_mindie.config.settings import SETTINGS
-    from tiny_mindie.llm import LLM
-    params = set(inspect.signature(LLM).parameters)
+    from tiny_mindie.llm import KEYWORDS
+    params = {"model", "log", *KEYWORDS}
     fed = {s.llm for s in SETTINGS if s.llm}
     derived = {"model", "max_input_len", "device_id", "providers", "schedule", "log", "num_slots"}
     assert fed <= params and params == fed | derived
+
+
+def test_the_llm_keywords_fill_one_options_value_and_one_limits_value():
+    from tiny_mindie.engine.engine import EngineLimits
+    from tiny_mindie.llm import LLM, resolve_settings
+    from tiny_mindie.model.options import BackendOptions
+
+    options, limits, own = resolve_settings({"threads": 3, "speculation": False,
+                                             "max_seq_len": 100, "num_slots": 2})
+    assert options == BackendOptions(threads=3, speculation=False)
+    assert limits == EngineLimits(max_seq_len=100, speculation=False)
+    assert own["num_slots"] == 2 and own["draft_model"] is None
+    given = BackendOptions(weights="compact")
+    assert resolve_settings({}, given)[0] is given
+    assert resolve_settings({"threads": 1}, given)[0] == BackendOptions(weights="compact",
+                                                                        threads=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'thread'"):
+        LLM("no-such-model", thread=2)                   # refused before any pull
+    with pytest.raises(TypeError, match="arguments 'a', 'b'"):
+        resolve_settings({"b": 1, "a": 2})
 
 
 def test_flags_imply_their_companions_and_a_flag_of_its_own_wins(tmp_path):

@@ -6,6 +6,9 @@ history in code.
   (as the ``mccabe`` package counts it), without exception. No module over
   :data:`MAX_MODULE_LINES` lines, but those in :data:`ALLOWED`: modules are cut by idea, not by
   size, so a module that holds one idea may be longer, and the allow-list says which idea.
+- No function in ``tiny_mindie/`` takes more than :data:`MAX_PARAMETERS` parameters (``self``
+  and ``cls`` not counted; ``*args`` and ``**kwargs`` one each): settings travel as one value
+  (``BackendOptions``, ``EngineLimits``, ...), not as long lists of keywords.
 - Comments and docstrings say what and why: throughput, timings, host descriptions and history
   ("previously", "a reviewer found") belong in docs/ and commit messages (:data:`MEASUREMENT`).
 """
@@ -28,6 +31,8 @@ MAX_MODULE_LINES, MAX_FUNCTION_LINES, MAX_COMPLEXITY = 500, 60, 15
 #: A module's path under ``tiny_mindie/`` -> the one idea it holds (``"one idea: ..."``), which
 #: lets it exceed :data:`MAX_MODULE_LINES`. Only modules: a function over budget is split by step.
 ALLOWED: dict[str, str] = {}
+
+MAX_PARAMETERS = 8
 
 #: What a measurement or a piece of history looks like in a comment or docstring.
 MEASUREMENT = re.compile(r"""(?ix)
@@ -106,6 +111,55 @@ def test_the_allow_list_names_modules_of_one_idea():
 def test_the_allow_list_names_only_what_is_over_budget():
     stale = set(ALLOWED) - set(_over_budget())
     assert not stale, f"within budget now, drop from ALLOWED: {sorted(stale)}"
+
+
+def parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) -> int:
+    """The parameters of a function: positional, keyword-only, ``*args`` and ``**kwargs`` one
+    each; a method's first (``self``, ``cls``) not counted."""
+    a = node.args
+    n = (len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None)
+         + (a.kwarg is not None))
+    static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list)
+    first = (a.posonlyargs + a.args)[:1]
+    return n - (method and not static and bool(first) and first[0].arg in ("self", "cls"))
+
+
+def _methods(tree: ast.AST) -> set[ast.AST]:
+    """The functions defined directly in a class body."""
+    return {node for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef)
+            for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def long_signatures(package: pathlib.Path = PACKAGE) -> dict[str, int]:
+    """``{"path:qualified.name": parameters}`` of every function under ``package`` taking more
+    than :data:`MAX_PARAMETERS`."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        methods = _methods(tree)
+        for name, node in _functions(tree):
+            n = parameter_count(node, node in methods)
+            if n > MAX_PARAMETERS:
+                found[f"{path.relative_to(package).as_posix()}:{name}"] = n
+    return found
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    over = long_signatures()
+    assert not over, ("pass a value (a frozen dataclass) instead of the settings one by one:\n"
+                      + "\n".join(f"  {k}: {n} parameters" for k, n in sorted(over.items())))
+
+
+def test_the_parameter_count_finds_a_new_offender(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "def f(a, b, c, d, e, f, g, h, *args, **kw): pass\n"
+        "def g(a, b, c, d, e, f, g, h): pass\n"
+        "class C:\n"
+        "    def __init__(self, a, b, c, d, e, f, g, h): pass\n"
+        "    def m(self, a, b, c, d, e, f, g, *, h, i): pass\n"
+        "    @staticmethod\n"
+        "    def s(self, a, b, c, d, e, f, g, h): pass\n")
+    assert long_signatures(tmp_path) == {"m.py:f": 10, "m.py:C.m": 9, "m.py:C.s": 9}
 
 
 def _texts(path: pathlib.Path):

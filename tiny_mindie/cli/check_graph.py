@@ -173,6 +173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, say) -> int:
     """The command (see the module docstring); ``say`` prints a line."""
     from ..model.loader import load_model
+    from ..model.options import BackendOptions
     from ..model.registry.catalog import DEFAULT_MODEL, resolve
 
     if args.kernels == "custom" and args.graph == "standard":
@@ -185,10 +186,9 @@ def run(args: argparse.Namespace, say) -> int:
     path = resolve(args.model or DEFAULT_MODEL, log=say)
     n = args.tokens
     say(f"loading {path} on onnxruntime (graph {args.graph}) ...")
-    _, _, tok, be = load_model(path, graph=args.graph, device_id=args.device_id,
-                               num_slots=args.slots, max_seq_len=args.max_seq_len,
-                               speculation=True, kernels=args.kernels,
-                               standard_dtype=args.standard_dtype)
+    _, _, tok, be = load_model(path, BackendOptions(
+        graph=args.graph, device_id=args.device_id, speculation=True, kernels=args.kernels,
+        standard_dtype=args.standard_dtype), num_slots=args.slots, max_seq_len=args.max_seq_len)
     room = be.max_seq_len - max(len(tok.encode(p)) for p in PROMPTS[:args.prompts])
     if n > room:
         be.close()
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace, say) -> int:
         return 2
     _describe(be, say)
     say("loading the numpy reference ...")
-    _, _, _, ref = load_model(path, backend="numpy", num_slots=args.prompts,
+    _, _, _, ref = load_model(path, BackendOptions(backend="numpy"), num_slots=args.prompts,
                               max_seq_len=be.max_seq_len)
     results = greedy_compare(be, ref, tok, PROMPTS[:args.prompts], n)
     for r in results:

@@ -206,20 +206,22 @@ def load_llm(cfg: Config, log_line: Callable[[str], None]):
     """The model of ``cfg`` (an :class:`~.llm.LLM`), pulled if needed, loaded, its engine
     started; progress lines to ``log_line``. The settings that go to the ``LLM`` as they are
     name their keyword in :data:`~.settings.SETTINGS` (``llm``); the rest are derived here.
+    Of them the backend's options (:class:`~.model.options.BackendOptions`) and the engine's
+    limits are made here, once (:func:`~.llm.resolve_settings`), and passed down.
     Raises what :class:`~.llm.LLM` raises."""
     from ..config.settings import SETTINGS
     from ..engine.scheduler import SchedulerLimits
-    from ..llm import LLM
+    from ..llm import LLM, resolve_settings
 
     b, sc = cfg.backend, cfg.backend.schedule
     given = {s.llm: cfg.value(s) for s in SETTINGS if s.llm}
-    return LLM(b.model.model_weight_path, max_input_len=cfg.max_input_len,
-               device_id=b.npu_device_ids[0], providers=list(b.execution_providers) or None,
-               schedule=SchedulerLimits(
-                   max_batch_size=sc.max_batch_size,
-                   max_prefill_batch_size=sc.max_prefill_batch_size,
-                   max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size)),
-               log=log_line, **given)
+    options, limits, own = resolve_settings(dict(
+        given, max_input_len=cfg.max_input_len, device_id=b.npu_device_ids[0],
+        providers=tuple(b.execution_providers), schedule=SchedulerLimits(
+            max_batch_size=sc.max_batch_size,
+            max_prefill_batch_size=sc.max_prefill_batch_size,
+            max_prefill_tokens=min(sc.max_prefill_tokens, sc.prefill_chunk_size))))
+    return LLM(b.model.model_weight_path, options=options, limits=limits, log=log_line, **own)
 
 
 def load_embedder(cfg: Config, log_line: Callable[[str], None]):

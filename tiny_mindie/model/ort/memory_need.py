@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from ..arch import ModelConfig
 from ..gguf import ModelFileError
+from ..options import BackendOptions
 
 #: ``aclrtMemAttr`` values (Ascend's acl_rt.h): device HBM, else DDR (the edge SoCs have no HBM)
 ACL_HBM_MEM, ACL_DDR_MEM = 1, 0
@@ -143,35 +144,54 @@ def activation_bytes(config: ModelConfig, dtype: str, on_cpu: bool, rows: int, t
     return norms + attention + mlp + ends
 
 
-def standard_need(shapes: Mapping[str, tuple[int, ...]], config: ModelConfig, *, dtype: str,
-                  where: str, slots: int, max_seq_len: int, max_chunk_tokens: int,
-                  verify_rows: int, parallel_runs: int, max_positions: int) -> MemoryNeed:
+@dataclass(frozen=True)
+class StandardPlan:
+    """Where and how the standard graph runs: what :func:`standard_need` sizes.
+
+    Attributes:
+        dtype: ``"float16"`` or ``"float32"``.
+        where: ``"CPU"`` or the NPU's name (``"CANNExecutionProvider:0"``).
+        slots, max_seq_len: the KV cache's rows and the positions a sequence reaches.
+        max_chunk_tokens: the longest prompt piece of a run.
+        verify_rows: the tokens (all with logits) of a verification run, padded as the run
+            pads them (0: none).
+        parallel_runs: runs executed at once (each with its own tensors).
+        max_positions: rows of the rotary tables.
+    """
+
+    dtype: str
+    where: str
+    slots: int
+    max_seq_len: int
+    max_chunk_tokens: int
+    verify_rows: int
+    parallel_runs: int
+    max_positions: int
+
+
+def standard_need(shapes: Mapping[str, tuple[int, ...]], config: ModelConfig,
+                  plan: StandardPlan) -> MemoryNeed:
     """The standard graph's :class:`MemoryNeed` where it runs (a pure computation).
 
-    shapes: ``{GGUF tensor name: numpy shape}``; dtype: ``"float16"`` or ``"float32"``;
-    where: ``"CPU"`` or the NPU's name (``"CANNExecutionProvider:0"``); slots, max_seq_len:
-    the KV cache's rows and positions a sequence reaches; max_chunk_tokens: the longest prompt
-    piece of a run; verify_rows: the tokens (all with logits) of a verification run, padded as
-    the run pads them (0: none); parallel_runs:
-    runs executed at once (each with its own tensors); max_positions: rows of the rotary
-    tables. Raises nothing."""
-    on_cpu = where == "CPU"
-    positions = max_seq_len + 1
-    span = positions
-    runs = [(slots, 1, slots), (1, max_chunk_tokens, 1)]
-    if verify_rows:
-        runs.append((1, verify_rows, verify_rows))
-    activations = max(activation_bytes(config, dtype, on_cpu, b, s, span, r) for b, s, r in runs)
-    weights = weight_bytes(shapes, config, dtype, on_cpu, max_positions)
-    cache = kv_bytes(config, dtype, slots, positions)
+    shapes: ``{GGUF tensor name: numpy shape}``; plan: where and how it runs. Raises
+    nothing."""
+    p = plan
+    on_cpu = p.where == "CPU"
+    positions = p.max_seq_len + 1
+    runs = [(p.slots, 1, p.slots), (1, p.max_chunk_tokens, 1)]
+    if p.verify_rows:
+        runs.append((1, p.verify_rows, p.verify_rows))
+    activations = p.parallel_runs * max(
+        activation_bytes(config, p.dtype, on_cpu, b, s, positions, r) for b, s, r in runs)
+    weights = weight_bytes(shapes, config, p.dtype, on_cpu, p.max_positions)
+    cache = kv_bytes(config, p.dtype, p.slots, positions)
     if on_cpu:
-        return MemoryNeed(where, dtype, weights, cache, activations * parallel_runs, 0, slots,
-                          positions)
+        return MemoryNeed(p.where, p.dtype, weights, cache, activations, 0, p.slots, positions)
     # an NPU: a decode run over every slot copies the cache's rows in and out; the host keeps
     # the cache and the graph the provider reads (its weights at the graph's dtype)
-    host = cache + weight_bytes(shapes, config, dtype, False, max_positions)
-    return MemoryNeed(where, dtype, weights, 2 * cache, activations * parallel_runs, host,
-                      slots, positions)
+    host = cache + weight_bytes(shapes, config, p.dtype, False, p.max_positions)
+    return MemoryNeed(p.where, p.dtype, weights, 2 * cache, activations, host, p.slots,
+                      positions)
 
 
 def _count(shape: tuple[int, ...]) -> int:
@@ -273,12 +293,14 @@ def check_fits(need: MemoryNeed, model: str, device: tuple[int, int] | None,
                                  f"{place} has {_gb(there)} {what}: use {hint}")
 
 
-def check_standard_memory(f, config: ModelConfig, *, dtype: str, chosen: list, device_id: int,
-                          slots: int, max_seq_len: int, speculation: bool, threads: int,
-                          parallel_runs: int, log) -> MemoryNeed:
+def check_standard_memory(f, config: ModelConfig, options: BackendOptions, *, slots: int,
+                          max_seq_len: int, log) -> MemoryNeed:
     """State (``log.info``) and check (:func:`check_fits`) what the standard graph of the
-    GGUF ``f`` needs on the first of the ``chosen`` providers, with the backend's settings as
-    :class:`.shapes.StaticShapes` will use them. Returns the :class:`MemoryNeed`.
+    GGUF ``f`` needs on the first of ``options.providers`` (the chosen ones,
+    :func:`.providers.select_providers`), with ``slots`` KV rows of ``max_seq_len`` positions
+    and the backend's settings as :class:`.shapes.StaticShapes` will use them
+    (``options``' dtype, device, speculation, threads and parallel runs). Returns the
+    :class:`MemoryNeed`.
 
     Raises:
         ModelFileError: the device or the host cannot hold it (one line).
@@ -288,20 +310,21 @@ def check_standard_memory(f, config: ModelConfig, *, dtype: str, chosen: list, d
     from .providers import CPU, default_threads, device_name, provider_name
     from .shapes import MAX_CHUNK_TOKENS, MIN_CHUNK, bucket, buckets
 
-    first = provider_name(chosen[0])
+    o = options
+    first = provider_name(o.providers[0])
     on_cpu = first == CPU
     lanes = 1
     if on_cpu:
-        lanes = min(parallel_runs or max(1, available_cpus() // (threads or default_threads())),
-                    slots)
+        lanes = min(o.parallel_runs
+                    or max(1, available_cpus() // (o.threads or default_threads())), slots)
     verify = (bucket(VERIFY_ROWS, buckets(MIN_CHUNK, 4, MAX_CHUNK_TOKENS))
-              if speculation and on_cpu else 0)
+              if o.speculation and on_cpu else 0)
     shapes = {name: f.raw(name).shape for name in f.tensor_names()}
-    need = standard_need(
-        shapes, config, dtype=dtype, where=device_name(first, device_id), slots=slots,
+    need = standard_need(shapes, config, StandardPlan(
+        dtype=o.standard_dtype, where=device_name(first, o.device_id), slots=slots,
         max_seq_len=max_seq_len, max_chunk_tokens=MAX_CHUNK_TOKENS, verify_rows=verify,
         parallel_runs=lanes,
-        max_positions=max_seq_len if config.rope_factors_long else config.context_length)
+        max_positions=max_seq_len if config.rope_factors_long else config.context_length))
     log.info("memory: the model needs %s", need.describe())
-    check_fits(need, f.path, None if on_cpu else device_free(device_id), host_available())
+    check_fits(need, f.path, None if on_cpu else device_free(o.device_id), host_available())
     return need

@@ -76,7 +76,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 
@@ -85,6 +84,7 @@ from ..backend import Backend, SeqChunk, available_cpus, check_chunks
 from ..gguf import GGUFFile
 from ..onnx.graph_cache import cached_graph
 from ..onnx.graph_options import GraphOptions
+from ..options import BackendOptions, SessionTuning
 from ..registry.progress import slow_step
 from .kv_cache import KVCache
 from .ort_session import (
@@ -129,28 +129,31 @@ class OrtBackend(Backend):
     Args:
         f: the opened model file.
         config: its parameters (``ModelConfig.from_gguf(f)``).
+        options: the backend's choices (:class:`~..options.BackendOptions`); read here:
+            ``threads`` (0: :func:`.providers.default_threads`, every CPU), ``parallel_runs``
+            (session runs executed at once by one :meth:`forward`; 0: CPUs // threads on the
+            CPU provider, 1 elsewhere; at most ``num_slots``; see the module docstring),
+            ``device_id`` (the NPU of the CANN execution provider), ``providers`` (see
+            :func:`.providers.select_providers`; empty: chosen), ``spinning`` (idle intra-op
+            threads spin: lower latency, CPU burnt between runs) and ``batch_invariant`` (run
+            the batch check, :meth:`.startup_checks.StartupChecks.check_batch_invariance`,
+            after loading, and if it fails run every decode row alone,
+            ``rows_per_decode_run = 1``). The graph is ``graph_options``' (the loader makes it
+            from the rest of ``options``, :func:`~..loader.load_model`).
         num_slots: sequences the KV cache holds at once.
         max_seq_len: positions per slot.
-        threads: intra-op threads (0: :func:`.providers.default_threads`, every CPU).
-        device_id: NPU for the CANN execution provider.
-        providers: execution providers (see :func:`.providers.select_providers`); ``None``
-            chooses.
+        graph_options: graph build choices (:class:`~.graph_options.GraphOptions`).
         cache_dir: where built graphs are cached (default: next to the GGUF; see
             :mod:`.graph_cache`).
-        graph_options: graph build choices (:class:`~.graph_options.GraphOptions`).
-        max_chunk_tokens: longest piece of a prefill chunk run at once.
-        session_config: extra onnxruntime session config entries (``add_session_config_entry``).
-        spinning: let idle intra-op threads spin (lower latency, burns CPU between runs).
-        release_pages: after loading, give back the weight-file pages onnxruntime read while
-            prepacking (see :func:`.memory.release_file_pages`).
-        huge_pages: after loading, move the prepacked weights to huge pages
-            (:func:`.memory.use_huge_pages`), in the background (:attr:`huge_page_bytes`).
-        parallel_runs: session runs executed at once by one :meth:`forward` (0: CPUs //
-            threads on the CPU provider, 1 elsewhere; at most ``num_slots``); see the module
-            docstring.
-        check_batching: run the batch check (:meth:`.startup_checks.StartupChecks.
-            check_batch_invariance`) after loading, and if it fails run every decode row alone
-            (``rows_per_decode_run = 1``).
+        tuning: how the session is opened (:class:`~..options.SessionTuning`): the longest
+            piece of a prefill chunk run at once, extra session config entries, the
+            weight-file pages given back after loading (:func:`.memory.release_file_pages`)
+            and the prepacked weights moved to huge pages (:func:`.memory.use_huge_pages`), in
+            the background (:attr:`huge_page_bytes`).
+
+    Raises:
+        ValueError: ``num_slots`` or ``max_seq_len`` below 1, ``parallel_runs`` below 0.
+        ImportError: onnxruntime does not import.
 
     Attributes:
         providers: the providers the session actually uses; ``device`` the first of them.
@@ -174,15 +177,13 @@ class OrtBackend(Backend):
 
     name = "onnxruntime"
 
-    def __init__(self, f: GGUFFile, config: ModelConfig, *, num_slots: int = 8,
-                 max_seq_len: int = 2048, threads: int = 0, device_id: int = 0,
-                 providers: Sequence[Any] | None = None, cache_dir: str | None = None,
-                 graph_options: GraphOptions = GraphOptions(), max_chunk_tokens: int = 256,
-                 session_config: dict[str, str] | None = None, spinning: bool = True,
-                 release_pages: bool = True, parallel_runs: int = 0, huge_pages: bool = True,
-                 check_batching: bool = True):
+    def __init__(self, f: GGUFFile, config: ModelConfig,
+                 options: BackendOptions = BackendOptions(), *, num_slots: int = 8,
+                 max_seq_len: int = 2048, graph_options: GraphOptions = GraphOptions(),
+                 cache_dir: str | None = None, tuning: SessionTuning = SessionTuning()):
         import onnxruntime  # noqa: F401  (missing: ImportError now, before a graph is built)
 
+        parallel_runs, device_id = options.parallel_runs, options.device_id
         if num_slots < 1 or max_seq_len < 1 or parallel_runs < 0:
             raise ValueError(f"num_slots ({num_slots}) and max_seq_len ({max_seq_len}) must be "
                              f">= 1, parallel_runs ({parallel_runs}) >= 0")
@@ -190,26 +191,27 @@ class OrtBackend(Backend):
         self.config = config
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        self.max_chunk_tokens = max(1, max_chunk_tokens)
+        self.max_chunk_tokens = max(1, tuning.max_chunk_tokens)
 
-        chosen = select_providers(providers, device_id)
+        chosen = select_providers(list(options.providers) or None, device_id)
         graph_options = for_provider(graph_options, chosen)
         self._graph_options = graph_options
         t0 = time.perf_counter()
         self.graph_path, self.built = cached_graph(f, config, graph_options, cache_dir)
         t1 = time.perf_counter()
-        self.threads = int(threads) or default_threads()
-        release = [self.graph_path + ".data"] if release_pages else []
+        self.threads = int(options.threads) or default_threads()
+        release = [self.graph_path + ".data"] if tuning.release_pages else []
         mapped = graph_options.kernels == "custom"      # the GGUF's pages are weights in use
-        if release_pages and self.built and not mapped:  # building read every tensor of it
+        if tuning.release_pages and self.built and not mapped:  # building read all of it
             release.append(f.path)
-        so = session_options(self.threads, spinning=spinning, config=session_config,
+        so = session_options(self.threads, spinning=options.spinning,
+                             config=tuning.session_config,
                              custom_ops=kernel_library(graph_options.kernels))
         #: the OrtValues of the GGUF's blocks the session reads in place (kept as long as it)
         self._gguf_values = gguf_initializers(self.graph_path, f, so) if mapped else []
         self.mapped_weight_bytes = sum(int(np.prod(v.shape())) for v in self._gguf_values)
         self._session, before = open_session(self.graph_path, so, chosen, release=release,
-                                             huge_pages=huge_pages)
+                                             huge_pages=tuning.huge_pages)
         self._huge_pages = HugePageMove(before) if before is not None else None
         if self._huge_pages is not None:
             self._huge_pages.start()
@@ -229,10 +231,9 @@ class OrtBackend(Backend):
 
         self._lock = threading.Lock()
         self.rows_per_decode_run = 0                    # 0: any; 1: each decode row alone
-        self.batch_invariant = check_batching           # by the graph, or row by row (checks)
-        self.checks = StartupChecks(self, session_config, graph_options.row_multiples)
-        self._apply_checks(self.checks.run(batch=check_batching,
-                                           verify=self.fast_verify and check_batching))
+        check = self.batch_invariant = options.batch_invariant  # by the graph, or row by row
+        self.checks = StartupChecks(self, tuning.session_config, graph_options.row_multiples)
+        self._apply_checks(self.checks.run(batch=check, verify=self.fast_verify and check))
         self._compile_shapes()
 
     def _read_session(self, device_id: int) -> None:
