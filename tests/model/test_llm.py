@@ -214,3 +214,14 @@ def test_a_text_longer_than_any_prompt_is_refused_before_tokenizing(llm, monkeyp
         llm.check_text_length("ab " * 5_000_000)                       # 15 MB
     assert exc.value.kind == "too_long"
     llm.check_text_length("ab " * 50)                                   # fits: no error
+
+
+def test_a_request_built_by_hand_that_no_slot_holds_is_refused_and_the_engine_serves_on(llm):
+    import asyncio
+
+    from tiny_mindie.engine.request import GenerationParams
+    params = GenerationParams(max_new_tokens=2, do_sample=False)
+    for ids in ([1] * 300, []):                  # over max_input_len (256); no prompt at all
+        with pytest.raises(ValueError, match=f"1 .. 256 prompt ids, not {len(ids)}"):
+            asyncio.run(llm.generate_async(params.requests(ids)[0]))
+    assert len(llm.generate("Hello", max_new_tokens=2, do_sample=False).token_ids) == 2

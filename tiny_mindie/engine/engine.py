@@ -145,16 +145,22 @@ class Engine:
         ``finish_reason`` and ``generated_text``.
 
         Leaving the iteration early (client gone) cancels the request in the engine.
-        ``req.prompt_ids`` must number 1 .. :attr:`max_input_len` (``LLM.prompt_ids``, the one
-        check of a prompt's length, builds every request's ids: the engine does not check
-        them again).
+        ``req.prompt_ids`` must number 1 .. :attr:`max_input_len`: ``LLM.prompt_ids``, the one
+        check of a prompt's length and the one that answers clients (424, 422), builds every
+        request's ids; a request built by hand past that is a programming error, refused here
+        (``ValueError``) rather than let into the KV cache.
 
         Raises:
             GenerationError: timeout, engine stopped or draining, or an internal error.
             ConstraintError: ``req.constraint`` cannot be compiled (a ``ValueError``; the
                 API layers compile it while validating, so that it is a 400 there).
-            ValueError: a ``logit_bias`` token id outside the vocabulary.
+            ValueError: a ``logit_bias`` token id outside the vocabulary, or a request the KV
+                cache cannot hold (no prompt id, or more than :attr:`max_input_len`): one built
+                by hand, not by ``LLM.make_request``.
         """
+        if not 0 < len(req.prompt_ids) <= self.max_input_len:
+            raise ValueError(f"a request holds 1 .. {self.max_input_len} prompt ids, not "
+                             f"{len(req.prompt_ids)} (LLM.make_request checks a prompt)")
         for token_id, _ in req.sampling.logit_bias:
             if token_id >= self.tokenizer.vocab_size:
                 raise ValueError(f"logit_bias token id {token_id} is outside the vocabulary "
