@@ -11,6 +11,7 @@ import json
 import re
 
 from ..errors import bad
+from . import tool_calls as tc
 from .structured import grammar_schema
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -232,8 +233,6 @@ def lazy_call_grammar(tools: list[Tool], fmt: str, control: dict[str, int],
         several: more than one call may be made (``parallel_tool_calls`` not false; a single
             Hermes call is ended by its stop string instead).
     """
-    from . import tool_calls as tc
-
     def marker(m: str) -> str:
         return f"<[{control[m]}]>" if m in control else json.dumps(m)
 
@@ -259,8 +258,6 @@ def _mistral_grammar(tools: list[Tool], marker, schema, several: bool) -> str:
     """:func:`lazy_call_grammar` for Mistral's ``[TOOL_CALLS]``: after it, a JSON list of
     calls (Mistral Nemo) or ``name[ARGS]{...}`` (Mistral Small 3.2), as
     :func:`~.tool_calls.parse_mistral` reads them."""
-    from . import tool_calls as tc
-
     opener = marker(tc.MISTRAL_CALLS)
     named = " | ".join(
         f'{json.dumps(t.name)} {marker("[ARGS]")} '
