@@ -38,8 +38,8 @@ EMBEDDING_EXAMPLE_BODY = '{"input": ["What is a KV cache?"]}'
 FORCE_WAIT_S = 5.0
 
 
-def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
-          say: Callable[[str], None], *, log_bodies: bool = False) -> int:
+def run_server(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
+               say: Callable[[str], None], *, log_bodies: bool = False) -> int:
     """Run the server until it is stopped; returns the exit status (0).
 
     Args:
