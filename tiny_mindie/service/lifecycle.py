@@ -114,9 +114,9 @@ def check_encoder_file(path: str) -> None:
 
 
 async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
-    from .app import start_listeners
+    from .app import start_configured_listeners
 
-    listeners = await start_listeners(app, cfg, ssl_ctx)
+    listeners = await start_configured_listeners(app, cfg, ssl_ctx)
     say(listening(cfg, listeners, files))
     loop = asyncio.get_running_loop()
 
