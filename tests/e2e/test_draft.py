@@ -95,9 +95,9 @@ def _run(llm, draft: bool, concurrent: bool, **params) -> list[tuple]:
                                     dict(do_sample=True, temperature=0.7, top_p=0.95, seed=5)],
                          ids=["greedy", "seeded"])
 def test_the_answer_is_the_same_with_and_without_the_draft(pair, params):
-    before = pair.engine.metrics.snapshot()
+    before = pair.engine.counters.snapshot()
     drafted = _run(pair, True, concurrent=False, max_new_tokens=40, ignore_eos=True, **params)
-    after = pair.engine.metrics.snapshot()
+    after = pair.engine.counters.snapshot()
     assert drafted == _run(pair, False, concurrent=False, max_new_tokens=40, ignore_eos=True,
                            **params)
     assert drafted == _run(pair, True, concurrent=True, max_new_tokens=40, ignore_eos=True,
@@ -289,7 +289,7 @@ def test_the_real_pair_gives_the_same_answers(qwen_coder_15b_path, qwen_coder_pa
                             [asyncio.run(one(p)) for p in prompts])
             llm.engine._speculator.draft = llm.draft
             assert runs[0] == runs[1] == runs[2], params
-        snap = llm.engine.metrics.snapshot()
+        snap = llm.engine.counters.snapshot()
         assert snap["spec_draft_accepted_tokens"] > 0.5 * snap["spec_draft_proposed_tokens"] > 0
     finally:
         llm.close()

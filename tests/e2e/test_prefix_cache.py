@@ -221,15 +221,15 @@ def test_hit_and_miss_tokens_are_counted_and_exposed(llm):
     from tiny_mindie.api.metrics import render
 
     llm.engine.forget_prefix_cache()
-    before = llm.engine.metrics.snapshot()
+    before = llm.engine.counters.snapshot()
     a = llm.generate(SYSTEM + QUESTIONS[0], max_new_tokens=1)
     b = llm.generate(SYSTEM + QUESTIONS[1], max_new_tokens=1)
-    after = llm.engine.metrics.snapshot()
+    after = llm.engine.counters.snapshot()
     hits = after["prefix_hit_tokens"] - before["prefix_hit_tokens"]
     misses = after["prefix_miss_tokens"] - before["prefix_miss_tokens"]
     assert a.cached_tokens == 0 and b.cached_tokens > 30
     assert hits == b.cached_tokens and misses == a.prompt_tokens + b.prompt_tokens - hits
-    text = render(llm.engine.metrics, llm.engine.stats(), "m")
+    text = render(llm.engine.counters, llm.engine.stats(), "m")
     rate = after["prefix_hit_tokens"] / (after["prefix_hit_tokens"]
                                          + after["prefix_miss_tokens"])
     assert f'tiny_mindie_npu_prefix_cache_hit_rate{{model_name="m"}} {rate!r}' in text

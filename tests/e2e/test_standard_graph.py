@@ -280,10 +280,10 @@ def test_speculation_keeps_the_answer_on_the_standard_graph(llm_standard):
     text = ("Edge devices have little memory, so small quantized models are a good fit for "
             "them, and a server that speaks the same API saves rewriting every client.")
     prompts = [f"Text:\n{text}\n\nThe same text again:\n{text[:k]}" for k in (0, 30)]
-    before = llm_standard.engine.metrics.snapshot()
+    before = llm_standard.engine.counters.snapshot()
     llm_standard.engine.speculation = True
     on = _answers(llm_standard, prompts, False, max_new_tokens=30)
-    after = llm_standard.engine.metrics.snapshot()
+    after = llm_standard.engine.counters.snapshot()
     llm_standard.engine.speculation = False
     try:
         off = _answers(llm_standard, prompts, False, max_new_tokens=30)

@@ -263,9 +263,9 @@ def test_seeded_sampling_is_the_same_with_and_without_speculation_for_200_prompt
     prompts = _repetitive_prompts(200, smollm.config.vocab_size, seed=11)
     params = dict(max_new_tokens=6, do_sample=True, temperature=0.7, top_p=0.95, top_k=40,
                   seed=1234, ignore_eos=True)
-    before = smollm.engine.metrics.snapshot()
+    before = smollm.engine.counters.snapshot()
     on = _outputs(smollm, prompts, True, concurrent=False, **params)
-    after = smollm.engine.metrics.snapshot()
+    after = smollm.engine.counters.snapshot()
     off = _outputs(smollm, prompts, False, concurrent=True, **params)
     smollm.engine.speculation = True
     assert on == off
@@ -279,9 +279,9 @@ def test_greedy_extractive_answers_are_the_same_and_mostly_speculated(smollm):
             "them, and a server that speaks the same API as the big one saves rewriting "
             "every client.")
     prompts = [f"Text:\n{text}\n\nThe same text again:\n{text[:k]}" for k in (0, 20, 45)]
-    before = smollm.engine.metrics.snapshot()
+    before = smollm.engine.counters.snapshot()
     on = _outputs(smollm, prompts, True, concurrent=False, max_new_tokens=40)
-    after = smollm.engine.metrics.snapshot()
+    after = smollm.engine.counters.snapshot()
     off = _outputs(smollm, prompts, False, concurrent=False, max_new_tokens=40)
     smollm.engine.speculation = True
     assert on == off
@@ -309,8 +309,8 @@ def test_a_cancelled_speculating_stream_frees_its_slot(smollm):
 def test_spec_counters_are_exposed(smollm):
     from tiny_mindie.api.metrics import render
 
-    snap = smollm.engine.metrics.snapshot()
-    text = render(smollm.engine.metrics, smollm.engine.stats(), "m")
+    snap = smollm.engine.counters.snapshot()
+    text = render(smollm.engine.counters, smollm.engine.stats(), "m")
     assert (f'tiny_mindie_spec_decode_num_draft_tokens_total{{model_name="m"}} '
             f'{snap["spec_proposed_tokens"]}') in text
     assert (f'tiny_mindie_spec_decode_num_accepted_tokens_total{{model_name="m"}} '

@@ -13,6 +13,7 @@ import pytest
 from tiny_mindie.api.errors import MINDIE, OPENAI, TGI, APIError, Kind, from_generation_error
 from tiny_mindie.api.mindie import mindie_parameters
 from tiny_mindie.api.validate import (
+    INF,
     MAX_JSON_DEPTH,
     JSONTooDeep,
     check_token_ids,
@@ -24,7 +25,6 @@ from tiny_mindie.api.validate import (
 )
 from tiny_mindie.engine.request import GenerationError
 
-INF = float("inf")
 BIG = 10**400                         # what json.loads makes of "1" followed by 400 zeros
 
 

@@ -78,7 +78,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 
-from ..engine.metrics import Metrics
+from ..engine.counters import EngineCounters
 from ..server.conn import Response, ResponseStream
 from ..server.http import Request
 from ..server.routing import METRICS, OUTCOMES, SUCCESS, Route
@@ -172,15 +172,15 @@ class _Exposition:
         self.lines.append(f"{full}_count{{{self.label}}} {count}")
 
 
-def render(metrics: Metrics | None, stats: dict | None, model_name: str,
+def render(counters: EngineCounters | None, stats: dict | None, model_name: str,
            embedder=None, requests: RequestCounters | None = None) -> str:
-    """The exposition text of the engine's ``metrics`` and ``stats()`` (``None``: no chat
+    """The exposition text of the engine's ``counters`` and ``stats()`` (``None``: no chat
     model) with the ``requests`` counted (``None``: none), the embedding series of
     ``embedder`` (an :class:`~tiny_mindie.engine.embedder.Embedder`, or ``None``), then the
     ``process_*`` series of this process."""
     out = _Exposition(model_name)
-    if metrics is not None:
-        snap = metrics.snapshot()
+    if counters is not None:
+        snap = counters.snapshot()
         _requests(out, (requests or RequestCounters()).snapshot(), stats)
         _tokens(out, snap)
         _caches(out, snap, stats)
@@ -280,7 +280,7 @@ def routes(app) -> list[Route]:
         if llm is None:
             text = render(None, None, "", app.embedder)
         else:
-            text = render(llm.engine.metrics, llm.engine.stats(), llm.model_name, app.embedder,
+            text = render(llm.engine.counters, llm.engine.stats(), llm.model_name, app.embedder,
                           app.requests)
         return Response(200, text.encode("utf-8"), CONTENT_TYPE)
 

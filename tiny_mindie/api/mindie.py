@@ -16,6 +16,8 @@ from ..server.routing import BUSINESS
 from .drive import build, collect, merged, route, send_stream
 from .errors import MINDIE, from_generation_error, invalid
 from .validate import (
+    INF,
+    INT32_MAX,
     check_token_ids,
     get_bool,
     get_float,
@@ -25,8 +27,6 @@ from .validate import (
     refuse_unknown,
 )
 
-INT32_MAX = 2**31 - 1
-INF = float("inf")
 #: ``parameters`` of ``/infer`` (spec §2); any other that is not null is a 422 naming it.
 PARAMETERS = frozenset({"temperature", "top_k", "top_p", "typical_p", "do_sample", "seed",
                         "repetition_penalty", "watermark", "priority", "max_new_tokens",

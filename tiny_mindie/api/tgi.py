@@ -44,6 +44,8 @@ from .drive import build, collect, merged, route, send_stream
 from .errors import TGI, invalid
 from .mindie import read_inputs, read_parameters, speculation_details
 from .validate import (
+    INF,
+    INT32_MAX,
     get_bool,
     get_float,
     get_int,
@@ -54,9 +56,7 @@ from .validate import (
 )
 from .vllm import vllm_generate
 
-INT32_MAX = 2**31 - 1
 MAX_TOP_N_TOKENS = 5        # TGI's launcher default (--max-top-n-tokens)
-INF = float("inf")
 MAX_STOP_SEQUENCES = 4      # TGI's default --max-stop-sequences
 #: TGI's ``parameters`` (0.9.4's, ``top_n_tokens``, ``grammar``, ``adapter_id`` and
 #: ``frequency_penalty`` of later versions, the last two refused when set); any other that is

@@ -35,10 +35,15 @@ from .mindie import (
     read_parameters,
     speculation_details,
 )
-from .validate import check_token_ids, get_bool, get_int, read_json_object, refuse_unknown
+from .validate import (
+    INT32_MAX,
+    check_token_ids,
+    get_bool,
+    get_int,
+    read_json_object,
+    refuse_unknown,
+)
 
-INT32_MAX = 2**31 - 1
-INF = float("inf")
 _ID = re.compile(r"[A-Za-z0-9_-]{1,256}")
 #: MindIE's Triton ``parameters``: ``/infer``'s and ``batch_size``, ``perf_stat``; any other
 #: that is not null is a 422 naming it.

@@ -36,6 +36,11 @@ MAX_JSON_VALUES = 1 << 21
 #: ``logit_bias`` -- have hundreds; a distinct key is the costliest thing ``json.loads`` builds.
 MAX_JSON_KEYS = 1 << 16
 
+#: The largest value a field the families give as a 32-bit signed integer may hold.
+INT32_MAX = 2**31 - 1
+#: The open upper end of a float field's range (``get_float(..., hi=INF)``).
+INF = float("inf")
+
 _CHUNK = 1 << 20                # bytes a vectorized step takes at once (int32 work arrays)
 _STEP = np.zeros(256, np.int32)  # what a structural byte does to the depth
 _STEP[list(b"[{")] = 1

@@ -12,6 +12,8 @@ from ..server.http import Request
 from .drive import NUL_JSON, build, collect, merged, send_stream
 from .errors import TGI, invalid
 from .validate import (
+    INF,
+    INT32_MAX,
     check_token_ids,
     get_bool,
     get_float,
@@ -21,8 +23,6 @@ from .validate import (
     refuse_unknown,
 )
 
-INT32_MAX = 2**31 - 1
-INF = float("inf")
 #: The fields of vLLM 0.2's ``/generate`` read here (its ``SamplingParams`` that the engine
 #: holds; ``use_beam_search``, ``length_penalty``, ``early_stopping`` and the penalties are
 #: refused when set otherwise than neutral; ``skip_special_tokens`` and

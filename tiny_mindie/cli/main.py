@@ -115,7 +115,7 @@ def _say(msg: str) -> None:
     say(msg)
 
 
-def serve(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace) -> int:
     """Bind the listeners, load the model, print the banner and serve until SIGINT/SIGTERM or
     ``/stopService`` (:mod:`tiny_mindie.service.lifecycle`)."""
     from ..config.tls import (
@@ -128,7 +128,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     from ..server.tls import ensure_certificates, server_context
     from ..service.app import check_ports_free
-    from ..service.lifecycle import serve as serve_until_stopped
+    from ..service.lifecycle import run_server
 
     setup_logging(args.log_level, args.log_format)
     t0 = time.monotonic()
@@ -148,7 +148,7 @@ def serve(args: argparse.Namespace) -> int:
         for warning in check_certificates(files, hosts):
             logging.getLogger("tiny_mindie.tls").warning("%s", warning)
         ssl_ctx = server_context(files)
-    return serve_until_stopped(cfg, ssl_ctx, files, t0, _say, log_bodies=args.log_requests)
+    return run_server(cfg, ssl_ctx, files, t0, _say, log_bodies=args.log_requests)
 
 
 def pull(args: argparse.Namespace) -> int:
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             from .chat import run as chat
             setup_logging(args.log_level)
             return chat(args, _config_from_args(args))
-        return {"serve": serve, "pull": pull, "list-models": list_models,
+        return {"serve": serve_command, "pull": pull, "list-models": list_models,
                 "watermark-detect": watermark_detect,
                 "check-graph": lambda a: check_graph.run(a, _say),
                 "health": health.run}[args.command](args)

@@ -29,8 +29,8 @@ import numpy as np
 from ..model.backend import Backend, SeqChunk
 from ..model.tokenizer import Tokenizer
 from .constraint import compile_constraint, fill_masks, forget
+from .counters import EngineCounters
 from .draft import DraftModel
-from .metrics import Metrics
 from .request import ErrorKind, GenerationError, GenerationRequest, TokenEvent
 from .sampling import SampleRow, sample_batch
 from .scheduler import SchedulerLimits, SlotPool, WaitQueue, plan_prefill, reusable_prefix
@@ -106,7 +106,7 @@ class Engine:
         self._cond = threading.Condition()
         self._stopping = False
         self._draining = False    # drain(): no new requests; the admitted ones finish
-        self.metrics = Metrics()  # token counts and latencies
+        self.counters = EngineCounters()  # token counts and latencies
         self._thread = threading.Thread(target=self._run, name="tiny_mindie-inference", daemon=True)
         self._started = False
 
@@ -279,7 +279,7 @@ class Engine:
             if taken.copy_from is not None:
                 self.backend.copy_kv(taken.copy_from, taken.slot, taken.reused)
             seq.n_cached = seq.n_exact = seq.n_reused
-            self.metrics.prefix_cache(hit_tokens=seq.n_reused,
+            self.counters.prefix_cache(hit_tokens=seq.n_reused,
                                       miss_tokens=seq.n_prompt - seq.n_reused)
             seq.started = time.monotonic()
             self._running.append(seq)
@@ -344,7 +344,7 @@ class Engine:
             accepted += 1
         seq.proposed += len(proposal)   # (the events sent meanwhile count the verification
         seq.accepted += accepted        # before: a client sees it once the next token comes)
-        self.metrics.speculation(proposed=len(proposal), accepted=accepted, source=source)
+        self.counters.speculation(proposed=len(proposal), accepted=accepted, source=source)
         self._speculator.verified(seq.speculation, source, len(proposal), accepted)
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
@@ -428,7 +428,7 @@ class Engine:
         prefill_ms = (now - seq.started) * 1000.0 if first else None
         decode_ms = None if first else (now - seq.last_token) * 1000.0
         seq.last_token = now
-        self.metrics.token(first=first, prompt_tokens=seq.n_prompt,
+        self.counters.token(first=first, prompt_tokens=seq.n_prompt,
                            interval_s=now - seq.submitted if first else decode_ms / 1000.0)
         stop = seq.req.stop
         finish = None
@@ -473,7 +473,7 @@ class Engine:
                             cached_tokens=seq.n_reused, proposed_tokens=seq.proposed,
                             accepted_tokens=seq.accepted))
         if finish is not None:
-            self.metrics.completed(now - seq.submitted)
+            self.counters.completed(now - seq.submitted)
             self._finish(seq, None)
 
     def _finish(self, seq: Sequence, error: GenerationError | None,

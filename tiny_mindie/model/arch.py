@@ -56,7 +56,7 @@ class ModelConfig:
     rope_theta_local: float = 0.0    # rotary base of the local (sliding-window) layers
     # ---- Qwen2 ----
     qkv_bias: bool = False           # q, k, v projections add a bias (``blk.N.attn_{q,k,v}.bias``)
-    # ---- rotary scaling (see :func:`.reference_layers.rope_frequencies`) ----
+    # ---- rotary scaling (see :func:`.reference.layers.rope_frequencies`) ----
     rope_scaling: str = "none"       # ``rope.scaling.type``: "none", "linear" or "yarn"
     rope_factor: float = 1.0         # ``rope.scaling.factor`` (linear: positions / factor)
     rope_attn_factor: float = 1.0    # ``rope.scaling.attn_factor``: cos and sin times this

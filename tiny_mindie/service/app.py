@@ -106,7 +106,7 @@ class App:
         #: The load in progress, or ``None`` once the models are in.
         self.loading: Loading | None = Loading(echo) if llm is None else None
         #: Connections open at once: maxLinkNum, or less when the open files limit is lower
-        #: (set by :func:`start_listeners`).
+        #: (set by :func:`start_configured_listeners`).
         self.max_link_num = cfg.server.max_link_num
         #: The HTTP requests to generation routes (``Route.generation``), for /metrics.
         self.requests = metrics.RequestCounters()
@@ -195,8 +195,10 @@ def check_ports_free(cfg: Config) -> None:
             sock.close()
 
 
-async def start_listeners(app: App, cfg: Config, ssl_ctx: ssl.SSLContext | None) -> list[Listener]:
-    """Bind every listener and start accepting; returns them with their bound ports.
+async def start_configured_listeners(app: App, cfg: Config,
+                                     ssl_ctx: ssl.SSLContext | None) -> list[Listener]:
+    """Bind the listeners ``cfg`` plans (:func:`plan_listeners`, and the health port's) and
+    start accepting with ``app``'s handlers; returns them with their bound ports.
 
     At most ``maxLinkNum`` connections are open at once, counted from ``accept()`` (TLS
     handshakes included) and capped by the open files limit, which is first raised to its hard

@@ -38,8 +38,8 @@ EMBEDDING_EXAMPLE_BODY = '{"input": ["What is a KV cache?"]}'
 FORCE_WAIT_S = 5.0
 
 
-def serve(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
-          say: Callable[[str], None], *, log_bodies: bool = False) -> int:
+def run_server(cfg: Config, ssl_ctx: ssl.SSLContext | None, files, t0: float,
+               say: Callable[[str], None], *, log_bodies: bool = False) -> int:
     """Run the server until it is stopped; returns the exit status (0).
 
     Args:
@@ -114,9 +114,9 @@ def check_encoder_file(path: str) -> None:
 
 
 async def _main(app, ctl, cfg: Config, ssl_ctx, files, t0: float, say) -> None:
-    from .app import start_listeners
+    from .app import start_configured_listeners
 
-    listeners = await start_listeners(app, cfg, ssl_ctx)
+    listeners = await start_configured_listeners(app, cfg, ssl_ctx)
     say(listening(cfg, listeners, files))
     loop = asyncio.get_running_loop()
 

@@ -25,6 +25,8 @@ from ..chat.guided import guided_constraint
 from ..chat.structured import logit_bias, response_format
 from ..errors import APIError, Kind, bad
 from ..validate import (
+    INF,
+    INT32_MAX,
     MAX_JSON_DEPTH,
     check_token_ids,
     get_bool,
@@ -35,8 +37,6 @@ from ..validate import (
 )
 from .fields import check_fields
 
-INT32_MAX = 2**31 - 1
-INF = float("inf")
 MAX_CHOICES = 128           # n x prompts per request: each is a sequence in the engine
 MAX_TOP_LOGPROBS = 20       # OpenAI's limit for chat's top_logprobs
 

@@ -60,7 +60,7 @@ Architectures: LLaMA (``llama``) as above, with a SiLU-gated MLP and rotary on a
 Qwen2 (``qwen2``) adds the q/k/v biases after the fused QKV projection and rotates in NEOX mode
 (``rotary_interleaved=0``: llama.cpp's converter keeps Qwen2's Q/K rows in HF order). Qwen3
 (``qwen3``): NEOX, q/k heads RMS-normalized as Gemma 3's (:func:`.graph_layers.qk_norm`). Phi-3
-(``phi3``): NEOX, fused tensors split at load (:func:`.graph_weights.load_layer`),
+(``phi3``): NEOX, fused tensors split at load (:func:`.graph_weights.pack_layer`),
 ``local_window_size`` on every layer. SmolLM3 (``smollm3``): ``do_rotary=0`` on every 4th
 layer. Rotary scaling lives in the cos/sin caches (:func:`.graph_nodes.rope_caches`). Gemma 3
 (``gemma3``) adds: the embedding times ``sqrt(D)`` (a float32 ``Mul``, as the reference); q and
@@ -104,7 +104,7 @@ from .graph_layers import block, lm_head, verify_rows
 from .graph_nodes import MS_DOMAIN, TM_DOMAIN, GraphBuilder, Shared, embed, rope_caches, rows_of
 from .graph_options import GraphOptions
 from .graph_standard import build_standard_model
-from .graph_weights import load_embedding, load_layer, load_lm_head, power_of_two
+from .graph_weights import load_embedding, load_lm_head, pack_layer, power_of_two
 from .weights import GGUFMatrix, NBitsWeight
 
 #: Bump whenever the graph or the weight layout changes: cached graphs from older builders are
@@ -154,7 +154,7 @@ def build_model(f: GGUFFile, config: ModelConfig, out_dir: str,
         # about two layers' packing plus the head's, not the whole model's
         head_job = pool.submit(load_lm_head, f, c, emb, options.lm_head_block, options.compact,
                                gguf)
-        layers = _ahead(pool, lambda i: load_layer(f, c, i, q_scale, options.compact, gguf),
+        layers = _ahead(pool, lambda i: pack_layer(f, c, i, q_scale, options.compact, gguf),
                         range(c.num_layers), depth=1)
         rope, rope_local = rope_caches(g, c, options.max_positions or c.context_length)
         h = embed(g, c, emb)                                                # [T, D]

@@ -2,7 +2,7 @@
 the LM head.
 
 Each function follows the numpy reference's function of the same name
-(:mod:`.reference_layers`), adds its nodes to a :class:`.graph_nodes.GraphBuilder` and returns
+(:mod:`..reference.layers`), adds its nodes to a :class:`.graph_nodes.GraphBuilder` and returns
 the names of its outputs; :func:`.graph.build_model` calls them layer by layer.
 """
 
@@ -23,11 +23,11 @@ from .graph_nodes import (
     rms_norm,
     rows_of,
 )
-from .graph_weights import LayerWeights
+from .graph_weights import PackedLayer
 from .weights import NBitsWeight
 
 
-def qk_norm(g: GraphBuilder, p: str, qkv: str, w: LayerWeights, c: ModelConfig) -> str:
+def qk_norm(g: GraphBuilder, p: str, qkv: str, w: PackedLayer, c: ModelConfig) -> str:
     """Gemma 3's q/k norm on the fused projection float32 ``[T, (Nq + 2 Nkv) H]``: each q and k
     head RMS-normalized over ``H`` (:func:`rms_norm` on ``[T, N, H]``), v untouched. Returns
     float32 ``[T, (Nq + 2 Nkv) H]``."""
@@ -42,14 +42,14 @@ def qk_norm(g: GraphBuilder, p: str, qkv: str, w: LayerWeights, c: ModelConfig) 
     return g.op1("Concat", outs + [v], axis=-1)                              # [T, (Nq+2Nkv) H]
 
 
-def attention(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
+def attention(g: GraphBuilder, i: int, x: str, w: PackedLayer, s: Shared) -> str:
     """Layer ``i``'s attention on the normalized ``x`` float32 ``[T, D]`` -> ``[T, D]``:
     the fused QKV projection (+ Qwen2's biases, Gemma 3's q/k norms), ``GroupQueryAttention``
     (rotary inside, on the in-place KV cache ``past/present_key.{i}``, ``past/present_value.{i}``;
     local layers with their window and rotary caches), then the output projection.
 
     A power-of-two attention scale is folded into the queries
-    (:func:`.graph_weights.load_layer`) and GroupQueryAttention then runs with ``scale=1``: its
+    (:func:`.graph_weights.pack_layer`) and GroupQueryAttention then runs with ``scale=1``: its
     ``Q K^T`` is an sgemm with ``alpha = scale``, and MLAS takes its no-packing kernel for one
     query row only at ``alpha == 1``. Rotary embedding is linear, so scaling q before it is the
     same.
@@ -166,10 +166,10 @@ def verify_rows(g: GraphBuilder, tokens: str, rows: int, windows: Sequence[int])
     return VerifyRows(base, total, g.const([0]), out, windowed)
 
 
-def mlp(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
+def mlp(g: GraphBuilder, i: int, x: str, w: PackedLayer, s: Shared) -> str:
     """Layer ``i``'s gated MLP on the normalized ``x`` float32 ``[T, D]`` -> ``[T, D]``:
-    ``down(act(gate(x)) * up(x))`` with ``act`` SiLU (:func:`.reference_layers.mlp`) or, for Gemma,
-    GELU(tanh) (:func:`.reference_layers.geglu_mlp`); gate and up are one fused projection."""
+    ``down(act(gate(x)) * up(x))`` with ``act`` SiLU (:func:`..reference.layers.mlp`) or, for Gemma,
+    GELU(tanh) (:func:`..reference.layers.geglu_mlp`); gate and up are one fused projection."""
     p = f"blk.{i}"
     gu = linear(g, x, w.w_gate_up, p + ".ffn_gate_up", s, "ffn_gate_up")    # [T, 2I]
     gate, up = g.op("Split", [gu], 2, axis=-1, num_outputs=2)                # 2 x [T, I]
@@ -180,10 +180,10 @@ def mlp(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: Shared) -> str:
     return linear(g, act, [w.w_down], p + ".ffn_down", s, "ffn_down")        # [T, D]
 
 
-def block(g: GraphBuilder, i: int, h: str, pending: str | None, w: LayerWeights, s: Shared
+def block(g: GraphBuilder, i: int, h: str, pending: str | None, w: PackedLayer, s: Shared
           ) -> tuple[str, str]:
-    """Decoder layer ``i`` (:func:`.reference_layers.block`, and
-    :func:`.reference_layers.gemma3_block` with ``post_norms``).
+    """Decoder layer ``i`` (:func:`..reference.layers.block`, and
+    :func:`..reference.layers.gemma3_block` with ``post_norms``).
 
     h: the residual stream, float32 ``[T, D]``; pending: the previous layer's output, float32
     ``[T, D]``, not yet added to ``h`` (``None`` before the first layer): its add is fused into

@@ -222,8 +222,8 @@ class Shared:
 def rope_caches(g: GraphBuilder, config: ModelConfig, positions: int
                 ) -> tuple[tuple[str, str], tuple[str, str] | None]:
     """The rotary cos/sin caches as initializers, float32 ``[positions, rope_dim / 2]``
-    (:func:`.reference_layers.rope_table`): the model's, scaled as
-    :func:`.reference_layers.rope_frequencies` says for sequences of up to ``positions``
+    (:func:`..reference.layers.rope_table`): the model's, scaled as
+    :func:`..reference.layers.rope_frequencies` says for sequences of up to ``positions``
     (LongRoPE picks its factors by that), and for Gemma 3's local layers at
     ``rope_theta_local`` (else ``None``)."""
     c = config
@@ -260,7 +260,7 @@ def embed(g: GraphBuilder, config: ModelConfig, emb: NBitsWeight | GGUFMatrix) -
 
 
 def rms_norm(g: GraphBuilder, x: str, w: np.ndarray, name: str, eps: float) -> str:
-    """``x / rms(x) * w`` over the last axis (as :func:`.reference_layers.rms_norm`):
+    """``x / rms(x) * w`` over the last axis (as :func:`..reference.layers.rms_norm`):
     ``SimplifiedLayerNormalization``. x: float32 ``[..., D]``; w: float32 ``[D]``. ``name`` is
     the node's (``blk.{i}/attn_norm``); ``w`` is stored as the initializer of that name with
     ``.`` for ``/`` (``blk.{i}.attn_norm``). Returns float32 ``[..., D]``."""

@@ -2,10 +2,10 @@
 providers without onnxruntime's contrib operators (the CANN provider's graph mode above all).
 
 :func:`build_standard_model` writes it from the same GGUF as :func:`.graph.build_model`, block for
-block as the numpy reference (:mod:`.reference_layers`), with its weights: every matrix
-dequantized by the reference's own loader (:func:`.reference.load_layer`) to float32 and, in the
-``float16`` graph (the default, :data:`DTYPES`), rounded to float16 -- the value nearest the
-reference's. Nothing in it is a ``com.microsoft`` operator:
+block as the numpy reference (:mod:`..reference.layers`), with its weights: every matrix
+dequantized by the reference's own loader (:func:`..reference.decoder.load_layer`) to float32
+and, in the ``float16`` graph (the default, :data:`DTYPES`), rounded to float16 -- the value
+nearest the reference's. Nothing in it is a ``com.microsoft`` operator:
 
 - matrix products are ``MatMul`` on ``[in, out]`` weights (the tied LM head a ``Gemm`` with
   ``transB=1`` on the embedding, so the largest matrix is stored once);
@@ -115,7 +115,7 @@ def linear(g: GraphBuilder, x: str, w: str, s: _Shared) -> str:
 
 def rms_norm(g: GraphBuilder, x: str, w: np.ndarray, name: str, eps: float, rank: int) -> str:
     """``x * (1 / sqrt(sum(x * x) / D + eps)) * w`` over the last axis, in the reference's
-    order (:func:`.reference_layers.rms_norm`; ``ReduceSum`` and ``Div``, not ``ReduceMean``,
+    order (:func:`..reference.layers.rms_norm`; ``ReduceSum`` and ``Div``, not ``ReduceMean``,
     whose Ascend page stops at opset 16). x: float32 of ``rank`` dimensions ``[..., D]``;
     w: float32 ``[D]``. Returns float32 ``[..., D]``."""
     ss = g.op1("ReduceSum", [g.op1("Mul", [x, x]), g.const([rank - 1])], keepdims=1)  # [..., 1]
@@ -127,8 +127,8 @@ def rms_norm(g: GraphBuilder, x: str, w: np.ndarray, name: str, eps: float, rank
 
 def rotate(g: GraphBuilder, x: str, rope: tuple[str, str, str], c: ModelConfig) -> str:
     """Rotary embedding of ``x`` float32 ``[B, S, N, H]`` with ``rope`` = (cos, sin, -sin),
-    float32 ``[B, S, 1, rope_dim/2]``: NEOX halves (:func:`.reference_layers.rope_neox`) or
-    adjacent pairs (:func:`.reference_layers.rope`); the elements past ``rope_dim`` pass
+    float32 ``[B, S, 1, rope_dim/2]``: NEOX halves (:func:`..reference.layers.rope_neox`) or
+    adjacent pairs (:func:`..reference.layers.rope`); the elements past ``rope_dim`` pass
     through. ``x1 cos - x2 sin`` is ``x1 cos + x2 (-sin)``, the same float32 result (``Sub``'s
     Ascend page stops at opset 15)."""
     cos, sin, nsin = rope
@@ -153,7 +153,7 @@ def rotate(g: GraphBuilder, x: str, rope: tuple[str, str, str], c: ModelConfig) 
 
 def attention(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: _Shared) -> str:
     """Layer ``i``'s attention on the normalized ``x`` float32 ``[B, S, D]`` -> ``[B, S, D]``
-    (:func:`.reference_layers.block`'s, and Gemma 3's q/k norms): the new keys and values
+    (:func:`..reference.layers.block`'s, and Gemma 3's q/k norms): the new keys and values
     written into ``present_key/value.{i}`` (ScatterND at ``kv_index``), every query attending
     to the first ``Lb`` cached positions through the bias. In the float16 graph the keys and
     values are float16 from the cache on, and the two products take float16 operands; the
@@ -201,7 +201,7 @@ def attention(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: _Shared) -> s
 
 def mlp(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: _Shared) -> str:
     """Layer ``i``'s gated MLP on ``x`` float32 ``[B, S, D]`` -> ``[B, S, D]``: SiLU
-    (:func:`.reference_layers.mlp`) or GELU(tanh) (:func:`.reference_layers.geglu_mlp`), the
+    (:func:`..reference.layers.mlp`) or GELU(tanh) (:func:`..reference.layers.geglu_mlp`), the
     activation in float32 between the two products (:func:`linear`)."""
     p = f"blk.{i}"
     gu = linear(g, x, g.init(p + ".ffn_gate_up", w.w_gate_up), s)          # [B, S, 2I]
@@ -220,7 +220,7 @@ def mlp(g: GraphBuilder, i: int, x: str, w: LayerWeights, s: _Shared) -> str:
 
 def block(g: GraphBuilder, i: int, h: str, w: LayerWeights, s: _Shared) -> str:
     """Decoder layer ``i`` on the residual stream ``h`` float32 ``[B, S, D]`` -> ``[B, S, D]``
-    (:func:`.reference_layers.block`; :func:`.reference_layers.gemma3_block` with post norms)."""
+    (:func:`..reference.layers.block`; :func:`..reference.layers.gemma3_block` with post norms)."""
     p, eps = f"blk.{i}", float(s.config.rms_eps)
     o = attention(g, i, rms_norm(g, h, w.attn_norm, p + ".attn_norm", eps, 3), w, s)
     if w.post_attn_norm is not None:
@@ -292,7 +292,7 @@ def build_standard_model(f: GGUFFile, config: ModelConfig, out_dir: str, max_pos
 
 def _layers(f: GGUFFile, c: ModelConfig, dtype, pool: ThreadPoolExecutor, workers: int
             ) -> Iterator[LayerWeights]:
-    """The layers' weights (:func:`.reference.load_layer` in ``dtype``), in order, each
+    """The layers' weights (:func:`..reference.decoder.load_layer` in ``dtype``), in order, each
     dequantized on ``pool`` up to ``workers`` layers ahead (the memory of that many layers)."""
     ahead = deque()
     for i in range(c.num_layers):

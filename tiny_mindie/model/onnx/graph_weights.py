@@ -41,11 +41,11 @@ def _scaled(w: NBitsWeight | GGUFMatrix, factor: float) -> NBitsWeight | GGUFMat
 
 
 @dataclass
-class LayerWeights:
-    """Decoder layer ``i`` (GGUF ``blk.{i}.*``) for the graph; the field names are those of
-    :class:`.reference_layers.LayerWeights`. Matrices keep GGUF's ``[out, in]`` rows; vectors
-    are float32. ``D`` hidden size, ``H`` head_dim, ``Nq``/``Nkv`` query/KV heads, ``I`` MLP
-    width."""
+class PackedLayer:
+    """Decoder layer ``i``'s weights (GGUF ``blk.{i}.*``) packed for the graph; the field
+    names are those of :class:`..reference.layers.LayerWeights`. Matrices keep GGUF's
+    ``[out, in]`` rows; vectors are float32. ``D`` hidden size, ``H`` head_dim, ``Nq``/``Nkv``
+    query/KV heads, ``I`` MLP width."""
 
     attn_norm: np.ndarray            # [D]
     # Wq [Nq H, D] (times the folded scale), Wk, Wv [Nkv H, D]
@@ -80,12 +80,12 @@ def load_embedding(f: GGUFFile, gguf: bool = False) -> NBitsWeight | GGUFMatrix:
     return quantize_8bit(f.dequantize("token_embd.weight"))
 
 
-def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
-               compact: int = 0, gguf: bool = False) -> LayerWeights:
-    """Layer ``i``'s weights; ``q_scale`` (a power of two, or ``None``) is folded into the
-    queries, exactly: into Wq and the q bias, or, with q/k norms (Gemma 3), into the q norm's
-    weights (a factor on Wq would be normalized away). ``compact``, ``gguf``: as for
-    :func:`pack_weight`."""
+def pack_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
+               compact: int = 0, gguf: bool = False) -> PackedLayer:
+    """Layer ``i``'s weights packed for the graph; ``q_scale`` (a power of two, or ``None``)
+    is folded into the queries, exactly: into Wq and the q bias, or, with q/k norms
+    (Gemma 3), into the q norm's weights (a factor on Wq would be normalized away).
+    ``compact``, ``gguf``: as for :func:`pack_weight`."""
     p = f"blk.{i}"
 
     def pack(name: str) -> NBitsWeight | GGUFMatrix:
@@ -115,7 +115,7 @@ def load_layer(f: GGUFFile, config: ModelConfig, i: int, q_scale: float | None,
     if config.post_norms:
         extra.update(post_attn_norm=f.dequantize(p + ".post_attention_norm.weight"),
                      post_ffn_norm=f.dequantize(p + ".post_ffw_norm.weight"))
-    return LayerWeights(
+    return PackedLayer(
         attn_norm=f.dequantize(p + ".attn_norm.weight"),
         w_qkv=[wq, wk, wv],
         w_o=pack(p + ".attn_output.weight"),

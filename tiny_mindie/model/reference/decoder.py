@@ -14,11 +14,11 @@ the hidden size, ``T`` the key positions attended to. All activations are float3
 
 Two explicit entry points (in the manner of gpt-fast): :func:`prefill` runs a chunk of one
 sequence with causal attention over the cached prefix and the chunk; :func:`decode` runs one
-token for each of ``B`` sequences at once. Both share :func:`.reference_layers.block`; they
+token for each of ``B`` sequences at once. Both share :func:`.layers.block`; they
 differ only in how they write to and read from the :class:`KVCache`.
 
 The blocks, their rotary layouts and the architectures' differences are in
-:mod:`.reference_layers`; this module holds the weights, the KV cache and the model loop.
+:mod:`.layers`; this module holds the weights, the KV cache and the model loop.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def load_layer(f: GGUFFile, cfg: ModelConfig, i: int, dtype=np.float32) -> Layer
     """Decoder layer ``i`` (GGUF ``blk.{i}.*``) dequantized, matrices laid out for ``x @ W``
     (:func:`xw_matrix`) in ``dtype`` (float32, or float16 for the standard graph's weights),
     norms and biases float32: q/k/v and gate/up fused as
-    :class:`.reference_layers.LayerWeights` says (Phi-3's are fused in the file already)."""
+    :class:`.layers.LayerWeights` says (Phi-3's are fused in the file already)."""
     p = f"blk.{i}."
     extra = {}
     if cfg.qk_norm:
@@ -107,10 +107,10 @@ def load_weights(f: GGUFFile, cfg: ModelConfig, max_seq_len: int) -> Weights:
 
     GGUF stores a matrix as ``[out, in]`` rows; here each becomes a C-contiguous ``[in, out]``
     array (one transposing copy at load, never per step). Q and K keep the GGUF row order
-    (adjacent rotary pairs), which :func:`.reference_layers.rope` expects.
+    (adjacent rotary pairs), which :func:`.layers.rope` expects.
 
     Why ``[in, out]`` contiguous: on OpenBLAS a one-row product ``x @ W`` is fastest in this
-    order, and so is decode's one-GEMV-per-row (:func:`.reference_layers.linear`); only GEMMs
+    order, and so is decode's one-GEMV-per-row (:func:`.layers.linear`); only GEMMs
     of many rows would gain from the ``[out, in]`` rows.
     """
     # The embedding first: its dequantization makes the largest temporaries, and the peak

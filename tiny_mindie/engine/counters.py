@@ -1,10 +1,10 @@
 """The engine's counters and histograms behind ``GET /metrics``: exact, thread-safe, no
 dependencies.
 
-The engine reports into one :class:`Metrics` object (``Engine.metrics``) the token counts and
-latencies as it generates (TTFT, time per output token, end-to-end latency of completed
-requests), the prefix cache's hits and speculative decoding's proposals, for every request it
-runs. It counts no HTTP requests: those are the API layer's
+The engine reports into one :class:`EngineCounters` object (``Engine.counters``) the token
+counts and latencies as it generates (TTFT, time per output token, end-to-end latency of
+completed requests), the prefix cache's hits and speculative decoding's proposals, for every
+request it runs. It counts no HTTP requests: those are the API layer's
 (:class:`tiny_mindie.api.metrics.RequestCounters`).
 """
 
@@ -44,7 +44,7 @@ class Histogram:
         return out
 
 
-class Metrics:
+class EngineCounters:
     """The server's counters. Every method is safe from any thread.
 
     Attributes (read them through :meth:`snapshot`):
