@@ -6,24 +6,16 @@ reference. The packing on synthetic weights and the setting: tests/unit/test_wei
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import numpy as np
 import pytest
+from script_modules import load_script
 
 from tiny_mindie.model import WEIGHT_MODES
 from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.onnx.weights import pack_weight as pack
 from tiny_mindie.model.onnx.weights import unpack_nbits
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("footprint",
-                                               os.path.join(_REPO, "scripts", "footprint.py"))
-footprint = importlib.util.module_from_spec(_spec)
-sys.modules["footprint"] = footprint          # dataclasses look their module up by name
-_spec.loader.exec_module(footprint)
+footprint = load_script("footprint")
 
 
 @pytest.fixture(scope="module")

@@ -3,18 +3,10 @@ tokenizer (the script's arithmetic: tests/unit/test_quality_script.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-
 import numpy as np
+from script_modules import load_script
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("quality_script",
-                                               os.path.join(_REPO, "scripts", "quality.py"))
-quality = importlib.util.module_from_spec(_spec)
-sys.modules["quality_script"] = quality
-_spec.loader.exec_module(quality)
+quality = load_script("quality", "quality_script")
 
 
 def test_fixed_texts_tokenize_to_300_tokens_or_more(tokenizer):

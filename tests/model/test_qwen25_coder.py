@@ -18,13 +18,12 @@ a few seconds of decoding. Nothing here is timed.
 from __future__ import annotations
 
 import collections
-import importlib.util
 import os
-import sys
 
 import numpy as np
 import pytest
 from hf_math import MIN_MARGIN, greedy_margins
+from script_modules import load_script
 
 from tiny_mindie.api.chat.template import encode_chat, render_chat
 from tiny_mindie.llm import LLM
@@ -33,12 +32,7 @@ from tiny_mindie.model.gguf import GGUFFile
 from tiny_mindie.model.reference.decoder import NumpyBackend
 from tiny_mindie.model.registry import catalog as registry
 
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("footprint",
-                                               os.path.join(_REPO, "scripts", "footprint.py"))
-footprint = importlib.util.module_from_spec(_spec)
-sys.modules["footprint"] = footprint          # dataclasses look their module up by name
-_spec.loader.exec_module(footprint)
+footprint = load_script("footprint")
 
 NAME = "qwen2.5-coder-0.5b-instruct"
 MAX_SEQ_LEN = 256

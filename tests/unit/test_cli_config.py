@@ -729,14 +729,11 @@ def test_banner_shows_the_addresses_a_host_name_is_bound_to():
 
 def test_the_committed_configuration_reference_is_the_generated_one():
     """docs/configuration.md is made by ``python scripts/configuration_doc.py``."""
-    import importlib.util
+    from script_modules import load_script
 
     from tiny_mindie.cli.main import serve_parser
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location(
-        "configuration_doc", os.path.join(root, "scripts", "configuration_doc.py"))
-    doc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(doc)
+    doc = load_script("configuration_doc")
     with open(os.path.join(root, "docs", "configuration.md"), encoding="utf-8") as fh:
         committed = fh.read()
     assert committed == doc.markdown(serve_parser()), \

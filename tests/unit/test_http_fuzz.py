@@ -9,26 +9,21 @@ requests and arbitrary bytes (derandomized, no example database: the same exampl
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import string
-import sys
 from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from script_modules import load_script
 
 from tiny_mindie.server.http import HTTPError, Request, RequestHead, RequestParser
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SCRIPT = os.path.join(_REPO, "scripts", "fuzz_http.py")
-_spec = importlib.util.spec_from_file_location("fuzz_http", _SCRIPT)
-fuzz_http = importlib.util.module_from_spec(_spec)
-sys.modules["fuzz_http"] = fuzz_http          # dataclasses look their module up by name
-_spec.loader.exec_module(fuzz_http)
+fuzz_http = load_script("fuzz_http")
 
 FIXED = settings(derandomize=True, database=None, deadline=None, max_examples=100,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -4,20 +4,15 @@ tests/model/test_quality_texts.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
+from script_modules import load_script
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_SCRIPT = os.path.join(_REPO, "scripts", "quality.py")
-_spec = importlib.util.spec_from_file_location("quality_script", _SCRIPT)
-quality = importlib.util.module_from_spec(_spec)
-sys.modules["quality_script"] = quality
-_spec.loader.exec_module(quality)
+quality = load_script("quality", "quality_script")
 
 
 def test_log_softmax_normalizes_and_ignores_shifts():

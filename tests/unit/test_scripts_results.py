@@ -6,14 +6,13 @@ here are a few tokens long."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import pytest
 from results_files import RECORD_KEYS, is_figure
+from script_modules import load_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = os.path.join(REPO, "scripts")
@@ -23,12 +22,7 @@ RESULT_FILES = sorted(f for f in os.listdir(RESULTS_DIR) if f.endswith(".json"))
 
 def _script(name: str):
     """scripts/NAME.py as a module (scripts/ stays off sys.path)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_script",
-                                                  os.path.join(SCRIPTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name, f"{name}_script")
 
 
 plot = _script("plot")
