@@ -40,8 +40,7 @@ from .speculation import Speculator
 log = logging.getLogger("tiny_mindie.engine")
 
 #: A prefix is copied from another slot (``Backend.copy_kv``) when that spares at least this many
-#: tokens of prefill. Copying a position's KV is a memory copy, far cheaper than computing it in
-#: a prefill, so the line is at one token: any prefix is worth copying.
+#: prefill tokens: a memory copy is far cheaper than computing a position, so any prefix is.
 MIN_COPY_TOKENS = 1
 
 
@@ -76,6 +75,13 @@ class EngineLimits:
     schedule: SchedulerLimits = field(default_factory=SchedulerLimits)
     prefix_cache: bool = True
     speculation: bool = True
+
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` for a length, count or timeout not above 0."""
+        bad = [n for n in ("max_seq_len", "max_input_len", "max_iter_times", "token_timeout_s",
+                           "e2e_timeout_s", "max_buffered_events") if not getattr(self, n) > 0]
+        if bad:
+            raise ValueError(f"{bad[0]} must be > 0, got {getattr(self, bad[0])}")
 
 
 class Engine:
@@ -145,18 +151,16 @@ class Engine:
         ``finish_reason`` and ``generated_text``.
 
         Leaving the iteration early (client gone) cancels the request in the engine.
-        ``req.prompt_ids`` must number 1 .. :attr:`max_input_len`: ``LLM.prompt_ids``, the one
-        check of a prompt's length and the one that answers clients (424, 422), builds every
-        request's ids; a request built by hand past that is a programming error, refused here
-        (``ValueError``) rather than let into the KV cache.
+        ``req.prompt_ids`` must number 1 .. :attr:`max_input_len`: ``LLM.prompt_ids`` (the one
+        check of a prompt's length, answering clients 424 or 422) builds every request's ids,
+        and one built by hand past that is refused (``ValueError``), kept out of the KV cache.
 
         Raises:
             GenerationError: timeout, engine stopped or draining, or an internal error.
             ConstraintError: ``req.constraint`` cannot be compiled (a ``ValueError``; the
                 API layers compile it while validating, so that it is a 400 there).
-            ValueError: a ``logit_bias`` token id outside the vocabulary, or a request the KV
-                cache cannot hold (no prompt id, or more than :attr:`max_input_len`): one built
-                by hand, not by ``LLM.make_request``.
+            ValueError: a ``logit_bias`` token id outside the vocabulary, or prompt ids no KV
+                slot holds (none, or over :attr:`max_input_len`: a request built by hand).
         """
         if not 0 < len(req.prompt_ids) <= self.max_input_len:
             raise ValueError(f"a request holds 1 .. {self.max_input_len} prompt ids, not "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import numbers
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,13 +224,19 @@ class GenerationParams:
     n: int = 1
 
     def __post_init__(self) -> None:
-        """Sequences kept as tuples, ``logit_bias`` as sorted pairs (the value stays
-        immutable and hashable)."""
+        """Sequences kept as tuples (a ``stop`` given as one string is that one stop string),
+        ``logit_bias`` as sorted pairs (the value stays immutable and hashable).
+
+        Raises:
+            TypeError: a field of the wrong type (an int, a number, a flag, strings), named.
+        """
         bias = self.logit_bias
         pairs = bias.items() if isinstance(bias, Mapping) else bias
         object.__setattr__(self, "logit_bias", tuple(sorted(pairs)))
-        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str)
+                           else tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check_types(self)
 
     def requests(self, prompt_ids: Sequence[int]) -> list[GenerationRequest]:
         """The :attr:`n` engine requests of ``prompt_ids`` (whose length ``LLM.prompt_ids``
@@ -359,3 +366,34 @@ class GenerationError(Exception):
                    f"be greater than {limit},the input ids length is "
                    f"{'at least ' if at_least else ''}{length}",
                    limit=limit, length=length, at_least=at_least)
+
+
+_INTS = ("max_new_tokens", "top_k", "min_tokens", "priority", "top_logprobs", "n")
+_NUMBERS = ("temperature", "top_p", "typical_p", "min_p", "repetition_penalty",
+            "presence_penalty", "frequency_penalty")
+_FLAGS = ("watermark", "include_stop_string", "ignore_eos")
+
+
+def _check_types(p: GenerationParams) -> None:
+    """Raises ``TypeError`` naming the first field of ``p`` of the wrong type (a bool is no
+    int or number here, as JSON tells them apart)."""
+    def is_int(v) -> bool:
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    def is_number(v) -> bool:
+        return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+    wrong = [(n, "an int") for n in _INTS if not is_int(getattr(p, n))]
+    wrong += [(n, "a number") for n in _NUMBERS if not is_number(getattr(p, n))]
+    wrong += [(n, "True or False") for n in _FLAGS if not isinstance(getattr(p, n), bool)]
+    wrong += [(n, f"{what} or None") for n, what, ok in (
+        ("do_sample", "True, False", isinstance(p.do_sample, bool)),
+        ("seed", "an int", is_int(p.seed)), ("timeout_s", "a number", is_number(p.timeout_s)))
+        if getattr(p, n) is not None and not ok]
+    if not all(isinstance(s, str) for s in p.stop):
+        wrong.append(("stop", "a string or a list of strings"))
+    if not all(is_int(i) for i in p.stop_token_ids):
+        wrong.append(("stop_token_ids", "a list of ints"))
+    if wrong:
+        name, what = wrong[0]
+        raise TypeError(f"{name} must be {what}, got {repr(getattr(p, name))[:80]}")

@@ -48,8 +48,8 @@ class BackendOptions:
             otherwise take the cores from the other's.
 
     Raises:
-        ValueError: an unknown backend, or choices it does not take together
-            (:func:`check_weight_mode`).
+        ValueError: an unknown backend, a negative count (``threads``, ``parallel_runs``,
+            ``device_id``), or choices it does not take together (:func:`check_weight_mode`).
     """
 
     backend: str = DEFAULT_BACKEND
@@ -67,6 +67,9 @@ class BackendOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "providers", tuple(self.providers or ()))
+        for name in ("threads", "parallel_runs", "device_id"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; choose one of "
                              f"{', '.join(BACKENDS)}")
