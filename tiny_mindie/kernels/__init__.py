@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+import importlib.metadata
 import os
 import threading
 
 import numpy as np
+
+from . import sources
 
 #: GGUF type name -> ggml type id (the operator's ``type`` attribute).
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
@@ -52,12 +55,71 @@ class KernelError(RuntimeError):
 
 def library_path() -> str | None:
     """The built library's path (``_tm_kernels`` with the interpreter's extension suffix), or
-    ``None`` where it was not built."""
+    ``None`` where it was not built.
+
+    The package's own folder first (an installed package, or ``pip install -e .``). Where the
+    package is a source tree with no build of its own (``pip install .`` then ``python -m
+    tiny_mindie`` run inside the clone imports the clone), the installed distribution's build,
+    if it was built from these very sources (:mod:`.sources`: the digest it embeds).
+    """
+    own = _built_in(_HERE)
+    if own is not None:
+        return own
+    want = sources.digest(_HERE)
+    installed = _installed_build()
+    if want is None or installed is None or _embedded(installed) != want:
+        return None
+    return installed
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`available` is false, in one line a user can act on (``None`` where it loads)."""
+    try:
+        _load()
+    except KernelError as exc:
+        return str(exc)
+    except OSError as exc:
+        return f"the kernel library does not load: {exc}"
+    return None
+
+
+def _missing_reason() -> str:
+    installed = _installed_build()
+    if installed is not None and sources.digest(_HERE) is not None:
+        return (f"the kernel library installed at {installed} was built from other sources than "
+                f"this source tree ({_HERE}): pip install . again, or pip install -e .")
+    return "the kernel library was not built (no C compiler at install)"
+
+
+def _built_in(folder: str) -> str | None:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(_HERE, "_tm_kernels" + suffix)
+        path = os.path.join(folder, "_tm_kernels" + suffix)
         if os.path.isfile(path):
             return path
     return None
+
+
+def _installed_build() -> str | None:
+    """The library file of the installed ``tiny_mindie`` distribution, if any."""
+    # every one on the path: a source tree may hold its own metadata (an egg-info) too
+    for dist in importlib.metadata.distributions(name="tiny_mindie"):
+        for file in dist.files or ():
+            if file.parent.name == "kernels" and file.name.startswith("_tm_kernels."):
+                path = str(dist.locate_file(file))
+                if os.path.isfile(path) and os.path.dirname(os.path.abspath(path)) != _HERE:
+                    return path
+    return None
+
+
+def _embedded(path: str) -> str | None:
+    """The source digest the library at ``path`` embeds (``dispatch.c``'s ``tm_sources``)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at = data.find(sources.MARKER)
+    if at < 0:
+        return None
+    at += len(sources.MARKER)
+    return data[at:at + 64].decode("ascii", "replace")
 
 
 def _load() -> ctypes.CDLL:
@@ -66,7 +128,7 @@ def _load() -> ctypes.CDLL:
         if _lib is None:
             path = library_path()
             if path is None:
-                raise KernelError("the kernel library was not built (no C compiler at install)")
+                raise KernelError(_missing_reason())
             lib = ctypes.CDLL(path)
             lib.tm_isa.restype = ctypes.c_char_p
             lib.tm_isa_error.restype = ctypes.c_char_p

@@ -20,6 +20,13 @@
 
 #define TM_EXPORT __attribute__((visibility("default")))
 
+#ifndef TM_SOURCES_SHA256
+#define TM_SOURCES_SHA256 "unknown"
+#endif
+/* The digest of the sources this library was built from (setup.py, kernels/sources.py): a
+ * source tree holding no build of its own uses the installed one only where they match. */
+TM_EXPORT const char tm_sources[] = "tm-sources-sha256:" TM_SOURCES_SHA256;
+
 static const char *const path_names[TM_NPATHS] = {
     "portable", "avx2", "avxvnni", "avx512vnni", "neon"};
 

@@ -64,10 +64,16 @@ def resolve_kernels(kernels: str, flavour: str, compact: int) -> str:
         return kernels
     fits = flavour == "contrib" and not compact
     if kernels == "auto":
-        try:
-            return "custom" if fits and lib.available() and lib.isa() else "onnxruntime"
-        except lib.KernelError:
+        if not fits:
             return "onnxruntime"
+        try:
+            reason = lib.unavailable_reason()
+            if reason is None and lib.isa():
+                return "custom"
+        except lib.KernelError as exc:
+            reason = str(exc)
+        log.warning("kernels: onnxruntime MatMulNBits (the own kernels do not run: %s)", reason)
+        return "onnxruntime"
     if not fits:
         raise ModelFileError("kernels custom need the contrib graph and the exact weights")
     try:
