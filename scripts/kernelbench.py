@@ -18,6 +18,13 @@ the results file (kind ``kernelbench``, scripts/results.py) give each time and i
 ``vs_mlas`` (op / mlas at the same M) and ``vs_m1`` (op at M / op at M=1).
 
 Results rows: ``{"type", "N", "K", "M", "ctypes_ms", "op_ms", "mlas_ms", "vs_mlas", "vs_m1"}``.
+
+``--model FILE`` (a .gguf or a registry name) adds whole decode steps of that model on the
+onnxruntime backend with its default kernels, interleaved with the products: ``M`` sequences
+of 64 cached tokens each decode one token in one forward pass (``--threads`` threads), so the
+model's weights are read from memory once per step, as in the server's continuous batching.
+Their rows have ``"type": "step"``, ``N`` and ``K`` null, the step's time in ``op_ms``
+(``ctypes_ms``, ``mlas_ms`` and ``vs_mlas`` null) and ``vs_m1`` the ratio to one sequence.
 """
 
 from __future__ import annotations
@@ -122,6 +129,25 @@ def cases(types, rows, threads, rng):
     return out
 
 
+def step_cases(model: str, rows, threads: int):
+    """``[(key, {"op": fn})]``: a decode step of ``M`` sequences for each ``M`` of ``rows``."""
+    from tiny_mindie.model.backend import SeqChunk
+    from tiny_mindie.model.loader import load_model
+    from tiny_mindie.model.options import BackendOptions
+    from tiny_mindie.model.registry.catalog import resolve
+
+    _, _, _, backend = load_model(resolve(model), BackendOptions(threads=threads),
+                                  num_slots=max(rows), max_seq_len=128)
+    prompt = np.arange(100, 164, dtype=np.int64)
+    for slot in range(max(rows)):
+        backend.forward([SeqChunk(slot, 0, prompt)])
+    print(f"model: {model}, kernels: {backend.kernels}")
+    token = np.array([7], np.int64)
+    return [(("step", None, None, m), {
+        "op": lambda m=m: backend.forward([SeqChunk(s, len(prompt), token) for s in range(m)])})
+        for m in rows]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default="Q4_K,Q6_K,Q5_0,Q8_0,Q4_1")
@@ -130,12 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=15, help="calls per case and round")
     ap.add_argument("--json", help="write a results file (kind kernelbench) here")
+    ap.add_argument("--model", help="also time whole decode steps of this model (a .gguf or a "
+                                    "registry name) at each M of --rows")
     args = ap.parse_args(argv)
     types = args.types.split(",")
     rows = [int(r) for r in args.rows.split(",")]
     record = results.run_record("kernelbench", argv)
     rng = np.random.default_rng(0)
     todo = cases(types, rows, args.threads, rng)
+    if args.model:
+        todo += step_cases(args.model, rows, args.threads)
     times: dict = {key: {name: [] for name in fns} for key, fns in todo}
     for _ in range(args.rounds):
         for key, fns in todo:
@@ -148,17 +178,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{'op/mlas':>8} {'op/M1':>6}")
     for (qtype, n, k, m), t in med.items():
         one = med.get((qtype, n, k, 1), {}).get("op")
-        row = {"type": qtype, "N": n, "K": k, "M": m, "ctypes_ms": round(t["ctypes"], 4),
-               "op_ms": round(t["op"], 4), "mlas_ms": round(t["mlas"], 4),
-               "vs_mlas": round(t["op"] / t["mlas"], 3),
+        row = {"type": qtype, "N": n, "K": k, "M": m, "ctypes_ms": _ms(t.get("ctypes")),
+               "op_ms": _ms(t["op"]), "mlas_ms": _ms(t.get("mlas")),
+               "vs_mlas": round(t["op"] / t["mlas"], 3) if "mlas" in t else None,
                "vs_m1": round(t["op"] / one, 3) if one else None}
         out.append(row)
-        print(f"{qtype:5} {n:5} {k:5} {m:3} {t['ctypes']:8.3f} {t['op']:8.3f} {t['mlas']:8.3f} "
-              f"{row['vs_mlas']:8.2f} {row['vs_m1'] or 0:6.2f}")
+        print(f"{qtype:5} {n or '-':>5} {k or '-':>5} {m:3} {_cell(row['ctypes_ms'])} "
+              f"{_cell(row['op_ms'])} {_cell(row['mlas_ms'])} {_cell(row['vs_mlas'], 2)} "
+              f"{row['vs_m1'] or 0:6.2f}")
     if args.json:
         results.write(args.json, record, out, threads=args.threads, rounds=args.rounds,
                       calls=args.calls, isa=kernels.isa())
     return 0
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _cell(value: float | None, places: int = 3) -> str:
+    return f"{'-':>8}" if value is None else f"{value:8.{places}f}"
 
 
 if __name__ == "__main__":
