@@ -3,7 +3,8 @@
 matrices of a model's shapes, one product at a time, interleaved::
 
     python scripts/kernelbench.py [--types Q4_K,Q6_K] [--rows 1,2,4,8,64] [--threads 1]
-                                  [--rounds 7] [--json docs/design/results/kernelbench-NAME.json]
+                                  [--rounds 7] [--model FILE]
+                                  [--json docs/design/results/kernelbench-NAME.json [--plot FIG]]
 
 For each matrix shape ``N x K`` (default: Qwen2.5-Coder-1.5B's 1536x1536, 256x1536, 8960x1536,
 1536x8960), each type and each row count ``M``, it times three products on random weights:
@@ -156,9 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=15, help="calls per case and round")
     ap.add_argument("--json", help="write a results file (kind kernelbench) here")
+    ap.add_argument("--plot", help="draw the results file into this figure (scripts/plot.py)")
     ap.add_argument("--model", help="also time whole decode steps of this model (a .gguf or a "
                                     "registry name) at each M of --rows")
     args = ap.parse_args(argv)
+    if args.plot:
+        if not args.json:
+            ap.error("--plot draws the results file: give --json too")
+        results.can_draw()
     types = args.types.split(",")
     rows = [int(r) for r in args.rows.split(",")]
     record = results.run_record("kernelbench", argv)
@@ -189,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         results.write(args.json, record, out, threads=args.threads, rounds=args.rounds,
                       calls=args.calls, isa=kernels.isa())
+        if args.plot:
+            results.draw(args.json, args.plot)
     return 0
 
 

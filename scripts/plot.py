@@ -22,6 +22,9 @@ their rows):
                 without a draft model), and the draft's acceptance
     embed-vs-llama-server   embeddings/s of both servers against the number of concurrent
                 clients, per text length, and the per-turn ratio
+    kernelbench the custom kernels' time at M rows over their time at one row, per type and
+                shape, with whole decode steps of M sequences where the run has them; and
+                their time over MatMulNBits's at the same M
 
 Every figure carries the run's date, CPU, versions and command beneath it. SVGs are written
 reproducibly (no timestamp, fixed ids), so a figure changes only when its results do. Needs
@@ -38,7 +41,7 @@ import statistics
 import sys
 
 KINDS = ("bench", "quality", "loadtest", "loadtest-vs-llama-server", "startup",
-         "draft-vs-llama-server", "embed-vs-llama-server")
+         "draft-vs-llama-server", "embed-vs-llama-server", "kernelbench")
 
 
 # ---- reading a results file --------------------------------------------------------------------
@@ -259,9 +262,25 @@ def _embed_table(data: dict) -> list[list[str]]:
     return out
 
 
+def _kernel_label(r: dict) -> str:
+    return "decode step" if r["type"] == "step" else f"{r['type']} {r['N']}x{r['K']}"
+
+
+def _kernel_table(data: dict) -> list[list[str]]:
+    rows = data["results"]
+    ms = sorted({r["M"] for r in rows})
+    out = [["product", *(f"M={m}: ms (x M=1)" for m in ms)]]
+    for label in dict.fromkeys(_kernel_label(r) for r in rows):
+        by = {r["M"]: r for r in rows if _kernel_label(r) == label}
+        out.append([label, *(f"{by[m]['op_ms']:.3f} ({by[m]['vs_m1']:.2f})"
+                             if m in by and by[m]["vs_m1"] else "-" for m in ms)])
+    return out
+
+
 TABLES = {"bench": _bench_table, "quality": _quality_table, "loadtest": _loadtest_table,
           "loadtest-vs-llama-server": _versus_table, "startup": _startup_table,
-          "draft-vs-llama-server": _draft_table, "embed-vs-llama-server": _embed_table}
+          "draft-vs-llama-server": _draft_table, "embed-vs-llama-server": _embed_table,
+          "kernelbench": _kernel_table}
 
 
 # ---- figures -----------------------------------------------------------------------------------
@@ -440,9 +459,35 @@ def _draw_embed(fig, data: dict) -> None:
         ax.grid(alpha=0.3)
 
 
+def _draw_kernels(fig, data: dict) -> None:
+    rows = data["results"]
+    ax_m1, ax_mlas = fig.subplots(1, 2)
+    for label in dict.fromkeys(_kernel_label(r) for r in rows):
+        mine = sorted((r for r in rows if _kernel_label(r) == label), key=lambda r: r["M"])
+        step = label == "decode step"
+        ax_m1.plot([r["M"] for r in mine], [r["vs_m1"] for r in mine], "k-o" if step else ".-",
+                   label=label, linewidth=2.5 if step else 1)
+        if not step:
+            ax_mlas.plot([r["M"] for r in mine], [r["vs_mlas"] for r in mine], ".-",
+                         label=label)
+    ms = sorted({r["M"] for r in rows})
+    ax_m1.plot(ms, ms, ":", color="grey", label="M times one row")
+    ax_m1.set_title(f"time at M rows / time at one row ({data.get('isa', '')}, "
+                    f"{data.get('threads', '?')} threads)")
+    ax_mlas.axhline(1.0, color="grey", linewidth=0.8)
+    ax_mlas.set_title("custom operator / MatMulNBits at the same M (below 1: faster)")
+    for ax in (ax_m1, ax_mlas):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_xlabel("rows M")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+
+
 DRAW = {"bench": _draw_bench, "quality": _draw_quality, "loadtest": _draw_loadtest,
         "loadtest-vs-llama-server": _draw_versus, "startup": _draw_startup,
-        "draft-vs-llama-server": _draw_draft, "embed-vs-llama-server": _draw_embed}
+        "draft-vs-llama-server": _draw_draft, "embed-vs-llama-server": _draw_embed,
+        "kernelbench": _draw_kernels}
 
 
 def render(source: str | dict, out: str) -> None:

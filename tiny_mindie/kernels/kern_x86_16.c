@@ -4,11 +4,10 @@
  *
  * Layout: a 512-bit vector holds row i's 32 weights of a block in its low half and row i + 8's
  * in its high half (i < 8). The 8 such vectors transposed within their 128-bit lanes (transpose16)
- * give u[k] (k < 4): per 128-bit lane, rows 0-3 (lanes 0, 1) or 8-11 (lanes 2, 3) at dword k
- * (lanes 0, 2) and k + 4 (lanes 1, 3); u[k + 4] the same for rows 4-7 and 12-15. Dotted with
- * the activations' dword k and k + 4 broadcast to those lanes, two accumulators hold each
- * row's partial sums in two lanes, which one two-source permute and an add join into the 16
- * rows' block sums (lane r = row r). */
+ * and their 128-bit lanes then regrouped (regroup16) give U[k] (k < 8): lane r = row r's dword
+ * k (its weights 4k .. 4k + 3). Dotted with the activations' dword k broadcast to every lane,
+ * each lane sums its own row: two accumulators (dwords 0-3 and 4-7, a Q6_K block's two
+ * halves) added give the 16 rows' block sums, with no shuffle of the activations. */
 #include "tm_kernels.h"
 
 #ifdef TM_HAVE_X86
@@ -19,13 +18,20 @@
 
 #define TM_TILE16 16
 
-/* the 16 rows' block sums from the accumulators a (rows 0-3, 8-11) and b (4-7, 12-15) */
-static inline ATTR16 __m512i join16(__m512i a, __m512i b)
+/* transpose16's u -> U: U[k] lane r = row r's dword k. u[k] (k < 4) holds, by 128-bit lane,
+ * rows 0-3 dword k, rows 0-3 dword k + 4, rows 8-11 dword k, rows 8-11 dword k + 4; u[k + 4]
+ * the same for rows 4-7 and 12-15: one two-source permute of 64-bit pairs per vector. */
+static inline ATTR16 void regroup16(__m512i *U, const __m512i *u)
 {
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i ib = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    return _mm512_add_epi32(_mm512_permutex2var_epi64(a, ia, b),
-                            _mm512_permutex2var_epi64(a, ib, b));
+    __m512i v[8];
+    int k;
+    for (k = 0; k < 4; k++) {
+        v[k] = _mm512_permutex2var_epi64(u[k], ia, u[k + 4]);
+        v[k + 4] = _mm512_permutex2var_epi64(u[k], ib, u[k + 4]);
+    }
+    for (k = 0; k < 8; k++) U[k] = v[k];
 }
 
 /* Block c (of the chunk at rp[]) of rows i and i + 8 as unsigned bytes: Q4_0, Q4_1 the
@@ -76,15 +82,16 @@ static inline ATTR16 void transpose16x4(__m512i *S, const uint8_t *const *p, int
     S[2] = _mm512_unpacklo_epi64(t1, t3); S[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* rows i and i + 8's 32 bytes at p[i] + off, p[i + 8] + off, transposed (transpose16) */
-static inline ATTR16 void load_transpose16(__m512i *u, const uint8_t *const *p, int64_t off)
+/* the 16 rows' 32 bytes at p[r] + off as U[k] (k < 8): lane r = the row's dword k */
+static inline ATTR16 void load_transpose16(__m512i *U, const uint8_t *const *p, int64_t off)
 {
-    __m512i r[8];
+    __m512i r[8], u[8];
     int i;
     for (i = 0; i < 8; i++)
         r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(
                    (const __m256i *)(p[i] + off))), _mm256_loadu_si256((const __m256i *)(p[i + 8] + off)), 1);
     transpose16(u, r);
+    regroup16(U, u);
 }
 
 /* A Q4_K super-block of the 16 rows at sb[]: each block c's scale DW[c] = d * sc and minimum
@@ -179,7 +186,7 @@ tile16(const tm_job *j, int64_t n, int R, int64_t m0, int mc, const int type)
                                                               11, 12, 13, 14, 15),
                                             _mm512_set1_epi32((int)j->row_bytes));
     __m512 acc[TM_GROUP_M];
-    __m512i U[TM_CHUNK][8], r[8], SC0[TM_CHUNK], SC1[TM_CHUNK];
+    __m512i U[TM_CHUNK][8], r[8], u[8], SC0[TM_CHUNK], SC1[TM_CHUNK];
     __m512 DW[TM_CHUNK], MW[TM_CHUNK];
     const uint8_t *rp[TM_TILE16];
     int64_t b0;
@@ -211,7 +218,8 @@ tile16(const tm_job *j, int64_t n, int R, int64_t m0, int mc, const int type)
                     MW[c] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h, 16)));
                 for (k = 0; k < 8; k++)
                     r[k] = decode2(rp[k] + c * bb, rp[k + 8] + c * bb, type);
-                transpose16(U[c], r);
+                transpose16(u, r);
+                regroup16(U[c], u);
             }
         }
         for (m = 0; m < mc; m++) {
@@ -219,36 +227,33 @@ tile16(const tm_job *j, int64_t n, int R, int64_t m0, int mc, const int type)
             const int8_t *xa = j->xq + (m0 + m) * j->K + b0 * TM_QK;
             __m512 s = acc[m];
             for (c = 0; c < cnt; c++) {
-                const __m512i X = _mm512_broadcast_i64x4(
-                    _mm256_loadu_si256((const __m256i *)(xa + c * TM_QK)));
+                const int8_t *xb = xa + c * TM_QK;
                 const __m512 dx = _mm512_set1_ps(j->dx[i0 + c]);
                 const int32_t xs = j->xs[i0 + c];
                 __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512(), D;
                 __m512 t;
-                for (k = 0; k < 4; k++) {
-                    const __m512i xk = _mm512_shuffle_epi32(X, (_MM_PERM_ENUM)(k * 0x55));
-                    a = _mm512_dpbusd_epi32(a, U[c][k], xk);
-                    b = _mm512_dpbusd_epi32(b, U[c][k + 4], xk);
+                for (k = 0; k < 4; k++) {        /* a: weights 0-15, b: weights 16-31 */
+                    int32_t xk, xh;
+                    memcpy(&xk, xb + 4 * k, 4);
+                    memcpy(&xh, xb + 4 * k + 16, 4);
+                    a = _mm512_dpbusd_epi32(a, U[c][k], _mm512_set1_epi32(xk));
+                    b = _mm512_dpbusd_epi32(b, U[c][k + 4], _mm512_set1_epi32(xh));
                 }
                 if (type == TM_Q6_K) {
                     /* each half's sum less 32 times the activations' sum over it, times the
                      * half's scale: the block's exact integer sum; then d's term */
                     const int32_t x0 = j->xs16[i0 + c], x1 = xs - x0;
-                    const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-                    const __m512i ib = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-                    __m512i P = _mm512_permutex2var_epi64(a, ia, b);   /* first halves */
-                    __m512i Q = _mm512_permutex2var_epi64(a, ib, b);   /* second halves */
                     D = _mm512_add_epi32(
-                        _mm512_mullo_epi32(_mm512_sub_epi32(P, _mm512_set1_epi32(32 * x0)), SC0[c]),
-                        _mm512_mullo_epi32(_mm512_sub_epi32(Q, _mm512_set1_epi32(32 * x1)), SC1[c]));
+                        _mm512_mullo_epi32(_mm512_sub_epi32(a, _mm512_set1_epi32(32 * x0)), SC0[c]),
+                        _mm512_mullo_epi32(_mm512_sub_epi32(b, _mm512_set1_epi32(32 * x1)), SC1[c]));
                     t = _mm512_mul_ps(_mm512_mul_ps(DW[0], dx), _mm512_cvtepi32_ps(D));
                 } else if (has_min) {
-                    D = join16(a, b);
+                    D = _mm512_add_epi32(a, b);
                     t = _mm512_mul_ps(_mm512_mul_ps(DW[c], dx), _mm512_cvtepi32_ps(D));
                     t = _mm512_add_ps(t, _mm512_mul_ps(_mm512_mul_ps(MW[c], dx),
                                                        _mm512_set1_ps((float)xs)));
                 } else {
-                    D = _mm512_sub_epi32(join16(a, b), _mm512_set1_epi32(off * xs));
+                    D = _mm512_sub_epi32(_mm512_add_epi32(a, b), _mm512_set1_epi32(off * xs));
                     t = _mm512_mul_ps(_mm512_mul_ps(DW[c], dx), _mm512_cvtepi32_ps(D));
                 }
                 s = _mm512_add_ps(s, t);
