@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draw a results file of scripts/bench.py, loadtest.py, startup.py, kernelbench.py or quality.py
+"""Draw a results file of scripts/bench.py, loadtest.py, startup.py, kernelbench.py or quality.py,
 or print it as Markdown (the run's date, CPU, versions and command, then its table).
 
     python scripts/plot.py docs/design/results/bench-qwen2.5-coder-1.5b.json  # -> .svg beside it
