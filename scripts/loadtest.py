@@ -73,14 +73,16 @@ def percentile(xs: list[float], q: float) -> float:
 
 def start_server(backend: str | None, threads: int | None, home: str,
                  log_path: str | None = None, extra: list[str] | None = None,
-                 schedule: dict | None = None) -> tuple[subprocess.Popen, int]:
+                 schedule: dict | None = None, kv_cache_mb: int = 1024
+                 ) -> tuple[subprocess.Popen, int]:
     """Start the server in ``home`` and wait for its banner; returns (process, business port),
     the banner's text in ``process.banner``. Its log (stderr) goes to ``log_path``, or to a
-    temporary file. ``schedule``: more ``ScheduleConfig`` keys. A server that exits (or stays
-    silent past 300 s) before it is ready: the last lines of its log go to stderr, then
-    SystemExit with a one-line message."""
+    temporary file. ``schedule``: more ``ScheduleConfig`` keys; ``kv_cache_mb``: its KV-cache
+    budget (``BackendConfig.kvCacheMB``, which bounds the sequences held at once). A server
+    that exits (or stays silent past 300 s) before it is ready: the last lines of its log go
+    to stderr, then SystemExit with a one-line message."""
     cfg = {"ServerConfig": {"port": 0, "managementPort": 0, "metricsPort": 0, "maxLinkNum": 256},
-           "BackendConfig": {"kvCacheMB": 1024,
+           "BackendConfig": {"kvCacheMB": kv_cache_mb,
                              "ScheduleConfig": {"maxBatchSize": 16, "maxPrefillBatchSize": 16,
                                                 **(schedule or {})}}}
     path = os.path.join(home, "config.json")
@@ -328,6 +330,7 @@ def server_flags(args) -> list[str]:
 def settings(args) -> str:
     """This run's tiny_mindie settings that are not the defaults, for the printed header."""
     return (f"{', no speculation' if args.no_speculation else ''}"
+            f"{f', KV cache {args.kv_cache_mb} MB' if args.kv_cache_mb != 1024 else ''}"
             f"{f', {args.weights} weights' if args.weights else ''}"
             f"{f', draft model {args.draft_model}' if args.draft_model else ''}")
 
@@ -364,7 +367,8 @@ def versus_llama_server(args) -> int:
     cpus = len(os.sched_getaffinity(0))
     extra = ["--no-tls", "--model", model, *server_flags(args)]
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
-        tiny, tiny_port = start_server(args.backend, args.threads, home, extra=extra)
+        tiny, tiny_port = start_server(args.backend, args.threads, home, extra=extra,
+                                       kv_cache_mb=args.kv_cache_mb)
         procs = [tiny]
         try:
             llama, llama_port = start_llama_server(args.llama_server, model, cpus)
@@ -411,7 +415,8 @@ def own_server(args) -> int:
     """The sweep against tiny_mindie alone, over mutual TLS (``/infer`` streams, sampled)."""
     record = run_record("loadtest")
     with tempfile.TemporaryDirectory(prefix="tiny_mindie-load-") as home:
-        proc, port = start_server(args.backend, args.threads, home, extra=server_flags(args))
+        proc, port = start_server(args.backend, args.threads, home, extra=server_flags(args),
+                                  kv_cache_mb=args.kv_cache_mb)
         try:
             ctx = client_context(tls_files(load_config(os.path.join(home, "config.json"))))
             Client(port, ctx).stream({"inputs": "warm up", "stream": True,
@@ -447,6 +452,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny_mindie with --no-speculation (one token per decode step)")
     ap.add_argument("--weights", choices=("exact", "compact"), help="tiny_mindie's --weights")
     ap.add_argument("--draft-model", help="tiny_mindie's --draft-model")
+    ap.add_argument("--kv-cache-mb", type=int, default=1024,
+                    help="tiny_mindie's KV-cache budget (BackendConfig.kvCacheMB), which bounds "
+                         "the sequences it holds at once: a 1.5B needs 1,200 MB for 8 of "
+                         "2,560 tokens, as many as llama-server's -np 8")
     ap.add_argument("--model", help="a .gguf file or a registry name (default: the server's)")
     ap.add_argument("--llama-server", metavar="DIR",
                     help="llama.cpp's binaries folder (or llama-server): compare against it")
