@@ -178,13 +178,39 @@ def test_the_environment_forces_a_path_or_is_refused(lib):
 
 
 def test_the_extension_is_optional_and_builds_every_source():
-    """setup.py lists every C source of tiny_mindie/kernels and lets the install go on without
-    a compiler (optional=True); the sources are in the source distribution (MANIFEST.in)."""
+    """setup.py compiles every C source of tiny_mindie/kernels (kernels/sources.py lists them,
+    and the headers) and lets the install go on without a compiler (optional=True); the
+    sources are in the source distribution (MANIFEST.in)."""
+    from tiny_mindie.kernels import sources
+
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as fh:
         setup_py = fh.read()
-    sources = [f for f in os.listdir(os.path.join(ROOT, "tiny_mindie", "kernels"))
-               if f.endswith(".c")]
-    assert sources and all(f'"{f}"' in setup_py for f in sources)
+    folder = os.listdir(os.path.join(ROOT, "tiny_mindie", "kernels"))
+    assert sorted(f for f in folder if f.endswith(".c")) == sorted(sources.SOURCES)
+    assert sorted(f for f in folder if f.endswith(".h")) == sorted(sources.DEPENDS)
+    assert "sources.SOURCES" in setup_py and "sources.DEPENDS" in setup_py
     assert "optional=True" in setup_py and '"-march' not in setup_py
     with open(os.path.join(ROOT, "MANIFEST.in"), encoding="utf-8") as fh:
         assert "recursive-include tiny_mindie/kernels *.c *.h" in fh.read()
+
+@pytest.mark.parametrize("qtype", sorted(kernels.TYPES))
+def test_a_non_finite_activation_block_gives_nan_on_every_path(lib, qtype):
+    """A row whose block holds a NaN or an infinity: all its outputs NaN, on every path; the
+    other rows as they are alone."""
+    rng = np.random.default_rng(11)
+    n, k = 37, 512
+    w = random_blocks(qtype, n, k, rng)
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    x[1, 40], x[2, 3], x[3, 300] = np.nan, np.inf, -np.inf
+    got = {}
+    for path in X86_PATHS:
+        if lib.supported(path):
+            lib.set_isa(path)
+            got[path] = lib.matmul(qtype, x, w, n, k)
+            assert np.isnan(got[path][1:4]).all(), path
+            for row in (0, 4):
+                alone = lib.matmul(qtype, x[row:row + 1], w, n, k)[0]
+                assert np.isfinite(alone).all()
+                np.testing.assert_array_equal(got[path][row], alone, err_msg=path)
+    for path, y in got.items():
+        np.testing.assert_array_equal(y, got["portable"], err_msg=path)

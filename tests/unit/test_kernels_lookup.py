@@ -18,6 +18,8 @@ import sys
 import pytest
 from gguf_blocks import built_kernels
 
+from tiny_mindie.kernels import sources
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "tiny_mindie")
 
@@ -73,8 +75,57 @@ def test_a_build_of_other_sources_is_not_used_and_the_log_says_why(trees):
     assert "kernels: onnxruntime MatMulNBits (the own kernels do not run: " in log
 
 
-def test_no_installed_build_is_told_as_not_built(trees):
+def test_no_build_at_all_says_how_to_build_one(trees):
     src, _ = trees
     _, path, reason, chosen, _ = _probe(src, src)
     assert path == "None" and chosen == "onnxruntime"
-    assert reason == "the kernel library was not built (no C compiler at install)"
+    assert "holds no built kernel library" in reason and "pip install -e ." in reason
+
+
+def test_a_build_of_its_own_is_used_only_for_the_sources_beside_it(trees):
+    """A source tree's own build (pip install -e .) comes first where it embeds the digest of
+    the sources beside it; a stale one (sources edited since, or a build from before the
+    digest) is not loaded, and the installed build of the same sources is taken instead."""
+    src, site = trees
+    lib = built_kernels().library_path()
+    own = src / "tiny_mindie" / "kernels" / os.path.basename(lib)
+    shutil.copy(lib, own)
+    _, path, reason, chosen, _ = _probe(src, src, site)
+    assert path == str(own) and chosen == "custom"
+    edited = src / "tiny_mindie" / "kernels" / "kern_x86.c"
+    original = edited.read_text()
+    edited.write_text(original + "/* edited after the build */\n")
+    _, path, reason, chosen, _ = _probe(src, src)
+    assert path == "None" and chosen == "onnxruntime"
+    assert "built from other sources than the ones beside it" in reason
+    assert "pip install -e . again" in reason
+    _, path, _, chosen, _ = _probe(src, src, site)        # the installed build is as stale
+    assert path == "None" and chosen == "onnxruntime"
+    edited.write_text(original)
+    own.write_bytes(own.read_bytes().replace(sources.MARKER, b"x" * len(sources.MARKER)))
+    _, path, _, chosen, _ = _probe(src, src)               # a build that embeds no digest
+    assert path == "None" and chosen == "onnxruntime"
+
+
+def test_setup_rebuilds_a_library_of_other_sources_whatever_the_file_times(tmp_path):
+    """setup.py's build_ext rebuilds the library when the build at hand embeds another digest
+    than the sources', even when no source file is newer than it (a file restored with its
+    old time): setuptools alone would keep the stale build."""
+    pytest.importorskip("setuptools")
+    lib = built_kernels().library_path()
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "venv", "build", "*.egg-info", "__pycache__", "*.so", "tests", "docs",
+        "scripts", "deploy", "models", ".ci"))
+    kernels_dir = tree / "tiny_mindie" / "kernels"
+    built = kernels_dir / os.path.basename(lib)
+    shutil.copy(lib, built)
+    source = kernels_dir / "kern_portable.c"
+    before = os.stat(built).st_mtime - 3600
+    source.write_text(source.read_text() + "/* changed, its time set back */\n")
+    os.utime(source, (before, before))
+    assert sources.embedded(str(built)) != sources.digest(str(kernels_dir))
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sources.embedded(str(built)) == sources.digest(str(kernels_dir))

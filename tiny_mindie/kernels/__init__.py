@@ -12,7 +12,8 @@ compute the same numbers. The product:
 with ``W`` the GGUF tensor's own bytes (``N`` rows of blocks; :data:`TYPES`), ``x`` float32. The
 activations are quantized to int8 per block of 32 (``scale = max|x| / 127``, round half to even),
 each block's product is an exact int32 sum, and a row's blocks are added in float32 in block
-order: a row's output depends on no other row, thread split or ISA path (``kern_impl.h``).
+order: a row's output depends on no other row, thread split or ISA path (``kern_impl.h``). A
+block of activations holding a NaN or an infinity makes all of its row's outputs NaN.
 
 ISA paths (:func:`isa`): ``avx512vnni``, ``avxvnni``, ``avx2``, ``neon`` (aarch64 with the dot
 product extension) and ``portable``; the best one the CPU and its OS enable runs, unless the
@@ -54,22 +55,15 @@ class KernelError(RuntimeError):
 
 
 def library_path() -> str | None:
-    """The built library's path (``_tm_kernels`` with the interpreter's extension suffix), or
-    ``None`` where it was not built.
+    """The path of the library to load (``_tm_kernels`` with the interpreter's extension
+    suffix), or ``None`` where there is none to load (:func:`unavailable_reason` says why).
 
-    The package's own folder first (an installed package, or ``pip install -e .``). Where the
-    package is a source tree with no build of its own (``pip install .`` then ``python -m
-    tiny_mindie`` run inside the clone imports the clone), the installed distribution's build,
-    if it was built from these very sources (:mod:`.sources`: the digest it embeds).
+    In an installed package (no C sources beside it), its own build. In a source tree (a
+    clone), a build that embeds the digest of the sources beside it (:mod:`.sources`): its own
+    (``pip install -e .``), else the installed distribution's (``pip install .``, then
+    ``python -m tiny_mindie`` run inside the clone, which imports the clone's package).
     """
-    own = _built_in(_HERE)
-    if own is not None:
-        return own
-    want = sources.digest(_HERE)
-    installed = _installed_build()
-    if want is None or installed is None or _embedded(installed) != want:
-        return None
-    return installed
+    return _find()[0]
 
 
 def unavailable_reason() -> str | None:
@@ -83,12 +77,27 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _missing_reason() -> str:
+def _find() -> tuple[str | None, str]:
+    """(:func:`library_path`, and why it is ``None`` where it is)."""
+    own = _built_in(_HERE)
+    want = sources.digest(_HERE)
+    if want is None:                                    # an installed package
+        return own, "the kernel library was not built (no C compiler at install)"
+    if own is not None and sources.embedded(own) == want:
+        return own, ""
     installed = _installed_build()
-    if installed is not None and sources.digest(_HERE) is not None:
-        return (f"the kernel library installed at {installed} was built from other sources than "
-                f"this source tree ({_HERE}): pip install . again, or pip install -e .")
-    return "the kernel library was not built (no C compiler at install)"
+    if installed is not None and sources.embedded(installed) == want:
+        return installed, ""
+    if own is not None:
+        return None, (f"the kernel library in {_HERE} was built from other sources than the "
+                      "ones beside it: pip install -e . again")
+    if installed is not None:
+        return None, (f"the kernel library installed at {installed} was built from other "
+                      f"sources than this source tree ({_HERE}): pip install . again, or "
+                      "pip install -e .")
+    return None, (f"this source tree ({_HERE}) holds no built kernel library and no installed "
+                  "tiny_mindie has one built from it: pip install -e . builds it here (a C "
+                  "compiler is needed)")
 
 
 def _built_in(folder: str) -> str | None:
@@ -111,36 +120,34 @@ def _installed_build() -> str | None:
     return None
 
 
-def _embedded(path: str) -> str | None:
-    """The source digest the library at ``path`` embeds (``dispatch.c``'s ``tm_sources``)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    at = data.find(sources.MARKER)
-    if at < 0:
-        return None
-    at += len(sources.MARKER)
-    return data[at:at + 64].decode("ascii", "replace")
-
-
 def _load() -> ctypes.CDLL:
     global _lib
     with _lock:
         if _lib is None:
-            path = library_path()
+            path, why = _find()
             if path is None:
-                raise KernelError(_missing_reason())
+                raise KernelError(why)
             lib = ctypes.CDLL(path)
-            lib.tm_isa.restype = ctypes.c_char_p
-            lib.tm_isa_error.restype = ctypes.c_char_p
-            lib.tm_isa_supported.argtypes = [ctypes.c_char_p]
-            lib.tm_set_isa.argtypes = [ctypes.c_char_p]
-            i64 = ctypes.c_int64
-            lib.tm_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, i64, ctypes.c_void_p,
-                                      i64, i64, ctypes.c_void_p, ctypes.c_int]
-            lib.tm_gather.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, ctypes.c_void_p, i64,
-                                      i64, i64, ctypes.c_void_p]
+            try:
+                _declare(lib)
+            except AttributeError as exc:            # a library of another version
+                raise KernelError(f"the kernel library at {path} is not this version's ({exc}):"
+                                  " install tiny_mindie again") from None
             _lib = lib
         return _lib
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """The C entry points' argument and result types (AttributeError: one is missing)."""
+    lib.tm_isa.restype = ctypes.c_char_p
+    lib.tm_isa_error.restype = ctypes.c_char_p
+    lib.tm_isa_supported.argtypes = [ctypes.c_char_p]
+    lib.tm_set_isa.argtypes = [ctypes.c_char_p]
+    i64 = ctypes.c_int64
+    lib.tm_matmul.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, i64, ctypes.c_void_p, i64, i64,
+                              ctypes.c_void_p, ctypes.c_int]
+    lib.tm_gather.argtypes = [ctypes.c_int, ctypes.c_void_p, i64, ctypes.c_void_p, i64, i64, i64,
+                              ctypes.c_void_p]
 
 
 def available() -> bool:

@@ -1,6 +1,7 @@
 /* Which path runs (by what the CPU and the OS enable, or forced), the activations' int8
  * quantization, the split of the output rows over threads, and the library's C entry points
  * for ctypes (tiny_mindie/kernels/__init__.py). */
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -203,7 +204,8 @@ int tm_check(int type, int64_t N, int64_t K, int64_t w_bytes, const char **why)
 }
 
 /* x [M, K] -> int8 blocks of 32: dx = max|x| / 127, q = round-half-even(x * (1 / dx)); xs
- * the sums of q per block, xs16 of its first 16 */
+ * the sums of q per block, xs16 of its first 16. A block holding a NaN or an infinity gets
+ * dx = NaN and q = 0, so every output of its row is NaN on every path. */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx,
                           int32_t *xs, int32_t *xs16)
 {
@@ -215,9 +217,17 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
             int8_t *q = xq + m * K + b * TM_QK;
             float amax = 0.0f, scale, inv;
             int32_t s = 0, s16 = 0;
+            int finite = 1;
             for (i = 0; i < TM_QK; i++) {
                 float a = fabsf(v[i]);
+                finite &= a <= FLT_MAX;                 /* false for NaN and infinities */
                 amax = a > amax ? a : amax;
+            }
+            if (!finite) {
+                memset(q, 0, TM_QK);
+                dx[m * nb + b] = NAN;
+                xs[m * nb + b] = xs16[m * nb + b] = 0;
+                continue;
             }
             scale = amax / 127.0f;
             inv = scale != 0.0f ? 1.0f / scale : 0.0f;

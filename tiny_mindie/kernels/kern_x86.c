@@ -5,6 +5,8 @@
 #include "tm_kernels.h"
 
 #ifdef TM_HAVE_X86
+#include <float.h>
+#include <math.h>
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -679,7 +681,8 @@ static inline ATTR_AVX2 int32_t hsum8(__m256i v)
 
 /* dispatch.c's quantize_rows by AVX2 instructions, the same values: amax is exact in any
  * order, x * inv is one float32 multiply per element either way, the rounding is to nearest
- * even (the default mode nearbyintf uses), and the sums are exact integers. */
+ * even (the default mode nearbyintf uses), the sums are exact integers, and a block holding a
+ * NaN or an infinity gets dx = NaN and q = 0. */
 ATTR_AVX2 void tm_quantize_avx2(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx,
                                 int32_t *xs, int32_t *xs16)
 {
@@ -694,6 +697,19 @@ ATTR_AVX2 void tm_quantize_avx2(const float *x, int64_t M, int64_t K, int8_t *xq
             __m128i h;
             float amax, scale, inv;
             for (i = 0; i < 4; i++) f[i] = _mm256_loadu_ps(v + 8 * i);
+            {   /* |x| > FLT_MAX or unordered: an infinity or a NaN */
+                const __m256 big = _mm256_set1_ps(FLT_MAX);
+                __m256 bad = _mm256_setzero_ps();
+                for (i = 0; i < 4; i++)
+                    bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, f[i]), big,
+                                                          _CMP_NLE_UQ));
+                if (_mm256_movemask_ps(bad)) {
+                    memset(xq + m * K + b * TM_QK, 0, TM_QK);
+                    dx[m * nb + b] = NAN;
+                    xs[m * nb + b] = xs16[m * nb + b] = 0;
+                    continue;
+                }
+            }
             mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, f[0]), _mm256_andnot_ps(sign, f[1])),
                                _mm256_max_ps(_mm256_andnot_ps(sign, f[2]), _mm256_andnot_ps(sign, f[3])));
             h = _mm_castps_si128(_mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1)));
