@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['vs_m1'] or 0:6.2f}")
     if args.json:
         results.write(args.json, record, out, threads=args.threads, rounds=args.rounds,
-                      calls=args.calls, isa=kernels.isa())
+                      calls=args.calls, isa=kernels.isa(), model=args.model)
         if args.plot:
             results.draw(args.json, args.plot)
     return 0

@@ -266,6 +266,11 @@ def _kernel_label(r: dict) -> str:
     return "decode step" if r["type"] == "step" else f"{r['type']} {r['N']}x{r['K']}"
 
 
+def _threads(data: dict) -> str:
+    n = data.get("threads", "?")
+    return f"{n} thread" + ("" if n == 1 else "s")
+
+
 def _kernel_table(data: dict) -> list[list[str]]:
     rows = data["results"]
     ms = sorted({r["M"] for r in rows})
@@ -465,15 +470,16 @@ def _draw_kernels(fig, data: dict) -> None:
     for label in dict.fromkeys(_kernel_label(r) for r in rows):
         mine = sorted((r for r in rows if _kernel_label(r) == label), key=lambda r: r["M"])
         step = label == "decode step"
+        name = f"decode step of {data['model']}" if step and data.get("model") else label
         ax_m1.plot([r["M"] for r in mine], [r["vs_m1"] for r in mine], "k-o" if step else ".-",
-                   label=label, linewidth=2.5 if step else 1)
+                   label=name, linewidth=2.5 if step else 1)
         if not step:
             ax_mlas.plot([r["M"] for r in mine], [r["vs_mlas"] for r in mine], ".-",
                          label=label)
     ms = sorted({r["M"] for r in rows})
     ax_m1.plot(ms, ms, ":", color="grey", label="M times one row")
     ax_m1.set_title(f"time at M rows / time at one row ({data.get('isa', '')}, "
-                    f"{data.get('threads', '?')} threads)")
+                    f"{_threads(data)})")
     ax_mlas.axhline(1.0, color="grey", linewidth=0.8)
     ax_mlas.set_title("custom operator / MatMulNBits at the same M (below 1: faster)")
     for ax in (ax_m1, ax_mlas):
