@@ -18,7 +18,7 @@ def test_products_and_whole_decode_steps_in_one_results_file(tmp_path, model_pat
     assert kernelbench.main(["--types", "Q4_0", "--rows", "1,3", "--rounds", "1", "--calls",
                              "1", "--model", model_path, "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["kind"] == "kernelbench" and doc["isa"]
+    assert doc["kind"] == "kernelbench" and doc["isa"] and doc["model"] == model_path
     rows = doc["results"]
     products = [r for r in rows if r["type"] == "Q4_0"]
     assert sorted((r["N"], r["K"], r["M"]) for r in products) == sorted(
