@@ -278,7 +278,7 @@ def test_the_real_pair_gives_the_same_answers(qwen_coder_15b_path, qwen_coder_pa
                 llm.engine._speculator.draft = llm.draft if draft else None
 
                 async def one(p, params=params):
-                    c = await llm.generate_async(llm.make_request(p, max_new_tokens=48,
+                    c = await llm.generate_async(llm.make_request(p, max_new_tokens=32,
                                                                   **params))
                     return tuple(c.token_ids)
 
