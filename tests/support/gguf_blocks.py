@@ -33,14 +33,18 @@ def oracle(qtype: str, x: np.ndarray, w: np.ndarray, n: int, k: int
            ) -> tuple[np.ndarray, np.ndarray]:
     """``(x~ @ W.T, |x~| @ |W|.T)`` in float64: ``W`` dequantized by ``gguf``, ``x~`` the
     activations after the kernels' int8 quantization (per block of 32: scale ``max|x| / 127``
-    in float32, ``round-half-even(x * (1 / scale))``)."""
+    in float32, ``round-half-even(x * (1 / scale))``; a block whose ``1 / scale`` overflows
+    is zero)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     wf = dequantize(np.asarray(w), GGMLQuantizationType[qtype]).reshape(n, k).astype(np.float64)
     xb = x.reshape(x.shape[0], -1, 32)
     scale = np.abs(xb).max(axis=-1) / np.float32(127)
-    inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0)
+    with np.errstate(over="ignore"):
+        inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale != 0)
+    tiny = ~np.isfinite(inv)
+    scale[tiny], inv[tiny] = 0, 0
     q = np.clip(np.rint(xb * inv[..., None]), -127, 127)
     xd = (q.astype(np.float64) * scale[..., None]).reshape(x.shape[0], k)
     return xd @ wf.T, np.abs(xd) @ np.abs(wf).T

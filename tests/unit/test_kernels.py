@@ -214,3 +214,25 @@ def test_a_non_finite_activation_block_gives_nan_on_every_path(lib, qtype):
                 np.testing.assert_array_equal(got[path][row], alone, err_msg=path)
     for path, y in got.items():
         np.testing.assert_array_equal(y, got["portable"], err_msg=path)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+def test_a_block_too_small_to_scale_is_zero_on_every_path(lib, qtype):
+    """A block whose largest activation is so small that 1 / scale overflows (with zeros
+    beside it, which 0 * inf would make NaN): the block counts as zero, on every path."""
+    rng = np.random.default_rng(5)
+    n, k = 19, 256
+    w = random_blocks(qtype, n, k, rng)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    x[1, 32:64] = 0
+    x[1, 39] = 1e-37
+    x[2] = 0
+    x[2, 7] = -2e-38
+    zeroed = x.copy()
+    zeroed[1, 32:64] = 0
+    zeroed[2] = 0
+    for path in X86_PATHS:
+        if lib.supported(path):
+            lib.set_isa(path)
+            np.testing.assert_array_equal(lib.matmul(qtype, x, w, n, k),
+                                          lib.matmul(qtype, zeroed, w, n, k), err_msg=path)

@@ -31,6 +31,18 @@ PROBE = ("from tiny_mindie import kernels\n"
          "print(resolve_kernels('auto', 'contrib', 0))\n")
 
 
+def _installed(site, library: bytes):
+    """``site``: a distribution of tiny_mindie whose RECORD names a library of these bytes."""
+    rel = f"tiny_mindie/kernels/{os.path.basename(built_kernels().library_path())}"
+    (site / "tiny_mindie" / "kernels").mkdir(parents=True)
+    (site / rel).write_bytes(library)
+    info = site / "tiny_mindie-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny_mindie\nVersion: 0.1.0\n")
+    (info / "RECORD").write_text(f"{rel},,\ntiny_mindie-0.1.0.dist-info/RECORD,,\n")
+    return site
+
+
 @pytest.fixture(name="trees")
 def _trees(tmp_path):
     """(source tree, installed tree): the package's sources without a build, and a
@@ -39,15 +51,8 @@ def _trees(tmp_path):
     src = tmp_path / "clone"
     shutil.copytree(PACKAGE, src / "tiny_mindie",
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
-    site = tmp_path / "site"
-    rel = f"tiny_mindie/kernels/{os.path.basename(lib)}"
-    (site / "tiny_mindie" / "kernels").mkdir(parents=True)
-    shutil.copy(lib, site / rel)
-    info = site / "tiny_mindie-0.1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny_mindie\nVersion: 0.1.0\n")
-    (info / "RECORD").write_text(f"{rel},,\ntiny_mindie-0.1.0.dist-info/RECORD,,\n")
-    return src, site
+    with open(lib, "rb") as fh:
+        return src, _installed(tmp_path / "site", fh.read())
 
 
 def _probe(cwd, *path) -> list[str]:
@@ -129,3 +134,36 @@ def test_setup_rebuilds_a_library_of_other_sources_whatever_the_file_times(tmp_p
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sources.embedded(str(built)) == sources.digest(str(kernels_dir))
+
+
+def test_the_first_installed_build_of_these_sources_wins(trees, tmp_path):
+    """Two installed distributions on the path: a build of other sources first (it embeds
+    another digest), then one of these: the second is loaded."""
+    src, site = trees
+    good = (site / f"tiny_mindie/kernels/{os.path.basename(built_kernels().library_path())}")
+    other = good.read_bytes().replace(sources.digest(str(src / "tiny_mindie" / "kernels"))
+                                      .encode(), b"0" * 64)
+    stale = _installed(tmp_path / "stale", other)
+    _, path, reason, chosen, _ = _probe(src, src, stale, site)
+    assert path == str(good) and reason == "None" and chosen == "custom"
+
+
+def test_a_build_that_does_not_load_is_one_line_and_custom_refuses(trees):
+    """A library of the right digest that the loader refuses (not a shared object): auto falls
+    back saying so, and ``--kernels custom`` refuses with a ModelFileError naming it."""
+    src, _ = trees
+    folder = src / "tiny_mindie" / "kernels"
+    own = folder / os.path.basename(built_kernels().library_path())
+    own.write_bytes(b"not a shared object " + sources.MARKER
+                    + sources.digest(str(folder)).encode())
+    _, path, reason, chosen, _ = _probe(src, src)
+    assert path == str(own) and chosen == "onnxruntime"
+    assert reason.startswith("the kernel library does not load: ")
+    code = ("from tiny_mindie.model.gguf import ModelFileError\n"
+            "from tiny_mindie.model.ort.ort_session import resolve_kernels\n"
+            "try:\n    resolve_kernels('custom', 'contrib', 0)\n"
+            "except ModelFileError as e:\n    print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(src)), timeout=120)
+    assert r.stdout.startswith("refused: kernels custom: the kernel library does not load: ")
+    assert "Traceback" not in r.stderr

@@ -13,7 +13,8 @@ with ``W`` the GGUF tensor's own bytes (``N`` rows of blocks; :data:`TYPES`), ``
 activations are quantized to int8 per block of 32 (``scale = max|x| / 127``, round half to even),
 each block's product is an exact int32 sum, and a row's blocks are added in float32 in block
 order: a row's output depends on no other row, thread split or ISA path (``kern_impl.h``). A
-block of activations holding a NaN or an infinity makes all of its row's outputs NaN.
+block of activations holding a NaN or an infinity makes all of its row's outputs NaN; a block
+too small for its scale's reciprocal (max|x| below about 3.7e-37) counts as zero.
 
 ISA paths (:func:`isa`): ``avx512vnni``, ``avxvnni``, ``avx2``, ``neon`` (aarch64 with the dot
 product extension) and ``portable``; the best one the CPU and its OS enable runs, unless the
@@ -72,8 +73,6 @@ def unavailable_reason() -> str | None:
         _load()
     except KernelError as exc:
         return str(exc)
-    except OSError as exc:
-        return f"the kernel library does not load: {exc}"
     return None
 
 
@@ -85,9 +84,11 @@ def _find() -> tuple[str | None, str]:
         return own, "the kernel library was not built (no C compiler at install)"
     if own is not None and sources.embedded(own) == want:
         return own, ""
-    installed = _installed_build()
-    if installed is not None and sources.embedded(installed) == want:
-        return installed, ""
+    installed = None
+    for path in _installed_builds():
+        if sources.embedded(path) == want:
+            return path, ""
+        installed = installed or path
     if own is not None:
         return None, (f"the kernel library in {_HERE} was built from other sources than the "
                       "ones beside it: pip install -e . again")
@@ -108,16 +109,15 @@ def _built_in(folder: str) -> str | None:
     return None
 
 
-def _installed_build() -> str | None:
-    """The library file of the installed ``tiny_mindie`` distribution, if any."""
+def _installed_builds():
+    """The library files of the installed ``tiny_mindie`` distributions, in path order."""
     # every one on the path: a source tree may hold its own metadata (an egg-info) too
     for dist in importlib.metadata.distributions(name="tiny_mindie"):
         for file in dist.files or ():
             if file.parent.name == "kernels" and file.name.startswith("_tm_kernels."):
                 path = str(dist.locate_file(file))
                 if os.path.isfile(path) and os.path.dirname(os.path.abspath(path)) != _HERE:
-                    return path
-    return None
+                    yield path
 
 
 def _load() -> ctypes.CDLL:
@@ -127,7 +127,10 @@ def _load() -> ctypes.CDLL:
             path, why = _find()
             if path is None:
                 raise KernelError(why)
-            lib = ctypes.CDLL(path)
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError as exc:
+                raise KernelError(f"the kernel library does not load: {exc}") from None
             try:
                 _declare(lib)
             except AttributeError as exc:            # a library of another version
@@ -154,7 +157,7 @@ def available() -> bool:
     """True where the library was built and loads."""
     try:
         _load()
-    except (KernelError, OSError):
+    except KernelError:
         return False
     return True
 

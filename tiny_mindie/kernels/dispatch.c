@@ -205,7 +205,8 @@ int tm_check(int type, int64_t N, int64_t K, int64_t w_bytes, const char **why)
 
 /* x [M, K] -> int8 blocks of 32: dx = max|x| / 127, q = round-half-even(x * (1 / dx)); xs
  * the sums of q per block, xs16 of its first 16. A block holding a NaN or an infinity gets
- * dx = NaN and q = 0, so every output of its row is NaN on every path. */
+ * dx = NaN and q = 0, so every output of its row is NaN on every path; a block so small that
+ * 1 / dx overflows (max|x| below about 3.7e-37) is zero (dx = 0, q = 0). */
 static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx,
                           int32_t *xs, int32_t *xs16)
 {
@@ -231,6 +232,7 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, floa
             }
             scale = amax / 127.0f;
             inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+            if (!(inv <= FLT_MAX)) scale = inv = 0.0f;  /* 1 / dx overflows: a zero block */
             for (i = 0; i < TM_QK; i++) {
                 float r = nearbyintf(v[i] * inv);
                 r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;

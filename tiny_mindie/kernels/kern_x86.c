@@ -681,8 +681,8 @@ static inline ATTR_AVX2 int32_t hsum8(__m256i v)
 
 /* dispatch.c's quantize_rows by AVX2 instructions, the same values: amax is exact in any
  * order, x * inv is one float32 multiply per element either way, the rounding is to nearest
- * even (the default mode nearbyintf uses), the sums are exact integers, and a block holding a
- * NaN or an infinity gets dx = NaN and q = 0. */
+ * even (the default mode nearbyintf uses), the sums are exact integers, a block holding a NaN
+ * or an infinity gets dx = NaN and q = 0, and one whose 1 / dx overflows is zero. */
 ATTR_AVX2 void tm_quantize_avx2(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx,
                                 int32_t *xs, int32_t *xs16)
 {
@@ -718,6 +718,7 @@ ATTR_AVX2 void tm_quantize_avx2(const float *x, int64_t M, int64_t K, int8_t *xq
             amax = _mm_cvtss_f32(_mm_castsi128_ps(h));
             scale = amax / 127.0f;
             inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+            if (!(inv <= FLT_MAX)) scale = inv = 0.0f;  /* 1 / dx overflows: a zero block */
             for (i = 0; i < 4; i++) {
                 __m256 r = _mm256_round_ps(_mm256_mul_ps(f[i], _mm256_set1_ps(inv)),
                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
