@@ -71,9 +71,13 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
+#: tiny_mindie's KV-cache budget in the runs here unless ``--kv-cache-mb`` says otherwise.
+KV_CACHE_MB = 1024
+
+
 def start_server(backend: str | None, threads: int | None, home: str,
                  log_path: str | None = None, extra: list[str] | None = None,
-                 schedule: dict | None = None, kv_cache_mb: int = 1024
+                 schedule: dict | None = None, kv_cache_mb: int = KV_CACHE_MB
                  ) -> tuple[subprocess.Popen, int]:
     """Start the server in ``home`` and wait for its banner; returns (process, business port),
     the banner's text in ``process.banner``. Its log (stderr) goes to ``log_path``, or to a
@@ -330,7 +334,7 @@ def server_flags(args) -> list[str]:
 def settings(args) -> str:
     """This run's tiny_mindie settings that are not the defaults, for the printed header."""
     return (f"{', no speculation' if args.no_speculation else ''}"
-            f"{f', KV cache {args.kv_cache_mb} MB' if args.kv_cache_mb != 1024 else ''}"
+            f"{f', KV cache {args.kv_cache_mb} MB' if args.kv_cache_mb != KV_CACHE_MB else ''}"
             f"{f', {args.weights} weights' if args.weights else ''}"
             f"{f', draft model {args.draft_model}' if args.draft_model else ''}")
 
@@ -452,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="tiny_mindie with --no-speculation (one token per decode step)")
     ap.add_argument("--weights", choices=("exact", "compact"), help="tiny_mindie's --weights")
     ap.add_argument("--draft-model", help="tiny_mindie's --draft-model")
-    ap.add_argument("--kv-cache-mb", type=int, default=1024,
+    ap.add_argument("--kv-cache-mb", type=int, default=KV_CACHE_MB,
                     help="tiny_mindie's KV-cache budget (BackendConfig.kvCacheMB), which bounds "
                          "the sequences it holds at once: a 1.5B needs 1,200 MB for 8 of "
                          "2,560 tokens, as many as llama-server's -np 8")

@@ -27,6 +27,7 @@ float32 as the block formats define them (the values of ``gguf``'s dequantizatio
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.machinery
 import importlib.metadata
 import os
@@ -76,8 +77,10 @@ def unavailable_reason() -> str | None:
     return None
 
 
+@functools.cache
 def _find() -> tuple[str | None, str]:
-    """(:func:`library_path`, and why it is ``None`` where it is)."""
+    """(:func:`library_path`, and why it is ``None`` where it is): decided once per process, so
+    the library onnxruntime registers is the one ctypes loaded."""
     own = _built_in(_HERE)
     want = sources.digest(_HERE)
     if want is None:                                    # an installed package

@@ -25,7 +25,7 @@
 #define TM_SOURCES_SHA256 "unknown"
 #endif
 /* The digest of the sources this library was built from (setup.py, kernels/sources.py): a
- * source tree holding no build of its own uses the installed one only where they match. */
+ * package with its C sources beside it loads only a build whose digest is theirs. */
 TM_EXPORT const char tm_sources[] = "tm-sources-sha256:" TM_SOURCES_SHA256;
 
 static const char *const path_names[TM_NPATHS] = {

@@ -25,13 +25,11 @@ static inline ATTR16 void regroup16(__m512i *U, const __m512i *u)
 {
     const __m512i ia = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
     const __m512i ib = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
-    __m512i v[8];
     int k;
-    for (k = 0; k < 4; k++) {
-        v[k] = _mm512_permutex2var_epi64(u[k], ia, u[k + 4]);
-        v[k + 4] = _mm512_permutex2var_epi64(u[k], ib, u[k + 4]);
+    for (k = 0; k < 4; k++) {                   /* U and u are distinct arrays */
+        U[k] = _mm512_permutex2var_epi64(u[k], ia, u[k + 4]);
+        U[k + 4] = _mm512_permutex2var_epi64(u[k], ib, u[k + 4]);
     }
-    for (k = 0; k < 8; k++) U[k] = v[k];
 }
 
 /* Block c (of the chunk at rp[]) of rows i and i + 8 as unsigned bytes: Q4_0, Q4_1 the
